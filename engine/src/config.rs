@@ -1,0 +1,415 @@
+//! fla `config.json` → typed, validated model configuration (model-spec.md §1.1, §2.1).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ConfigError;
+
+/// `model_type` of fla's Gated DeltaNet.
+pub const GATED_DELTANET: &str = "gated_deltanet";
+/// `model_type` of fla's Gated DeltaProduct.
+pub const GATED_DELTAPRODUCT: &str = "gated_deltaproduct";
+
+fn default_hidden_size() -> usize {
+    2048
+}
+fn default_expand_v() -> f64 {
+    2.0
+}
+fn default_head_dim() -> usize {
+    256
+}
+fn default_num_heads() -> usize {
+    6
+}
+fn default_true() -> bool {
+    true
+}
+fn default_conv_size() -> usize {
+    4
+}
+fn default_max_position_embeddings() -> usize {
+    2048
+}
+fn default_hidden_ratio() -> Option<f64> {
+    Some(4.0)
+}
+fn default_hidden_act() -> String {
+    "swish".into()
+}
+fn default_num_hidden_layers() -> usize {
+    21
+}
+fn default_norm_eps() -> f64 {
+    1e-6
+}
+fn default_vocab_size() -> usize {
+    32000
+}
+fn default_bos() -> Option<u32> {
+    Some(1)
+}
+fn default_eos() -> Option<Value> {
+    Some(Value::from(2))
+}
+fn default_swish() -> String {
+    "swish".into()
+}
+fn default_num_householder() -> usize {
+    1
+}
+
+/// Fields shared by both architectures, spelled as in fla's `config.json` (0.6.0 defaults).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CommonFields {
+    /// D.
+    #[serde(default = "default_hidden_size")]
+    pub hidden_size: usize,
+    /// Vd = int(head_dim · expand_v).
+    #[serde(default = "default_expand_v")]
+    pub expand_v: f64,
+    /// K, the q/k head dim.
+    #[serde(default = "default_head_dim")]
+    pub head_dim: usize,
+    /// H, the q/k heads.
+    #[serde(default = "default_num_heads")]
+    pub num_heads: usize,
+    /// Depthwise causal conv + SiLU on q, k, v.
+    #[serde(default = "default_true")]
+    pub use_short_conv: bool,
+    /// W, the conv width.
+    #[serde(default = "default_conv_size")]
+    pub conv_size: usize,
+    /// Only used by hybrid attention layers; kept as the default context limit.
+    #[serde(default = "default_max_position_embeddings")]
+    pub max_position_embeddings: usize,
+    /// MLP size rule input when `intermediate_size` is null.
+    #[serde(default = "default_hidden_ratio")]
+    pub hidden_ratio: Option<f64>,
+    /// Explicit MLP size I.
+    #[serde(default)]
+    pub intermediate_size: Option<usize>,
+    /// MLP activation: `swish` (SwiGLU) is supported.
+    #[serde(default = "default_hidden_act")]
+    pub hidden_act: String,
+    /// Layers.
+    #[serde(default = "default_num_hidden_layers")]
+    pub num_hidden_layers: usize,
+    /// eps of every RMSNorm, the layer's o_norm included.
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    /// Hybrid softmax-attention layers; must be null.
+    #[serde(default)]
+    pub attn: Option<Value>,
+    /// "Attention residuals"; must be null.
+    #[serde(default)]
+    pub attnres_block_size: Option<Value>,
+    /// Legacy (pre v0.1.0) block layout switch; only `false` is supported.
+    #[serde(default)]
+    pub norm_first: Option<bool>,
+    /// Vocabulary size.
+    #[serde(default = "default_vocab_size")]
+    pub vocab_size: usize,
+    /// `lm_head.weight` is `model.embeddings.weight`.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// β = 2·sigmoid(b) when true.
+    #[serde(default)]
+    pub allow_neg_eigval: bool,
+    /// BOS id.
+    #[serde(default = "default_bos")]
+    pub bos_token_id: Option<u32>,
+    /// EOS id or list of ids.
+    #[serde(default = "default_eos")]
+    pub eos_token_id: Option<Value>,
+    /// fused residual+norm: same math, the residual is rounded to the activation dtype.
+    #[serde(default = "default_true")]
+    pub fuse_norm: bool,
+}
+
+/// Gated DeltaNet specifics (§1.1).
+#[derive(Debug, Clone, Deserialize)]
+pub struct GatedDeltaNetFields {
+    /// HV; null → H.
+    #[serde(default)]
+    pub num_v_heads: Option<usize>,
+    /// Output gate (g_proj + gated norm).
+    #[serde(default = "default_true")]
+    pub use_gate: bool,
+    /// `swish`/`silu` or `sigmoid`.
+    #[serde(default = "default_swish")]
+    pub output_gate_activation: String,
+}
+
+/// Gated DeltaProduct specifics (§2.1).
+#[derive(Debug, Clone, Deserialize)]
+pub struct GatedDeltaProductFields {
+    /// Output gate (g_proj + gated norm).
+    #[serde(default = "default_true")]
+    pub use_output_gate: bool,
+    /// a_proj / A_log / dt_bias present and g applied.
+    #[serde(default)]
+    pub use_forget_gate: bool,
+    /// n_h, householder steps per token.
+    #[serde(default = "default_num_householder")]
+    pub num_householder: usize,
+}
+
+/// Which architecture, with its specific fields.
+#[derive(Debug, Clone)]
+pub enum Architecture {
+    /// `gated_deltanet`.
+    GatedDeltaNet(GatedDeltaNetFields),
+    /// `gated_deltaproduct`.
+    GatedDeltaProduct(GatedDeltaProductFields),
+}
+
+/// Activation of the output gate.
+pub use deltaserve_kernels::GateActivation;
+
+/// A validated model configuration.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// Fields shared by both architectures.
+    pub common: CommonFields,
+    /// Architecture-specific fields.
+    pub arch: Architecture,
+    /// The original JSON, kept so a rewritten checkpoint preserves unknown keys.
+    pub raw: Value,
+}
+
+fn unsupported(field: &str, value: impl ToString, supported: &str) -> ConfigError {
+    ConfigError::Unsupported { field: field.into(), value: value.to_string(), supported: supported.into() }
+}
+
+impl ModelConfig {
+    /// Parses and validates `config.json` text.
+    pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
+        let raw: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        Self::from_value(raw)
+    }
+
+    /// Parses and validates a `config.json` value.
+    pub fn from_value(raw: Value) -> Result<Self, ConfigError> {
+        let model_type = raw.get("model_type").and_then(Value::as_str).ok_or(ConfigError::Missing("model_type"))?;
+        let common: CommonFields = serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let arch = match model_type {
+            GATED_DELTANET => Architecture::GatedDeltaNet(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?),
+            GATED_DELTAPRODUCT => Architecture::GatedDeltaProduct(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?),
+            other => return Err(unsupported("model_type", other, "`gated_deltanet` or `gated_deltaproduct`")),
+        };
+        let cfg = Self { common, arch, raw };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Rejects anything this engine cannot compute exactly.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.common;
+        if let Some(a) = c.attn.as_ref().filter(|a| !a.is_null()) {
+            return Err(unsupported("attn", a, "null (hybrid softmax-attention layers are not supported yet)"));
+        }
+        if let Some(a) = c.attnres_block_size.as_ref().filter(|a| !a.is_null()) {
+            return Err(unsupported("attnres_block_size", a, "null"));
+        }
+        if c.norm_first == Some(true) {
+            return Err(unsupported("norm_first", true, "false (the pre-v0.1.0 norm_first layout is not supported)"));
+        }
+        if !matches!(c.hidden_act.as_str(), "swish" | "silu") {
+            return Err(unsupported("hidden_act", &c.hidden_act, "`swish`"));
+        }
+        for (field, v) in [
+            ("hidden_size", c.hidden_size),
+            ("head_dim", c.head_dim),
+            ("num_heads", c.num_heads),
+            ("num_hidden_layers", c.num_hidden_layers),
+            ("vocab_size", c.vocab_size),
+            ("conv_size", c.conv_size),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Invalid { field: field.into(), expected: "> 0".into(), actual: "0".into() });
+            }
+        }
+        let vd = c.head_dim as f64 * c.expand_v;
+        if !(vd.fract() == 0.0 && vd >= 1.0) {
+            return Err(ConfigError::Invalid {
+                field: "expand_v".into(),
+                expected: format!("head_dim ({}) × expand_v to be a positive integer", c.head_dim),
+                actual: format!("{} (→ {vd})", c.expand_v),
+            });
+        }
+        if !(c.norm_eps > 0.0 && c.norm_eps.is_finite()) {
+            return Err(ConfigError::Invalid { field: "norm_eps".into(), expected: "a positive finite number".into(), actual: c.norm_eps.to_string() });
+        }
+        match &self.arch {
+            Architecture::GatedDeltaNet(g) => {
+                let hv = self.num_v_heads();
+                if hv < c.num_heads || hv % c.num_heads != 0 {
+                    return Err(ConfigError::Invalid {
+                        field: "num_v_heads".into(),
+                        expected: format!("a positive multiple of num_heads ({})", c.num_heads),
+                        actual: hv.to_string(),
+                    });
+                }
+                if !matches!(g.output_gate_activation.as_str(), "swish" | "silu" | "sigmoid") {
+                    return Err(unsupported("output_gate_activation", &g.output_gate_activation, "`swish`, `silu` or `sigmoid`"));
+                }
+            }
+            Architecture::GatedDeltaProduct(p) => {
+                if p.num_householder == 0 {
+                    return Err(ConfigError::Invalid { field: "num_householder".into(), expected: ">= 1".into(), actual: "0".into() });
+                }
+            }
+        }
+        if c.intermediate_size == Some(0) {
+            return Err(ConfigError::Invalid { field: "intermediate_size".into(), expected: "> 0".into(), actual: "0".into() });
+        }
+        Ok(())
+    }
+
+    /// `model_type` string.
+    pub fn model_type(&self) -> &'static str {
+        match self.arch {
+            Architecture::GatedDeltaNet(_) => GATED_DELTANET,
+            Architecture::GatedDeltaProduct(_) => GATED_DELTAPRODUCT,
+        }
+    }
+    /// H.
+    pub fn num_heads(&self) -> usize {
+        self.common.num_heads
+    }
+    /// HV (GVA value heads; GDP always H).
+    pub fn num_v_heads(&self) -> usize {
+        match &self.arch {
+            Architecture::GatedDeltaNet(g) => g.num_v_heads.unwrap_or(self.common.num_heads),
+            Architecture::GatedDeltaProduct(_) => self.common.num_heads,
+        }
+    }
+    /// K.
+    pub fn head_k_dim(&self) -> usize {
+        self.common.head_dim
+    }
+    /// Vd = int(K · expand_v).
+    pub fn head_v_dim(&self) -> usize {
+        (self.common.head_dim as f64 * self.common.expand_v) as usize
+    }
+    /// H·K.
+    pub fn key_dim(&self) -> usize {
+        self.num_heads() * self.head_k_dim()
+    }
+    /// HV·Vd.
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads() * self.head_v_dim()
+    }
+    /// Householder steps per token n (1 for GDN).
+    pub fn num_householder(&self) -> usize {
+        match &self.arch {
+            Architecture::GatedDeltaNet(_) => 1,
+            Architecture::GatedDeltaProduct(p) => p.num_householder,
+        }
+    }
+    /// Whether a_proj / A_log / dt_bias exist (always for GDN).
+    pub fn use_forget_gate(&self) -> bool {
+        match &self.arch {
+            Architecture::GatedDeltaNet(_) => true,
+            Architecture::GatedDeltaProduct(p) => p.use_forget_gate,
+        }
+    }
+    /// Whether the output is gated by g_proj.
+    pub fn use_output_gate(&self) -> bool {
+        match &self.arch {
+            Architecture::GatedDeltaNet(g) => g.use_gate,
+            Architecture::GatedDeltaProduct(p) => p.use_output_gate,
+        }
+    }
+    /// Activation of the output gate.
+    pub fn gate_activation(&self) -> GateActivation {
+        match &self.arch {
+            Architecture::GatedDeltaNet(g) if g.output_gate_activation == "sigmoid" => GateActivation::Sigmoid,
+            _ => GateActivation::Swish,
+        }
+    }
+    /// MLP size I: explicit, or `256·ceil(int(D·ratio·2/3)/256)` (fla `GatedMLP`).
+    pub fn intermediate_size(&self) -> usize {
+        if let Some(i) = self.common.intermediate_size {
+            return i;
+        }
+        let ratio = self.common.hidden_ratio.unwrap_or(4.0);
+        let i = (self.common.hidden_size as f64 * ratio * 2.0 / 3.0) as usize;
+        i.div_ceil(256) * 256
+    }
+    /// Channels of the concatenated pre-conv input `[q | k | v]`: K·H + n·(K·H + Vd·HV).
+    pub fn conv_channels(&self) -> usize {
+        self.key_dim() + self.num_householder() * (self.key_dim() + self.value_dim())
+    }
+    /// EOS ids from the config (a number or a list).
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        ids_of(self.common.eos_token_id.as_ref())
+    }
+    /// Recurrent state elements per sequence per layer: HV·K·Vd.
+    pub fn recurrent_state_len(&self) -> usize {
+        self.num_v_heads() * self.head_k_dim() * self.head_v_dim()
+    }
+    /// Bytes of state (conv + recurrent, fp32) per sequence across all layers.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        let per_layer = self.conv_channels() * self.common.conv_size + self.recurrent_state_len();
+        per_layer * self.common.num_hidden_layers * std::mem::size_of::<f32>()
+    }
+}
+
+/// Reads a token id or list of ids from a JSON value.
+pub(crate) fn ids_of(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> Result<ModelConfig, ConfigError> {
+        ModelConfig::from_json_str(&format!(r#"{{"model_type":"gated_deltanet"{extra}}}"#))
+    }
+
+    #[test]
+    fn defaults_follow_fla_0_6_0() {
+        let c = parse("").unwrap();
+        assert_eq!((c.common.hidden_size, c.head_k_dim(), c.num_heads(), c.num_v_heads()), (2048, 256, 6, 6));
+        assert_eq!(c.head_v_dim(), 512);
+        assert_eq!(c.intermediate_size(), 5632);
+        assert_eq!(c.eos_token_ids(), vec![2]);
+        assert!(c.use_output_gate() && !c.common.allow_neg_eigval);
+    }
+
+    #[test]
+    fn mlp_rule_matches_spec_examples() {
+        assert_eq!(parse(r#","hidden_size":1024"#).unwrap().intermediate_size(), 2816);
+    }
+
+    #[test]
+    fn gdp_defaults_differ_from_layer_defaults() {
+        let c = ModelConfig::from_json_str(r#"{"model_type":"gated_deltaproduct"}"#).unwrap();
+        assert_eq!(c.num_householder(), 1);
+        assert!(!c.use_forget_gate());
+        assert!(c.use_output_gate());
+    }
+
+    #[test]
+    fn refusals_name_field_and_value() {
+        let e = parse(r#","attn":{"layers":[1],"num_heads":4}"#).unwrap_err().to_string();
+        assert!(e.contains("`attn`") && e.contains("layers"), "{e}");
+        let e = parse(r#","hidden_act":"powlu""#).unwrap_err().to_string();
+        assert!(e.contains("`hidden_act`") && e.contains("powlu"), "{e}");
+        let e = parse(r#","attnres_block_size":4"#).unwrap_err().to_string();
+        assert!(e.contains("`attnres_block_size`") && e.contains('4'), "{e}");
+        let e = ModelConfig::from_json_str(r#"{"model_type":"mamba2"}"#).unwrap_err().to_string();
+        assert!(e.contains("`model_type`") && e.contains("mamba2"), "{e}");
+        let e = parse(r#","num_heads":4,"num_v_heads":6"#).unwrap_err().to_string();
+        assert!(e.contains("`num_v_heads`") && e.contains('6'), "{e}");
+        let e = parse(r#","head_dim":3,"expand_v":0.5"#).unwrap_err().to_string();
+        assert!(e.contains("`expand_v`"), "{e}");
+    }
+}

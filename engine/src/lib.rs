@@ -1,0 +1,131 @@
+//! deltaserve's engine: fla Gated DeltaNet / Gated DeltaProduct checkpoints → logits.
+//!
+//! [`Engine::load`] reads a checkpoint (`config.json`, safetensors, `tokenizer.json`).
+//! Sequences live in the slots of a [`StatePool`]: [`Engine::prefill`] runs a prompt (or a
+//! chunk of one) into a slot with the chunkwise algorithm, [`Engine::decode`] advances many
+//! slots by one token each, and [`sampling`] turns logits into tokens. No HTTP, no async.
+
+pub mod config;
+pub mod error;
+pub mod hub;
+pub mod models;
+pub mod sampling;
+pub mod state;
+pub mod tokenizer;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use candle_core::{DType, Device, Tensor};
+pub use config::ModelConfig;
+pub use deltaserve_kernels::ops::PrefillAlgo;
+pub use error::{ConfigError, EngineError, Result, WeightError};
+pub use models::{CausalLm, Logits};
+pub use sampling::{Sampled, Sampler, SamplingParams};
+pub use state::{SlotId, StatePool};
+pub use tokenizer::{IncrementalDecoder, Tokenizer};
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// A checkpoint directory or a Hugging Face repo id `org/name[@revision]`.
+    pub model: String,
+    /// Compute dtype of weights and activations (the recurrent state is always f32).
+    pub dtype: DType,
+    /// Where to run.
+    pub device: Device,
+    /// Scan every tensor for NaN/inf at load.
+    pub check_weights: bool,
+}
+
+impl LoadOptions {
+    /// f32 on the CPU, no weight scan.
+    pub fn cpu(model: impl Into<String>) -> Self {
+        Self { model: model.into(), dtype: DType::F32, device: Device::Cpu, check_weights: false }
+    }
+}
+
+/// A loaded model with its tokenizer.
+#[derive(Debug)]
+pub struct Engine {
+    model: CausalLm,
+    tokenizer: Tokenizer,
+    model_dir: PathBuf,
+}
+
+/// Parses a dtype name as given on the command line (`f32`, `bf16`, `f16`).
+pub fn parse_dtype(s: &str) -> Result<DType> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" | "half" => Ok(DType::F16),
+        other => Err(EngineError::Invalid { field: "dtype", expected: "f32, bf16 or f16".into(), actual: other.into() }),
+    }
+}
+
+/// Reads and validates `DIR/config.json`.
+pub fn read_config(dir: &Path) -> Result<ModelConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::Io { path: path.clone(), message: e.to_string() })?;
+    Ok(ModelConfig::from_json_str(&text)?)
+}
+
+impl Engine {
+    /// Resolves, reads and checks a checkpoint, then builds the model.
+    pub fn load(opts: &LoadOptions) -> Result<Self> {
+        let dir = hub::resolve_model(&opts.model)?;
+        let cfg = read_config(&dir)?;
+        let ckpt = weights::Checkpoint::open(&dir)?;
+        let model = CausalLm::load(&cfg, &ckpt, opts.dtype, &opts.device, opts.check_weights)?;
+        let tokenizer = Tokenizer::from_dir(&dir, cfg.common.bos_token_id, &cfg.eos_token_ids())?;
+        if tokenizer.vocab_size() > cfg.common.vocab_size {
+            return Err(EngineError::Tokenizer(format!(
+                "tokenizer.json has {} tokens but config.json `vocab_size` is {}",
+                tokenizer.vocab_size(),
+                cfg.common.vocab_size
+            )));
+        }
+        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, "model loaded");
+        Ok(Self { model, tokenizer, model_dir: dir })
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    /// The model.
+    pub fn model(&self) -> &CausalLm {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The resolved checkpoint directory.
+    pub fn model_dir(&self) -> &Path {
+        &self.model_dir
+    }
+
+    /// A state pool of `slots` sequences for this model.
+    pub fn new_pool(&self, slots: usize) -> StatePool {
+        StatePool::new(self.config(), slots)
+    }
+
+    /// Chunked prefill of `tokens` into `slot` (continuing from its state).
+    pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits) -> Result<Tensor> {
+        self.model.prefill(pool, slot, tokens, logits, PrefillAlgo::Chunked)
+    }
+
+    /// One batched decode step; returns `[B, vocab]` f32 logits.
+    pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        self.model.decode(pool, batch)
+    }
+
+    /// Encodes a prompt with the checkpoint's BOS convention.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer.encode(text, true)
+    }
+}

@@ -1,0 +1,250 @@
+//! The fla causal-LM shell around the sequence mixers: embeddings, pre-norm blocks with a
+//! SwiGLU MLP, final norm and `lm_head` (model-spec.md §1.3 "Block", `GatedMLP`).
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Linear, Module};
+use deltaserve_kernels::ops::PrefillAlgo;
+
+use super::gated_deltanet::GatedDeltaNet;
+use super::gated_deltaproduct::GatedDeltaProduct;
+use super::mixer::linear;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::state::{SlotId, StatePool};
+use crate::weights::{Checkpoint, Weights};
+
+/// fla RMSNorm: `x / sqrt(mean(x²) + eps) · w` computed in fp32, cast to the input dtype.
+#[derive(Debug, Clone)]
+struct RmsNorm {
+    /// `[D]` f32.
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn load(w: &Weights<'_>, dim: usize, eps: f64) -> Result<Self> {
+        Ok(Self { weight: w.get_f32(&[dim], "weight")?, eps: eps as f32 })
+    }
+
+    /// Normalises an f32 tensor, returning f32.
+    fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.forward_f32(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?)
+    }
+}
+
+/// `GatedMLP` with `swish`: `down_proj(silu(gate_proj x) · up_proj x)`.
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(w: &Weights<'_>, d: usize, i: usize) -> Result<Self> {
+        // Legacy fused layout (§1.5): gate_proj [2I, D] = [gate; up], no up_proj.
+        let fused = !w.contains("up_proj.weight") && w.shape("gate_proj.weight") == Some(vec![2 * i, d]);
+        let (gate_proj, up_proj) = if fused {
+            let both = w.get(&[2 * i, d], "gate_proj.weight")?;
+            (Linear::new(both.narrow(0, 0, i)?, None), Linear::new(both.narrow(0, i, i)?, None))
+        } else {
+            (linear(w, i, d, "gate_proj.weight")?, linear(w, i, d, "up_proj.weight")?)
+        };
+        Ok(Self { gate_proj, up_proj, down_proj: linear(w, d, i, "down_proj.weight")? })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = (candle_nn::ops::silu(&self.gate_proj.forward(x)?)? * self.up_proj.forward(x)?)?;
+        Ok(self.down_proj.forward(&h)?)
+    }
+}
+
+/// A layer's sequence mixer.
+#[derive(Debug, Clone)]
+enum Mixer {
+    GatedDeltaNet(GatedDeltaNet),
+    GatedDeltaProduct(GatedDeltaProduct),
+}
+
+/// One pre-norm block: `r = h + attn(attn_norm h)`, `h = r + mlp(mlp_norm r)`.
+#[derive(Debug, Clone)]
+struct Block {
+    layer_idx: usize,
+    attn_norm: RmsNorm,
+    attn: Mixer,
+    mlp_norm: RmsNorm,
+    mlp: Mlp,
+    fuse_norm: bool,
+}
+
+/// How a block's mixer consumes its input.
+enum Phase<'a> {
+    Prefill { slot: usize, algo: PrefillAlgo },
+    Decode { slots: &'a [usize] },
+}
+
+impl Block {
+    fn forward(&self, h: &Tensor, pool: &mut StatePool, phase: &Phase<'_>) -> Result<Tensor> {
+        let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
+        let x = self.attn_norm.forward(h)?;
+        let state = pool.layer_mut(self.layer_idx);
+        let a = match (&self.attn, phase) {
+            (Mixer::GatedDeltaNet(m), Phase::Prefill { slot, algo }) => m.prefill(&x, state, *slot, *algo)?,
+            (Mixer::GatedDeltaNet(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
+            (Mixer::GatedDeltaProduct(m), Phase::Prefill { slot, algo }) => m.prefill(&x, state, *slot, *algo)?,
+            (Mixer::GatedDeltaProduct(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
+        };
+        let (r, x) = if self.fuse_norm {
+            // Fused residual + norm: normalise the fp32 sum, keep the residual rounded (§3.6.8).
+            let s = (a.to_dtype(DType::F32)? + h.to_dtype(DType::F32)?)?;
+            (s.to_dtype(h.dtype())?, self.mlp_norm.forward_f32(&s)?.to_dtype(h.dtype())?)
+        } else {
+            let r = (h + a)?;
+            let x = self.mlp_norm.forward(&r)?;
+            (r, x)
+        };
+        Ok((r + self.mlp.forward(&x)?)?)
+    }
+}
+
+/// Which logits a prefill returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only after the last token: `[vocab]`.
+    Last,
+    /// At every position: `[T, vocab]` (perplexity, parity tests).
+    All,
+}
+
+/// A Gated DeltaNet / Gated DeltaProduct causal LM. Immutable; all state lives in a [`StatePool`].
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    cfg: ModelConfig,
+    /// `model.embeddings.weight` `[vocab, D]`.
+    embeddings: Tensor,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    /// `lm_head.weight` `[vocab, D]`, or the embeddings when tied.
+    lm_head: Linear,
+    dtype: DType,
+    device: Device,
+}
+
+impl CausalLm {
+    /// Builds the model from a checkpoint, in `dtype` on `device`.
+    pub fn load(cfg: &ModelConfig, ckpt: &Checkpoint, dtype: DType, device: &Device, check_weights: bool) -> Result<Self> {
+        let root = Weights::new(ckpt, dtype, device, check_weights);
+        let (d, vocab) = (cfg.common.hidden_size, cfg.common.vocab_size);
+        let m = root.pp("model");
+        let embeddings = m.pp("embeddings").get(&[vocab, d], "weight")?;
+        let i_size = cfg.intermediate_size();
+        let mut layers = Vec::with_capacity(cfg.common.num_hidden_layers);
+        for i in 0..cfg.common.num_hidden_layers {
+            let l = m.pp("layers").pp(i);
+            let attn = match cfg.arch {
+                Architecture::GatedDeltaNet(_) => Mixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &l.pp("attn"))?),
+                Architecture::GatedDeltaProduct(_) => Mixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &l.pp("attn"))?),
+            };
+            layers.push(Block {
+                layer_idx: i,
+                attn_norm: RmsNorm::load(&l.pp("attn_norm"), d, cfg.common.norm_eps)?,
+                attn,
+                mlp_norm: RmsNorm::load(&l.pp("mlp_norm"), d, cfg.common.norm_eps)?,
+                mlp: Mlp::load(&l.pp("mlp"), d, i_size)?,
+                fuse_norm: cfg.common.fuse_norm,
+            });
+        }
+        let lm_head = if cfg.common.tie_word_embeddings {
+            embeddings.clone()
+        } else {
+            root.get(&[vocab, d], "lm_head.weight")?
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            embeddings,
+            layers,
+            norm: RmsNorm::load(&m.pp("norm"), d, cfg.common.norm_eps)?,
+            lm_head: Linear::new(lm_head, None),
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.cfg.common.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::Invalid { field: "token id", expected: format!("< vocab_size ({vocab})"), actual: bad.to_string() });
+        }
+        Ok(())
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, &self.device)?;
+        Ok(self.embeddings.index_select(&ids, 0)?)
+    }
+
+    fn head(&self, h: &Tensor) -> Result<Tensor> {
+        let h = self.norm.forward(h)?;
+        Ok(self.lm_head.forward(&h)?.to_dtype(DType::F32)?)
+    }
+
+    /// Runs `tokens` through the model from `slot`'s current state (empty or an earlier
+    /// prefill) and leaves the state after the last token there. Returns f32 logits.
+    pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits, algo: PrefillAlgo) -> Result<Tensor> {
+        pool.check(slot)?;
+        if tokens.is_empty() {
+            return Err(EngineError::Invalid { field: "tokens", expected: "at least one token".into(), actual: "0 tokens".into() });
+        }
+        self.check_tokens(tokens)?;
+        let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
+        let phase = Phase::Prefill { slot: slot.index(), algo };
+        let mut h = self.embed(tokens)?;
+        for b in &self.layers {
+            h = b.forward(&h, pool, &phase)?;
+        }
+        match logits {
+            Logits::All => self.head(&h),
+            Logits::Last => Ok(self.head(&h.narrow(0, tokens.len() - 1, 1)?)?.squeeze(0)?),
+        }
+    }
+
+    /// One batched decode step: each `(slot, token)` advances its slot by one token.
+    /// Returns f32 logits `[B, vocab]`, row `b` for `batch[b]`.
+    pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        if batch.is_empty() {
+            return Err(EngineError::Invalid { field: "batch", expected: "at least one sequence".into(), actual: "0".into() });
+        }
+        let slots: Vec<usize> = batch.iter().map(|(s, _)| s.index()).collect();
+        for (s, _) in batch {
+            pool.check(*s)?;
+        }
+        let tokens: Vec<u32> = batch.iter().map(|(_, t)| *t).collect();
+        self.check_tokens(&tokens)?;
+        let _span = tracing::debug_span!("decode", batch = batch.len()).entered();
+        let phase = Phase::Decode { slots: &slots };
+        let mut h = self.embed(&tokens)?;
+        for b in &self.layers {
+            h = b.forward(&h, pool, &phase)?;
+        }
+        self.head(&h)
+    }
+}

@@ -1,0 +1,114 @@
+//! Gated DeltaNet (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with
+//! Delta Rule", ICLR 2025, arXiv:2412.06464), as implemented by flash-linear-attention's
+//! `fla/layers/gated_deltanet.py`. Math: model-spec.md §1.3; weights: §1.2; GVA: §1.4.
+
+use candle_core::{DType, Tensor};
+use candle_nn::{Linear, Module};
+use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
+
+use super::mixer::{linear, split_cols, OutputHead, ShortConv};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::state::LayerState;
+use crate::weights::Weights;
+
+/// The Gated DeltaNet sequence mixer of one layer (`model.layers.{i}.attn`).
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    a_proj: Linear,
+    b_proj: Linear,
+    /// `A_log` `[HV]`, upcast to fp32 (§3.6.3).
+    a_log: Tensor,
+    /// `dt_bias` `[HV]` fp32.
+    dt_bias: Tensor,
+    conv: ShortConv,
+    out: OutputHead,
+    num_heads: usize,
+    num_v_heads: usize,
+    head_k_dim: usize,
+    head_v_dim: usize,
+    allow_neg_eigval: bool,
+    /// K^-0.5.
+    scale: f32,
+}
+
+/// The mixer's inputs after projections, conv, l2norm, β and gate (§1.3 steps 1–7), f32.
+struct Prepared {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+}
+
+impl GatedDeltaNet {
+    /// Loads the layer's weights, checking every shape against `cfg`.
+    pub fn load(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
+        let (d, key_dim, value_dim, hv) = (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
+        let conv = ShortConv::load(
+            w,
+            &[("q_conv1d", key_dim, None), ("k_conv1d", key_dim, None), ("v_conv1d", value_dim, None)],
+            cfg.common.conv_size,
+            cfg.common.use_short_conv,
+        )?;
+        Ok(Self {
+            q_proj: linear(w, key_dim, d, "q_proj.weight")?,
+            k_proj: linear(w, key_dim, d, "k_proj.weight")?,
+            v_proj: linear(w, value_dim, d, "v_proj.weight")?,
+            a_proj: linear(w, hv, d, "a_proj.weight")?,
+            b_proj: linear(w, hv, d, "b_proj.weight")?,
+            a_log: w.get_f32(&[hv], "A_log")?,
+            dt_bias: w.get_f32(&[hv], "dt_bias")?,
+            conv,
+            out: OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?,
+            num_heads: cfg.num_heads(),
+            num_v_heads: hv,
+            head_k_dim: cfg.head_k_dim(),
+            head_v_dim: cfg.head_v_dim(),
+            allow_neg_eigval: cfg.common.allow_neg_eigval,
+            scale: (cfg.head_k_dim() as f32).powf(-0.5),
+        })
+    }
+
+    /// Step 1: the pre-conv projections `[q̃ | k̃ | ṽ]` `[N, C]`, the conv-state layout.
+    fn projections(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(Tensor::cat(&[self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?], 1)?)
+    }
+
+    /// Steps 3–7 on the conv output `[N, C]` f32.
+    fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
+        let n = x.dim(0)?;
+        let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
+        let parts = split_cols(conv_out, &[h * k, h * k, hv * vd])?;
+        let q = ops::l2norm(&parts[0].reshape((n, h, k))?)?;
+        let kk = ops::l2norm(&parts[1].reshape((n, h, k))?)?;
+        let v = parts[2].reshape((n, hv, vd))?;
+        // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7).
+        let beta = ops::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?;
+        let g = ops::gate(&self.a_proj.forward(x)?.to_dtype(DType::F32)?, &self.a_log, &self.dt_bias)?;
+        Ok(Prepared { q, k: kk, v, beta, g })
+    }
+
+    fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
+        MixerInputs { q: &p.q, k: &p.k, v: &p.v, beta: &p.beta, g: Some(&p.g), n: 1, scale: self.scale }
+    }
+
+    /// Prefills `x` `[T, D]` into `slot`, continuing from its state. Returns `[T, D]`.
+    pub fn prefill(&self, x: &Tensor, state: &mut LayerState, slot: usize, algo: PrefillAlgo) -> Result<Tensor> {
+        let c = self.conv.prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        let p = self.prepare(x, &c)?;
+        let o = ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
+        self.out.forward(&o, x)
+    }
+
+    /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.
+    pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
+        let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
+        let p = self.prepare(x, &c)?;
+        let o = ops::gated_delta_step(self.inputs(&p), &mut state.recurrent_state, slots)?;
+        self.out.forward(&o, x)
+    }
+}

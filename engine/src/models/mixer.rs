@@ -1,0 +1,116 @@
+//! Pieces shared by the Gated DeltaNet and Gated DeltaProduct sequence mixers: the short
+//! convolution over `[q | k | v]` and the gated output norm + projection (model-spec.md §1.3
+//! steps 2 and 9–10).
+
+use candle_core::{DType, Tensor, D};
+use candle_nn::{Linear, Module};
+use deltaserve_kernels::{ops, ConvActivation, GateActivation, SlotBuffer};
+
+use crate::error::Result;
+use crate::weights::Weights;
+
+/// Loads a bias-free linear layer `[out, in]`.
+pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Result<Linear> {
+    Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
+}
+
+/// Depthwise causal convolutions of q, k and v, run as one conv over their concatenation.
+#[derive(Debug, Clone)]
+pub struct ShortConv {
+    /// `[C, W]` f32, rows `[q_conv1d | k_conv1d | v_conv1d]`; `None` when `use_short_conv` is off.
+    weight: Option<Tensor>,
+}
+
+impl ShortConv {
+    /// Loads `{q,k,v}_conv1d.weight` (`[C_x, 1, W]` each) as one `[C, W]` f32 tensor, where
+    /// `parts` gives each conv's (name, channels). `loaded` replaces a part read another way.
+    pub fn load(w: &Weights<'_>, parts: &[(&str, usize, Option<Tensor>)], width: usize, use_short_conv: bool) -> Result<Self> {
+        if !use_short_conv {
+            return Ok(Self { weight: None });
+        }
+        let mut ws = Vec::with_capacity(parts.len());
+        for (name, c, loaded) in parts {
+            let t = match loaded {
+                Some(t) => t.clone(),
+                None => w.get_f32(&[*c, 1, width], &format!("{name}.weight"))?,
+            };
+            ws.push(t.to_dtype(DType::F32)?.reshape((*c, width))?);
+        }
+        Ok(Self { weight: Some(Tensor::cat(&ws, 0)?) })
+    }
+
+    /// Prefill over `x` `[T, C]`; updates the slot's conv state. Returns `[T, C]` f32.
+    pub fn prefill(&self, x: &Tensor, state: &mut [f32]) -> Result<Tensor> {
+        match &self.weight {
+            Some(wt) => Ok(ops::conv_prefill(x, wt, state, ConvActivation::Silu)?),
+            None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+        }
+    }
+
+    /// One decode step over `x` `[B, C]` for `slots`. Returns `[B, C]` f32.
+    pub fn step(&self, x: &Tensor, states: &mut SlotBuffer, slots: &[usize]) -> Result<Tensor> {
+        match &self.weight {
+            Some(wt) => Ok(ops::conv_step(x, wt, states, slots, ConvActivation::Silu)?),
+            None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+        }
+    }
+}
+
+/// `o_norm` (gated RMSNorm over each value head) then `o_proj`.
+#[derive(Debug, Clone)]
+pub struct OutputHead {
+    /// `g_proj` `[HV·Vd, D]` when the output is gated.
+    pub g_proj: Option<Linear>,
+    /// `o_norm.weight` `[Vd]` f32.
+    pub o_norm: Tensor,
+    /// `o_proj` `[D, HV·Vd]`.
+    pub o_proj: Linear,
+    /// `norm_eps` (the block passes the config's eps to the layer).
+    pub eps: f32,
+    /// Gate activation.
+    pub act: GateActivation,
+    /// HV.
+    pub num_v_heads: usize,
+    /// Vd.
+    pub head_v_dim: usize,
+}
+
+impl OutputHead {
+    /// Loads `g_proj` (if gated), `o_norm` and `o_proj`.
+    pub fn load(w: &Weights<'_>, hidden: usize, num_v_heads: usize, head_v_dim: usize, gated: bool, eps: f64, act: GateActivation) -> Result<Self> {
+        let value_dim = num_v_heads * head_v_dim;
+        let g_proj = if gated { Some(linear(w, value_dim, hidden, "g_proj.weight")?) } else { None };
+        Ok(Self {
+            g_proj,
+            o_norm: w.get_f32(&[head_v_dim], "o_norm.weight")?,
+            o_proj: linear(w, hidden, value_dim, "o_proj.weight")?,
+            eps: eps as f32,
+            act,
+            num_v_heads,
+            head_v_dim,
+        })
+    }
+
+    /// `o` `[N, HV, Vd]` f32 and the layer input `x` `[N, D]` → `[N, D]` in `x`'s dtype.
+    pub fn forward(&self, o: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let n = o.dim(0)?;
+        let z = match &self.g_proj {
+            Some(g) => Some(g.forward(x)?.reshape((n, self.num_v_heads, self.head_v_dim))?),
+            None => None,
+        };
+        let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
+        let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(x.dtype())?;
+        Ok(self.o_proj.forward(&y)?)
+    }
+}
+
+/// Splits `[N, C]` into consecutive column blocks of the given widths.
+pub fn split_cols(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+    let mut out = Vec::with_capacity(widths.len());
+    let mut at = 0;
+    for &w in widths {
+        out.push(x.narrow(D::Minus1, at, w)?);
+        at += w;
+    }
+    Ok(out)
+}

@@ -1,0 +1,325 @@
+//! Logits processing and sampling with a seeded RNG.
+//!
+//! Order (as vLLM): logit bias, repetition penalty (prompt + output), presence and frequency
+//! penalties (output only, OpenAI semantics), temperature, then top-k, top-p and min-p
+//! filtering of the distribution. `temperature == 0` is greedy.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+use crate::error::{EngineError, Result};
+
+/// What a request asks of the sampler. Neutral values switch a stage off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 → greedy; otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 → off.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p; 1 → off.
+    pub top_p: f32,
+    /// Drop tokens below `min_p · p_max`; 0 → off.
+    pub min_p: f32,
+    /// HF-style: positive logits of seen tokens divided by it, negative multiplied; 1 → off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from every token generated so far.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of a generated token.
+    pub frequency_penalty: f32,
+    /// Added to the logits of these tokens.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// RNG seed; `None` draws one from the OS.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: vec![],
+            seed: None,
+        }
+    }
+}
+
+fn invalid(field: &'static str, expected: &str, actual: impl ToString) -> EngineError {
+    EngineError::Invalid { field, expected: expected.into(), actual: actual.to_string() }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, ..Self::default() }
+    }
+
+    /// Checks every field's range; `vocab` bounds the logit-bias ids.
+    pub fn validate(&self, vocab: usize) -> Result<()> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(invalid("temperature", ">= 0 and finite", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(invalid("top_p", "in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(invalid("min_p", "in [0, 1]", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(invalid("repetition_penalty", "> 0 and finite", self.repetition_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(invalid("presence_penalty", "in [-2, 2]", self.presence_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(invalid("frequency_penalty", "in [-2, 2]", self.frequency_penalty));
+        }
+        for &(id, b) in &self.logit_bias {
+            if id as usize >= vocab {
+                return Err(invalid("logit_bias", &format!("token ids < {vocab}"), id));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(invalid("logit_bias", "values in [-100, 100]", b));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One sampled token with its log-probability under the model's distribution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// `log p(token)` from the unprocessed logits.
+    pub logprob: f32,
+}
+
+/// Per-sequence sampler: parameters, RNG and the token history the penalties need.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha20Rng,
+    /// Occurrences of each generated token.
+    generated: HashMap<u32, u32>,
+    /// Tokens seen in prompt or output (repetition penalty).
+    seen: HashMap<u32, ()>,
+}
+
+impl Sampler {
+    /// A sampler for a sequence whose prompt is `prompt`.
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let rng = match params.seed {
+            Some(s) => ChaCha20Rng::seed_from_u64(s),
+            None => ChaCha20Rng::from_os_rng(),
+        };
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().map(|&t| (t, ())).collect() } else { HashMap::new() };
+        Self { params, rng, generated: HashMap::new(), seen }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a token that became part of the output.
+    pub fn accept(&mut self, token: u32) {
+        *self.generated.entry(token).or_default() += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token, ());
+        }
+    }
+
+    /// Applies bias and penalties in place.
+    pub fn process(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        for &(id, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        if p.repetition_penalty != 1.0 {
+            for &t in self.seen.keys() {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &c) in &self.generated {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * c as f32;
+                }
+            }
+        }
+    }
+
+    /// Picks the next token from raw logits (they are not modified).
+    pub fn sample(&mut self, raw: &[f32]) -> Sampled {
+        let mut logits = raw.to_vec();
+        self.process(&mut logits);
+        let token = if self.params.temperature == 0.0 { argmax(&logits) } else { self.sample_stochastic(&logits) };
+        Sampled { token, logprob: log_softmax_at(raw, token as usize) }
+    }
+
+    fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let inv_t = 1.0 / p.temperature;
+        // Candidates sorted by logit, descending; ties keep the lower id first.
+        let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+        if idx.is_empty() {
+            return argmax(logits);
+        }
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        if p.top_k > 0 && p.top_k < idx.len() {
+            idx.truncate(p.top_k);
+        }
+        let max = logits[idx[0] as usize];
+        let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= sum);
+        if p.min_p > 0.0 {
+            let cut = p.min_p * probs[0];
+            let keep = probs.iter().take_while(|&&x| x >= cut).count().max(1);
+            probs.truncate(keep);
+        }
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, x) in probs.iter().enumerate() {
+                acc += x;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+        }
+        let total: f32 = probs.iter().sum();
+        let mut u = self.rng.random::<f32>() * total;
+        for (i, x) in probs.iter().enumerate() {
+            if u < *x {
+                return idx[i];
+            }
+            u -= x;
+        }
+        idx[probs.len() - 1]
+    }
+}
+
+/// Index of the largest logit (lowest index on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// `log softmax(logits)[i]`.
+pub fn log_softmax_at(logits: &[f32], i: usize) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln() + max;
+    logits.get(i).map_or(f32::NEG_INFINITY, |l| l - lse)
+}
+
+/// The `n` most likely tokens with their log-probabilities, most likely first.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln() + max;
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(idx.len());
+    if n == 0 {
+        return vec![];
+    }
+    idx.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    idx.truncate(n);
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(params: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(params, &[]);
+        (0..n)
+            .map(|_| {
+                let t = s.sample(logits).token;
+                s.accept(t);
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn greedy_takes_argmax_and_lowest_on_ties() {
+        assert_eq!(run(SamplingParams::greedy(), &[0.0, 3.0, 3.0, 1.0], 3), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let p = |seed| SamplingParams { seed: Some(seed), ..SamplingParams::default() };
+        assert_eq!(run(p(7), &logits, 40), run(p(7), &logits, 40));
+        assert_ne!(run(p(7), &logits, 40), run(p(8), &logits, 40));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let logits = [0.1f32, 2.0, 0.5];
+        let p = SamplingParams { top_k: 1, seed: Some(1), ..SamplingParams::default() };
+        assert!(run(p, &logits, 20).iter().all(|&t| t == 1));
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_support() {
+        // p = [0.7, 0.2, 0.1] roughly: top_p 0.5 keeps only the first.
+        let logits = [0.7f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
+        let p = SamplingParams { top_p: 0.5, seed: Some(3), ..SamplingParams::default() };
+        assert!(run(p, &logits, 50).iter().all(|&t| t == 0));
+        let p = SamplingParams { min_p: 0.2, seed: Some(3), ..SamplingParams::default() };
+        assert!(run(p, &logits, 200).iter().all(|&t| t != 2));
+    }
+
+    #[test]
+    fn penalties_and_bias_change_the_choice() {
+        let logits = [1.0f32, 0.9];
+        let p = SamplingParams { frequency_penalty: 0.5, ..SamplingParams::greedy() };
+        assert_eq!(run(p, &logits, 2), vec![0, 1]);
+        let p = SamplingParams { logit_bias: vec![(1, 5.0)], ..SamplingParams::greedy() };
+        assert_eq!(run(p, &logits, 1), vec![1]);
+        let s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() }, &[0]);
+        let mut l = [1.0f32, 0.9];
+        s.process(&mut l);
+        assert_eq!(l, [0.5, 0.9]);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let e = SamplingParams { temperature: -1.0, ..SamplingParams::default() }.validate(10).unwrap_err().to_string();
+        assert!(e.contains("`temperature`") && e.contains("-1"), "{e}");
+        let e = SamplingParams { top_p: 0.0, ..SamplingParams::default() }.validate(10).unwrap_err().to_string();
+        assert!(e.contains("`top_p`"), "{e}");
+        let e = SamplingParams { logit_bias: vec![(10, 1.0)], ..SamplingParams::default() }.validate(10).unwrap_err().to_string();
+        assert!(e.contains("`logit_bias`") && e.contains("10"), "{e}");
+    }
+
+    #[test]
+    fn logprobs_are_normalised() {
+        let l = [1.0f32, 2.0, 3.0];
+        let total: f32 = (0..3).map(|i| log_softmax_at(&l, i).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        let top = top_logprobs(&l, 2);
+        assert_eq!(top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 1]);
+    }
+}

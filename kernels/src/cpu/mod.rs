@@ -1,0 +1,6 @@
+//! CPU implementations over plain f32 slices (the reference for every other backend).
+
+pub mod conv;
+pub mod gated_delta;
+pub mod norm;
+pub mod prep;

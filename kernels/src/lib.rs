@@ -1,0 +1,53 @@
+//! Sequence-mixer ops of Gated DeltaNet / Gated DeltaProduct, behind one interface.
+//!
+//! The functions in [`ops`] take candle tensors and a [`SlotBuffer`] of per-sequence states,
+//! and dispatch on the device. The CPU implementations over plain slices live in [`cpu`]; they
+//! double as the reference for other backends. Kernels know nothing of models: they see
+//! shapes, not layers. Math follows `docs/model-spec.md` (§1.3, §2.3, §3.4, §3.5).
+
+pub mod cpu;
+pub mod ops;
+mod slots;
+
+pub use cpu::conv::ConvActivation;
+pub use cpu::norm::GateActivation;
+pub use slots::SlotBuffer;
+
+/// Errors raised by the kernels.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// An input's shape does not fit the op.
+    #[error("{op}: `{input}` has shape {actual:?}, expected {expected}")]
+    Shape {
+        /// The op that checked the shape.
+        op: &'static str,
+        /// The offending input.
+        input: &'static str,
+        /// What the op expected, in words.
+        expected: String,
+        /// The shape it got.
+        actual: Vec<usize>,
+    },
+    /// A slot index past the end of the pool.
+    #[error("slot {slot} is out of range: the buffer has {slots} slots")]
+    Slot {
+        /// The slot asked for.
+        slot: usize,
+        /// Slots in the buffer.
+        slots: usize,
+    },
+    /// The op has no implementation for this device.
+    #[error("{op}: no implementation for device {device}")]
+    UnsupportedDevice {
+        /// The op.
+        op: &'static str,
+        /// The device, in words.
+        device: String,
+    },
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, KernelError>;
