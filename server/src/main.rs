@@ -1,1 +1,49 @@
-fn main(){}
+//! The `deltaserve` command line: serve, generate, evaluate and make checkpoints.
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+mod cli;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "deltaserve",
+    version,
+    about = "Inference server for Gated DeltaNet and Gated DeltaProduct language models"
+)]
+struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true, env = "DELTASERVE_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt and stream it to stdout.
+    Generate(cli::generate::GenerateArgs),
+    /// Evaluate a model (perplexity).
+    Eval(cli::eval::EvalArgs),
+    /// Write a randomly initialised checkpoint of any shape.
+    InitRandom(cli::init_random::InitRandomArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter =
+        EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let sub = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_json {
+        sub.json().init();
+    } else {
+        sub.init();
+    }
+    match cli.command {
+        Command::Generate(a) => cli::generate::run(a),
+        Command::Eval(a) => cli::eval::run(a),
+        Command::InitRandom(a) => cli::init_random::run(a),
+    }
+}

@@ -62,22 +62,38 @@ fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// One token's write for one value head: key, value, β and log-decay.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadStep<'a> {
+    /// `[K]`, L2-normalised.
+    pub k: &'a [f32],
+    /// `[V]`.
+    pub v: &'a [f32],
+    /// Write strength β.
+    pub beta: f32,
+    /// Log-decay g (0 for none).
+    pub g: f32,
+}
+
+/// A read-out after the write: `o = Sᵀ(scale·q)`.
+#[derive(Debug)]
+pub struct ReadOut<'a> {
+    /// `[K]`, L2-normalised.
+    pub q: &'a [f32],
+    /// Read-out scale.
+    pub scale: f32,
+    /// `[V]` destination.
+    pub o: &'a mut [f32],
+}
+
 /// One recurrent step for one value head, in the order of §1.3 step 8:
-/// decay, delta write, then read-out after the update. `q` is pre-scaled or `None`.
+/// decay, delta write, then (optionally) the read-out after the update.
 #[inline]
-pub fn recurrent_head_step(
-    state: &mut [f32],
-    q: Option<&[f32]>,
-    k: &[f32],
-    v: &[f32],
-    beta: f32,
-    g: f32,
-    scale: f32,
-    o: Option<&mut [f32]>,
-) {
+pub fn recurrent_head_step(state: &mut [f32], x: HeadStep<'_>, read: Option<ReadOut<'_>>) {
+    let (k, v) = (x.k, x.v);
     let vd = v.len();
-    if g != 0.0 {
-        let alpha = g.exp();
+    if x.g != 0.0 {
+        let alpha = x.g.exp();
         state.iter_mut().for_each(|s| *s *= alpha);
     }
     // u = β (v − Sᵀk)
@@ -87,17 +103,17 @@ pub fn recurrent_head_step(
             axpy(-ki, &state[i * vd..(i + 1) * vd], &mut u);
         }
     }
-    u.iter_mut().for_each(|x| *x *= beta);
+    u.iter_mut().for_each(|e| *e *= x.beta);
     for (i, &ki) in k.iter().enumerate() {
         if ki != 0.0 {
             axpy(ki, &u, &mut state[i * vd..(i + 1) * vd]);
         }
     }
-    if let (Some(q), Some(o)) = (q, o) {
-        o.iter_mut().for_each(|x| *x = 0.0);
-        for (i, &qi) in q.iter().enumerate() {
+    if let Some(r) = read {
+        r.o.iter_mut().for_each(|e| *e = 0.0);
+        for (i, &qi) in r.q.iter().enumerate() {
             if qi != 0.0 {
-                axpy(qi * scale, &state[i * vd..(i + 1) * vd], o);
+                axpy(qi * r.scale, &state[i * vd..(i + 1) * vd], r.o);
             }
         }
     }
@@ -125,13 +141,17 @@ pub fn recurrent_gated_delta_rule(
                 let gt = x.g.map_or(0.0, |g| g[t * d.hv + j]);
                 recurrent_head_step(
                     s,
-                    Some(&x.q[qk..qk + kd]),
-                    &x.k[qk..qk + kd],
-                    &x.v[vv..vv + vd],
-                    x.beta[t * d.hv + j],
-                    gt,
-                    scale,
-                    Some(&mut oh[t * vd..(t + 1) * vd]),
+                    HeadStep {
+                        k: &x.k[qk..qk + kd],
+                        v: &x.v[vv..vv + vd],
+                        beta: x.beta[t * d.hv + j],
+                        g: gt,
+                    },
+                    Some(ReadOut {
+                        q: &x.q[qk..qk + kd],
+                        scale,
+                        o: &mut oh[t * vd..(t + 1) * vd],
+                    }),
                 );
             }
             oh
@@ -152,7 +172,13 @@ fn scatter_heads(d: Dims, heads: &mut [Vec<f32>], o: &mut [f32]) {
 
 /// Chunkwise-parallel gated delta rule (chunk 64, WY/UT form, §3.5).
 /// `state` is `[HV, K, V]`, read as the initial state and left as the final one.
-pub fn chunk_gated_delta_rule(d: Dims, x: Inputs<'_>, scale: f32, state: &mut [f32], o: &mut [f32]) {
+pub fn chunk_gated_delta_rule(
+    d: Dims,
+    x: Inputs<'_>,
+    scale: f32,
+    state: &mut [f32],
+    o: &mut [f32],
+) {
     let (kd, vd, grp) = (d.k, d.v, d.group());
     let mut out_heads: Vec<Vec<f32>> = state
         .par_chunks_mut(kd * vd)
@@ -208,14 +234,26 @@ impl ChunkWorkspace {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn load(&mut self, d: Dims, x: Inputs<'_>, j: usize, hk: usize, t0: usize, len: usize, scale: f32) {
+    fn load(
+        &mut self,
+        d: Dims,
+        x: Inputs<'_>,
+        j: usize,
+        hk: usize,
+        t0: usize,
+        len: usize,
+        scale: f32,
+    ) {
         let (kd, vd) = (self.kd, self.vd);
         self.len = len;
         let mut acc = 0f32;
         for r in 0..len {
             let t = t0 + r;
             let qk = (t * d.h + hk) * kd;
-            for (dst, src) in self.q[r * kd..(r + 1) * kd].iter_mut().zip(&x.q[qk..qk + kd]) {
+            for (dst, src) in self.q[r * kd..(r + 1) * kd]
+                .iter_mut()
+                .zip(&x.q[qk..qk + kd])
+            {
                 *dst = src * scale;
             }
             self.k[r * kd..(r + 1) * kd].copy_from_slice(&x.k[qk..qk + kd]);
@@ -236,8 +274,9 @@ impl ChunkWorkspace {
         let a = &mut self.a;
         for r in 0..n {
             for s in 0..r {
-                a[r * CHUNK + s] =
-                    self.beta[r] * dot(&k[r * kd..(r + 1) * kd], &k[s * kd..(s + 1) * kd]) * (gm[r] - gm[s]).exp();
+                a[r * CHUNK + s] = self.beta[r]
+                    * dot(&k[r * kd..(r + 1) * kd], &k[s * kd..(s + 1) * kd])
+                    * (gm[r] - gm[s]).exp();
             }
         }
         // 2) T = (I + A)^-1 by forward substitution, row r: T_r = e_r − Σ_{s<r} A[r,s] T_s.
@@ -256,7 +295,10 @@ impl ChunkWorkspace {
         }
         // 3) W = T diag(β e^γ) K and U = T diag(β) V.
         for r in 0..n {
-            let (wr, ur) = (&mut self.w[r * kd..(r + 1) * kd], &mut self.u[r * vd..(r + 1) * vd]);
+            let (wr, ur) = (
+                &mut self.w[r * kd..(r + 1) * kd],
+                &mut self.u[r * vd..(r + 1) * vd],
+            );
             wr.iter_mut().for_each(|x| *x = 0.0);
             ur.iter_mut().for_each(|x| *x = 0.0);
             for s in 0..=r {
@@ -356,7 +398,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> f32 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         }
         fn vec(&mut self, n: usize) -> Vec<f32> {
@@ -372,12 +417,24 @@ mod tests {
     }
 
     fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-        let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f32>().sqrt();
+        let num: f32 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f32>()
+            .sqrt();
         let den: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
         num / den.max(1e-30)
     }
 
-    fn case(t: usize, h: usize, hv: usize, kd: usize, vd: usize, seed: u64) -> (Dims, Vec<Vec<f32>>) {
+    fn case(
+        t: usize,
+        h: usize,
+        hv: usize,
+        kd: usize,
+        vd: usize,
+        seed: u64,
+    ) -> (Dims, Vec<Vec<f32>>) {
         let mut r = Lcg(seed);
         let mut q = r.vec(t * h * kd);
         let mut k = r.vec(t * h * kd);
@@ -387,20 +444,43 @@ mod tests {
         let beta: Vec<f32> = r.vec(t * hv).iter().map(|x| 0.5 + 0.49 * x).collect();
         let g: Vec<f32> = r.vec(t * hv).iter().map(|x| -0.3 * (1.0 + x)).collect();
         let s0 = r.vec(hv * kd * vd);
-        (Dims { t, h, hv, k: kd, v: vd }, vec![q, k, v, beta, g, s0])
+        (
+            Dims {
+                t,
+                h,
+                hv,
+                k: kd,
+                v: vd,
+            },
+            vec![q, k, v, beta, g, s0],
+        )
     }
 
     #[test]
     fn chunked_equals_recurrent_across_chunk_boundaries() {
         for &t in &[1usize, 63, 64, 65, 200] {
             let (d, c) = case(t, 2, 4, 16, 24, 7 + t as u64);
-            let x = Inputs { q: &c[0], k: &c[1], v: &c[2], beta: &c[3], g: Some(&c[4]) };
+            let x = Inputs {
+                q: &c[0],
+                k: &c[1],
+                v: &c[2],
+                beta: &c[3],
+                g: Some(&c[4]),
+            };
             let (mut s1, mut s2) = (c[5].clone(), c[5].clone());
             let (mut o1, mut o2) = (vec![0.0; t * d.hv * d.v], vec![0.0; t * d.hv * d.v]);
             recurrent_gated_delta_rule(d, x, 0.25, &mut s1, &mut o1);
             chunk_gated_delta_rule(d, x, 0.25, &mut s2, &mut o2);
-            assert!(rel_err(&o2, &o1) < 1e-5, "t={t} o err {}", rel_err(&o2, &o1));
-            assert!(rel_err(&s2, &s1) < 1e-5, "t={t} state err {}", rel_err(&s2, &s1));
+            assert!(
+                rel_err(&o2, &o1) < 1e-5,
+                "t={t} o err {}",
+                rel_err(&o2, &o1)
+            );
+            assert!(
+                rel_err(&s2, &s1) < 1e-5,
+                "t={t} state err {}",
+                rel_err(&s2, &s1)
+            );
         }
     }
 
@@ -408,7 +488,13 @@ mod tests {
     fn no_gate_equals_zero_gate() {
         let (d, c) = case(70, 1, 1, 8, 8, 3);
         let zeros = vec![0f32; 70];
-        let mk = |g| Inputs { q: &c[0], k: &c[1], v: &c[2], beta: &c[3], g };
+        let mk = |g| Inputs {
+            q: &c[0],
+            k: &c[1],
+            v: &c[2],
+            beta: &c[3],
+            g,
+        };
         let (mut s1, mut s2) = (c[5].clone(), c[5].clone());
         let (mut o1, mut o2) = (vec![0.0; 70 * 8], vec![0.0; 70 * 8]);
         chunk_gated_delta_rule(d, mk(None), 1.0, &mut s1, &mut o1);
@@ -425,7 +511,20 @@ mod tests {
         let expect_s = decayed + b * (v - decayed * k) * k;
         let mut s = [s0];
         let mut o = [0f32];
-        recurrent_head_step(&mut s, Some(&[q]), &[k], &[v], b, g, sc, Some(&mut o));
+        recurrent_head_step(
+            &mut s,
+            HeadStep {
+                k: &[k],
+                v: &[v],
+                beta: b,
+                g,
+            },
+            Some(ReadOut {
+                q: &[q],
+                scale: sc,
+                o: &mut o,
+            }),
+        );
         assert!((s[0] - expect_s).abs() < 1e-6);
         assert!((o[0] - expect_s * q * sc).abs() < 1e-6);
     }

@@ -1,0 +1,48 @@
+//! `deltaserve init-random`: write a randomly initialised checkpoint of any shape.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use deltaserve_engine::{parse_dtype, synth::write_random_checkpoint};
+
+/// Write a randomly initialised fla-layout checkpoint (for benchmarks and tests).
+#[derive(Debug, Args)]
+pub struct InitRandomArgs {
+    /// A config.json (fla fields; unspecified fields take fla's defaults).
+    #[arg(long)]
+    config: PathBuf,
+    /// Output directory.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// On-disk dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// RNG seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Copy tokenizer files from this checkpoint directory.
+    #[arg(long)]
+    tokenizer_from: Option<PathBuf>,
+}
+
+/// Runs the subcommand.
+pub fn run(args: InitRandomArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.config)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.config.display()))?;
+    let cfg: serde_json::Value = serde_json::from_str(&text)?;
+    let c = write_random_checkpoint(
+        &cfg,
+        &args.output,
+        parse_dtype(&args.dtype)?,
+        args.seed,
+        args.tokenizer_from.as_deref(),
+    )?;
+    println!(
+        "wrote {} ({}, {} layers, state {} bytes per sequence)",
+        args.output.display(),
+        c.model_type(),
+        c.common.num_hidden_layers,
+        c.state_bytes_per_sequence()
+    );
+    Ok(())
+}

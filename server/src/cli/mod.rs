@@ -1,0 +1,67 @@
+//! Subcommands other than `serve`, and the options they share.
+
+pub mod eval;
+pub mod generate;
+pub mod init_random;
+
+use std::path::PathBuf;
+
+use clap::Args;
+use deltaserve_engine::{parse_dtype, Device, Engine, LoadOptions};
+
+/// Where the demo model lives when `--model` is not given, in order of preference.
+pub fn default_model() -> String {
+    let candidates = [
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|p| p.join("../../models/gdn-demo"))),
+        Some(PathBuf::from("models/gdn-demo")),
+        Some(PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/gdn-demo"
+        ))),
+        Some(PathBuf::from("/opt/deltaserve/models/gdn-demo")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| p.join("config.json").exists())
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "models/gdn-demo".into())
+}
+
+/// Options that pick and load a model.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Checkpoint directory or Hugging Face repo id `org/name[@revision]` (default: the bundled demo model).
+    #[arg(long, env = "DELTASERVE_MODEL")]
+    pub model: Option<String>,
+    /// Compute dtype: f32, bf16 or f16 (the recurrent state is always f32).
+    #[arg(long, env = "DELTASERVE_DTYPE", default_value = "f32")]
+    pub dtype: String,
+    /// Device: cpu.
+    #[arg(long, env = "DELTASERVE_DEVICE", default_value = "cpu")]
+    pub device: String,
+    /// Scan all weights for NaN/inf while loading.
+    #[arg(long, env = "DELTASERVE_CHECK_WEIGHTS")]
+    pub check_weights: bool,
+}
+
+impl ModelArgs {
+    /// Loads the engine these options describe.
+    pub fn load(&self) -> anyhow::Result<Engine> {
+        let device = match self.device.as_str() {
+            "cpu" => Device::Cpu,
+            other => anyhow::bail!(
+                "invalid `--device`: expected `cpu` (CUDA support is not built yet), got `{other}`"
+            ),
+        };
+        let opts = LoadOptions {
+            model: self.model.clone().unwrap_or_else(default_model),
+            dtype: parse_dtype(&self.dtype)?,
+            device,
+            check_weights: self.check_weights,
+        };
+        Ok(Engine::load(&opts)?)
+    }
+}

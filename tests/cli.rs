@@ -1,0 +1,129 @@
+//! The `deltaserve` binary's subcommands, run as a user would.
+
+use std::process::Command;
+
+use deltaserve_tests::compact_dir;
+
+fn deltaserve(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_deltaserve"))
+        .args(args)
+        .env("DELTASERVE_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn generate_is_reproducible_for_a_seed() {
+    let model = compact_dir().join("gdp");
+    let args = [
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "def f(x):",
+        "--max-tokens",
+        "24",
+        "--seed",
+        "42",
+        "--temperature",
+        "0.9",
+    ];
+    let a = deltaserve(&args);
+    let b = deltaserve(&args);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let text = String::from_utf8(a.stdout.clone()).expect("stdout is UTF-8");
+    assert!(text.starts_with("def f(x):"), "{text}");
+    assert!(
+        text.len() > "def f(x):\n".len(),
+        "nothing generated: {text:?}"
+    );
+    assert_eq!(a.stdout, b.stdout, "same seed, different text");
+}
+
+#[test]
+fn greedy_generate_matches_the_goldens_text() {
+    // compact/gdn case 0: the goldens' greedy continuation, decoded, is what we print.
+    let model = compact_dir().join("gdn");
+    let cases = deltaserve_tests::golden_cases(&compact_dir().join("gdn.goldens.json"));
+    let case = &cases[0];
+    let steps = case.top2_margins.iter().take_while(|&&m| m >= 1e-3).count();
+    let out = deltaserve(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        &case.prompt,
+        "--max-tokens",
+        &steps.to_string(),
+        "--temperature",
+        "0",
+        "--ignore-eos",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(
+        model.to_str().unwrap(),
+    ))
+    .unwrap();
+    let want = engine
+        .tokenizer()
+        .decode(&case.greedy_new_ids[..steps], true)
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}{}\n", case.prompt, want)
+    );
+}
+
+#[test]
+fn eval_ppl_prints_json() {
+    let model = compact_dir().join("gdn");
+    let text = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(text.path(), "def add(a, b):\n    return a + b\n".repeat(20)).unwrap();
+    let out = deltaserve(&[
+        "eval",
+        "ppl",
+        "--model",
+        model.to_str().unwrap(),
+        "--text",
+        text.path().to_str().unwrap(),
+        "--seq-len",
+        "64",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ppl = v["ppl"].as_f64().unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0, "{v}");
+    assert!(v["tokens"].as_u64().unwrap() > 100, "{v}");
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let out = deltaserve(&["generate", "--model", "/nonexistent/dir", "--prompt", "x"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`model`") && err.contains("/nonexistent/dir"),
+        "{err}"
+    );
+    let model = compact_dir().join("gdn");
+    let out = deltaserve(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "x",
+        "--top-p",
+        "1.5",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`top_p`") && err.contains("1.5"), "{err}");
+}
