@@ -17,6 +17,7 @@ pub mod tokenizer;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use candle_core::{DType, Device, Tensor};
 pub use config::ModelConfig;
@@ -56,7 +57,7 @@ impl LoadOptions {
 #[derive(Debug)]
 pub struct Engine {
     model: CausalLm,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     model_dir: PathBuf,
 }
 
@@ -102,7 +103,7 @@ impl Engine {
         tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, "model loaded");
         Ok(Self {
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             model_dir: dir,
         })
     }
@@ -120,6 +121,11 @@ impl Engine {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// A shared handle on the tokenizer (for threads other than the engine's).
+    pub fn tokenizer_arc(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
     }
 
     /// The resolved checkpoint directory.

@@ -1,9 +1,19 @@
 //! The `deltaserve` command line: serve, generate, evaluate and make checkpoints.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+mod api;
+mod chat;
 mod cli;
+mod metrics;
+mod response;
+mod routes;
+mod scheduler;
+mod serve;
+mod stop;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,6 +31,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API with continuous batching.
+    Serve(serve::ServeArgs),
     /// Generate a continuation of a prompt and stream it to stdout.
     Generate(cli::generate::GenerateArgs),
     /// Evaluate a model (perplexity).
@@ -42,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         sub.init();
     }
     match cli.command {
+        Command::Serve(a) => serve::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Eval(a) => cli::eval::run(a),
         Command::InitRandom(a) => cli::init_random::run(a),

@@ -1,0 +1,5 @@
+//! The OpenAI-compatible API surface: request/response types, validation and errors.
+
+pub mod error;
+pub mod types;
+pub mod validate;

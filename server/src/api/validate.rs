@@ -1,0 +1,399 @@
+//! Requests → [`ValidRequest`], the only form the scheduler accepts. Every refusal names the
+//! field, what it must be and what it was.
+
+use deltaserve_engine::{SamplingParams, Tokenizer};
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::types::{ChatRequest, CommonParams, CompletionRequest};
+use crate::chat::{parse_messages, short, ChatTemplate};
+use crate::scheduler::GenParams;
+
+/// Most stop strings per request.
+pub const MAX_STOP: usize = 8;
+/// Most logprobs alternatives per token.
+pub const MAX_LOGPROBS: usize = 20;
+/// `max_tokens` when a completions request gives none (OpenAI's default).
+pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
+
+/// Server-side limits and identity the validation needs.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The one model name accepted in `model`.
+    pub served_model_name: String,
+    /// Prompt + generated tokens per sequence.
+    pub max_model_len: usize,
+    /// Most choices per request (bounded by the pool size).
+    pub max_n: usize,
+    /// Model vocabulary size.
+    pub vocab_size: usize,
+}
+
+/// A request the scheduler can run.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    /// One or more tokenized prompts (completions accept a batch).
+    pub prompts: Vec<Vec<u32>>,
+    /// Generation parameters shared by all prompts.
+    pub params: GenParams,
+    /// SSE streaming.
+    pub stream: bool,
+    /// Final usage chunk in streams.
+    pub include_usage: bool,
+    /// Completions `echo`.
+    pub echo: bool,
+}
+
+fn check_model(model: &Option<String>, limits: &Limits) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != &limits.served_model_name => Err(ApiError::NotFound(format!(
+            "model `{m}` does not exist; this server serves `{}`",
+            limits.served_model_name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(x) if x < 0 => Err(ApiError::invalid(name, ">= 0", x)),
+        Some(x) => Ok(Some(x as usize)),
+        None => Ok(None),
+    }
+}
+
+fn token_id(name: &str, v: i64, vocab: usize) -> Result<u32, ApiError> {
+    if v < 0 || v as u64 >= vocab as u64 {
+        return Err(ApiError::invalid(
+            name,
+            format!("a token id in [0, {vocab})"),
+            v,
+        ));
+    }
+    Ok(v as u32)
+}
+
+/// Turns `prompt` into token-id lists: a string, a list of strings, a list of ids, or a list
+/// of id lists.
+pub fn parse_prompt(
+    v: Option<&Value>,
+    tok: &Tokenizer,
+    vocab: usize,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let expected = "a string, a list of strings, a list of token ids, or a list of token-id lists";
+    let ids = |arr: &[Value], name: &str| -> Result<Vec<u32>, ApiError> {
+        arr.iter()
+            .enumerate()
+            .map(|(i, x)| match x.as_i64() {
+                Some(id) => token_id(&format!("{name}[{i}]"), id, vocab),
+                None => Err(ApiError::invalid(
+                    &format!("{name}[{i}]"),
+                    "an integer token id",
+                    short(x),
+                )),
+            })
+            .collect()
+    };
+    let prompts = match v {
+        Some(Value::String(s)) => vec![tok.encode(s, true)?],
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::invalid("prompt", expected, "[]"))
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
+            .iter()
+            .map(|s| tok.encode(s.as_str().unwrap_or_default(), true))
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) if a.iter().all(Value::is_array) => a
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                ids(
+                    x.as_array().map(Vec::as_slice).unwrap_or_default(),
+                    &format!("prompt[{i}]"),
+                )
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) => vec![ids(a, "prompt")?],
+        Some(other) => return Err(ApiError::invalid("prompt", expected, short(other))),
+        None => return Err(ApiError::invalid("prompt", expected, "nothing")),
+    };
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(ApiError::invalid(
+            &format!("prompt[{i}]"),
+            "at least one token",
+            "an empty prompt",
+        ));
+    }
+    Ok(prompts)
+}
+
+fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let stops = match v {
+        None | Some(Value::Null) => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::invalid("stop", "a string or a list of strings", short(x))
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "a string or a list of strings",
+                short(other),
+            ))
+        }
+    };
+    if stops.len() > MAX_STOP {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOP} strings"),
+            format!("{} strings", stops.len()),
+        ));
+    }
+    Ok(stops)
+}
+
+/// Checks the shared fields; `default_max_tokens` gives `max_tokens` from the prompt length
+/// when the request has none.
+fn common(
+    c: &CommonParams,
+    prompts: &[Vec<u32>],
+    limits: &Limits,
+    max_tokens: Option<i64>,
+    default_max_tokens: impl Fn(usize) -> usize,
+    logprobs: Option<usize>,
+) -> Result<(GenParams, bool, bool), ApiError> {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest >= limits.max_model_len {
+        return Err(ApiError::bad_request(
+            format!("the prompt has {longest} tokens; `max_model_len` is {}, which leaves no room to generate", limits.max_model_len),
+            Some("prompt"),
+            "context_length_exceeded",
+        ));
+    }
+    let max_tokens = match nonneg("max_tokens", max_tokens)? {
+        Some(0) => return Err(ApiError::invalid("max_tokens", ">= 1", 0)),
+        Some(m) => m,
+        None => default_max_tokens(longest).max(1),
+    };
+    if longest + max_tokens > limits.max_model_len {
+        return Err(ApiError::bad_request(
+            format!("the prompt ({longest} tokens) plus `max_tokens` ({max_tokens}) exceeds `max_model_len` ({})", limits.max_model_len),
+            Some("max_tokens"),
+            "context_length_exceeded",
+        ));
+    }
+    let n = nonneg("n", c.n)?.unwrap_or(1);
+    if n == 0 || n > limits.max_n {
+        return Err(ApiError::invalid(
+            "n",
+            format!("in [1, {}]", limits.max_n),
+            n,
+        ));
+    }
+    if let Some(b) = c.best_of {
+        if b != n as i64 {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("equal to `n` ({n}) or absent: ranking candidates is not supported"),
+                b,
+            ));
+        }
+    }
+    let top_k = match c.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                "-1, 0 (off) or a positive integer",
+                k,
+            ))
+        }
+    };
+    let mut logit_bias = Vec::new();
+    for (k, &b) in c.logit_bias.iter().flatten() {
+        let id = k.parse::<i64>().map_err(|_| {
+            ApiError::invalid("logit_bias", "keys that are token ids", format!("{k:?}"))
+        })?;
+        logit_bias.push((token_id("logit_bias", id, limits.vocab_size)?, b));
+    }
+    logit_bias.sort_by_key(|x| x.0);
+    let sampling = SamplingParams {
+        temperature: c.temperature.unwrap_or(1.0),
+        top_k,
+        top_p: c.top_p.unwrap_or(1.0),
+        min_p: c.min_p.unwrap_or(0.0),
+        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        logit_bias,
+        seed: c.seed.map(|s| s as u64),
+    };
+    sampling
+        .validate(limits.vocab_size)
+        .map_err(ApiError::from)?;
+    let stop_token_ids = c
+        .stop_token_ids
+        .iter()
+        .flatten()
+        .map(|&t| token_id("stop_token_ids", t, limits.vocab_size))
+        .collect::<Result<_, _>>()?;
+    let stream = c.stream.unwrap_or(false);
+    if c.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "given only with `stream: true`",
+            "stream_options without streaming",
+        ));
+    }
+    let include_usage = c
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let params = GenParams {
+        n,
+        max_tokens,
+        sampling,
+        stop: parse_stop(c.stop.as_ref())?,
+        stop_token_ids,
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+        logprobs,
+        prompt_logprobs: false,
+    };
+    Ok((params, stream, include_usage))
+}
+
+/// Validates a completions request.
+pub fn completion(
+    req: &CompletionRequest,
+    tok: &Tokenizer,
+    limits: &Limits,
+) -> Result<ValidRequest, ApiError> {
+    check_model(&req.common.model, limits)?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "absent or empty (insertion is not supported)",
+            format!("{:?}", req.suffix.as_deref().unwrap_or_default()),
+        ));
+    }
+    let logprobs = match nonneg("logprobs", req.logprobs)? {
+        Some(n) if n > MAX_LOGPROBS => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("in [0, {MAX_LOGPROBS}]"),
+                n,
+            ))
+        }
+        other => other,
+    };
+    let prompts = parse_prompt(req.prompt.as_ref(), tok, limits.vocab_size)?;
+    let (mut params, stream, include_usage) = common(
+        &req.common,
+        &prompts,
+        limits,
+        req.common.max_tokens,
+        |_| DEFAULT_COMPLETION_MAX_TOKENS,
+        logprobs,
+    )?;
+    let echo = req.echo.unwrap_or(false);
+    params.prompt_logprobs = echo && logprobs.is_some();
+    let max_n = limits.max_n;
+    if prompts.len() * params.n > max_n {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {max_n} prompts × n choices"),
+            prompts.len() * params.n,
+        ));
+    }
+    Ok(ValidRequest {
+        prompts,
+        params,
+        stream,
+        include_usage,
+        echo,
+    })
+}
+
+/// Validates a chat request, rendering its messages with `template`.
+pub fn chat(
+    req: &ChatRequest,
+    tok: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    limits: &Limits,
+) -> Result<ValidRequest, ApiError> {
+    check_model(&req.common.model, limits)?;
+    let messages = parse_messages(req.messages.as_ref())?;
+    let template = template.ok_or_else(|| {
+        ApiError::bad_request(
+            "this model's tokenizer_config.json has no `chat_template`; use /v1/completions",
+            Some("messages"),
+            "no_chat_template",
+        )
+    })?;
+    let prompt = render_chat_prompt(template, tok, &messages)?;
+    let top = nonneg("top_logprobs", req.top_logprobs)?;
+    if let Some(n) = top.filter(|&n| n > MAX_LOGPROBS) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("in [0, {MAX_LOGPROBS}]"),
+            n,
+        ));
+    }
+    if top.is_some() && req.logprobs != Some(true) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "given only with `logprobs: true`",
+            "top_logprobs without logprobs",
+        ));
+    }
+    let logprobs = (req.logprobs == Some(true)).then(|| top.unwrap_or(0));
+    if req.max_completion_tokens.is_some()
+        && req.common.max_tokens.is_some()
+        && req.max_completion_tokens != req.common.max_tokens
+    {
+        return Err(ApiError::invalid(
+            "max_completion_tokens",
+            "equal to `max_tokens` when both are given",
+            req.max_completion_tokens.unwrap_or_default(),
+        ));
+    }
+    let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
+    let prompts = vec![prompt];
+    let max_len = limits.max_model_len;
+    let (params, stream, include_usage) = common(
+        &req.common,
+        &prompts,
+        limits,
+        max_tokens,
+        |len| max_len.saturating_sub(len),
+        logprobs,
+    )?;
+    Ok(ValidRequest {
+        prompts,
+        params,
+        stream,
+        include_usage,
+        echo: false,
+    })
+}
+
+/// Renders messages and tokenizes them, adding BOS only if the template did not already.
+pub fn render_chat_prompt(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    messages: &[crate::chat::Message],
+) -> Result<Vec<u32>, ApiError> {
+    let text = template.render(messages)?;
+    let has_bos = tok
+        .bos_token
+        .as_deref()
+        .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+    Ok(tok.encode(&text, !has_bos)?)
+}

@@ -1,0 +1,480 @@
+//! axum handlers: OpenAI completions and chat (JSON or SSE), models, tokenize, health,
+//! readiness and metrics.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use deltaserve_engine::Tokenizer;
+use futures::stream::{self, BoxStream, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::api::error::ApiError;
+use crate::api::types::{
+    ChatRequest, CompletionRequest, DetokenizeRequest, FromBody, TokenizeRequest,
+};
+use crate::api::validate::{self, Limits, ValidRequest};
+use crate::chat::ChatTemplate;
+use crate::metrics::Metrics;
+use crate::response::{ChatAssembler, CompletionAssembler, Kind};
+use crate::scheduler::{Event, GenRequest, SchedulerHandle};
+
+/// What exists once the model is loaded.
+pub struct Serving {
+    /// The engine thread.
+    pub scheduler: SchedulerHandle,
+    /// Tokenizer shared with the engine.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Compiled chat template, if the checkpoint has one.
+    pub template: Option<ChatTemplate>,
+    /// Validation limits.
+    pub limits: Limits,
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    /// Set once the model has loaded.
+    pub serving: Arc<OnceLock<Serving>>,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// `--api-key`.
+    pub api_key: Option<Arc<str>>,
+    /// Set on SIGTERM: no new work.
+    pub draining: Arc<AtomicBool>,
+    /// Served model name (known before loading).
+    pub model_name: Arc<str>,
+    /// Body size limit in bytes.
+    pub body_limit: usize,
+    /// Unix time the server started.
+    pub created: u64,
+    /// Request-id counter.
+    pub next_id: Arc<AtomicU64>,
+}
+
+impl AppState {
+    fn serving(&self) -> Result<&Serving, ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable("the server is shutting down".into()));
+        }
+        self.serving
+            .get()
+            .ok_or_else(|| ApiError::Unavailable("the model is still loading".into()))
+    }
+
+    fn request_id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}-{:x}{:06x}",
+            self.created,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The router. Layers, inside out: body limit, auth (for /v1 and tokenize), error counting.
+pub fn app(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), count_errors))
+        .with_state(state)
+}
+
+/// JSON body extractor whose rejections use the OpenAI error envelope.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: FromBody,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let limit = req.extensions().get::<BodyLimit>().map_or(0, |l| l.0);
+        let value = match Json::<Value>::from_request(req, state).await {
+            Ok(Json(v)) => v,
+            Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(ApiError::PayloadTooLarge { limit })
+            }
+            Err(rej) => {
+                return Err(ApiError::bad_request(
+                    json_rejection_message(&rej),
+                    None,
+                    "invalid_json",
+                ))
+            }
+        };
+        if !value.is_object() {
+            return Err(ApiError::bad_request(
+                format!(
+                    "the request body must be a JSON object; got {}",
+                    crate::chat::short(&value)
+                ),
+                None,
+                "invalid_json",
+            ));
+        }
+        T::from_body(&value).map(Self).map_err(|m| {
+            ApiError::bad_request(format!("invalid request body: {m}"), None, "invalid_type")
+        })
+    }
+}
+
+fn json_rejection_message(rej: &JsonRejection) -> String {
+    match rej {
+        JsonRejection::MissingJsonContentType(_) => {
+            "expected `Content-Type: application/json`".into()
+        }
+        other => other.body_text(),
+    }
+}
+
+#[derive(Clone, Copy)]
+struct BodyLimit(usize);
+
+async fn count_errors(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(BodyLimit(state.body_limit));
+    let path = req.uri().path().to_owned();
+    let res = next.run(req).await;
+    let status = res.status();
+    if status.is_client_error() || status.is_server_error() {
+        state
+            .metrics
+            .request_errors
+            .with_label_values(&[status.as_str()])
+            .inc();
+        if let Some(e) = res.extensions().get::<crate::api::error::ErrorLogged>() {
+            tracing::info!(%path, status = status.as_u16(), error = %e.0, "request refused");
+        }
+    }
+    res
+}
+
+async fn auth(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_ref()) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::NotFound(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn health() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    match state.serving() {
+        Ok(s) if s.scheduler.alive() => Json(json!({"status": "ready"})).into_response(),
+        Ok(_) => ApiError::Unavailable("the engine thread has stopped".into()).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let s = state.serving()?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": &*state.model_name, "object": "model", "created": state.created, "owned_by": "deltaserve",
+            "root": &*state.model_name, "max_model_len": s.limits.max_model_len
+        }]
+    })))
+}
+
+async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<TokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let s = state.serving()?;
+    check_model(&state, req.model.as_deref())?;
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(p), None) => s
+            .tokenizer
+            .encode(p, req.add_special_tokens.unwrap_or(true))?,
+        (None, Some(m)) => {
+            let msgs = crate::chat::parse_messages(Some(m))?;
+            let t = s.template.as_ref().ok_or_else(|| {
+                ApiError::bad_request(
+                    "this model has no `chat_template`",
+                    Some("messages"),
+                    "no_chat_template",
+                )
+            })?;
+            validate::render_chat_prompt(t, &s.tokenizer, &msgs)?
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "exactly one of `prompt` or `messages`",
+                "both or neither",
+            ))
+        }
+    };
+    Ok(Json(
+        json!({"count": tokens.len(), "max_model_len": s.limits.max_model_len, "tokens": tokens}),
+    ))
+}
+
+async fn detokenize(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<DetokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let s = state.serving()?;
+    check_model(&state, req.model.as_deref())?;
+    let vocab = s.limits.vocab_size;
+    let ids = req
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            if t < 0 || t as u64 >= vocab as u64 {
+                Err(ApiError::invalid(
+                    &format!("tokens[{i}]"),
+                    format!("a token id in [0, {vocab})"),
+                    t,
+                ))
+            } else {
+                Ok(t as u32)
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(json!({"prompt": s.tokenizer.decode(&ids, false)?})))
+}
+
+fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != &*state.model_name => Err(ApiError::NotFound(format!(
+            "model `{m}` does not exist; this server serves `{}`",
+            state.model_name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Sends every prompt of a valid request to the scheduler; one event stream per prompt.
+fn submit(
+    state: &AppState,
+    s: &Serving,
+    id: &str,
+    v: &ValidRequest,
+) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
+    let mut rxs = Vec::with_capacity(v.prompts.len());
+    for (i, prompt) in v.prompts.iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let req = GenRequest {
+            id: format!("{id}-{i}"),
+            prompt: prompt.clone(),
+            params: v.params.clone(),
+            events: tx,
+            arrived: Instant::now(),
+        };
+        if let Err(e) = s.scheduler.submit(req) {
+            if matches!(e, ApiError::QueueFull { .. }) {
+                state
+                    .metrics
+                    .requests_rejected
+                    .with_label_values(&["queue_full"])
+                    .inc();
+            }
+            // Earlier prompts of this request are cancelled by dropping their receivers.
+            return Err(e);
+        }
+        rxs.push(rx);
+    }
+    Ok(rxs)
+}
+
+/// Validation runs on a blocking thread: tokenizing a long prompt must not stall the runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("validation task failed: {e}")))?
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let s = state.serving()?;
+    let tok = s.tokenizer.clone();
+    let limits = s.limits.clone();
+    let v_user = req.common.user.clone();
+    let v = blocking(move || validate::completion(&req, &tok, &limits)).await?;
+    let id = state.request_id("cmpl");
+    tracing::debug!(request = %id, user = v_user.as_deref().unwrap_or(""), prompts = v.prompts.len(), stream = v.stream, "completion");
+    let rxs = submit(&state, s, &id, &v)?;
+    let asm = CompletionAssembler::new(
+        id,
+        state.model_name.to_string(),
+        unix_now(),
+        s.tokenizer.clone(),
+        &v,
+    );
+    run(state.clone(), Kind::Completion(asm), v, rxs).await
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let s = state.serving()?;
+    let v = validate::chat(&req, &s.tokenizer, s.template.as_ref(), &s.limits)?;
+    let id = state.request_id("chatcmpl");
+    tracing::debug!(request = %id, user = req.common.user.as_deref().unwrap_or(""), stream = v.stream, "chat completion");
+    let rxs = submit(&state, s, &id, &v)?;
+    let asm = ChatAssembler::new(
+        id,
+        state.model_name.to_string(),
+        unix_now(),
+        s.tokenizer.clone(),
+        &v,
+    );
+    run(state.clone(), Kind::Chat(asm), v, rxs).await
+}
+
+/// Merges the prompts' event streams, tagging each event with its prompt index.
+fn merged(rxs: Vec<mpsc::UnboundedReceiver<Event>>) -> BoxStream<'static, (usize, Event)> {
+    stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        UnboundedReceiverStream::new(rx)
+            .map(move |e| (i, e))
+            .boxed()
+    }))
+    .boxed()
+}
+
+async fn run(
+    state: AppState,
+    mut kind: Kind,
+    v: ValidRequest,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+) -> Result<Response, ApiError> {
+    let mut events = merged(rxs);
+    if !v.stream {
+        // Dropping this future (client gone) drops the receivers, which cancels the work.
+        while let Some((p, e)) = events.next().await {
+            if let Event::Error(err) = e {
+                return Err(err);
+            }
+            kind.absorb(p, e);
+        }
+        return Ok(Json(kind.finish()).into_response());
+    }
+    let include_usage = v.include_usage;
+    let metrics = state.metrics.clone();
+    // First chunks (chat role, completions echo) go out before any token.
+    let opening: Vec<Result<SseEvent, Infallible>> = kind
+        .opening()
+        .into_iter()
+        .map(|c| Ok(SseEvent::default().data(c.to_string())))
+        .collect();
+    let body = stream::unfold(Some((events, kind)), move |st| {
+        let metrics = metrics.clone();
+        async move {
+            let (mut events, mut kind) = st?;
+            loop {
+                match events.next().await {
+                    Some((_, Event::Error(err))) => {
+                        metrics
+                            .request_errors
+                            .with_label_values(&[err.status().as_str()])
+                            .inc();
+                        let out = vec![
+                            Ok(SseEvent::default().data(err.to_json())),
+                            Ok(SseEvent::default().data("[DONE]")),
+                        ];
+                        return Some((stream::iter(out), None));
+                    }
+                    Some((p, e)) => {
+                        let chunks = kind.chunks(p, e);
+                        if !chunks.is_empty() {
+                            let out: Vec<Result<SseEvent, Infallible>> = chunks
+                                .into_iter()
+                                .map(|c| Ok(SseEvent::default().data(c.to_string())))
+                                .collect();
+                            return Some((stream::iter(out), Some((events, kind))));
+                        }
+                    }
+                    None => {
+                        let mut out = Vec::new();
+                        if include_usage {
+                            out.push(Ok(SseEvent::default().data(kind.usage_chunk().to_string())));
+                        }
+                        out.push(Ok(SseEvent::default().data("[DONE]")));
+                        return Some((stream::iter(out), None));
+                    }
+                }
+            }
+        }
+    })
+    .flatten();
+    let all = stream::iter(opening).chain(body);
+    Ok(Sse::new(all)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
