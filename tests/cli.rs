@@ -127,3 +127,44 @@ fn bad_arguments_fail_with_a_message() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`top_p`") && err.contains("1.5"), "{err}");
 }
+
+#[test]
+fn generate_on_the_default_demo_model_decodes_cleanly() {
+    // No --model: the bundled Gated DeltaNet demo is the default.
+    let out = deltaserve(&[
+        "generate",
+        "--prompt",
+        "def fibonacci(n):",
+        "--max-tokens",
+        "40",
+        "--seed",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("output is valid UTF-8");
+    assert!(
+        !text.contains('\u{FFFD}'),
+        "replacement character in {text:?}"
+    );
+    let generated = text
+        .trim_end_matches('\n')
+        .strip_prefix("def fibonacci(n):")
+        .expect("prompt echoed first");
+    assert!(!generated.is_empty());
+    // The text tokenizes back into valid ids of the model's vocabulary and round-trips.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gdn-demo");
+    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(
+        dir.to_str().unwrap(),
+    ))
+    .unwrap();
+    let ids = engine.tokenizer().encode(generated, false).unwrap();
+    assert!(!ids.is_empty());
+    assert!(ids
+        .iter()
+        .all(|&i| (i as usize) < engine.config().common.vocab_size));
+    assert_eq!(engine.tokenizer().decode(&ids, false).unwrap(), generated);
+}
