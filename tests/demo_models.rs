@@ -2,7 +2,6 @@
 //! model's logits on the exported weights, and `generate` produces clean text.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use deltaserve_engine::{Engine, LoadOptions, Logits};
 use deltaserve_tests::{load_tensors, rel_err, values};
