@@ -19,12 +19,7 @@ fn copy_gdn() -> tempfile::TempDir {
 }
 
 fn load_err(dir: &Path) -> String {
-    Engine::load(&LoadOptions {
-        check_weights: true,
-        ..LoadOptions::cpu(dir.to_str().unwrap())
-    })
-    .unwrap_err()
-    .to_string()
+    Engine::load(&LoadOptions { check_weights: true, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap_err().to_string()
 }
 
 fn rewrite_tensors(dir: &Path, f: impl FnOnce(&mut HashMap<String, Tensor>)) {
@@ -36,8 +31,7 @@ fn rewrite_tensors(dir: &Path, f: impl FnOnce(&mut HashMap<String, Tensor>)) {
 
 fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(&path, v.to_string()).unwrap();
 }
@@ -49,26 +43,17 @@ fn missing_tensor_is_named_with_its_shape() {
         t.remove("model.layers.1.attn.k_proj.weight");
     });
     let e = load_err(d.path());
-    assert_eq!(
-        e,
-        "missing tensor `model.layers.1.attn.k_proj.weight` (expected shape [64, 64])"
-    );
+    assert_eq!(e, "missing tensor `model.layers.1.attn.k_proj.weight` (expected shape [64, 64])");
 }
 
 #[test]
 fn wrong_shape_names_expected_and_actual() {
     let d = copy_gdn();
     rewrite_tensors(d.path(), |t| {
-        t.insert(
-            "model.layers.0.attn.o_norm.weight".into(),
-            Tensor::ones(47, candle_core::DType::F32, &Device::Cpu).unwrap(),
-        );
+        t.insert("model.layers.0.attn.o_norm.weight".into(), Tensor::ones(47, candle_core::DType::F32, &Device::Cpu).unwrap());
     });
     let e = load_err(d.path());
-    assert_eq!(
-        e,
-        "tensor `model.layers.0.attn.o_norm.weight` has shape [47], expected [48]"
-    );
+    assert_eq!(e, "tensor `model.layers.0.attn.o_norm.weight` has shape [47], expected [48]");
 }
 
 #[test]
@@ -78,10 +63,7 @@ fn truncated_safetensors_names_the_file() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
     let e = load_err(d.path());
-    assert!(
-        e.starts_with("cannot read weights from ") && e.contains("model.safetensors"),
-        "{e}"
-    );
+    assert!(e.starts_with("cannot read weights from ") && e.contains("model.safetensors"), "{e}");
     assert!(e.contains("MetadataIncompleteBuffer"), "{e}");
 }
 
@@ -89,41 +71,26 @@ fn truncated_safetensors_names_the_file() {
 fn non_finite_weights_are_found_with_check_weights() {
     let d = copy_gdn();
     rewrite_tensors(d.path(), |t| {
-        let w = Tensor::new(&[1.0f32, f32::NAN, f32::INFINITY], &Device::Cpu)
-            .unwrap()
-            .pad_with_zeros(0, 0, 61)
-            .unwrap();
+        let w = Tensor::new(&[1.0f32, f32::NAN, f32::INFINITY], &Device::Cpu).unwrap().pad_with_zeros(0, 0, 61).unwrap();
         t.insert("model.norm.weight".into(), w);
     });
-    assert_eq!(
-        load_err(d.path()),
-        "tensor `model.norm.weight` holds 2 non-finite values"
-    );
+    assert_eq!(load_err(d.path()), "tensor `model.norm.weight` holds 2 non-finite values");
 }
 
 #[test]
 fn bad_config_values_name_field_expected_and_actual() {
     let d = copy_gdn();
     edit_config(d.path(), |v| v["num_v_heads"] = 3.into());
-    assert_eq!(
-        load_err(d.path()),
-        "config.json: invalid `num_v_heads`: expected a positive multiple of num_heads (2), got 3"
-    );
+    assert_eq!(load_err(d.path()), "config.json: invalid `num_v_heads`: expected a positive multiple of num_heads (2), got 3");
     edit_config(d.path(), |v| {
         v["num_v_heads"] = serde_json::Value::Null;
         v["head_dim"] = "big".into();
     });
     let e = load_err(d.path());
-    assert!(
-        e.starts_with("config.json: ") && e.contains("invalid type: string \"big\""),
-        "{e}"
-    );
+    assert!(e.starts_with("config.json: ") && e.contains("invalid type: string \"big\""), "{e}");
     edit_config(d.path(), |v| v["head_dim"] = 16.into());
     // The first tensor whose shape depends on head_dim is the q conv.
-    assert_eq!(
-        load_err(d.path()),
-        "tensor `model.layers.0.attn.q_conv1d.weight` has shape [64, 1, 4], expected [32, 1, 4]"
-    );
+    assert_eq!(load_err(d.path()), "tensor `model.layers.0.attn.q_conv1d.weight` has shape [64, 1, 4], expected [32, 1, 4]");
 }
 
 #[test]
@@ -136,26 +103,17 @@ fn unsupported_architectures_are_refused() {
         v["attn"] = serde_json::json!({"layers": [1], "num_heads": 2});
     });
     let e = load_err(d.path());
-    assert!(
-        e.starts_with("config.json: unsupported `attn` = {") && e.contains("hybrid"),
-        "{e}"
-    );
+    assert!(e.starts_with("config.json: unsupported `attn` = {") && e.contains("hybrid"), "{e}");
     edit_config(d.path(), |v| {
         v["attn"] = serde_json::Value::Null;
         v["hidden_act"] = "powlu".into();
     });
-    assert_eq!(
-        load_err(d.path()),
-        "config.json: unsupported `hidden_act` = powlu; supported: `swish`"
-    );
+    assert_eq!(load_err(d.path()), "config.json: unsupported `hidden_act` = powlu; supported: `swish`");
     edit_config(d.path(), |v| {
         v["hidden_act"] = "swish".into();
         v["attnres_block_size"] = 8.into();
     });
-    assert_eq!(
-        load_err(d.path()),
-        "config.json: unsupported `attnres_block_size` = 8; supported: null"
-    );
+    assert_eq!(load_err(d.path()), "config.json: unsupported `attnres_block_size` = 8; supported: null");
 }
 
 #[test]
@@ -163,15 +121,9 @@ fn missing_checkpoint_files_are_named() {
     let d = copy_gdn();
     std::fs::remove_file(d.path().join("model.safetensors")).unwrap();
     let e = load_err(d.path());
-    assert!(
-        e.contains("model.safetensors") && e.contains("No such file"),
-        "{e}"
-    );
+    assert!(e.contains("model.safetensors") && e.contains("No such file"), "{e}");
     let e = load_err(Path::new("no/such/dir/at/all"));
-    assert!(
-        e.contains("`model`") && e.contains("no/such/dir/at/all"),
-        "{e}"
-    );
+    assert!(e.contains("`model`") && e.contains("no/such/dir/at/all"), "{e}");
 }
 
 #[test]
@@ -184,10 +136,7 @@ fn tokenizer_larger_than_vocab_is_refused() {
             t.insert(k.into(), w);
         }
     });
-    assert_eq!(
-        load_err(d.path()),
-        "tokenizer: tokenizer.json has 512 tokens but config.json `vocab_size` is 100"
-    );
+    assert_eq!(load_err(d.path()), "tokenizer: tokenizer.json has 512 tokens but config.json `vocab_size` is 100");
 }
 
 #[test]
@@ -195,10 +144,7 @@ fn legacy_layouts_load_and_agree() {
     // Split the current layout into the legacy forms (§1.5 fused MLP + attn.D, §2.4 lists)
     // and check the logits do not change.
     use deltaserve_engine::{Logits, PrefillAlgo};
-    for (name, legacy) in [
-        ("gdn", legacy_gdn as fn(&mut HashMap<String, Tensor>)),
-        ("gdp", legacy_gdp),
-    ] {
+    for (name, legacy) in [("gdn", legacy_gdn as fn(&mut HashMap<String, Tensor>)), ("gdp", legacy_gdp)] {
         let d = tempfile::tempdir().unwrap();
         for e in std::fs::read_dir(compact_dir().join(name)).unwrap() {
             let e = e.unwrap();
@@ -208,25 +154,12 @@ fn legacy_layouts_load_and_agree() {
             let eng = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
             let mut pool = eng.new_pool(1);
             let s = pool.allocate().unwrap();
-            let l = eng
-                .model()
-                .prefill(
-                    &mut pool,
-                    s,
-                    &[1, 5, 9, 200, 3, 7],
-                    Logits::All,
-                    PrefillAlgo::Chunked,
-                )
-                .unwrap();
+            let l = eng.model().prefill(&mut pool, s, &[1, 5, 9, 200, 3, 7], Logits::All, PrefillAlgo::Chunked).unwrap();
             deltaserve_tests::values(&l)
         };
         let before = run(d.path());
         rewrite_tensors(d.path(), legacy);
-        assert_eq!(
-            run(d.path()),
-            before,
-            "{name}: legacy layout changed the logits"
-        );
+        assert_eq!(run(d.path()), before, "{name}: legacy layout changed the logits");
     }
 }
 
@@ -235,14 +168,8 @@ fn legacy_gdn(t: &mut HashMap<String, Tensor>) {
         let p = format!("model.layers.{l}");
         let g = t.remove(&format!("{p}.mlp.gate_proj.weight")).unwrap();
         let u = t.remove(&format!("{p}.mlp.up_proj.weight")).unwrap();
-        t.insert(
-            format!("{p}.mlp.gate_proj.weight"),
-            Tensor::cat(&[g, u], 0).unwrap(),
-        );
-        t.insert(
-            format!("{p}.attn.D"),
-            Tensor::ones(2, candle_core::DType::F32, &Device::Cpu).unwrap(),
-        );
+        t.insert(format!("{p}.mlp.gate_proj.weight"), Tensor::cat(&[g, u], 0).unwrap());
+        t.insert(format!("{p}.attn.D"), Tensor::ones(2, candle_core::DType::F32, &Device::Cpu).unwrap());
     }
 }
 
@@ -254,10 +181,7 @@ fn legacy_gdp(t: &mut HashMap<String, Tensor>) {
             let w = t.remove(&format!("{p}.{name}.weight")).unwrap();
             let part = w.dim(0).unwrap() / n;
             for j in 0..n {
-                t.insert(
-                    format!("{p}.{name}s.{j}.weight"),
-                    w.narrow(0, j * part, part).unwrap(),
-                );
+                t.insert(format!("{p}.{name}s.{j}.weight"), w.narrow(0, j * part, part).unwrap());
             }
         }
         let q = t.remove(&format!("{p}.q_conv1d.weight")).unwrap();
@@ -272,9 +196,7 @@ fn offline_hub_miss_names_repo_and_cache() {
     let home = tempfile::tempdir().unwrap();
     std::env::set_var("HF_HOME", home.path());
     std::env::set_var("HF_HUB_OFFLINE", "1");
-    let e = Engine::load(&LoadOptions::cpu("some-org/some-model@v2"))
-        .unwrap_err()
-        .to_string();
+    let e = Engine::load(&LoadOptions::cpu("some-org/some-model@v2")).unwrap_err().to_string();
     let cache = home.path().join("hub");
     assert_eq!(
         e,

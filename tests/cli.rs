@@ -5,11 +5,7 @@ use std::process::Command;
 use deltaserve_tests::compact_dir;
 
 fn deltaserve(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_deltaserve"))
-        .args(args)
-        .env("DELTASERVE_LOG", "warn")
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_deltaserve")).args(args).env("DELTASERVE_LOG", "warn").output().unwrap()
 }
 
 #[test]
@@ -33,10 +29,7 @@ fn generate_is_reproducible_for_a_seed() {
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     let text = String::from_utf8(a.stdout.clone()).expect("stdout is UTF-8");
     assert!(text.starts_with("def f(x):"), "{text}");
-    assert!(
-        text.len() > "def f(x):\n".len(),
-        "nothing generated: {text:?}"
-    );
+    assert!(text.len() > "def f(x):\n".len(), "nothing generated: {text:?}");
     assert_eq!(a.stdout, b.stdout, "same seed, different text");
 }
 
@@ -59,23 +52,10 @@ fn greedy_generate_matches_the_goldens_text() {
         "0",
         "--ignore-eos",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(
-        model.to_str().unwrap(),
-    ))
-    .unwrap();
-    let want = engine
-        .tokenizer()
-        .decode(&case.greedy_new_ids[..steps], true)
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        format!("{}{}\n", case.prompt, want)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(model.to_str().unwrap())).unwrap();
+    let want = engine.tokenizer().decode(&case.greedy_new_ids[..steps], true).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}{}\n", case.prompt, want));
 }
 
 #[test]
@@ -83,21 +63,8 @@ fn eval_ppl_prints_json() {
     let model = compact_dir().join("gdn");
     let text = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(text.path(), "def add(a, b):\n    return a + b\n".repeat(20)).unwrap();
-    let out = deltaserve(&[
-        "eval",
-        "ppl",
-        "--model",
-        model.to_str().unwrap(),
-        "--text",
-        text.path().to_str().unwrap(),
-        "--seq-len",
-        "64",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = deltaserve(&["eval", "ppl", "--model", model.to_str().unwrap(), "--text", text.path().to_str().unwrap(), "--seq-len", "64"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ppl = v["ppl"].as_f64().unwrap();
     assert!(ppl.is_finite() && ppl > 1.0, "{v}");
@@ -109,20 +76,9 @@ fn bad_arguments_fail_with_a_message() {
     let out = deltaserve(&["generate", "--model", "/nonexistent/dir", "--prompt", "x"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("`model`") && err.contains("/nonexistent/dir"),
-        "{err}"
-    );
+    assert!(err.contains("`model`") && err.contains("/nonexistent/dir"), "{err}");
     let model = compact_dir().join("gdn");
-    let out = deltaserve(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "x",
-        "--top-p",
-        "1.5",
-    ]);
+    let out = deltaserve(&["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--top-p", "1.5"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`top_p`") && err.contains("1.5"), "{err}");
@@ -131,40 +87,17 @@ fn bad_arguments_fail_with_a_message() {
 #[test]
 fn generate_on_the_default_demo_model_decodes_cleanly() {
     // No --model: the bundled Gated DeltaNet demo is the default.
-    let out = deltaserve(&[
-        "generate",
-        "--prompt",
-        "def fibonacci(n):",
-        "--max-tokens",
-        "40",
-        "--seed",
-        "3",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = deltaserve(&["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "40", "--seed", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).expect("output is valid UTF-8");
-    assert!(
-        !text.contains('\u{FFFD}'),
-        "replacement character in {text:?}"
-    );
-    let generated = text
-        .trim_end_matches('\n')
-        .strip_prefix("def fibonacci(n):")
-        .expect("prompt echoed first");
+    assert!(!text.contains('\u{FFFD}'), "replacement character in {text:?}");
+    let generated = text.trim_end_matches('\n').strip_prefix("def fibonacci(n):").expect("prompt echoed first");
     assert!(!generated.is_empty());
     // The text tokenizes back into valid ids of the model's vocabulary and round-trips.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gdn-demo");
-    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(
-        dir.to_str().unwrap(),
-    ))
-    .unwrap();
+    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
     let ids = engine.tokenizer().encode(generated, false).unwrap();
     assert!(!ids.is_empty());
-    assert!(ids
-        .iter()
-        .all(|&i| (i as usize) < engine.config().common.vocab_size));
+    assert!(ids.iter().all(|&i| (i as usize) < engine.config().common.vocab_size));
     assert_eq!(engine.tokenizer().decode(&ids, false).unwrap(), generated);
 }

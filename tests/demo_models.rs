@@ -13,12 +13,8 @@ fn repo() -> PathBuf {
 #[test]
 fn demo_logits_match_the_pytorch_training_model() {
     for name in ["gdn-demo", "gdp-demo"] {
-        let engine = Engine::load(&LoadOptions::cpu(
-            repo().join("models").join(name).to_str().unwrap(),
-        ))
-        .unwrap();
-        let golden =
-            load_tensors(&repo().join(format!("tests/fixtures/demo/{name}.parity.safetensors")));
+        let engine = Engine::load(&LoadOptions::cpu(repo().join("models").join(name).to_str().unwrap())).unwrap();
+        let golden = load_tensors(&repo().join(format!("tests/fixtures/demo/{name}.parity.safetensors")));
         let mut cases = 0;
         for i in 0.. {
             let Some(ids) = golden.get(&format!("case{i}.input_ids")) else {
@@ -28,14 +24,8 @@ fn demo_logits_match_the_pytorch_training_model() {
             let mut pool = engine.new_pool(1);
             let s = pool.allocate().unwrap();
             let ours = engine.prefill(&mut pool, s, &ids, Logits::All).unwrap();
-            let e = rel_err(
-                &values(&ours),
-                &values(&golden[&format!("case{i}.all_logits")]),
-            );
-            println!(
-                "{name} case{i}: rel err {e:.2e} over {} positions",
-                ids.len()
-            );
+            let e = rel_err(&values(&ours), &values(&golden[&format!("case{i}.all_logits")]));
+            println!("{name} case{i}: rel err {e:.2e} over {} positions", ids.len());
             assert!(e <= 1e-4, "{name} case{i}: rel err {e:.3e}");
             cases += 1;
         }

@@ -26,27 +26,13 @@ fn models() -> Vec<(String, CausalLm, tempfile::TempDir)> {
     for (i, cfg) in configs.iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let c = write_random_checkpoint(cfg, dir.path(), DType::F32, rng.random(), None).unwrap();
-        let m = CausalLm::load(
-            &c,
-            &Checkpoint::open(dir.path()).unwrap(),
-            DType::F32,
-            &Device::Cpu,
-            true,
-        )
-        .unwrap();
+        let m = CausalLm::load(&c, &Checkpoint::open(dir.path()).unwrap(), DType::F32, &Device::Cpu, true).unwrap();
         out.push((format!("random{i}:{}", c.model_type()), m, dir));
     }
     for name in ["gdn", "gdn-gva", "gdp"] {
         let dir = compact_dir().join(name);
         let c = deltaserve_engine::read_config(&dir).unwrap();
-        let m = CausalLm::load(
-            &c,
-            &Checkpoint::open(&dir).unwrap(),
-            DType::F32,
-            &Device::Cpu,
-            false,
-        )
-        .unwrap();
+        let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();
         out.push((format!("compact/{name}"), m, tempfile::tempdir().unwrap()));
     }
     out
@@ -66,27 +52,14 @@ fn chunked_prefill_equals_token_by_token_recurrence() {
     for (name, m, _d) in models() {
         let toks = random_tokens(&mut rng, vocab(&m), 150);
         let mut pool = StatePool::new(m.config(), 3);
-        let (a, b, c) = (
-            pool.allocate().unwrap(),
-            pool.allocate().unwrap(),
-            pool.allocate().unwrap(),
-        );
-        let chunked = values(
-            &m.prefill(&mut pool, a, &toks, Logits::All, PrefillAlgo::Chunked)
-                .unwrap(),
-        );
-        let recurrent = values(
-            &m.prefill(&mut pool, b, &toks, Logits::All, PrefillAlgo::Recurrent)
-                .unwrap(),
-        );
+        let (a, b, c) = (pool.allocate().unwrap(), pool.allocate().unwrap(), pool.allocate().unwrap());
+        let chunked = values(&m.prefill(&mut pool, a, &toks, Logits::All, PrefillAlgo::Chunked).unwrap());
+        let recurrent = values(&m.prefill(&mut pool, b, &toks, Logits::All, PrefillAlgo::Recurrent).unwrap());
         let e = rel_err(&chunked, &recurrent);
         assert!(e < TOL, "{name}: chunked vs recurrent prefill {e:.3e}");
         // Token by token through the decode path.
         let v = vocab(&m);
-        let mut stepped = values(
-            &m.prefill(&mut pool, c, &toks[..1], Logits::All, PrefillAlgo::Chunked)
-                .unwrap(),
-        );
+        let mut stepped = values(&m.prefill(&mut pool, c, &toks[..1], Logits::All, PrefillAlgo::Chunked).unwrap());
         for &t in &toks[1..] {
             stepped.extend(values(&m.decode(&mut pool, &[(c, t)]).unwrap()));
         }
@@ -103,33 +76,12 @@ fn split_prefill_equals_whole_prefill_around_chunk_boundaries() {
         let toks = random_tokens(&mut rng, vocab(&m), 270);
         let mut pool = StatePool::new(m.config(), 2);
         let whole = pool.allocate().unwrap();
-        let full = values(
-            &m.prefill(&mut pool, whole, &toks, Logits::All, PrefillAlgo::Chunked)
-                .unwrap(),
-        );
+        let full = values(&m.prefill(&mut pool, whole, &toks, Logits::All, PrefillAlgo::Chunked).unwrap());
         let after_whole = values(&m.decode(&mut pool, &[(whole, 5)]).unwrap());
         for split in [1usize, 63, 64, 65, 200] {
             let s = pool.allocate().unwrap();
-            let first = values(
-                &m.prefill(
-                    &mut pool,
-                    s,
-                    &toks[..split],
-                    Logits::All,
-                    PrefillAlgo::Chunked,
-                )
-                .unwrap(),
-            );
-            let second = values(
-                &m.prefill(
-                    &mut pool,
-                    s,
-                    &toks[split..],
-                    Logits::All,
-                    PrefillAlgo::Chunked,
-                )
-                .unwrap(),
-            );
+            let first = values(&m.prefill(&mut pool, s, &toks[..split], Logits::All, PrefillAlgo::Chunked).unwrap());
+            let second = values(&m.prefill(&mut pool, s, &toks[split..], Logits::All, PrefillAlgo::Chunked).unwrap());
             let joined: Vec<f32> = first.into_iter().chain(second).collect();
             let e = rel_err(&joined, &full);
             assert!(e < TOL, "{name}: split at {split}: logits {e:.3e}");
@@ -147,18 +99,14 @@ fn batched_decode_equals_each_slot_alone_in_any_order() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     for (name, m, _d) in models() {
         let v = vocab(&m);
-        let prompts: Vec<Vec<u32>> = [5usize, 64, 1, 90]
-            .iter()
-            .map(|&n| random_tokens(&mut rng, v, n))
-            .collect();
+        let prompts: Vec<Vec<u32>> = [5usize, 64, 1, 90].iter().map(|&n| random_tokens(&mut rng, v, n)).collect();
         let next: Vec<u32> = random_tokens(&mut rng, v, prompts.len());
         // Alone.
         let mut alone = Vec::new();
         for (p, &t) in prompts.iter().zip(&next) {
             let mut pool = StatePool::new(m.config(), 1);
             let s = pool.allocate().unwrap();
-            m.prefill(&mut pool, s, p, Logits::Last, PrefillAlgo::Chunked)
-                .unwrap();
+            m.prefill(&mut pool, s, p, Logits::Last, PrefillAlgo::Chunked).unwrap();
             alone.push(values(&m.decode(&mut pool, &[(s, t)]).unwrap()));
         }
         // Together, in a shuffled slot order, in a pool with extra slots.
@@ -166,8 +114,7 @@ fn batched_decode_equals_each_slot_alone_in_any_order() {
         let _spare = pool.allocate().unwrap();
         let slots: Vec<_> = prompts.iter().map(|_| pool.allocate().unwrap()).collect();
         for (p, &s) in prompts.iter().zip(&slots) {
-            m.prefill(&mut pool, s, p, Logits::Last, PrefillAlgo::Chunked)
-                .unwrap();
+            m.prefill(&mut pool, s, p, Logits::Last, PrefillAlgo::Chunked).unwrap();
         }
         let order = [2usize, 0, 3, 1];
         let batch: Vec<_> = order.iter().map(|&i| (slots[i], next[i])).collect();
@@ -184,29 +131,19 @@ fn reused_slot_behaves_like_a_fresh_one() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(4);
     for (name, m, _d) in models() {
         let v = vocab(&m);
-        let (p1, p2) = (
-            random_tokens(&mut rng, v, 77),
-            random_tokens(&mut rng, v, 9),
-        );
+        let (p1, p2) = (random_tokens(&mut rng, v, 77), random_tokens(&mut rng, v, 9));
         let mut fresh_pool = StatePool::new(m.config(), 1);
         let f = fresh_pool.allocate().unwrap();
-        let fresh = values(
-            &m.prefill(&mut fresh_pool, f, &p2, Logits::All, PrefillAlgo::Chunked)
-                .unwrap(),
-        );
+        let fresh = values(&m.prefill(&mut fresh_pool, f, &p2, Logits::All, PrefillAlgo::Chunked).unwrap());
 
         let mut pool = StatePool::new(m.config(), 1);
         let s = pool.allocate().unwrap();
-        m.prefill(&mut pool, s, &p1, Logits::Last, PrefillAlgo::Chunked)
-            .unwrap();
+        m.prefill(&mut pool, s, &p1, Logits::Last, PrefillAlgo::Chunked).unwrap();
         m.decode(&mut pool, &[(s, 3)]).unwrap();
         pool.release(s).unwrap();
         let s2 = pool.allocate().unwrap();
         assert_eq!(s, s2, "the single slot is reused");
-        let reused = values(
-            &m.prefill(&mut pool, s2, &p2, Logits::All, PrefillAlgo::Chunked)
-                .unwrap(),
-        );
+        let reused = values(&m.prefill(&mut pool, s2, &p2, Logits::All, PrefillAlgo::Chunked).unwrap());
         assert_eq!(reused, fresh, "{name}: reused slot leaked state");
     }
 }
@@ -218,8 +155,7 @@ fn forked_slot_continues_like_the_original() {
         let p = random_tokens(&mut rng, vocab(&m), 40);
         let mut pool = StatePool::new(m.config(), 2);
         let a = pool.allocate().unwrap();
-        m.prefill(&mut pool, a, &p, Logits::Last, PrefillAlgo::Chunked)
-            .unwrap();
+        m.prefill(&mut pool, a, &p, Logits::Last, PrefillAlgo::Chunked).unwrap();
         let b = pool.fork(a).unwrap().unwrap();
         let la = values(&m.decode(&mut pool, &[(a, 7)]).unwrap());
         let lb = values(&m.decode(&mut pool, &[(b, 7)]).unwrap());
@@ -233,21 +169,9 @@ fn bad_tokens_and_slots_are_errors_not_panics() {
     let (_, m, _d) = models().remove(0);
     let mut pool = StatePool::new(m.config(), 1);
     let s = pool.allocate().unwrap();
-    let e = m
-        .prefill(
-            &mut pool,
-            s,
-            &[1, 100_000],
-            Logits::Last,
-            PrefillAlgo::Chunked,
-        )
-        .unwrap_err()
-        .to_string();
+    let e = m.prefill(&mut pool, s, &[1, 100_000], Logits::Last, PrefillAlgo::Chunked).unwrap_err().to_string();
     assert!(e.contains("token id") && e.contains("100000"), "{e}");
-    let e = m
-        .prefill(&mut pool, s, &[], Logits::Last, PrefillAlgo::Chunked)
-        .unwrap_err()
-        .to_string();
+    let e = m.prefill(&mut pool, s, &[], Logits::Last, PrefillAlgo::Chunked).unwrap_err().to_string();
     assert!(e.contains("`tokens`"), "{e}");
     pool.release(s).unwrap();
     let e = m.decode(&mut pool, &[(s, 1)]).unwrap_err().to_string();

@@ -31,16 +31,7 @@ fn model_dir() -> String {
 /// Starts the server with extra flags and waits until `/ready` answers 200.
 async fn start(extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
-        .args([
-            "--log-json",
-            "serve",
-            "--model",
-            &model_dir(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ])
+        .args(["--log-json", "serve", "--model", &model_dir(), "--host", "127.0.0.1", "--port", "0"])
         .args(extra)
         .env("DELTASERVE_LOG", "info")
         .stderr(Stdio::piped())
@@ -62,22 +53,11 @@ async fn start(extra: &[&str]) -> Server {
             }
         }
     });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("server did not log its address");
-    let server = Server {
-        child,
-        base: format!("http://{addr}"),
-        client: reqwest::Client::new(),
-    };
+    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("server did not log its address");
+    let server = Server { child, base: format!("http://{addr}"), client: reqwest::Client::new() };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(r) = server
-            .client
-            .get(format!("{}/ready", server.base))
-            .send()
-            .await
-        {
+        if let Ok(r) = server.client.get(format!("{}/ready", server.base)).send().await {
             if r.status() == 200 {
                 break;
             }
@@ -90,51 +70,23 @@ async fn start(extra: &[&str]) -> Server {
 
 impl Server {
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("request");
+        let r = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.expect("request");
         let status = r.status().as_u16();
         let text = r.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     /// Posts a streaming request; returns every `data:` payload in order.
     async fn stream(&self, path: &str, body: Value) -> Vec<String> {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("request");
+        let r = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.expect("request");
         assert_eq!(r.status(), 200, "stream status");
-        assert!(r.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream"));
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
         let text = r.text().await.expect("body");
-        text.split("\n\n")
-            .filter_map(|e| e.strip_prefix("data: "))
-            .map(str::to_owned)
-            .collect()
+        text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_owned).collect()
     }
 
     async fn metrics(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.client.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap()
     }
 }
 
@@ -143,9 +95,7 @@ fn sample(metrics: &str, name: &str, labels: &str) -> f64 {
     metrics
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .find(|l| {
-            l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels)
-        })
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no sample {name}{{{labels}}}"))
@@ -157,11 +107,7 @@ fn engine_greedy(prompt: &str, max_tokens: usize) -> (String, &'static str) {
     let ids = engine.encode(prompt).unwrap();
     let mut pool = engine.new_pool(1);
     let s = pool.allocate().unwrap();
-    let mut logits = engine
-        .prefill(&mut pool, s, &ids, Logits::Last)
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let mut logits = engine.prefill(&mut pool, s, &ids, Logits::Last).unwrap().to_vec1::<f32>().unwrap();
     let mut out = Vec::new();
     for _ in 0..max_tokens {
         let t = argmax(&logits);
@@ -169,13 +115,7 @@ fn engine_greedy(prompt: &str, max_tokens: usize) -> (String, &'static str) {
             return (engine.tokenizer().decode(&out, true).unwrap(), "stop");
         }
         out.push(t);
-        logits = engine
-            .decode(&mut pool, &[(s, t)])
-            .unwrap()
-            .squeeze(0)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap();
     }
     (engine.tokenizer().decode(&out, true).unwrap(), "length")
 }
@@ -186,53 +126,35 @@ async fn completions_json_and_sse_match_the_engine() {
     let prompt = "def fibonacci(n):\n";
     let (want, reason) = engine_greedy(prompt, 24);
 
-    let (st, v) = srv
-        .post(
-            "/v1/completions",
-            json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}),
-        )
-        .await;
+    let (st, v) = srv.post("/v1/completions", json!({"prompt": prompt, "max_tokens": 24, "temperature": 0})).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["choices"][0]["text"], want);
     assert_eq!(v["choices"][0]["finish_reason"], reason);
     let u = &v["usage"];
-    assert_eq!(
-        u["total_tokens"].as_u64(),
-        Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
-    );
+    assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
 
     let events = srv.post_stream_completion(prompt).await;
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     let usage = chunks.last().unwrap();
-    assert_eq!(
-        usage["choices"].as_array().unwrap().len(),
-        0,
-        "usage chunk has no choices"
-    );
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0, "usage chunk has no choices");
     assert_eq!(usage["usage"], v["usage"]);
-    let text: String = chunks
-        .iter()
-        .flat_map(|c| c["choices"].as_array().unwrap().iter())
-        .map(|c| c["text"].as_str().unwrap().to_owned())
-        .collect();
+    let text: String =
+        chunks.iter().flat_map(|c| c["choices"].as_array().unwrap().iter()).map(|c| c["text"].as_str().unwrap().to_owned()).collect();
     assert_eq!(text, want, "streamed text equals the engine's greedy text");
-    let finish: Vec<&Value> = chunks
-        .iter()
-        .flat_map(|c| c["choices"].as_array().unwrap())
-        .map(|c| &c["finish_reason"])
-        .filter(|f| !f.is_null())
-        .collect();
+    let finish: Vec<&Value> =
+        chunks.iter().flat_map(|c| c["choices"].as_array().unwrap()).map(|c| &c["finish_reason"]).filter(|f| !f.is_null()).collect();
     assert_eq!(finish, vec![&json!(reason)]);
 }
 
 impl Server {
     async fn post_stream_completion(&self, prompt: &str) -> Vec<String> {
-        self.stream("/v1/completions", json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}})).await
+        self.stream(
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .await
     }
 }
 
@@ -242,45 +164,36 @@ async fn completion_fields_behave() {
     // Token-id prompts, lists of prompts, n, echo, logprobs, seed, stop, penalties, bias, user.
     let (st, a) = srv.post("/v1/completions", json!({"prompt": "import os", "max_tokens": 12, "seed": 7, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "user": "u1"})).await;
     assert_eq!(st, 200, "{a}");
-    let (_, b) = srv.post("/v1/completions", json!({"prompt": "import os", "max_tokens": 12, "seed": 7, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05})).await;
-    assert_eq!(
-        a["choices"][0]["text"], b["choices"][0]["text"],
-        "same seed, same text"
-    );
+    let (_, b) = srv
+        .post(
+            "/v1/completions",
+            json!({"prompt": "import os", "max_tokens": 12, "seed": 7, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05}),
+        )
+        .await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "same seed, same text");
 
     let (_, tok) = srv.post("/tokenize", json!({"prompt": "import os"})).await;
     let ids = tok["tokens"].clone();
-    assert_eq!(
-        tok["count"].as_u64(),
-        Some(ids.as_array().unwrap().len() as u64)
-    );
-    let (_, by_ids) = srv.post("/v1/completions", json!({"prompt": ids, "max_tokens": 12, "seed": 7, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05})).await;
-    assert_eq!(
-        by_ids["choices"][0]["text"], a["choices"][0]["text"],
-        "token-id prompt equals text prompt"
-    );
+    assert_eq!(tok["count"].as_u64(), Some(ids.as_array().unwrap().len() as u64));
+    let (_, by_ids) = srv
+        .post(
+            "/v1/completions",
+            json!({"prompt": ids, "max_tokens": 12, "seed": 7, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05}),
+        )
+        .await;
+    assert_eq!(by_ids["choices"][0]["text"], a["choices"][0]["text"], "token-id prompt equals text prompt");
     let (_, detok) = srv.post("/detokenize", json!({"tokens": ids})).await;
     assert_eq!(detok["prompt"], "<s>import os");
 
-    let (st, v) = srv
-        .post(
-            "/v1/completions",
-            json!({"prompt": ["a b", "c d"], "n": 2, "max_tokens": 3, "seed": 1}),
-        )
-        .await;
+    let (st, v) = srv.post("/v1/completions", json!({"prompt": ["a b", "c d"], "n": 2, "max_tokens": 3, "seed": 1})).await;
     assert_eq!(st, 200, "{v}");
     let choices = v["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 4);
-    assert_eq!(
-        choices
-            .iter()
-            .map(|c| c["index"].as_u64().unwrap())
-            .collect::<Vec<_>>(),
-        vec![0, 1, 2, 3]
-    );
+    assert_eq!(choices.iter().map(|c| c["index"].as_u64().unwrap()).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
     assert_eq!(v["usage"]["completion_tokens"], 12);
 
-    let (st, v) = srv.post("/v1/completions", json!({"prompt": "x = 1", "echo": true, "logprobs": 3, "max_tokens": 4, "temperature": 0})).await;
+    let (st, v) =
+        srv.post("/v1/completions", json!({"prompt": "x = 1", "echo": true, "logprobs": 3, "max_tokens": 4, "temperature": 0})).await;
     assert_eq!(st, 200, "{v}");
     let c = &v["choices"][0];
     assert!(c["text"].as_str().unwrap().starts_with("x = 1"), "{c}");
@@ -288,88 +201,52 @@ async fn completion_fields_behave() {
     let n_prompt = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
     assert_eq!(lp["tokens"].as_array().unwrap().len(), n_prompt + 4);
     assert!(lp["token_logprobs"][0].is_null());
-    assert!(lp["token_logprobs"].as_array().unwrap()[1..]
-        .iter()
-        .all(|x| x.as_f64().unwrap() <= 0.0));
+    assert!(lp["token_logprobs"].as_array().unwrap()[1..].iter().all(|x| x.as_f64().unwrap() <= 0.0));
     assert_eq!(lp["top_logprobs"][n_prompt].as_object().unwrap().len(), 3);
 
     // Stop strings end the text before the match; stop_token_ids and ignore_eos are honoured.
-    let (_, free) = srv
-        .post(
-            "/v1/completions",
-            json!({"prompt": "def f(", "max_tokens": 16, "temperature": 0, "ignore_eos": true}),
-        )
-        .await;
+    let (_, free) = srv.post("/v1/completions", json!({"prompt": "def f(", "max_tokens": 16, "temperature": 0, "ignore_eos": true})).await;
     let full = free["choices"][0]["text"].as_str().unwrap().to_owned();
-    let cut = full
-        .char_indices()
-        .nth(5)
-        .map(|(i, _)| i)
-        .unwrap_or(full.len());
+    let cut = full.char_indices().nth(5).map(|(i, _)| i).unwrap_or(full.len());
     let stop = full[cut..].chars().take(2).collect::<String>();
     if !stop.is_empty() {
-        let (_, v) = srv.post("/v1/completions", json!({"prompt": "def f(", "max_tokens": 16, "temperature": 0, "ignore_eos": true, "stop": [stop.clone()]})).await;
+        let (_, v) = srv
+            .post(
+                "/v1/completions",
+                json!({"prompt": "def f(", "max_tokens": 16, "temperature": 0, "ignore_eos": true, "stop": [stop.clone()]}),
+            )
+            .await;
         let text = v["choices"][0]["text"].as_str().unwrap();
         assert_eq!(text, &full[..full.find(&stop).unwrap()]);
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         assert_eq!(v["choices"][0]["stop_reason"], json!(stop));
     }
-    let (_, first) = srv
-        .post(
-            "/tokenize",
-            json!({"prompt": "def f(", "add_special_tokens": true}),
-        )
-        .await;
-    let (_, g) = srv
-        .post(
-            "/v1/completions",
-            json!({"prompt": first["tokens"], "max_tokens": 1, "temperature": 0, "logprobs": 1}),
-        )
-        .await;
+    let (_, first) = srv.post("/tokenize", json!({"prompt": "def f(", "add_special_tokens": true})).await;
+    let (_, g) = srv.post("/v1/completions", json!({"prompt": first["tokens"], "max_tokens": 1, "temperature": 0, "logprobs": 1})).await;
     let greedy_tok: u32 = {
-        let t = g["choices"][0]["logprobs"]["top_logprobs"][0]
-            .as_object()
-            .unwrap();
-        let (_, ids) = srv
-            .post(
-                "/tokenize",
-                json!({"prompt": t.keys().next().unwrap(), "add_special_tokens": false}),
-            )
-            .await;
+        let t = g["choices"][0]["logprobs"]["top_logprobs"][0].as_object().unwrap();
+        let (_, ids) = srv.post("/tokenize", json!({"prompt": t.keys().next().unwrap(), "add_special_tokens": false})).await;
         ids["tokens"][0].as_u64().unwrap() as u32
     };
-    let (_, v) = srv.post("/v1/completions", json!({"prompt": "def f(", "max_tokens": 5, "temperature": 0, "stop_token_ids": [greedy_tok]})).await;
+    let (_, v) =
+        srv.post("/v1/completions", json!({"prompt": "def f(", "max_tokens": 5, "temperature": 0, "stop_token_ids": [greedy_tok]})).await;
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 1);
     // A large negative bias on the greedy token changes the first choice.
-    let (_, v) = srv.post("/v1/completions", json!({"prompt": "def f(", "max_tokens": 1, "temperature": 0, "logit_bias": {greedy_tok.to_string(): -100}, "logprobs": 0})).await;
-    assert_ne!(
-        v["choices"][0]["logprobs"]["tokens"][0],
-        g["choices"][0]["logprobs"]["tokens"][0]
-    );
+    let (_, v) = srv
+        .post(
+            "/v1/completions",
+            json!({"prompt": "def f(", "max_tokens": 1, "temperature": 0, "logit_bias": {greedy_tok.to_string(): -100}, "logprobs": 0}),
+        )
+        .await;
+    assert_ne!(v["choices"][0]["logprobs"]["tokens"][0], g["choices"][0]["logprobs"]["tokens"][0]);
     let (st, v) = srv.post("/v1/completions", json!({"prompt": "def f(", "max_tokens": 8, "presence_penalty": 1.5, "frequency_penalty": 1.0, "repetition_penalty": 1.3, "best_of": 1})).await;
     assert_eq!(st, 200, "{v}");
 
-    let (_, models) = srv
-        .client
-        .get(format!("{}/v1/models", srv.base))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .map(|v| (0, v))
-        .unwrap();
+    let (_, models) =
+        srv.client.get(format!("{}/v1/models", srv.base)).send().await.unwrap().json::<Value>().await.map(|v| (0, v)).unwrap();
     assert_eq!(models["data"][0]["id"], "gdn");
-    assert_eq!(
-        srv.client
-            .get(format!("{}/health", srv.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(srv.client.get(format!("{}/health", srv.base)).send().await.unwrap().status(), 200);
 }
 
 #[tokio::test]
@@ -377,43 +254,31 @@ async fn chat_completions_render_the_template() {
     let srv = start(&[]).await;
     let messages = json!([{"role": "system", "content": "short"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]);
     let (_, tok) = srv.post("/tokenize", json!({"messages": messages})).await;
-    let (_, text) = srv
-        .post("/detokenize", json!({"tokens": tok["tokens"]}))
+    let (_, text) = srv.post("/detokenize", json!({"tokens": tok["tokens"]})).await;
+    assert_eq!(text["prompt"], "<s># system:\nshort\n# user:\nhi\n# assistant:\n");
+    let (st, v) = srv
+        .post("/v1/chat/completions", json!({"messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 2}))
         .await;
-    assert_eq!(
-        text["prompt"],
-        "<s># system:\nshort\n# user:\nhi\n# assistant:\n"
-    );
-    let (st, v) = srv.post("/v1/chat/completions", json!({"messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 2})).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     assert_eq!(v["usage"]["prompt_tokens"], tok["count"]);
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
-    assert_eq!(
-        content.len() as u64,
-        v["usage"]["completion_tokens"].as_u64().unwrap()
-    );
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
     assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
     // Same request streamed: role first, same text, final finish_reason, usage, [DONE].
-    let events = srv.stream("/v1/chat/completions", json!({"messages": messages, "max_tokens": 6, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}})).await;
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let events = srv
+        .stream(
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 6, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .await;
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks
-        .iter()
-        .all(|c| c["object"] == "chat.completion.chunk"));
-    let text: String = chunks
-        .iter()
-        .flat_map(|c| c["choices"].as_array().unwrap())
-        .filter_map(|c| c["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(
-        text,
-        v["choices"][0]["message"]["content"].as_str().unwrap()
-    );
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    let text: String =
+        chunks.iter().flat_map(|c| c["choices"].as_array().unwrap()).filter_map(|c| c["delta"]["content"].as_str()).collect();
+    assert_eq!(text, v["choices"][0]["message"]["content"].as_str().unwrap());
     assert_eq!(chunks.last().unwrap()["usage"], v["usage"]);
     assert_eq!(events.last().unwrap(), "[DONE]");
 }
@@ -421,27 +286,15 @@ async fn chat_completions_render_the_template() {
 #[tokio::test]
 async fn concurrent_streams_batch_and_each_equals_its_solo_run() {
     let srv = start(&["--max-num-seqs", "32"]).await;
-    let prompts: Vec<String> = (0..32)
-        .map(|i| format!("def f{i}(x):\n    return x * {i}"))
-        .collect();
+    let prompts: Vec<String> = (0..32).map(|i| format!("def f{i}(x):\n    return x * {i}")).collect();
     let body = |p: &str| json!({"prompt": p, "max_tokens": 20, "temperature": 0, "ignore_eos": true, "stream": true});
     let mut solo = Vec::new();
     for p in &prompts {
-        let (_, v) = srv
-            .post(
-                "/v1/completions",
-                json!({"prompt": p, "max_tokens": 20, "temperature": 0, "ignore_eos": true}),
-            )
-            .await;
+        let (_, v) = srv.post("/v1/completions", json!({"prompt": p, "max_tokens": 20, "temperature": 0, "ignore_eos": true})).await;
         solo.push(v["choices"][0]["text"].as_str().unwrap().to_owned());
     }
     let before = srv.metrics().await;
-    let together = futures::future::join_all(
-        prompts
-            .iter()
-            .map(|p| srv.stream("/v1/completions", body(p))),
-    )
-    .await;
+    let together = futures::future::join_all(prompts.iter().map(|p| srv.stream("/v1/completions", body(p)))).await;
     for (i, events) in together.iter().enumerate() {
         let text: String = events
             .iter()
@@ -482,16 +335,11 @@ async fn dropped_streams_free_their_slots() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = srv.metrics().await;
-        if sample(&m, "deltaserve:state_slots_used", "") == 0.0
-            && sample(&m, "deltaserve:num_requests_running", "") == 0.0
-        {
+        if sample(&m, "deltaserve:state_slots_used", "") == 0.0 && sample(&m, "deltaserve:num_requests_running", "") == 0.0 {
             assert!(sample(&m, "deltaserve:client_disconnects_total", "") >= 6.0);
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "slots not freed after disconnects:\n{m}"
-        );
+        assert!(Instant::now() < deadline, "slots not freed after disconnects:\n{m}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -500,14 +348,9 @@ async fn dropped_streams_free_their_slots() {
 async fn overload_gets_429_with_retry_after_and_nothing_hangs() {
     let srv = start(&["--max-num-seqs", "1", "--max-queue", "2"]).await;
     let reqs = (0..10).map(|_| {
-        srv.client
-            .post(format!("{}/v1/completions", srv.base))
-            .json(&json!({"prompt": "a", "max_tokens": 200, "ignore_eos": true}))
-            .send()
+        srv.client.post(format!("{}/v1/completions", srv.base)).json(&json!({"prompt": "a", "max_tokens": 200, "ignore_eos": true})).send()
     });
-    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(reqs))
-        .await
-        .expect("requests hung");
+    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(reqs)).await.expect("requests hung");
     let mut ok = 0;
     let mut limited = 0;
     for r in results {
@@ -526,28 +369,15 @@ async fn overload_gets_429_with_retry_after_and_nothing_hangs() {
     assert!(ok >= 1 && limited >= 1, "ok {ok}, limited {limited}");
     assert_eq!(ok + limited, 10);
     let m = srv.metrics().await;
-    assert_eq!(
-        sample(&m, "deltaserve:request_errors_total", "code=\"429\""),
-        limited as f64
-    );
+    assert_eq!(sample(&m, "deltaserve:request_errors_total", "code=\"429\""), limited as f64);
     // Still serving normally.
-    let (st, _) = srv
-        .post("/v1/completions", json!({"prompt": "a", "max_tokens": 2}))
-        .await;
+    let (st, _) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
     assert_eq!(st, 200);
 }
 
 #[tokio::test]
 async fn bad_requests_get_the_right_status_and_type() {
-    let srv = start(&[
-        "--max-model-len",
-        "64",
-        "--max-num-seqs",
-        "4",
-        "--max-body-bytes",
-        "20000",
-    ])
-    .await;
+    let srv = start(&["--max-model-len", "64", "--max-num-seqs", "4", "--max-body-bytes", "20000"]).await;
     let big = "x".repeat(30_000);
     let long_ids: Vec<u32> = vec![5; 64];
     let c = "/v1/completions";
@@ -563,218 +393,43 @@ async fn bad_requests_get_the_right_status_and_type() {
         (c, json!({"prompt": [99999]}), 400, "invalid_request_error"),
         (c, json!({"prompt": [-1]}), 400, "invalid_request_error"),
         (c, json!({"prompt": long_ids}), 400, "invalid_request_error"),
-        (
-            c,
-            json!({"prompt": "a", "max_tokens": 100}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "max_tokens": 0}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "max_tokens": -3}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "temperature": -0.5}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "temperature": "hot"}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "top_p": 0}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "top_p": 1.5}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "top_k": -2}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "min_p": 2}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "n": 0}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "n": 5}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "best_of": 3}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "logprobs": 21}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "logprobs": -1}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "presence_penalty": 3}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "frequency_penalty": -2.5}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "repetition_penalty": 0}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "logit_bias": {"abc": 1}}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "logit_bias": {"5": 500}}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "logit_bias": {"99999": 1}}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "stop": 5}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "stop_token_ids": [123456]}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "stream_options": {"include_usage": true}}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "suffix": "zz"}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            c,
-            json!({"prompt": "a", "model": "other"}),
-            404,
-            "not_found_error",
-        ),
+        (c, json!({"prompt": "a", "max_tokens": 100}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "max_tokens": 0}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "max_tokens": -3}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "temperature": -0.5}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "temperature": "hot"}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "top_p": 0}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "top_p": 1.5}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "top_k": -2}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "min_p": 2}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "n": 0}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "n": 5}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "best_of": 3}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "logprobs": 21}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "logprobs": -1}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "presence_penalty": 3}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "frequency_penalty": -2.5}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "repetition_penalty": 0}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "logit_bias": {"abc": 1}}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "logit_bias": {"5": 500}}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "logit_bias": {"99999": 1}}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "stop": 5}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "stop_token_ids": [123456]}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "stream_options": {"include_usage": true}}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "suffix": "zz"}), 400, "invalid_request_error"),
+        (c, json!({"prompt": "a", "model": "other"}), 404, "not_found_error"),
         (c, json!({"prompt": big}), 413, "invalid_request_error"),
         (chat, json!({"messages": []}), 400, "invalid_request_error"),
-        (
-            chat,
-            json!({"messages": "hi"}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            chat,
-            json!({"messages": [{"role": "robot", "content": "x"}]}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            chat,
-            json!({"messages": [{"role": "user"}]}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            chat,
-            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            chat,
-            json!({"messages": user, "top_logprobs": 2}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            chat,
-            json!({"messages": user, "logprobs": true, "top_logprobs": 50}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            chat,
-            json!({"messages": user, "max_tokens": 5, "max_completion_tokens": 6}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            "/tokenize",
-            json!({"prompt": "a", "messages": user}),
-            400,
-            "invalid_request_error",
-        ),
-        (
-            "/detokenize",
-            json!({"tokens": [-5]}),
-            400,
-            "invalid_request_error",
-        ),
+        (chat, json!({"messages": "hi"}), 400, "invalid_request_error"),
+        (chat, json!({"messages": [{"role": "robot", "content": "x"}]}), 400, "invalid_request_error"),
+        (chat, json!({"messages": [{"role": "user"}]}), 400, "invalid_request_error"),
+        (chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "invalid_request_error"),
+        (chat, json!({"messages": user, "top_logprobs": 2}), 400, "invalid_request_error"),
+        (chat, json!({"messages": user, "logprobs": true, "top_logprobs": 50}), 400, "invalid_request_error"),
+        (chat, json!({"messages": user, "max_tokens": 5, "max_completion_tokens": 6}), 400, "invalid_request_error"),
+        ("/tokenize", json!({"prompt": "a", "messages": user}), 400, "invalid_request_error"),
+        ("/detokenize", json!({"tokens": [-5]}), 400, "invalid_request_error"),
         ("/v1/nothing", json!({}), 404, "not_found_error"),
     ];
     assert!(cases.len() >= 30);
@@ -782,38 +437,15 @@ async fn bad_requests_get_the_right_status_and_type() {
         let (st, v) = srv.post(path, body.clone()).await;
         assert_eq!(st, *status, "{path} {body}: {v}");
         assert_eq!(v["error"]["type"], *kind, "{path} {body}: {v}");
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .is_some_and(|m| !m.is_empty()),
-            "{v}"
-        );
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     }
     // Malformed JSON and a wrong content type.
-    let r = srv
-        .client
-        .post(format!("{}{c}", srv.base))
-        .header("content-type", "application/json")
-        .body("{\"prompt\": ")
-        .send()
-        .await
-        .unwrap();
+    let r =
+        srv.client.post(format!("{}{c}", srv.base)).header("content-type", "application/json").body("{\"prompt\": ").send().await.unwrap();
     assert_eq!(r.status(), 400);
-    let r = srv
-        .client
-        .post(format!("{}{c}", srv.base))
-        .header("content-type", "text/plain")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let r = srv.client.post(format!("{}{c}", srv.base)).header("content-type", "text/plain").body("{}").send().await.unwrap();
     assert_eq!(r.status(), 400);
-    let r = srv
-        .client
-        .get(format!("{}{c}", srv.base))
-        .send()
-        .await
-        .unwrap();
+    let r = srv.client.get(format!("{}{c}", srv.base)).send().await.unwrap();
     assert_eq!(r.status(), 405);
     // Messages name field, expected and actual.
     let (_, v) = srv.post(c, json!({"prompt": "a", "top_p": 1.5})).await;
@@ -827,21 +459,10 @@ async fn bad_requests_get_the_right_status_and_type() {
 #[tokio::test]
 async fn api_key_is_required_when_set() {
     let srv = start(&["--api-key", "sekret"]).await;
-    let (st, v) = srv
-        .post("/v1/completions", json!({"prompt": "a", "max_tokens": 1}))
-        .await;
-    assert_eq!(
-        (st, v["error"]["type"].as_str()),
-        (401, Some("authentication_error"))
-    );
-    let r = srv
-        .client
-        .post(format!("{}/v1/completions", srv.base))
-        .bearer_auth("wrong")
-        .json(&json!({"prompt": "a"}))
-        .send()
-        .await
-        .unwrap();
+    let (st, v) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 1})).await;
+    assert_eq!((st, v["error"]["type"].as_str()), (401, Some("authentication_error")));
+    let r =
+        srv.client.post(format!("{}/v1/completions", srv.base)).bearer_auth("wrong").json(&json!({"prompt": "a"})).send().await.unwrap();
     assert_eq!(r.status(), 401);
     let r = srv
         .client
@@ -853,24 +474,8 @@ async fn api_key_is_required_when_set() {
         .unwrap();
     assert_eq!(r.status(), 200);
     // Probes and metrics need no key.
-    assert_eq!(
-        srv.client
-            .get(format!("{}/ready", srv.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        srv.client
-            .get(format!("{}/metrics", srv.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(srv.client.get(format!("{}/ready", srv.base)).send().await.unwrap().status(), 200);
+    assert_eq!(srv.client.get(format!("{}/metrics", srv.base)).send().await.unwrap().status(), 200);
 }
 
 #[tokio::test]
@@ -887,46 +492,26 @@ async fn sigterm_drains_in_flight_streams_then_exits_zero() {
     let first = body.next().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).starts_with("data: "));
     let pid = srv.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     // While draining: not ready, and new work is refused with 503.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = srv
-            .client
-            .get(format!("{}/ready", srv.base))
-            .send()
-            .await
-            .unwrap();
+        let r = srv.client.get(format!("{}/ready", srv.base)).send().await.unwrap();
         if r.status() == 503 {
             break;
         }
         assert!(Instant::now() < deadline, "/ready never turned 503");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (st, v) = srv
-        .post("/v1/completions", json!({"prompt": "a", "max_tokens": 2}))
-        .await;
-    assert_eq!(
-        (st, v["error"]["type"].as_str()),
-        (503, Some("unavailable_error"))
-    );
+    let (st, v) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
+    assert_eq!((st, v["error"]["type"].as_str()), (503, Some("unavailable_error")));
     // The in-flight stream runs to its end.
     let mut rest = String::from_utf8_lossy(&first).into_owned();
     while let Some(chunk) = body.next().await {
         rest.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
     }
-    assert!(
-        rest.trim_end().ends_with("data: [DONE]"),
-        "stream did not finish"
-    );
-    assert!(
-        rest.contains("\"finish_reason\":\"length\""),
-        "stream cut short"
-    );
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "stream did not finish");
+    assert!(rest.contains("\"finish_reason\":\"length\""), "stream cut short");
     let status = srv.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
     srv.child = Command::new("true").spawn().unwrap();
@@ -935,11 +520,7 @@ async fn sigterm_drains_in_flight_streams_then_exits_zero() {
 #[tokio::test]
 async fn metrics_parse_as_prometheus_text() {
     let srv = start(&[]).await;
-    srv.post(
-        "/v1/completions",
-        json!({"prompt": "a", "max_tokens": 3, "ignore_eos": true}),
-    )
-    .await;
+    srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 3, "ignore_eos": true})).await;
     let m = srv.metrics().await;
     let mut families = 0;
     for line in m.lines() {
@@ -952,11 +533,7 @@ async fn metrics_parse_as_prometheus_text() {
             let (name, value) = line.rsplit_once(' ').unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line}");
             let bare = name.split('{').next().unwrap();
-            assert!(
-                bare.chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':'),
-                "{line}"
-            );
+            assert!(bare.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':'), "{line}");
             assert!(bare.starts_with("deltaserve:"), "{line}");
         }
     }
@@ -970,10 +547,7 @@ async fn metrics_parse_as_prometheus_text() {
         assert!(m.contains(name), "{name} missing");
     }
     assert_eq!(sample(&m, "deltaserve:generation_tokens_total", ""), 3.0);
-    assert_eq!(
-        sample(&m, "deltaserve:time_to_first_token_seconds_count", ""),
-        1.0
-    );
+    assert_eq!(sample(&m, "deltaserve:time_to_first_token_seconds_count", ""), 1.0);
     scrape_with_real_prometheus(&srv).await;
 }
 
@@ -991,21 +565,14 @@ async fn scrape_with_real_prometheus(srv: &Server) {
         l.local_addr().unwrap().port()
     };
     let mut prom = Command::new(bin)
-        .arg(format!(
-            "--config.file={}",
-            dir.path().join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
+        .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let url =
-        format!("http://127.0.0.1:{port}/api/v1/query?query=deltaserve:generation_tokens_total");
+    let url = format!("http://127.0.0.1:{port}/api/v1/query?query=deltaserve:generation_tokens_total");
     let deadline = Instant::now() + Duration::from_secs(40);
     let found = loop {
         if let Ok(r) = srv.client.get(&url).send().await {
@@ -1022,19 +589,9 @@ async fn scrape_with_real_prometheus(srv: &Server) {
     };
     let _ = prom.kill();
     let _ = prom.wait();
-    assert_eq!(
-        found.as_deref(),
-        Some("3"),
-        "Prometheus did not scrape deltaserve:generation_tokens_total"
-    );
+    assert_eq!(found.as_deref(), Some("3"), "Prometheus did not scrape deltaserve:generation_tokens_total");
 }
 
 fn which(name: &str) -> Result<std::path::PathBuf, ()> {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join(name))
-                .find(|f| f.is_file())
-        })
-        .ok_or(())
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file())).ok_or(())
 }

@@ -12,88 +12,48 @@ const MARGIN: f64 = 1e-3;
 
 #[test]
 fn logits_and_greedy_tokens_match_goldens() {
-    for (name, dir, goldens, logits_file) in
-        model_fixtures("logits_and_greedy_tokens_match_goldens")
-    {
+    for (name, dir, goldens, logits_file) in model_fixtures("logits_and_greedy_tokens_match_goldens") {
         let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
         let reference = load_tensors(&logits_file);
         let mut pool = engine.new_pool(1);
         for (i, case) in golden_cases(&goldens).iter().enumerate() {
-            let ids: Vec<i64> = values(&reference[&format!("case{i}.input_ids")])
-                .iter()
-                .map(|&x| x as i64)
-                .collect();
-            assert_eq!(
-                ids,
-                case.input_ids.iter().map(|&x| x as i64).collect::<Vec<_>>(),
-                "{name} case{i}: ids"
-            );
+            let ids: Vec<i64> = values(&reference[&format!("case{i}.input_ids")]).iter().map(|&x| x as i64).collect();
+            assert_eq!(ids, case.input_ids.iter().map(|&x| x as i64).collect::<Vec<_>>(), "{name} case{i}: ids");
             // The prompt text tokenizes to the goldens' ids (BOS included). Long cases name
             // their text by a `<placeholder>` instead of giving it.
             let placeholder = case.prompt.starts_with('<') && case.prompt.ends_with('>');
-            assert!(
-                placeholder || engine.encode(&case.prompt).unwrap() == case.input_ids,
-                "{name} case{i}: tokenizer"
-            );
+            assert!(placeholder || engine.encode(&case.prompt).unwrap() == case.input_ids, "{name} case{i}: tokenizer");
 
             let slot = pool.allocate().unwrap();
             if let Some(all_ref) = reference.get(&format!("case{i}.all_logits")) {
-                let all = engine
-                    .prefill(&mut pool, slot, &case.input_ids, Logits::All)
-                    .unwrap();
+                let all = engine.prefill(&mut pool, slot, &case.input_ids, Logits::All).unwrap();
                 let e = rel_err(&values(&all), &values(all_ref));
                 println!("{name} case{i}: all_logits rel err {e:.2e}");
-                assert!(
-                    e <= LOGITS_TOL,
-                    "{name} case{i}: all_logits rel err {e:.3e}"
-                );
+                assert!(e <= LOGITS_TOL, "{name} case{i}: all_logits rel err {e:.3e}");
                 pool.release(slot).unwrap();
             } else {
                 pool.release(slot).unwrap();
             }
             let slot = pool.allocate().unwrap();
-            let last = engine
-                .prefill(&mut pool, slot, &case.input_ids, Logits::Last)
-                .unwrap();
-            let e = rel_err(
-                &values(&last),
-                &values(&reference[&format!("case{i}.last_logits")]),
-            );
+            let last = engine.prefill(&mut pool, slot, &case.input_ids, Logits::Last).unwrap();
+            let e = rel_err(&values(&last), &values(&reference[&format!("case{i}.last_logits")]));
             println!("{name} case{i}: last_logits rel err {e:.2e}");
-            assert!(
-                e <= LOGITS_TOL,
-                "{name} case{i}: last_logits rel err {e:.3e}"
-            );
+            assert!(e <= LOGITS_TOL, "{name} case{i}: last_logits rel err {e:.3e}");
 
             // Greedy through prefill + batched decode of one slot.
             let mut logits: Tensor = last;
             let mut checked = 0;
-            for (step, (&want, &margin)) in case
-                .greedy_new_ids
-                .iter()
-                .zip(&case.top2_margins)
-                .enumerate()
-            {
+            for (step, (&want, &margin)) in case.greedy_new_ids.iter().zip(&case.top2_margins).enumerate() {
                 if margin < MARGIN {
                     break;
                 }
                 let got = argmax(&values(&logits));
                 assert_eq!(got, want, "{name} case{i}: greedy step {step}");
                 checked += 1;
-                logits = engine
-                    .decode(&mut pool, &[(slot, got)])
-                    .unwrap()
-                    .squeeze(0)
-                    .unwrap();
+                logits = engine.decode(&mut pool, &[(slot, got)]).unwrap().squeeze(0).unwrap();
             }
-            println!(
-                "{name} case{i}: {checked}/{} greedy steps checked",
-                case.greedy_new_ids.len()
-            );
-            assert!(
-                checked > 0,
-                "{name} case{i}: no greedy step above the margin"
-            );
+            println!("{name} case{i}: {checked}/{} greedy steps checked", case.greedy_new_ids.len());
+            assert!(checked > 0, "{name} case{i}: no greedy step above the margin");
             pool.release(slot).unwrap();
         }
     }

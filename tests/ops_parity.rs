@@ -13,18 +13,9 @@ fn check(file: &std::path::Path, case: &str, algo: PrefillAlgo) -> (f64, f64) {
     let t = load_tensors(file);
     let inp = if case == "gdr_neg" { "gdr" } else { case };
     let get = |k: &str| t.get(k).unwrap_or_else(|| panic!("missing {k}")).clone();
-    let (q, k, v, g, h0) = (
-        get(&format!("{inp}.q")),
-        get(&format!("{inp}.k")),
-        get(&format!("{inp}.v")),
-        get(&format!("{inp}.g")),
-        get(&format!("{inp}.h0")),
-    );
-    let (beta, o_ref, ht_ref) = (
-        get(&format!("{case}.beta")),
-        get(&format!("{case}.o")),
-        get(&format!("{case}.ht")),
-    );
+    let (q, k, v, g, h0) =
+        (get(&format!("{inp}.q")), get(&format!("{inp}.k")), get(&format!("{inp}.v")), get(&format!("{inp}.g")), get(&format!("{inp}.h0")));
+    let (beta, o_ref, ht_ref) = (get(&format!("{case}.beta")), get(&format!("{case}.o")), get(&format!("{case}.ht")));
     let (b, tq, _, kd) = q.dims4().unwrap();
     let n = k.dim(1).unwrap() / tq;
     let scale = (kd as f32).powf(-0.5);
@@ -33,15 +24,7 @@ fn check(file: &std::path::Path, case: &str, algo: PrefillAlgo) -> (f64, f64) {
         let sel = |x: &Tensor| x.get(bi).unwrap();
         let mut state = values(&sel(&h0));
         let o = gated_delta_prefill(
-            MixerInputs {
-                q: &sel(&q),
-                k: &sel(&k),
-                v: &sel(&v),
-                beta: &sel(&beta),
-                g: Some(&sel(&g)),
-                n,
-                scale,
-            },
+            MixerInputs { q: &sel(&q), k: &sel(&k), v: &sel(&v), beta: &sel(&beta), g: Some(&sel(&g)), n, scale },
             &mut state,
             algo,
         )
@@ -56,10 +39,7 @@ fn check_file(file: &std::path::Path) {
     for case in ["gdr", "gdr_neg", "gdp"] {
         for algo in [PrefillAlgo::Chunked, PrefillAlgo::Recurrent] {
             let (eo, eh) = check(file, case, algo);
-            println!(
-                "{} {case} {algo:?}: o rel err {eo:.2e}, ht rel err {eh:.2e}",
-                file.display()
-            );
+            println!("{} {case} {algo:?}: o rel err {eo:.2e}, ht rel err {eh:.2e}", file.display());
             assert!(eo <= TOL, "{case} {algo:?}: o rel err {eo:.3e} > {TOL}");
             assert!(eh <= TOL, "{case} {algo:?}: ht rel err {eh:.3e} > {TOL}");
         }

@@ -9,32 +9,21 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::{
-    read_config, CausalLm, DType, Device, Logits, PrefillAlgo, SlotId, StatePool,
-};
+use deltaserve_engine::{read_config, CausalLm, DType, Device, Logits, PrefillAlgo, SlotId, StatePool};
 
 fn tiny_dir() -> PathBuf {
     let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/tiny-gdn");
     if shared.exists() {
         shared
     } else {
-        eprintln!(
-            "NOTICE: ../shared/fixtures/tiny-gdn not found; benchmarking compact/gdn instead"
-        );
+        eprintln!("NOTICE: ../shared/fixtures/tiny-gdn not found; benchmarking compact/gdn instead");
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/compact/gdn")
     }
 }
 
 fn load(dir: &Path) -> CausalLm {
     let cfg = read_config(dir).expect("config");
-    CausalLm::load(
-        &cfg,
-        &Checkpoint::open(dir).expect("weights"),
-        DType::F32,
-        &Device::Cpu,
-        false,
-    )
-    .expect("model")
+    CausalLm::load(&cfg, &Checkpoint::open(dir).expect("weights"), DType::F32, &Device::Cpu, false).expect("model")
 }
 
 fn realistic() -> (CausalLm, tempfile::TempDir) {
@@ -43,8 +32,7 @@ fn realistic() -> (CausalLm, tempfile::TempDir) {
         "model_type": "gated_deltanet", "hidden_size": 1024, "num_hidden_layers": 8, "num_heads": 4,
         "head_dim": 256, "expand_v": 2.0, "vocab_size": 32000
     });
-    deltaserve_engine::synth::write_random_checkpoint(&cfg, dir.path(), DType::BF16, 0, None)
-        .expect("random checkpoint");
+    deltaserve_engine::synth::write_random_checkpoint(&cfg, dir.path(), DType::BF16, 0, None).expect("random checkpoint");
     (load(dir.path()), dir)
 }
 
@@ -55,17 +43,14 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 fn bench_model(c: &mut Criterion, name: &str, m: &CausalLm) {
     let vocab = m.config().common.vocab_size;
     let mut g = c.benchmark_group(name);
-    g.sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(8));
+    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(8));
     let prompt = tokens(2048, vocab);
     g.throughput(Throughput::Elements(prompt.len() as u64));
     g.bench_function("prefill_T2048", |b| {
         let mut pool = StatePool::new(m.config(), 1);
         b.iter(|| {
             let s = pool.allocate().expect("slot");
-            m.prefill(&mut pool, s, &prompt, Logits::Last, PrefillAlgo::Chunked)
-                .expect("prefill");
+            m.prefill(&mut pool, s, &prompt, Logits::Last, PrefillAlgo::Chunked).expect("prefill");
             pool.release(s).expect("release");
         })
     });
@@ -73,20 +58,11 @@ fn bench_model(c: &mut Criterion, name: &str, m: &CausalLm) {
         let mut pool = StatePool::new(m.config(), batch);
         let slots: Vec<SlotId> = (0..batch).map(|_| pool.allocate().expect("slot")).collect();
         for &s in &slots {
-            m.prefill(
-                &mut pool,
-                s,
-                &tokens(16, vocab),
-                Logits::Last,
-                PrefillAlgo::Chunked,
-            )
-            .expect("prefill");
+            m.prefill(&mut pool, s, &tokens(16, vocab), Logits::Last, PrefillAlgo::Chunked).expect("prefill");
         }
         let step: Vec<(SlotId, u32)> = slots.iter().map(|&s| (s, 17)).collect();
         g.throughput(Throughput::Elements(batch as u64));
-        g.bench_with_input(BenchmarkId::new("decode_batch", batch), &step, |b, step| {
-            b.iter(|| m.decode(&mut pool, step).expect("decode"))
-        });
+        g.bench_with_input(BenchmarkId::new("decode_batch", batch), &step, |b, step| b.iter(|| m.decode(&mut pool, step).expect("decode")));
     }
     g.finish();
 }

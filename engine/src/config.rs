@@ -179,45 +179,28 @@ pub struct ModelConfig {
 }
 
 fn unsupported(field: &str, value: impl ToString, supported: &str) -> ConfigError {
-    ConfigError::Unsupported {
-        field: field.into(),
-        value: value.to_string(),
-        supported: supported.into(),
-    }
+    ConfigError::Unsupported { field: field.into(), value: value.to_string(), supported: supported.into() }
 }
 
 impl ModelConfig {
     /// Parses and validates `config.json` text.
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
-        let raw: Value =
-            serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let raw: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
         Self::from_value(raw)
     }
 
     /// Parses and validates a `config.json` value.
     pub fn from_value(raw: Value) -> Result<Self, ConfigError> {
-        let model_type = raw
-            .get("model_type")
-            .and_then(Value::as_str)
-            .ok_or(ConfigError::Missing("model_type"))?;
-        let common: CommonFields =
-            serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let model_type = raw.get("model_type").and_then(Value::as_str).ok_or(ConfigError::Missing("model_type"))?;
+        let common: CommonFields = serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?;
         let arch = match model_type {
-            GATED_DELTANET => Architecture::GatedDeltaNet(
-                serde_json::from_value(raw.clone())
-                    .map_err(|e| ConfigError::Json(e.to_string()))?,
-            ),
-            GATED_DELTAPRODUCT => Architecture::GatedDeltaProduct(
-                serde_json::from_value(raw.clone())
-                    .map_err(|e| ConfigError::Json(e.to_string()))?,
-            ),
-            other => {
-                return Err(unsupported(
-                    "model_type",
-                    other,
-                    "`gated_deltanet` or `gated_deltaproduct`",
-                ))
+            GATED_DELTANET => {
+                Architecture::GatedDeltaNet(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?)
             }
+            GATED_DELTAPRODUCT => {
+                Architecture::GatedDeltaProduct(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?)
+            }
+            other => return Err(unsupported("model_type", other, "`gated_deltanet` or `gated_deltaproduct`")),
         };
         let cfg = Self { common, arch, raw };
         cfg.validate()?;
@@ -228,21 +211,13 @@ impl ModelConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.common;
         if let Some(a) = c.attn.as_ref().filter(|a| !a.is_null()) {
-            return Err(unsupported(
-                "attn",
-                a,
-                "null (hybrid softmax-attention layers are not supported yet)",
-            ));
+            return Err(unsupported("attn", a, "null (hybrid softmax-attention layers are not supported yet)"));
         }
         if let Some(a) = c.attnres_block_size.as_ref().filter(|a| !a.is_null()) {
             return Err(unsupported("attnres_block_size", a, "null"));
         }
         if c.norm_first == Some(true) {
-            return Err(unsupported(
-                "norm_first",
-                true,
-                "false (the pre-v0.1.0 norm_first layout is not supported)",
-            ));
+            return Err(unsupported("norm_first", true, "false (the pre-v0.1.0 norm_first layout is not supported)"));
         }
         if !matches!(c.hidden_act.as_str(), "swish" | "silu") {
             return Err(unsupported("hidden_act", &c.hidden_act, "`swish`"));
@@ -256,21 +231,14 @@ impl ModelConfig {
             ("conv_size", c.conv_size),
         ] {
             if v == 0 {
-                return Err(ConfigError::Invalid {
-                    field: field.into(),
-                    expected: "> 0".into(),
-                    actual: "0".into(),
-                });
+                return Err(ConfigError::Invalid { field: field.into(), expected: "> 0".into(), actual: "0".into() });
             }
         }
         let vd = c.head_dim as f64 * c.expand_v;
         if !(vd.fract() == 0.0 && vd >= 1.0) {
             return Err(ConfigError::Invalid {
                 field: "expand_v".into(),
-                expected: format!(
-                    "head_dim ({}) × expand_v to be a positive integer",
-                    c.head_dim
-                ),
+                expected: format!("head_dim ({}) × expand_v to be a positive integer", c.head_dim),
                 actual: format!("{} (→ {vd})", c.expand_v),
             });
         }
@@ -291,33 +259,18 @@ impl ModelConfig {
                         actual: hv.to_string(),
                     });
                 }
-                if !matches!(
-                    g.output_gate_activation.as_str(),
-                    "swish" | "silu" | "sigmoid"
-                ) {
-                    return Err(unsupported(
-                        "output_gate_activation",
-                        &g.output_gate_activation,
-                        "`swish`, `silu` or `sigmoid`",
-                    ));
+                if !matches!(g.output_gate_activation.as_str(), "swish" | "silu" | "sigmoid") {
+                    return Err(unsupported("output_gate_activation", &g.output_gate_activation, "`swish`, `silu` or `sigmoid`"));
                 }
             }
             Architecture::GatedDeltaProduct(p) => {
                 if p.num_householder == 0 {
-                    return Err(ConfigError::Invalid {
-                        field: "num_householder".into(),
-                        expected: ">= 1".into(),
-                        actual: "0".into(),
-                    });
+                    return Err(ConfigError::Invalid { field: "num_householder".into(), expected: ">= 1".into(), actual: "0".into() });
                 }
             }
         }
         if c.intermediate_size == Some(0) {
-            return Err(ConfigError::Invalid {
-                field: "intermediate_size".into(),
-                expected: "> 0".into(),
-                actual: "0".into(),
-            });
+            return Err(ConfigError::Invalid { field: "intermediate_size".into(), expected: "> 0".into(), actual: "0".into() });
         }
         Ok(())
     }
@@ -380,9 +333,7 @@ impl ModelConfig {
     /// Activation of the output gate.
     pub fn gate_activation(&self) -> GateActivation {
         match &self.arch {
-            Architecture::GatedDeltaNet(g) if g.output_gate_activation == "sigmoid" => {
-                GateActivation::Sigmoid
-            }
+            Architecture::GatedDeltaNet(g) if g.output_gate_activation == "sigmoid" => GateActivation::Sigmoid,
             _ => GateActivation::Swish,
         }
     }
@@ -418,11 +369,7 @@ impl ModelConfig {
 pub(crate) fn ids_of(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
         _ => vec![],
     }
 }
@@ -438,15 +385,7 @@ mod tests {
     #[test]
     fn defaults_follow_fla_0_6_0() {
         let c = parse("").unwrap();
-        assert_eq!(
-            (
-                c.common.hidden_size,
-                c.head_k_dim(),
-                c.num_heads(),
-                c.num_v_heads()
-            ),
-            (2048, 256, 6, 6)
-        );
+        assert_eq!((c.common.hidden_size, c.head_k_dim(), c.num_heads(), c.num_v_heads()), (2048, 256, 6, 6));
         assert_eq!(c.head_v_dim(), 512);
         assert_eq!(c.intermediate_size(), 5632);
         assert_eq!(c.eos_token_ids(), vec![2]);
@@ -455,10 +394,7 @@ mod tests {
 
     #[test]
     fn mlp_rule_matches_spec_examples() {
-        assert_eq!(
-            parse(r#","hidden_size":1024"#).unwrap().intermediate_size(),
-            2816
-        );
+        assert_eq!(parse(r#","hidden_size":1024"#).unwrap().intermediate_size(), 2816);
     }
 
     #[test]
@@ -471,25 +407,17 @@ mod tests {
 
     #[test]
     fn refusals_name_field_and_value() {
-        let e = parse(r#","attn":{"layers":[1],"num_heads":4}"#)
-            .unwrap_err()
-            .to_string();
+        let e = parse(r#","attn":{"layers":[1],"num_heads":4}"#).unwrap_err().to_string();
         assert!(e.contains("`attn`") && e.contains("layers"), "{e}");
         let e = parse(r#","hidden_act":"powlu""#).unwrap_err().to_string();
         assert!(e.contains("`hidden_act`") && e.contains("powlu"), "{e}");
         let e = parse(r#","attnres_block_size":4"#).unwrap_err().to_string();
         assert!(e.contains("`attnres_block_size`") && e.contains('4'), "{e}");
-        let e = ModelConfig::from_json_str(r#"{"model_type":"mamba2"}"#)
-            .unwrap_err()
-            .to_string();
+        let e = ModelConfig::from_json_str(r#"{"model_type":"mamba2"}"#).unwrap_err().to_string();
         assert!(e.contains("`model_type`") && e.contains("mamba2"), "{e}");
-        let e = parse(r#","num_heads":4,"num_v_heads":6"#)
-            .unwrap_err()
-            .to_string();
+        let e = parse(r#","num_heads":4,"num_v_heads":6"#).unwrap_err().to_string();
         assert!(e.contains("`num_v_heads`") && e.contains('6'), "{e}");
-        let e = parse(r#","head_dim":3,"expand_v":0.5"#)
-            .unwrap_err()
-            .to_string();
+        let e = parse(r#","head_dim":3,"expand_v":0.5"#).unwrap_err().to_string();
         assert!(e.contains("`expand_v`"), "{e}");
     }
 }

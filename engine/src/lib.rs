@@ -44,12 +44,7 @@ pub struct LoadOptions {
 impl LoadOptions {
     /// f32 on the CPU, no weight scan.
     pub fn cpu(model: impl Into<String>) -> Self {
-        Self {
-            model: model.into(),
-            dtype: DType::F32,
-            device: Device::Cpu,
-            check_weights: false,
-        }
+        Self { model: model.into(), dtype: DType::F32, device: Device::Cpu, check_weights: false }
     }
 }
 
@@ -67,21 +62,14 @@ pub fn parse_dtype(s: &str) -> Result<DType> {
         "f32" | "float32" => Ok(DType::F32),
         "bf16" | "bfloat16" => Ok(DType::BF16),
         "f16" | "float16" | "half" => Ok(DType::F16),
-        other => Err(EngineError::Invalid {
-            field: "dtype",
-            expected: "f32, bf16 or f16".into(),
-            actual: other.into(),
-        }),
+        other => Err(EngineError::Invalid { field: "dtype", expected: "f32, bf16 or f16".into(), actual: other.into() }),
     }
 }
 
 /// Reads and validates `DIR/config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::Io {
-        path: path.clone(),
-        message: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::Io { path: path.clone(), message: e.to_string() })?;
     Ok(ModelConfig::from_json_str(&text)?)
 }
 
@@ -101,11 +89,7 @@ impl Engine {
             )));
         }
         tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, "model loaded");
-        Ok(Self {
-            model,
-            tokenizer: Arc::new(tokenizer),
-            model_dir: dir,
-        })
+        Ok(Self { model, tokenizer: Arc::new(tokenizer), model_dir: dir })
     }
 
     /// The model configuration.
@@ -139,15 +123,8 @@ impl Engine {
     }
 
     /// Chunked prefill of `tokens` into `slot` (continuing from its state).
-    pub fn prefill(
-        &self,
-        pool: &mut StatePool,
-        slot: SlotId,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Tensor> {
-        self.model
-            .prefill(pool, slot, tokens, logits, PrefillAlgo::Chunked)
+    pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits) -> Result<Tensor> {
+        self.model.prefill(pool, slot, tokens, logits, PrefillAlgo::Chunked)
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.

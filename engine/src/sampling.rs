@@ -51,20 +51,13 @@ impl Default for SamplingParams {
 }
 
 fn invalid(field: &'static str, expected: &str, actual: impl ToString) -> EngineError {
-    EngineError::Invalid {
-        field,
-        expected: expected.into(),
-        actual: actual.to_string(),
-    }
+    EngineError::Invalid { field, expected: expected.into(), actual: actual.to_string() }
 }
 
 impl SamplingParams {
     /// Greedy decoding.
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self { temperature: 0.0, ..Self::default() }
     }
 
     /// Checks every field's range; `vocab` bounds the logit-bias ids.
@@ -79,25 +72,13 @@ impl SamplingParams {
             return Err(invalid("min_p", "in [0, 1]", self.min_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return Err(invalid(
-                "repetition_penalty",
-                "> 0 and finite",
-                self.repetition_penalty,
-            ));
+            return Err(invalid("repetition_penalty", "> 0 and finite", self.repetition_penalty));
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(invalid(
-                "presence_penalty",
-                "in [-2, 2]",
-                self.presence_penalty,
-            ));
+            return Err(invalid("presence_penalty", "in [-2, 2]", self.presence_penalty));
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(invalid(
-                "frequency_penalty",
-                "in [-2, 2]",
-                self.frequency_penalty,
-            ));
+            return Err(invalid("frequency_penalty", "in [-2, 2]", self.frequency_penalty));
         }
         for &(id, b) in &self.logit_bias {
             if id as usize >= vocab {
@@ -138,17 +119,8 @@ impl Sampler {
             Some(s) => ChaCha20Rng::seed_from_u64(s),
             None => ChaCha20Rng::from_os_rng(),
         };
-        let seen = if params.repetition_penalty != 1.0 {
-            prompt.iter().map(|&t| (t, ())).collect()
-        } else {
-            HashMap::new()
-        };
-        Self {
-            params,
-            rng,
-            generated: HashMap::new(),
-            seen,
-        }
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().map(|&t| (t, ())).collect() } else { HashMap::new() };
+        Self { params, rng, generated: HashMap::new(), seen }
     }
 
     /// The parameters.
@@ -175,11 +147,7 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &t in self.seen.keys() {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 {
-                        *l / p.repetition_penalty
-                    } else {
-                        *l * p.repetition_penalty
-                    };
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
                 }
             }
         }
@@ -196,40 +164,24 @@ impl Sampler {
     pub fn sample(&mut self, raw: &[f32]) -> Sampled {
         let mut logits = raw.to_vec();
         self.process(&mut logits);
-        let token = if self.params.temperature == 0.0 {
-            argmax(&logits)
-        } else {
-            self.sample_stochastic(&logits)
-        };
-        Sampled {
-            token,
-            logprob: log_softmax_at(raw, token as usize),
-        }
+        let token = if self.params.temperature == 0.0 { argmax(&logits) } else { self.sample_stochastic(&logits) };
+        Sampled { token, logprob: log_softmax_at(raw, token as usize) }
     }
 
     fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
         // Candidates sorted by logit, descending; ties keep the lower id first.
-        let mut idx: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| logits[i as usize].is_finite())
-            .collect();
+        let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
         if idx.is_empty() {
             return argmax(logits);
         }
-        idx.sort_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
         if p.top_k > 0 && p.top_k < idx.len() {
             idx.truncate(p.top_k);
         }
         let max = logits[idx[0] as usize];
-        let mut probs: Vec<f32> = idx
-            .iter()
-            .map(|&i| ((logits[i as usize] - max) * inv_t).exp())
-            .collect();
+        let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i as usize] - max) * inv_t).exp()).collect();
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= sum);
         if p.min_p > 0.0 {
@@ -288,18 +240,10 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return vec![];
     }
-    idx.select_nth_unstable_by(n - 1, |&a, &b| {
-        logits[b as usize].total_cmp(&logits[a as usize])
-    });
+    idx.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
     idx.truncate(n);
-    idx.sort_by(|&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
-            .then(a.cmp(&b))
-    });
-    idx.into_iter()
-        .map(|i| (i, logits[i as usize] - lse))
-        .collect()
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
 }
 
 #[cfg(test)]
@@ -319,19 +263,13 @@ mod tests {
 
     #[test]
     fn greedy_takes_argmax_and_lowest_on_ties() {
-        assert_eq!(
-            run(SamplingParams::greedy(), &[0.0, 3.0, 3.0, 1.0], 3),
-            vec![1, 1, 1]
-        );
+        assert_eq!(run(SamplingParams::greedy(), &[0.0, 3.0, 3.0, 1.0], 3), vec![1, 1, 1]);
     }
 
     #[test]
     fn same_seed_same_tokens_different_seed_differs() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = |seed| SamplingParams {
-            seed: Some(seed),
-            ..SamplingParams::default()
-        };
+        let p = |seed| SamplingParams { seed: Some(seed), ..SamplingParams::default() };
         assert_eq!(run(p(7), &logits, 40), run(p(7), &logits, 40));
         assert_ne!(run(p(7), &logits, 40), run(p(8), &logits, 40));
     }
@@ -339,11 +277,7 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy() {
         let logits = [0.1f32, 2.0, 0.5];
-        let p = SamplingParams {
-            top_k: 1,
-            seed: Some(1),
-            ..SamplingParams::default()
-        };
+        let p = SamplingParams { top_k: 1, seed: Some(1), ..SamplingParams::default() };
         assert!(run(p, &logits, 20).iter().all(|&t| t == 1));
     }
 
@@ -351,40 +285,20 @@ mod tests {
     fn top_p_and_min_p_restrict_support() {
         // p = [0.7, 0.2, 0.1] roughly: top_p 0.5 keeps only the first.
         let logits = [0.7f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
-        let p = SamplingParams {
-            top_p: 0.5,
-            seed: Some(3),
-            ..SamplingParams::default()
-        };
+        let p = SamplingParams { top_p: 0.5, seed: Some(3), ..SamplingParams::default() };
         assert!(run(p, &logits, 50).iter().all(|&t| t == 0));
-        let p = SamplingParams {
-            min_p: 0.2,
-            seed: Some(3),
-            ..SamplingParams::default()
-        };
+        let p = SamplingParams { min_p: 0.2, seed: Some(3), ..SamplingParams::default() };
         assert!(run(p, &logits, 200).iter().all(|&t| t != 2));
     }
 
     #[test]
     fn penalties_and_bias_change_the_choice() {
         let logits = [1.0f32, 0.9];
-        let p = SamplingParams {
-            frequency_penalty: 0.5,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { frequency_penalty: 0.5, ..SamplingParams::greedy() };
         assert_eq!(run(p, &logits, 2), vec![0, 1]);
-        let p = SamplingParams {
-            logit_bias: vec![(1, 5.0)],
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { logit_bias: vec![(1, 5.0)], ..SamplingParams::greedy() };
         assert_eq!(run(p, &logits, 1), vec![1]);
-        let s = Sampler::new(
-            SamplingParams {
-                repetition_penalty: 2.0,
-                ..SamplingParams::greedy()
-            },
-            &[0],
-        );
+        let s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() }, &[0]);
         let mut l = [1.0f32, 0.9];
         s.process(&mut l);
         assert_eq!(l, [0.5, 0.9]);
@@ -392,29 +306,11 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let e = SamplingParams {
-            temperature: -1.0,
-            ..SamplingParams::default()
-        }
-        .validate(10)
-        .unwrap_err()
-        .to_string();
+        let e = SamplingParams { temperature: -1.0, ..SamplingParams::default() }.validate(10).unwrap_err().to_string();
         assert!(e.contains("`temperature`") && e.contains("-1"), "{e}");
-        let e = SamplingParams {
-            top_p: 0.0,
-            ..SamplingParams::default()
-        }
-        .validate(10)
-        .unwrap_err()
-        .to_string();
+        let e = SamplingParams { top_p: 0.0, ..SamplingParams::default() }.validate(10).unwrap_err().to_string();
         assert!(e.contains("`top_p`"), "{e}");
-        let e = SamplingParams {
-            logit_bias: vec![(10, 1.0)],
-            ..SamplingParams::default()
-        }
-        .validate(10)
-        .unwrap_err()
-        .to_string();
+        let e = SamplingParams { logit_bias: vec![(10, 1.0)], ..SamplingParams::default() }.validate(10).unwrap_err().to_string();
         assert!(e.contains("`logit_bias`") && e.contains("10"), "{e}");
     }
 

@@ -53,17 +53,10 @@ impl StatePool {
         let conv = cfg.conv_channels() * cfg.common.conv_size;
         let rec = cfg.recurrent_state_len();
         let layers = (0..cfg.common.num_hidden_layers)
-            .map(|_| LayerState {
-                conv_state: SlotBuffer::zeros(slots, conv),
-                recurrent_state: SlotBuffer::zeros(slots, rec),
-            })
+            .map(|_| LayerState { conv_state: SlotBuffer::zeros(slots, conv), recurrent_state: SlotBuffer::zeros(slots, rec) })
             .collect();
         // Lowest index first, so slot order is predictable in logs.
-        Self {
-            layers,
-            in_use: vec![false; slots],
-            free: (0..slots).rev().collect(),
-        }
+        Self { layers, in_use: vec![false; slots], free: (0..slots).rev().collect() }
     }
 
     /// Total slots.
@@ -78,10 +71,7 @@ impl StatePool {
 
     /// Bytes of state per slot across all layers.
     pub fn bytes_per_slot(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| l.conv_state.bytes_per_slot() + l.recurrent_state.bytes_per_slot())
-            .sum()
+        self.layers.iter().map(|l| l.conv_state.bytes_per_slot() + l.recurrent_state.bytes_per_slot()).sum()
     }
 
     /// Takes a free slot and zeroes it, so nothing of its previous owner survives.
@@ -121,11 +111,7 @@ impl StatePool {
     /// Errors unless `slot` is allocated.
     pub fn check(&self, slot: SlotId) -> Result<()> {
         if self.in_use.get(slot.0).copied() != Some(true) {
-            return Err(EngineError::Invalid {
-                field: "slot",
-                expected: "an allocated slot".into(),
-                actual: slot.to_string(),
-            });
+            return Err(EngineError::Invalid { field: "slot", expected: "an allocated slot".into(), actual: slot.to_string() });
         }
         Ok(())
     }

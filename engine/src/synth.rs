@@ -13,10 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::inventory::expected_tensors;
 
 fn io_err(path: &Path, e: impl ToString) -> EngineError {
-    EngineError::Io {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    }
+    EngineError::Io { path: path.to_path_buf(), message: e.to_string() }
 }
 
 /// Standard normal samples (Box–Muller).
@@ -36,9 +33,7 @@ fn init(rng: &mut ChaCha20Rng, key: &str, shape: &[usize]) -> Vec<f32> {
     let z = normals(rng, n);
     if key.ends_with("A_log") {
         // A ∈ [1, 16) as fla's init.
-        return (0..n)
-            .map(|_| (1.0 + 15.0 * rng.random::<f32>()).ln())
-            .collect();
+        return (0..n).map(|_| (1.0 + 15.0 * rng.random::<f32>()).ln()).collect();
     }
     if key.ends_with("dt_bias") {
         return z.iter().map(|x| 0.5 * x - 2.0).collect();
@@ -59,36 +54,21 @@ fn init(rng: &mut ChaCha20Rng, key: &str, shape: &[usize]) -> Vec<f32> {
 
 /// Writes `config.json` and a random `model.safetensors` (in `dtype`) for `config` into `dir`.
 /// Tokenizer files from `tokenizer_from` are copied when given.
-pub fn write_random_checkpoint(
-    config: &Value,
-    dir: &Path,
-    dtype: DType,
-    seed: u64,
-    tokenizer_from: Option<&Path>,
-) -> Result<ModelConfig> {
+pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u64, tokenizer_from: Option<&Path>) -> Result<ModelConfig> {
     let cfg = ModelConfig::from_value(config.clone())?;
     std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let mut tensors = Vec::new();
     for (key, shape) in expected_tensors(&cfg) {
-        let t = Tensor::from_vec(init(&mut rng, &key, &shape), shape.as_slice(), &Device::Cpu)?
-            .to_dtype(dtype)?;
+        let t = Tensor::from_vec(init(&mut rng, &key, &shape), shape.as_slice(), &Device::Cpu)?.to_dtype(dtype)?;
         tensors.push((key, t));
     }
     let path = dir.join(crate::weights::SINGLE_FILE);
     candle_core::safetensors::save(&tensors.into_iter().collect(), &path)?;
     let cfg_path = dir.join("config.json");
-    std::fs::write(
-        &cfg_path,
-        serde_json::to_string_pretty(config).map_err(|e| io_err(&cfg_path, e))?,
-    )
-    .map_err(|e| io_err(&cfg_path, e))?;
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(config).map_err(|e| io_err(&cfg_path, e))?).map_err(|e| io_err(&cfg_path, e))?;
     if let Some(src) = tokenizer_from {
-        for f in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "generation_config.json",
-        ] {
+        for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
             if src.join(f).exists() {
                 std::fs::copy(src.join(f), dir.join(f)).map_err(|e| io_err(&src.join(f), e))?;
             }

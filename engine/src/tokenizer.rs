@@ -39,16 +39,8 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| EngineError::Io {
-        path: path.into(),
-        message: e.to_string(),
-    })?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| EngineError::Io {
-            path: path.into(),
-            message: e.to_string(),
-        })
+    let text = std::fs::read_to_string(path).map_err(|e| EngineError::Io { path: path.into(), message: e.to_string() })?;
+    serde_json::from_str(&text).map(Some).map_err(|e| EngineError::Io { path: path.into(), message: e.to_string() })
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}`.
@@ -65,8 +57,7 @@ impl Tokenizer {
     /// from `config.json` and are used when the tokenizer files say nothing.
     pub fn from_dir(dir: &Path, config_bos: Option<u32>, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", path.display())))?;
         let tc = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gc = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
         let bos_token = token_text(tc.get("bos_token"));
@@ -79,19 +70,12 @@ impl Tokenizer {
             .or(config_bos);
         let mut eos_token_ids = ids_of(gc.get("eos_token_id"));
         if eos_token_ids.is_empty() {
-            eos_token_ids = eos_token
-                .as_deref()
-                .and_then(|t| inner.token_to_id(t))
-                .map(|id| vec![id])
-                .unwrap_or_default();
+            eos_token_ids = eos_token.as_deref().and_then(|t| inner.token_to_id(t)).map(|id| vec![id]).unwrap_or_default();
         }
         if eos_token_ids.is_empty() {
             eos_token_ids = config_eos.to_vec();
         }
-        let add_bos_token = tc
-            .get("add_bos_token")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let add_bos_token = tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
         let chat_template = match tc.get("chat_template") {
             Some(Value::String(s)) => Some(s.clone()),
             // A list of named templates: take `default`, else the first.
@@ -104,15 +88,7 @@ impl Tokenizer {
                 .map(str::to_owned),
             _ => None,
         };
-        Ok(Self {
-            inner,
-            bos_token_id,
-            eos_token_ids,
-            add_bos_token,
-            chat_template,
-            bos_token,
-            eos_token,
-        })
+        Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token })
     }
 
     /// Vocabulary size including added tokens.
@@ -123,10 +99,7 @@ impl Tokenizer {
     /// Tokenizes a prompt; BOS is prepended once when `add_bos_token` asks for it (the
     /// tokenizer's own post-processor may already have added it).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         let mut ids = enc.get_ids().to_vec();
         if add_special_tokens && self.add_bos_token {
             if let Some(bos) = self.bos_token_id {
@@ -140,9 +113,7 @@ impl Tokenizer {
 
     /// Turns ids back into text.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
     /// The text of one token id, if it exists.
@@ -171,10 +142,7 @@ impl IncrementalDecoder {
         self.ids.push(id);
         let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
         let full = tok.decode(&self.ids[self.prefix_offset..], true)?;
-        if full.len() > prefix.len()
-            && !full.ends_with('\u{FFFD}')
-            && full.is_char_boundary(prefix.len())
-        {
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
             let new = full[prefix.len()..].to_owned();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -190,9 +158,6 @@ impl IncrementalDecoder {
         let full = tok.decode(&self.ids[self.prefix_offset..], true)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
-        Ok(
-            (full.len() > prefix.len() && full.is_char_boundary(prefix.len()))
-                .then(|| full[prefix.len()..].to_owned()),
-        )
+        Ok((full.len() > prefix.len() && full.is_char_boundary(prefix.len())).then(|| full[prefix.len()..].to_owned()))
     }
 }

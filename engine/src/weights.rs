@@ -31,20 +31,14 @@ pub struct Checkpoint {
 impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkpoint")
-            .field(
-                "files",
-                &self.files.iter().map(|(p, _)| p).collect::<Vec<_>>(),
-            )
+            .field("files", &self.files.iter().map(|(p, _)| p).collect::<Vec<_>>())
             .field("tensors", &self.entries.len())
             .finish()
     }
 }
 
 fn file_err(path: &Path, message: impl ToString) -> WeightError {
-    WeightError::File {
-        path: path.to_path_buf(),
-        message: message.to_string(),
-    }
+    WeightError::File { path: path.to_path_buf(), message: message.to_string() }
 }
 
 impl Checkpoint {
@@ -53,16 +47,9 @@ impl Checkpoint {
         let index = dir.join(INDEX_FILE);
         let paths: Vec<PathBuf> = if index.exists() {
             let text = std::fs::read_to_string(&index).map_err(|e| file_err(&index, e))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| file_err(&index, e))?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| file_err(&index, "no `weight_map` object"))?;
-            let mut shards: Vec<String> = map
-                .values()
-                .filter_map(|f| f.as_str().map(str::to_owned))
-                .collect();
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| file_err(&index, e))?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| file_err(&index, "no `weight_map` object"))?;
+            let mut shards: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_owned)).collect();
             shards.sort();
             shards.dedup();
             shards.into_iter().map(|s| dir.join(s)).collect()
@@ -77,20 +64,11 @@ impl Checkpoint {
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| file_err(&path, e))?;
             // `deserialize` validates the header and that the data fits the file (truncation).
             SafeTensors::deserialize(&mmap).map_err(|e| file_err(&path, format!("{e:?}")))?;
-            let (header_len, meta) =
-                SafeTensors::read_metadata(&mmap).map_err(|e| file_err(&path, format!("{e:?}")))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| file_err(&path, format!("{e:?}")))?;
             let base = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let (a, b) = info.data_offsets;
-                entries.insert(
-                    name,
-                    Entry {
-                        file: i,
-                        dtype: info.dtype,
-                        shape: info.shape.clone(),
-                        range: (base + a, base + b),
-                    },
-                );
+                entries.insert(name, Entry { file: i, dtype: info.dtype, shape: info.shape.clone(), range: (base + a, base + b) });
             }
             files.push((path, mmap));
         }
@@ -107,6 +85,16 @@ impl Checkpoint {
         self.entries.get(name).map(|e| e.shape.as_slice())
     }
 
+    /// On-disk dtype of a tensor (BF16, F16 or F32), if present and supported.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        match self.entries.get(name)?.dtype {
+            StDtype::BF16 => Some(DType::BF16),
+            StDtype::F16 => Some(DType::F16),
+            StDtype::F32 => Some(DType::F32),
+            _ => None,
+        }
+    }
+
     /// All tensor names, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.entries.keys().cloned().collect();
@@ -115,26 +103,13 @@ impl Checkpoint {
     }
 
     /// Loads a tensor as stored, converted to `dtype` on `device`, without shape checks.
-    pub fn load_raw(
-        &self,
-        name: &str,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Tensor, WeightError> {
-        let e = self.entries.get(name).ok_or_else(|| WeightError::Missing {
-            tensor: name.into(),
-            expected: vec![],
-        })?;
+    pub fn load_raw(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor, WeightError> {
+        let e = self.entries.get(name).ok_or_else(|| WeightError::Missing { tensor: name.into(), expected: vec![] })?;
         let disk = match e.dtype {
             StDtype::BF16 => DType::BF16,
             StDtype::F16 => DType::F16,
             StDtype::F32 => DType::F32,
-            other => {
-                return Err(WeightError::DType {
-                    tensor: name.into(),
-                    dtype: format!("{other:?}"),
-                })
-            }
+            other => return Err(WeightError::DType { tensor: name.into(), dtype: format!("{other:?}") }),
         };
         let bytes = &self.files[e.file].1[e.range.0..e.range.1];
         let t = Tensor::from_raw_buffer(bytes, disk, &e.shape, &Device::Cpu)
@@ -161,26 +136,13 @@ pub struct Weights<'a> {
 impl<'a> Weights<'a> {
     /// Root accessor; tensors load as `dtype` on `device`.
     pub fn new(ckpt: &'a Checkpoint, dtype: DType, device: &Device, check_finite: bool) -> Self {
-        Self {
-            ckpt,
-            prefix: String::new(),
-            dtype,
-            device: device.clone(),
-            check_finite,
-        }
+        Self { ckpt, prefix: String::new(), dtype, device: device.clone(), check_finite }
     }
 
     /// A sub-path (`vb.pp("attn")`).
     pub fn pp(&self, name: impl std::fmt::Display) -> Self {
-        let prefix = if self.prefix.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}.{name}", self.prefix)
-        };
-        Self {
-            prefix,
-            ..self.clone()
-        }
+        let prefix = if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) };
+        Self { prefix, ..self.clone() }
     }
 
     /// The full key of `name` under this prefix.
@@ -215,19 +177,8 @@ impl<'a> Weights<'a> {
     fn get_as(&self, shape: &[usize], name: &str, dtype: DType) -> Result<Tensor, WeightError> {
         let key = self.key(name);
         match self.ckpt.shape(&key) {
-            None => {
-                return Err(WeightError::Missing {
-                    tensor: key,
-                    expected: shape.to_vec(),
-                })
-            }
-            Some(s) if s != shape => {
-                return Err(WeightError::Shape {
-                    tensor: key,
-                    expected: shape.to_vec(),
-                    actual: s.to_vec(),
-                })
-            }
+            None => return Err(WeightError::Missing { tensor: key, expected: shape.to_vec() }),
+            Some(s) if s != shape => return Err(WeightError::Shape { tensor: key, expected: shape.to_vec(), actual: s.to_vec() }),
             Some(_) => {}
         }
         let t = self.ckpt.load_raw(&key, dtype, &self.device)?;
@@ -238,19 +189,9 @@ impl<'a> Weights<'a> {
     }
 
     /// Concatenates `name.{0..n}` along dim 0 (legacy per-step lists, model-spec.md §2.4).
-    pub fn get_cat(
-        &self,
-        part_shape: &[usize],
-        name: &str,
-        n: usize,
-    ) -> Result<Tensor, WeightError> {
-        let parts = (0..n)
-            .map(|j| self.get(part_shape, &format!("{name}.{j}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        Tensor::cat(&parts, 0).map_err(|e| WeightError::File {
-            path: PathBuf::from(self.key(name)),
-            message: e.to_string(),
-        })
+    pub fn get_cat(&self, part_shape: &[usize], name: &str, n: usize) -> Result<Tensor, WeightError> {
+        let parts = (0..n).map(|j| self.get(part_shape, &format!("{name}.{j}"))).collect::<Result<Vec<_>, _>>()?;
+        Tensor::cat(&parts, 0).map_err(|e| WeightError::File { path: PathBuf::from(self.key(name)), message: e.to_string() })
     }
 }
 
@@ -259,16 +200,10 @@ fn check_finite(key: &str, t: &Tensor) -> Result<(), WeightError> {
         .to_dtype(DType::F32)
         .and_then(|t| t.flatten_all())
         .and_then(|t| t.to_vec1::<f32>())
-        .map_err(|e| WeightError::File {
-            path: PathBuf::from(key),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| WeightError::File { path: PathBuf::from(key), message: e.to_string() })?;
     let count = v.iter().filter(|x| !x.is_finite()).count();
     if count > 0 {
-        return Err(WeightError::NonFinite {
-            tensor: key.into(),
-            count,
-        });
+        return Err(WeightError::NonFinite { tensor: key.into(), count });
     }
     Ok(())
 }

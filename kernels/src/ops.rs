@@ -13,53 +13,30 @@ use crate::{ConvActivation, GateActivation, KernelError, Result, SlotBuffer};
 fn cpu_f32(op: &'static str, t: &Tensor) -> Result<Vec<f32>> {
     match t.device() {
         Device::Cpu => Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
-        d => Err(KernelError::UnsupportedDevice {
-            op,
-            device: format!("{d:?}"),
-        }),
+        d => Err(KernelError::UnsupportedDevice { op, device: format!("{d:?}") }),
     }
 }
 
 fn expect_dims(op: &'static str, input: &'static str, t: &Tensor, want: &[usize]) -> Result<()> {
     if t.dims() != want {
-        return Err(KernelError::Shape {
-            op,
-            input,
-            expected: format!("{want:?}"),
-            actual: t.dims().to_vec(),
-        });
+        return Err(KernelError::Shape { op, input, expected: format!("{want:?}"), actual: t.dims().to_vec() });
     }
     Ok(())
 }
 
 fn dims2(op: &'static str, input: &'static str, t: &Tensor) -> Result<(usize, usize)> {
-    t.dims2().map_err(|_| KernelError::Shape {
-        op,
-        input,
-        expected: "a rank-2 tensor".into(),
-        actual: t.dims().to_vec(),
-    })
+    t.dims2().map_err(|_| KernelError::Shape { op, input, expected: "a rank-2 tensor".into(), actual: t.dims().to_vec() })
 }
 
 /// Causal depthwise conv over a prompt chunk `x` `[T, C]` with `weight` `[C, W]`, continuing
 /// from and updating one slot's conv state `[C, W]`. Returns `[T, C]` f32.
-pub fn conv_prefill(
-    x: &Tensor,
-    weight: &Tensor,
-    state: &mut [f32],
-    act: ConvActivation,
-) -> Result<Tensor> {
+pub fn conv_prefill(x: &Tensor, weight: &Tensor, state: &mut [f32], act: ConvActivation) -> Result<Tensor> {
     const OP: &str = "conv_prefill";
     let (t, c) = dims2(OP, "x", x)?;
     let (_, w) = dims2(OP, "weight", weight)?;
     expect_dims(OP, "weight", weight, &[c, w])?;
     if state.len() != c * w {
-        return Err(KernelError::Shape {
-            op: OP,
-            input: "state",
-            expected: format!("[{c}, {w}]"),
-            actual: vec![state.len()],
-        });
+        return Err(KernelError::Shape { op: OP, input: "state", expected: format!("[{c}, {w}]"), actual: vec![state.len()] });
     }
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; t * c];
@@ -69,13 +46,7 @@ pub fn conv_prefill(
 
 /// One decode step of the causal conv for `B` sequences: `x` `[B, C]`, the conv states of
 /// `slots` (one per row, `[C, W]` each) shift in place. Returns `[B, C]` f32.
-pub fn conv_step(
-    x: &Tensor,
-    weight: &Tensor,
-    states: &mut SlotBuffer,
-    slots: &[usize],
-    act: ConvActivation,
-) -> Result<Tensor> {
+pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slots: &[usize], act: ConvActivation) -> Result<Tensor> {
     const OP: &str = "conv_step";
     let (b, c) = dims2(OP, "x", x)?;
     let (_, w) = dims2(OP, "weight", weight)?;
@@ -92,23 +63,15 @@ pub fn conv_step(
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; b * c];
     let views = states.slots_mut(slots)?;
-    y.par_chunks_mut(c)
-        .zip(views)
-        .enumerate()
-        .for_each(|(i, (yr, s))| {
-            conv::causal_conv1d_step(&xs[i * c..(i + 1) * c], &ws, s, w, act, yr);
-        });
+    y.par_chunks_mut(c).zip(views).enumerate().for_each(|(i, (yr, s))| {
+        conv::causal_conv1d_step(&xs[i * c..(i + 1) * c], &ws, s, w, act, yr);
+    });
     Ok(Tensor::from_vec(y, (b, c), x.device())?)
 }
 
 fn check_rows(op: &'static str, rows: usize, slots: &[usize]) -> Result<()> {
     if rows != slots.len() {
-        return Err(KernelError::Shape {
-            op,
-            input: "slots",
-            expected: format!("{rows} slot indices"),
-            actual: vec![slots.len()],
-        });
+        return Err(KernelError::Shape { op, input: "slots", expected: format!("{rows} slot indices"), actual: vec![slots.len()] });
     }
     Ok(())
 }
@@ -140,13 +103,7 @@ pub fn gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> {
 }
 
 /// Output RMSNorm over the last dim, gated by `z` when given (§1.3 step 9). Returns f32.
-pub fn gated_rms_norm(
-    x: &Tensor,
-    z: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-    act: GateActivation,
-) -> Result<Tensor> {
+pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32, act: GateActivation) -> Result<Tensor> {
     const OP: &str = "gated_rms_norm";
     let dim = weight.dims1().map_err(|_| KernelError::Shape {
         op: OP,
@@ -155,12 +112,7 @@ pub fn gated_rms_norm(
         actual: weight.dims().to_vec(),
     })?;
     if x.dims().last() != Some(&dim) {
-        return Err(KernelError::Shape {
-            op: OP,
-            input: "x",
-            expected: format!("last dim {dim}"),
-            actual: x.dims().to_vec(),
-        });
+        return Err(KernelError::Shape { op: OP, input: "x", expected: format!("last dim {dim}"), actual: x.dims().to_vec() });
     }
     let mut v = cpu_f32(OP, x)?;
     let zs = match z {
@@ -228,20 +180,10 @@ impl MixerInputs<'_> {
             actual: self.v.dims().to_vec(),
         })?;
         if tn != t * n {
-            return Err(KernelError::Shape {
-                op,
-                input: "v",
-                expected: format!("[{}, HV, V]", t * n),
-                actual: self.v.dims().to_vec(),
-            });
+            return Err(KernelError::Shape { op, input: "v", expected: format!("[{}, HV, V]", t * n), actual: self.v.dims().to_vec() });
         }
         if h == 0 || !hv.is_multiple_of(h) {
-            return Err(KernelError::Shape {
-                op,
-                input: "v",
-                expected: format!("HV a multiple of H={h}"),
-                actual: self.v.dims().to_vec(),
-            });
+            return Err(KernelError::Shape { op, input: "v", expected: format!("HV a multiple of H={h}"), actual: self.v.dims().to_vec() });
         }
         expect_dims(op, "k", self.k, &[t * n, h, kd])?;
         expect_dims(op, "beta", self.beta, &[t * n, hv])?;
@@ -250,13 +192,7 @@ impl MixerInputs<'_> {
         }
         let g = self.g.map(|g| cpu_f32(op, g)).transpose()?;
         Ok(Flat {
-            d: gd::Dims {
-                t: t * n,
-                h,
-                hv,
-                k: kd,
-                v: vd,
-            },
+            d: gd::Dims { t: t * n, h, hv, k: kd, v: vd },
             t,
             q: cpu_f32(op, self.q)?,
             k: cpu_f32(op, self.k)?,
@@ -269,11 +205,7 @@ impl MixerInputs<'_> {
 
 /// Runs the mixer over one sequence from one slot's state `[HV, K, V]` (updated in place).
 /// Returns `o` `[T, HV, V]` f32.
-pub fn gated_delta_prefill(
-    x: MixerInputs<'_>,
-    state: &mut [f32],
-    algo: PrefillAlgo,
-) -> Result<Tensor> {
+pub fn gated_delta_prefill(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Result<Tensor> {
     const OP: &str = "gated_delta_prefill";
     let f = x.flatten(OP)?;
     let n = x.n.max(1);
@@ -287,40 +219,20 @@ pub fn gated_delta_prefill(
         });
     }
     // Gated DeltaProduct = the GDN recurrence on the interleaved sequence (§2.3).
-    let (q, g) = if n > 1 {
-        gd::interleave_product(f.t, n, f.d.h, f.d.hv, f.d.k, &f.q, f.g.as_deref())
-    } else {
-        (f.q, f.g)
-    };
-    let inputs = gd::Inputs {
-        q: &q,
-        k: &f.k,
-        v: &f.v,
-        beta: &f.beta,
-        g: g.as_deref(),
-    };
+    let (q, g) = if n > 1 { gd::interleave_product(f.t, n, f.d.h, f.d.hv, f.d.k, &f.q, f.g.as_deref()) } else { (f.q, f.g) };
+    let inputs = gd::Inputs { q: &q, k: &f.k, v: &f.v, beta: &f.beta, g: g.as_deref() };
     let mut o = vec![0f32; f.d.t * f.d.hv * f.d.v];
     match algo {
         PrefillAlgo::Chunked => gd::chunk_gated_delta_rule(f.d, inputs, x.scale, state, &mut o),
-        PrefillAlgo::Recurrent => {
-            gd::recurrent_gated_delta_rule(f.d, inputs, x.scale, state, &mut o)
-        }
+        PrefillAlgo::Recurrent => gd::recurrent_gated_delta_rule(f.d, inputs, x.scale, state, &mut o),
     }
-    let o = if n > 1 {
-        gd::take_last_steps(f.t, n, f.d.hv * f.d.v, &o)
-    } else {
-        o
-    };
+    let o = if n > 1 { gd::take_last_steps(f.t, n, f.d.hv * f.d.v, &o) } else { o };
     Ok(Tensor::from_vec(o, (f.t, f.d.hv, f.d.v), x.q.device())?)
 }
 
 /// One decode step for `B` sequences (`T = B` rows, one token each), each reading and
 /// writing the recurrent state of its slot in place. Returns `o` `[B, HV, V]` f32.
-pub fn gated_delta_step(
-    x: MixerInputs<'_>,
-    states: &mut SlotBuffer,
-    slots: &[usize],
-) -> Result<Tensor> {
+pub fn gated_delta_step(x: MixerInputs<'_>, states: &mut SlotBuffer, slots: &[usize]) -> Result<Tensor> {
     const OP: &str = "gated_delta_step";
     let f = x.flatten(OP)?;
     let n = x.n.max(1);
@@ -337,37 +249,21 @@ pub fn gated_delta_step(
     let (kd, vd, grp) = (d.k, d.v, d.hv / d.h);
     let mut o = vec![0f32; f.t * d.hv * vd];
     let views = states.slots_mut(slots)?;
-    o.par_chunks_mut(d.hv * vd)
-        .zip(views)
-        .enumerate()
-        .for_each(|(b, (ob, s))| {
-            for (j, (sh, oj)) in s.chunks_mut(kd * vd).zip(ob.chunks_mut(vd)).enumerate() {
-                let hk = j / grp;
-                for step in 0..n {
-                    let row = b * n + step;
-                    let kk = (row * d.h + hk) * kd;
-                    let vv = (row * d.hv + j) * vd;
-                    let g = if step == 0 {
-                        f.g.as_ref().map_or(0.0, |g| g[b * d.hv + j])
-                    } else {
-                        0.0
-                    };
-                    let last = step + 1 == n;
-                    let qq = (b * d.h + hk) * kd;
-                    let step = gd::HeadStep {
-                        k: &f.k[kk..kk + kd],
-                        v: &f.v[vv..vv + vd],
-                        beta: f.beta[row * d.hv + j],
-                        g,
-                    };
-                    let read = last.then(|| gd::ReadOut {
-                        q: &f.q[qq..qq + kd],
-                        scale: x.scale,
-                        o: &mut *oj,
-                    });
-                    gd::recurrent_head_step(sh, step, read);
-                }
+    o.par_chunks_mut(d.hv * vd).zip(views).enumerate().for_each(|(b, (ob, s))| {
+        for (j, (sh, oj)) in s.chunks_mut(kd * vd).zip(ob.chunks_mut(vd)).enumerate() {
+            let hk = j / grp;
+            for step in 0..n {
+                let row = b * n + step;
+                let kk = (row * d.h + hk) * kd;
+                let vv = (row * d.hv + j) * vd;
+                let g = if step == 0 { f.g.as_ref().map_or(0.0, |g| g[b * d.hv + j]) } else { 0.0 };
+                let last = step + 1 == n;
+                let qq = (b * d.h + hk) * kd;
+                let step = gd::HeadStep { k: &f.k[kk..kk + kd], v: &f.v[vv..vv + vd], beta: f.beta[row * d.hv + j], g };
+                let read = last.then(|| gd::ReadOut { q: &f.q[qq..qq + kd], scale: x.scale, o: &mut *oj });
+                gd::recurrent_head_step(sh, step, read);
             }
-        });
+        }
+    });
     Ok(Tensor::from_vec(o, (f.t, d.hv, vd), x.q.device())?)
 }

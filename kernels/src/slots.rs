@@ -12,10 +12,7 @@ pub struct SlotBuffer {
 impl SlotBuffer {
     /// Allocates `slots` zeroed slots of `per_slot` values each.
     pub fn zeros(slots: usize, per_slot: usize) -> Self {
-        Self {
-            per_slot,
-            data: vec![0.0; slots * per_slot],
-        }
+        Self { per_slot, data: vec![0.0; slots * per_slot] }
     }
 
     /// Number of slots.
@@ -35,10 +32,7 @@ impl SlotBuffer {
 
     fn check(&self, slot: usize) -> Result<()> {
         if slot >= self.slots() {
-            return Err(KernelError::Slot {
-                slot,
-                slots: self.slots(),
-            });
+            return Err(KernelError::Slot { slot, slots: self.slots() });
         }
         Ok(())
     }
@@ -85,12 +79,8 @@ impl SlotBuffer {
             }
         }
         let p = self.per_slot;
-        let mut by_slot: Vec<Option<&mut [f32]>> =
-            self.data.chunks_mut(p.max(1)).map(Some).collect();
-        Ok(slots
-            .iter()
-            .map(|&s| by_slot[s].take().unwrap_or_default())
-            .collect())
+        let mut by_slot: Vec<Option<&mut [f32]>> = self.data.chunks_mut(p.max(1)).map(Some).collect();
+        Ok(slots.iter().map(|&s| by_slot[s].take().unwrap_or_default()).collect())
     }
 }
 
@@ -106,10 +96,7 @@ mod tests {
         assert_eq!(b.slot(2).unwrap(), &[1.0, 2.0]);
         b.zero(1).unwrap();
         assert_eq!(b.slot(1).unwrap(), &[0.0, 0.0]);
-        assert!(matches!(
-            b.slot(3),
-            Err(KernelError::Slot { slot: 3, slots: 3 })
-        ));
+        assert!(matches!(b.slot(3), Err(KernelError::Slot { slot: 3, slots: 3 })));
         assert!(b.slots_mut(&[0, 0]).is_err());
         let v = b.slots_mut(&[2, 0]).unwrap();
         assert_eq!(v[0], &[1.0, 2.0]);

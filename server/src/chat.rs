@@ -18,19 +18,11 @@ pub struct Message {
 
 /// Parses `messages`: `[{role, content}]`, content a string or a list of `{type: "text", text}`.
 pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
-    let list = v.and_then(Value::as_array).ok_or_else(|| {
-        ApiError::invalid(
-            "messages",
-            "a non-empty array of {role, content}",
-            v.map_or("nothing".into(), short),
-        )
-    })?;
+    let list = v
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::invalid("messages", "a non-empty array of {role, content}", v.map_or("nothing".into(), short)))?;
     if list.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "a non-empty array of {role, content}",
-            "[]",
-        ));
+        return Err(ApiError::invalid("messages", "a non-empty array of {role, content}", "[]"));
     }
     list.iter()
         .enumerate()
@@ -48,10 +40,7 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
                 Some(Value::Array(parts)) => {
                     let mut text = String::new();
                     for (j, p) in parts.iter().enumerate() {
-                        match (
-                            p.get("type").and_then(Value::as_str),
-                            p.get("text").and_then(Value::as_str),
-                        ) {
+                        match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                             (Some("text"), Some(t)) => text.push_str(t),
                             _ => {
                                 return Err(ApiError::invalid(
@@ -72,10 +61,7 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
                     ))
                 }
             };
-            Ok(Message {
-                role: role.to_owned(),
-                content,
-            })
+            Ok(Message { role: role.to_owned(), content })
         })
         .collect()
 }
@@ -104,30 +90,20 @@ fn raise_exception(msg: String) -> Result<String, JinjaError> {
 
 impl ChatTemplate {
     /// Compiles `template`; errors name the problem.
-    pub fn new(
-        template: &str,
-        bos_token: Option<&str>,
-        eos_token: Option<&str>,
-    ) -> Result<Self, String> {
+    pub fn new(template: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self, String> {
         let mut env = Environment::new();
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned("chat", template.to_owned())
-            .map_err(|e| format!("chat_template does not compile: {e}"))?;
-        Ok(Self {
-            env,
-            bos_token: bos_token.unwrap_or_default().to_owned(),
-            eos_token: eos_token.unwrap_or_default().to_owned(),
-        })
+        env.add_template_owned("chat", template.to_owned()).map_err(|e| format!("chat_template does not compile: {e}"))?;
+        Ok(Self { env, bos_token: bos_token.unwrap_or_default().to_owned(), eos_token: eos_token.unwrap_or_default().to_owned() })
     }
 
     /// Renders the prompt for `messages`, ending with the assistant turn's opening.
     pub fn render(&self, messages: &[Message]) -> Result<String, ApiError> {
-        let t = self
-            .env
-            .get_template("chat")
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        t.render(context! { messages => messages, add_generation_prompt => true, bos_token => &self.bos_token, eos_token => &self.eos_token })
-            .map_err(|e| ApiError::bad_request(format!("chat_template failed on these messages: {e}"), Some("messages"), "chat_template_error"))
+        let t = self.env.get_template("chat").map_err(|e| ApiError::Internal(e.to_string()))?;
+        t.render(
+            context! { messages => messages, add_generation_prompt => true, bos_token => &self.bos_token, eos_token => &self.eos_token },
+        )
+        .map_err(|e| ApiError::bad_request(format!("chat_template failed on these messages: {e}"), Some("messages"), "chat_template_error"))
     }
 }
 
@@ -140,29 +116,14 @@ mod tests {
     fn parses_strings_and_text_parts() {
         let v = json!([{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}]);
         let m = parse_messages(Some(&v)).unwrap();
-        assert_eq!(
-            m[1],
-            Message {
-                role: "user".into(),
-                content: "hi there".into()
-            }
-        );
+        assert_eq!(m[1], Message { role: "user".into(), content: "hi there".into() });
     }
 
     #[test]
     fn bad_messages_name_the_field() {
-        let e = parse_messages(Some(&json!([{"role":"tool","content":"x"}])))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("`messages[0].role`") && e.contains("\"tool\""),
-            "{e}"
-        );
-        let e = parse_messages(Some(
-            &json!([{"role":"user","content":[{"type":"image_url"}]}]),
-        ))
-        .unwrap_err()
-        .to_string();
+        let e = parse_messages(Some(&json!([{"role":"tool","content":"x"}]))).unwrap_err().to_string();
+        assert!(e.contains("`messages[0].role`") && e.contains("\"tool\""), "{e}");
+        let e = parse_messages(Some(&json!([{"role":"user","content":[{"type":"image_url"}]}]))).unwrap_err().to_string();
         assert!(e.contains("`messages[0].content[0]`"), "{e}");
         assert!(parse_messages(Some(&json!([]))).is_err());
     }
@@ -170,12 +131,7 @@ mod tests {
     #[test]
     fn renders_a_hf_style_template() {
         let t = ChatTemplate::new("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}", Some("<s>"), None).unwrap();
-        let out = t
-            .render(&[Message {
-                role: "user".into(),
-                content: "hi".into(),
-            }])
-            .unwrap();
+        let out = t.render(&[Message { role: "user".into(), content: "hi".into() }]).unwrap();
         assert_eq!(out, "<s><user>hi\n<assistant>");
         let t = ChatTemplate::new("{{ raise_exception('no system') }}", None, None).unwrap();
         assert!(t.render(&[]).unwrap_err().to_string().contains("no system"));

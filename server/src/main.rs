@@ -16,11 +16,7 @@ mod serve;
 mod stop;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "deltaserve",
-    version,
-    about = "Inference server for Gated DeltaNet and Gated DeltaProduct language models"
-)]
+#[command(name = "deltaserve", version, about = "Inference server for Gated DeltaNet and Gated DeltaProduct language models")]
 struct Cli {
     /// Log as JSON lines instead of text.
     #[arg(long, global = true, env = "DELTASERVE_LOG_JSON")]
@@ -37,17 +33,16 @@ enum Command {
     Generate(cli::generate::GenerateArgs),
     /// Evaluate a model (perplexity).
     Eval(cli::eval::EvalArgs),
+    /// Remove key/query channels per head: a smaller recurrent state (DRRQR, S-Wanda, L1, Rand).
+    Prune(cli::prune::PruneArgs),
     /// Write a randomly initialised checkpoint of any shape.
     InitRandom(cli::init_random::InitRandomArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter =
-        EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let sub = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let filter = EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let sub = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if cli.log_json {
         sub.json().init();
     } else {
@@ -57,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Eval(a) => cli::eval::run(a),
+        Command::Prune(a) => cli::prune::run(a),
         Command::InitRandom(a) => cli::init_random::run(a),
     }
 }

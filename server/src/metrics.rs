@@ -1,30 +1,18 @@
 //! Prometheus metrics. Names follow vLLM's under the `deltaserve:` prefix, with vLLM's
 //! buckets, so dashboards port; the state pool replaces the KV cache.
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// vLLM's `time_to_first_token_seconds` buckets.
-const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
+const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
 /// vLLM's `inter_token_latency_seconds` buckets.
-const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
+const ITL_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 /// vLLM's request-latency buckets (e2e, queue).
-const REQUEST_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+const REQUEST_BUCKETS: &[f64] =
+    &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
 /// Engine step durations (finer than request latencies).
-const STEP_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+const STEP_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// Decode batch sizes.
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
@@ -79,23 +67,13 @@ fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounte
     Ok(c)
 }
 
-fn counter_vec(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    label: &str,
-) -> prometheus::Result<IntCounterVec> {
+fn counter_vec(r: &Registry, name: &str, help: &str, label: &str) -> prometheus::Result<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
     r.register(Box::new(c.clone()))?;
     Ok(c)
 }
 
-fn histogram(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    buckets: &[f64],
-) -> prometheus::Result<Histogram> {
+fn histogram(r: &Registry, name: &str, help: &str, buckets: &[f64]) -> prometheus::Result<Histogram> {
     let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
     r.register(Box::new(h.clone()))?;
     Ok(h)
@@ -108,87 +86,31 @@ impl Metrics {
         labels.insert("model_name".to_owned(), model_name.to_owned());
         let r = Registry::new_custom(None, Some(labels))?;
         let step_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "deltaserve:step_duration_seconds",
-                "Engine step duration by phase (prefill or decode).",
-            )
-            .buckets(STEP_BUCKETS.to_vec()),
+            HistogramOpts::new("deltaserve:step_duration_seconds", "Engine step duration by phase (prefill or decode).")
+                .buckets(STEP_BUCKETS.to_vec()),
             &["phase"],
         )?;
         r.register(Box::new(step_duration.clone()))?;
         let m = Self {
-            num_requests_running: gauge(
-                &r,
-                "deltaserve:num_requests_running",
-                "Requests holding state slots.",
-            )?,
-            num_requests_waiting: gauge(
-                &r,
-                "deltaserve:num_requests_waiting",
-                "Requests waiting for a state slot.",
-            )?,
-            state_slots_used: gauge(
-                &r,
-                "deltaserve:state_slots_used",
-                "State-pool slots owned by a sequence.",
-            )?,
+            num_requests_running: gauge(&r, "deltaserve:num_requests_running", "Requests holding state slots.")?,
+            num_requests_waiting: gauge(&r, "deltaserve:num_requests_waiting", "Requests waiting for a state slot.")?,
+            state_slots_used: gauge(&r, "deltaserve:state_slots_used", "State-pool slots owned by a sequence.")?,
             state_slots_total: gauge(&r, "deltaserve:state_slots_total", "State-pool slots.")?,
-            state_memory_bytes: gauge(
-                &r,
-                "deltaserve:state_memory_bytes",
-                "Bytes allocated for the state pool.",
-            )?,
-            prompt_tokens: counter(
-                &r,
-                "deltaserve:prompt_tokens_total",
-                "Prompt tokens prefilled.",
-            )?,
-            generation_tokens: counter(
-                &r,
-                "deltaserve:generation_tokens_total",
-                "Tokens generated.",
-            )?,
-            request_success: counter_vec(
-                &r,
-                "deltaserve:request_success_total",
-                "Finished choices by finish reason.",
-                "finished_reason",
-            )?,
-            request_errors: counter_vec(
-                &r,
-                "deltaserve:request_errors_total",
-                "Error responses by HTTP status code.",
-                "code",
-            )?,
-            requests_rejected: counter_vec(
-                &r,
-                "deltaserve:requests_rejected_total",
-                "Requests refused before queueing.",
-                "reason",
-            )?,
-            client_disconnects: counter(
-                &r,
-                "deltaserve:client_disconnects_total",
-                "Requests cancelled because the client went away.",
-            )?,
-            time_to_first_token: histogram(
-                &r,
-                "deltaserve:time_to_first_token_seconds",
-                "Time to first token.",
-                TTFT_BUCKETS,
-            )?,
+            state_memory_bytes: gauge(&r, "deltaserve:state_memory_bytes", "Bytes allocated for the state pool.")?,
+            prompt_tokens: counter(&r, "deltaserve:prompt_tokens_total", "Prompt tokens prefilled.")?,
+            generation_tokens: counter(&r, "deltaserve:generation_tokens_total", "Tokens generated.")?,
+            request_success: counter_vec(&r, "deltaserve:request_success_total", "Finished choices by finish reason.", "finished_reason")?,
+            request_errors: counter_vec(&r, "deltaserve:request_errors_total", "Error responses by HTTP status code.", "code")?,
+            requests_rejected: counter_vec(&r, "deltaserve:requests_rejected_total", "Requests refused before queueing.", "reason")?,
+            client_disconnects: counter(&r, "deltaserve:client_disconnects_total", "Requests cancelled because the client went away.")?,
+            time_to_first_token: histogram(&r, "deltaserve:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)?,
             inter_token_latency: histogram(
                 &r,
                 "deltaserve:inter_token_latency_seconds",
                 "Time between consecutive tokens of a sequence.",
                 ITL_BUCKETS,
             )?,
-            e2e_latency: histogram(
-                &r,
-                "deltaserve:e2e_request_latency_seconds",
-                "Request arrival to completion.",
-                REQUEST_BUCKETS,
-            )?,
+            e2e_latency: histogram(&r, "deltaserve:e2e_request_latency_seconds", "Request arrival to completion.", REQUEST_BUCKETS)?,
             request_queue_time: histogram(
                 &r,
                 "deltaserve:request_queue_time_seconds",
@@ -196,12 +118,7 @@ impl Metrics {
                 REQUEST_BUCKETS,
             )?,
             step_duration,
-            decode_batch_size: histogram(
-                &r,
-                "deltaserve:decode_batch_size",
-                "Sequences per batched decode step.",
-                BATCH_BUCKETS,
-            )?,
+            decode_batch_size: histogram(&r, "deltaserve:decode_batch_size", "Sequences per batched decode step.", BATCH_BUCKETS)?,
             registry: r,
         };
         // Pre-create the common label values so the series exist from the start.
@@ -219,8 +136,6 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_default()
+        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
     }
 }

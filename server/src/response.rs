@@ -7,8 +7,8 @@ use deltaserve_engine::Tokenizer;
 use serde_json::{json, Value};
 
 use crate::api::types::{
-    ChatChoice, ChatLogprobs, ChatMessage, ChatResponse, ChatTokenLogprob, ChatTopLogprob,
-    CompletionChoice, CompletionLogprobs, CompletionResponse, Usage,
+    ChatChoice, ChatLogprobs, ChatMessage, ChatResponse, ChatTokenLogprob, ChatTopLogprob, CompletionChoice, CompletionLogprobs,
+    CompletionResponse, Usage,
 };
 use crate::api::validate::ValidRequest;
 use crate::scheduler::{Event, FinishReason, StopCause, TokenLogprob};
@@ -81,29 +81,17 @@ impl Common {
 
     fn usage(&self) -> Usage {
         let completion_tokens = self.choices.iter().map(|c| c.tokens).sum();
-        Usage {
-            prompt_tokens: self.prompt_tokens,
-            completion_tokens,
-            total_tokens: self.prompt_tokens + completion_tokens,
-        }
+        Usage { prompt_tokens: self.prompt_tokens, completion_tokens, total_tokens: self.prompt_tokens + completion_tokens }
     }
 
     fn top_map(&self, top: &Option<Vec<(u32, f32)>>) -> Option<HashMap<String, f32>> {
-        top.as_ref().map(|t| {
-            t.iter()
-                .map(|&(id, lp)| (token_text(&self.tok, id), lp))
-                .collect()
-        })
+        top.as_ref().map(|t| t.iter().map(|&(id, lp)| (token_text(&self.tok, id), lp)).collect())
     }
 
     /// Applies an event to the choice it belongs to; returns that choice's index.
     fn absorb(&mut self, p: usize, e: &Event) -> Option<usize> {
         match e {
-            Event::Token {
-                choice,
-                text,
-                logprob,
-            } => {
+            Event::Token { choice, text, logprob } => {
                 let i = self.index(p, *choice);
                 let tok = self.tok.clone();
                 let c = &mut self.choices[i];
@@ -120,11 +108,7 @@ impl Common {
                 self.choices[i].text.push_str(text);
                 Some(i)
             }
-            Event::Finished {
-                choice,
-                reason,
-                tokens,
-            } => {
+            Event::Finished { choice, reason, tokens } => {
                 let i = self.index(p, *choice);
                 self.choices[i].finish = Some(reason.clone());
                 self.choices[i].tokens = *tokens;
@@ -145,27 +129,9 @@ pub struct CompletionAssembler {
 
 impl CompletionAssembler {
     /// Starts a response for `v`.
-    pub fn new(
-        id: String,
-        model: String,
-        created: u64,
-        tok: Arc<Tokenizer>,
-        v: &ValidRequest,
-    ) -> Self {
-        let prompt_texts = if v.echo {
-            v.prompts
-                .iter()
-                .map(|p| tok.decode(p, true).unwrap_or_default())
-                .collect()
-        } else {
-            vec![]
-        };
-        let mut a = Self {
-            c: Common::new(id, model, created, tok, v),
-            echo: v.echo,
-            prompt_texts,
-            prompts: v.prompts.clone(),
-        };
+    pub fn new(id: String, model: String, created: u64, tok: Arc<Tokenizer>, v: &ValidRequest) -> Self {
+        let prompt_texts = if v.echo { v.prompts.iter().map(|p| tok.decode(p, true).unwrap_or_default()).collect() } else { vec![] };
+        let mut a = Self { c: Common::new(id, model, created, tok, v), echo: v.echo, prompt_texts, prompts: v.prompts.clone() };
         if a.echo {
             for p in 0..a.prompts.len() {
                 for j in 0..a.c.n {
@@ -226,16 +192,8 @@ pub struct ChatAssembler {
 
 impl ChatAssembler {
     /// Starts a response for `v`.
-    pub fn new(
-        id: String,
-        model: String,
-        created: u64,
-        tok: Arc<Tokenizer>,
-        v: &ValidRequest,
-    ) -> Self {
-        Self {
-            c: Common::new(id, model, created, tok, v),
-        }
+    pub fn new(id: String, model: String, created: u64, tok: Arc<Tokenizer>, v: &ValidRequest) -> Self {
+        Self { c: Common::new(id, model, created, tok, v) }
     }
 
     fn logprobs_of(&self, c: &Choice, from: usize) -> Option<ChatLogprobs> {
@@ -250,11 +208,7 @@ impl ChatAssembler {
                     .flatten()
                     .map(|&(id, lp)| {
                         let t = token_text(&self.c.tok, id);
-                        ChatTopLogprob {
-                            bytes: t.as_bytes().to_vec(),
-                            token: t,
-                            logprob: lp,
-                        }
+                        ChatTopLogprob { bytes: t.as_bytes().to_vec(), token: t, logprob: lp }
                     })
                     .collect(),
             })
@@ -262,12 +216,7 @@ impl ChatAssembler {
         Some(ChatLogprobs { content })
     }
 
-    fn response(
-        &self,
-        object: &'static str,
-        choices: Vec<ChatChoice>,
-        usage: Option<Usage>,
-    ) -> Value {
+    fn response(&self, object: &'static str, choices: Vec<ChatChoice>, usage: Option<Usage>) -> Value {
         serde_json::to_value(ChatResponse {
             id: self.c.id.clone(),
             object,
@@ -329,10 +278,7 @@ impl Kind {
                         .enumerate()
                         .map(|(i, c)| ChatChoice {
                             index: i,
-                            message: Some(ChatMessage {
-                                role: Some("assistant"),
-                                content: Some(c.text.clone()),
-                            }),
+                            message: Some(ChatMessage { role: Some("assistant"), content: Some(c.text.clone()) }),
                             delta: None,
                             logprobs: a.logprobs_of(c, 0),
                             finish_reason: c.finish.as_ref().map(FinishReason::as_str),
@@ -364,19 +310,10 @@ impl Kind {
             Kind::Completion(_) => vec![],
             Kind::Chat(a) => (0..a.c.choices.len())
                 .map(|i| {
-                    let delta = ChatMessage {
-                        role: Some("assistant"),
-                        content: Some(String::new()),
-                    };
+                    let delta = ChatMessage { role: Some("assistant"), content: Some(String::new()) };
                     a.response(
                         "chat.completion.chunk",
-                        vec![ChatChoice {
-                            index: i,
-                            message: None,
-                            delta: Some(delta),
-                            logprobs: None,
-                            finish_reason: None,
-                        }],
+                        vec![ChatChoice { index: i, message: None, delta: Some(delta), logprobs: None, finish_reason: None }],
                         None,
                     )
                 })
@@ -389,8 +326,7 @@ impl Kind {
         match self {
             Kind::Completion(a) => {
                 if let Event::PromptLogprobs(lps) = &e {
-                    let before: Vec<usize> =
-                        a.c.choices.iter().map(|c| c.lp_tokens.len()).collect();
+                    let before: Vec<usize> = a.c.choices.iter().map(|c| c.lp_tokens.len()).collect();
                     a.absorb_prompt_logprobs(p, lps);
                     return (0..a.c.n)
                         .map(|j| {
@@ -410,9 +346,7 @@ impl Kind {
                         .collect();
                 }
                 let (lp_before, text_before) = match &e {
-                    Event::Token { choice, .. }
-                    | Event::Text { choice, .. }
-                    | Event::Finished { choice, .. } => {
+                    Event::Token { choice, .. } | Event::Text { choice, .. } | Event::Finished { choice, .. } => {
                         let c = &a.c.choices[a.c.index(p, *choice)];
                         (c.lp_tokens.len(), c.text.len())
                     }
@@ -423,11 +357,7 @@ impl Kind {
                 };
                 let c = &a.c.choices[i];
                 let text = c.text[text_before..].to_owned();
-                let logprobs = if c.lp_tokens.len() > lp_before {
-                    a.logprobs_of(c, lp_before)
-                } else {
-                    None
-                };
+                let logprobs = if c.lp_tokens.len() > lp_before { a.logprobs_of(c, lp_before) } else { None };
                 let finish = matches!(e, Event::Finished { .. });
                 if text.is_empty() && logprobs.is_none() && !finish {
                     return vec![];
@@ -436,20 +366,14 @@ impl Kind {
                     index: i,
                     text,
                     logprobs,
-                    finish_reason: if finish {
-                        c.finish.as_ref().map(FinishReason::as_str)
-                    } else {
-                        None
-                    },
+                    finish_reason: if finish { c.finish.as_ref().map(FinishReason::as_str) } else { None },
                     stop_reason: if finish { stop_reason(&c.finish) } else { None },
                 };
                 vec![a.response(vec![choice], None)]
             }
             Kind::Chat(a) => {
                 let (lp_before, text_before) = match &e {
-                    Event::Token { choice, .. }
-                    | Event::Text { choice, .. }
-                    | Event::Finished { choice, .. } => {
+                    Event::Token { choice, .. } | Event::Text { choice, .. } | Event::Finished { choice, .. } => {
                         let c = &a.c.choices[a.c.index(p, *choice)];
                         (c.lp_tokens.len(), c.text.len())
                     }
@@ -460,29 +384,18 @@ impl Kind {
                 };
                 let c = &a.c.choices[i];
                 let text = c.text[text_before..].to_owned();
-                let logprobs = if c.lp_tokens.len() > lp_before {
-                    a.logprobs_of(c, lp_before)
-                } else {
-                    None
-                };
+                let logprobs = if c.lp_tokens.len() > lp_before { a.logprobs_of(c, lp_before) } else { None };
                 let finish = matches!(e, Event::Finished { .. });
                 if text.is_empty() && logprobs.is_none() && !finish {
                     return vec![];
                 }
-                let delta = ChatMessage {
-                    role: None,
-                    content: (!text.is_empty()).then_some(text),
-                };
+                let delta = ChatMessage { role: None, content: (!text.is_empty()).then_some(text) };
                 let choice = ChatChoice {
                     index: i,
                     message: None,
                     delta: Some(delta),
                     logprobs,
-                    finish_reason: if finish {
-                        c.finish.as_ref().map(FinishReason::as_str)
-                    } else {
-                        None
-                    },
+                    finish_reason: if finish { c.finish.as_ref().map(FinishReason::as_str) } else { None },
                 };
                 vec![a.response("chat.completion.chunk", vec![choice], None)]
             }

@@ -21,9 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::error::ApiError;
-use crate::api::types::{
-    ChatRequest, CompletionRequest, DetokenizeRequest, FromBody, TokenizeRequest,
-};
+use crate::api::types::{ChatRequest, CompletionRequest, DetokenizeRequest, FromBody, TokenizeRequest};
 use crate::api::validate::{self, Limits, ValidRequest};
 use crate::chat::ChatTemplate;
 use crate::metrics::Metrics;
@@ -68,26 +66,17 @@ impl AppState {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ApiError::Unavailable("the server is shutting down".into()));
         }
-        self.serving
-            .get()
-            .ok_or_else(|| ApiError::Unavailable("the model is still loading".into()))
+        self.serving.get().ok_or_else(|| ApiError::Unavailable("the model is still loading".into()))
     }
 
     fn request_id(&self, prefix: &str) -> String {
-        format!(
-            "{prefix}-{:x}{:06x}",
-            self.created,
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("{prefix}-{:x}{:06x}", self.created, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 }
 
 /// Unix seconds now.
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// The router. Layers, inside out: body limit, auth (for /v1 and tokenize), error counting.
@@ -125,38 +114,23 @@ where
         let limit = req.extensions().get::<BodyLimit>().map_or(0, |l| l.0);
         let value = match Json::<Value>::from_request(req, state).await {
             Ok(Json(v)) => v,
-            Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError::PayloadTooLarge { limit })
-            }
-            Err(rej) => {
-                return Err(ApiError::bad_request(
-                    json_rejection_message(&rej),
-                    None,
-                    "invalid_json",
-                ))
-            }
+            Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(ApiError::PayloadTooLarge { limit }),
+            Err(rej) => return Err(ApiError::bad_request(json_rejection_message(&rej), None, "invalid_json")),
         };
         if !value.is_object() {
             return Err(ApiError::bad_request(
-                format!(
-                    "the request body must be a JSON object; got {}",
-                    crate::chat::short(&value)
-                ),
+                format!("the request body must be a JSON object; got {}", crate::chat::short(&value)),
                 None,
                 "invalid_json",
             ));
         }
-        T::from_body(&value).map(Self).map_err(|m| {
-            ApiError::bad_request(format!("invalid request body: {m}"), None, "invalid_type")
-        })
+        T::from_body(&value).map(Self).map_err(|m| ApiError::bad_request(format!("invalid request body: {m}"), None, "invalid_type"))
     }
 }
 
 fn json_rejection_message(rej: &JsonRejection) -> String {
     match rej {
-        JsonRejection::MissingJsonContentType(_) => {
-            "expected `Content-Type: application/json`".into()
-        }
+        JsonRejection::MissingJsonContentType(_) => "expected `Content-Type: application/json`".into(),
         other => other.body_text(),
     }
 }
@@ -170,11 +144,7 @@ async fn count_errors(State(state): State<AppState>, mut req: Request, next: Nex
     let res = next.run(req).await;
     let status = res.status();
     if status.is_client_error() || status.is_server_error() {
-        state
-            .metrics
-            .request_errors
-            .with_label_values(&[status.as_str()])
-            .inc();
+        state.metrics.request_errors.with_label_values(&[status.as_str()]).inc();
         if let Some(e) = res.extensions().get::<crate::api::error::ErrorLogged>() {
             tracing::info!(%path, status = status.as_u16(), error = %e.0, "request refused");
         }
@@ -182,17 +152,9 @@ async fn count_errors(State(state): State<AppState>, mut req: Request, next: Nex
     res
 }
 
-async fn auth(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    req: Request,
-    next: Next,
-) -> Response {
+async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_ref()) {
             return ApiError::Unauthorized.into_response();
         }
@@ -201,11 +163,7 @@ async fn auth(
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::NotFound(format!(
-        "no route for {} {}",
-        req.method(),
-        req.uri().path()
-    ))
+    ApiError::NotFound(format!("no route for {} {}", req.method(), req.uri().path()))
 }
 
 async fn method_not_allowed() -> ApiError {
@@ -225,13 +183,7 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
 }
 
 async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
@@ -245,44 +197,25 @@ async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     })))
 }
 
-async fn tokenize(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<TokenizeRequest>,
-) -> Result<Json<Value>, ApiError> {
+async fn tokenize(State(state): State<AppState>, ApiJson(req): ApiJson<TokenizeRequest>) -> Result<Json<Value>, ApiError> {
     let s = state.serving()?;
     check_model(&state, req.model.as_deref())?;
     let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => s
-            .tokenizer
-            .encode(p, req.add_special_tokens.unwrap_or(true))?,
+        (Some(p), None) => s.tokenizer.encode(p, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(m)) => {
             let msgs = crate::chat::parse_messages(Some(m))?;
-            let t = s.template.as_ref().ok_or_else(|| {
-                ApiError::bad_request(
-                    "this model has no `chat_template`",
-                    Some("messages"),
-                    "no_chat_template",
-                )
-            })?;
+            let t = s
+                .template
+                .as_ref()
+                .ok_or_else(|| ApiError::bad_request("this model has no `chat_template`", Some("messages"), "no_chat_template"))?;
             validate::render_chat_prompt(t, &s.tokenizer, &msgs)?
         }
-        _ => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "exactly one of `prompt` or `messages`",
-                "both or neither",
-            ))
-        }
+        _ => return Err(ApiError::invalid("prompt", "exactly one of `prompt` or `messages`", "both or neither")),
     };
-    Ok(Json(
-        json!({"count": tokens.len(), "max_model_len": s.limits.max_model_len, "tokens": tokens}),
-    ))
+    Ok(Json(json!({"count": tokens.len(), "max_model_len": s.limits.max_model_len, "tokens": tokens})))
 }
 
-async fn detokenize(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<DetokenizeRequest>,
-) -> Result<Json<Value>, ApiError> {
+async fn detokenize(State(state): State<AppState>, ApiJson(req): ApiJson<DetokenizeRequest>) -> Result<Json<Value>, ApiError> {
     let s = state.serving()?;
     check_model(&state, req.model.as_deref())?;
     let vocab = s.limits.vocab_size;
@@ -292,11 +225,7 @@ async fn detokenize(
         .enumerate()
         .map(|(i, &t)| {
             if t < 0 || t as u64 >= vocab as u64 {
-                Err(ApiError::invalid(
-                    &format!("tokens[{i}]"),
-                    format!("a token id in [0, {vocab})"),
-                    t,
-                ))
+                Err(ApiError::invalid(&format!("tokens[{i}]"), format!("a token id in [0, {vocab})"), t))
             } else {
                 Ok(t as u32)
             }
@@ -307,38 +236,23 @@ async fn detokenize(
 
 fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(m) if m != &*state.model_name => Err(ApiError::NotFound(format!(
-            "model `{m}` does not exist; this server serves `{}`",
-            state.model_name
-        ))),
+        Some(m) if m != &*state.model_name => {
+            Err(ApiError::NotFound(format!("model `{m}` does not exist; this server serves `{}`", state.model_name)))
+        }
         _ => Ok(()),
     }
 }
 
 /// Sends every prompt of a valid request to the scheduler; one event stream per prompt.
-fn submit(
-    state: &AppState,
-    s: &Serving,
-    id: &str,
-    v: &ValidRequest,
-) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
+fn submit(state: &AppState, s: &Serving, id: &str, v: &ValidRequest) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
     let mut rxs = Vec::with_capacity(v.prompts.len());
     for (i, prompt) in v.prompts.iter().enumerate() {
         let (tx, rx) = mpsc::unbounded_channel();
-        let req = GenRequest {
-            id: format!("{id}-{i}"),
-            prompt: prompt.clone(),
-            params: v.params.clone(),
-            events: tx,
-            arrived: Instant::now(),
-        };
+        let req =
+            GenRequest { id: format!("{id}-{i}"), prompt: prompt.clone(), params: v.params.clone(), events: tx, arrived: Instant::now() };
         if let Err(e) = s.scheduler.submit(req) {
             if matches!(e, ApiError::QueueFull { .. }) {
-                state
-                    .metrics
-                    .requests_rejected
-                    .with_label_values(&["queue_full"])
-                    .inc();
+                state.metrics.requests_rejected.with_label_values(&["queue_full"]).inc();
             }
             // Earlier prompts of this request are cancelled by dropping their receivers.
             return Err(e);
@@ -349,18 +263,11 @@ fn submit(
 }
 
 /// Validation runs on a blocking thread: tokenizing a long prompt must not stall the runtime.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::Internal(format!("validation task failed: {e}")))?
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(format!("validation task failed: {e}")))?
 }
 
-async fn completions(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<CompletionRequest>,
-) -> Result<Response, ApiError> {
+async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     let s = state.serving()?;
     let tok = s.tokenizer.clone();
     let limits = s.limits.clone();
@@ -369,51 +276,26 @@ async fn completions(
     let id = state.request_id("cmpl");
     tracing::debug!(request = %id, user = v_user.as_deref().unwrap_or(""), prompts = v.prompts.len(), stream = v.stream, "completion");
     let rxs = submit(&state, s, &id, &v)?;
-    let asm = CompletionAssembler::new(
-        id,
-        state.model_name.to_string(),
-        unix_now(),
-        s.tokenizer.clone(),
-        &v,
-    );
+    let asm = CompletionAssembler::new(id, state.model_name.to_string(), unix_now(), s.tokenizer.clone(), &v);
     run(state.clone(), Kind::Completion(asm), v, rxs).await
 }
 
-async fn chat_completions(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<ChatRequest>,
-) -> Result<Response, ApiError> {
+async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
     let s = state.serving()?;
     let v = validate::chat(&req, &s.tokenizer, s.template.as_ref(), &s.limits)?;
     let id = state.request_id("chatcmpl");
     tracing::debug!(request = %id, user = req.common.user.as_deref().unwrap_or(""), stream = v.stream, "chat completion");
     let rxs = submit(&state, s, &id, &v)?;
-    let asm = ChatAssembler::new(
-        id,
-        state.model_name.to_string(),
-        unix_now(),
-        s.tokenizer.clone(),
-        &v,
-    );
+    let asm = ChatAssembler::new(id, state.model_name.to_string(), unix_now(), s.tokenizer.clone(), &v);
     run(state.clone(), Kind::Chat(asm), v, rxs).await
 }
 
 /// Merges the prompts' event streams, tagging each event with its prompt index.
 fn merged(rxs: Vec<mpsc::UnboundedReceiver<Event>>) -> BoxStream<'static, (usize, Event)> {
-    stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
-        UnboundedReceiverStream::new(rx)
-            .map(move |e| (i, e))
-            .boxed()
-    }))
-    .boxed()
+    stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |e| (i, e)).boxed())).boxed()
 }
 
-async fn run(
-    state: AppState,
-    mut kind: Kind,
-    v: ValidRequest,
-    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
-) -> Result<Response, ApiError> {
+async fn run(state: AppState, mut kind: Kind, v: ValidRequest, rxs: Vec<mpsc::UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
     let mut events = merged(rxs);
     if !v.stream {
         // Dropping this future (client gone) drops the receivers, which cancels the work.
@@ -428,11 +310,8 @@ async fn run(
     let include_usage = v.include_usage;
     let metrics = state.metrics.clone();
     // First chunks (chat role, completions echo) go out before any token.
-    let opening: Vec<Result<SseEvent, Infallible>> = kind
-        .opening()
-        .into_iter()
-        .map(|c| Ok(SseEvent::default().data(c.to_string())))
-        .collect();
+    let opening: Vec<Result<SseEvent, Infallible>> =
+        kind.opening().into_iter().map(|c| Ok(SseEvent::default().data(c.to_string()))).collect();
     let body = stream::unfold(Some((events, kind)), move |st| {
         let metrics = metrics.clone();
         async move {
@@ -440,23 +319,15 @@ async fn run(
             loop {
                 match events.next().await {
                     Some((_, Event::Error(err))) => {
-                        metrics
-                            .request_errors
-                            .with_label_values(&[err.status().as_str()])
-                            .inc();
-                        let out = vec![
-                            Ok(SseEvent::default().data(err.to_json())),
-                            Ok(SseEvent::default().data("[DONE]")),
-                        ];
+                        metrics.request_errors.with_label_values(&[err.status().as_str()]).inc();
+                        let out = vec![Ok(SseEvent::default().data(err.to_json())), Ok(SseEvent::default().data("[DONE]"))];
                         return Some((stream::iter(out), None));
                     }
                     Some((p, e)) => {
                         let chunks = kind.chunks(p, e);
                         if !chunks.is_empty() {
-                            let out: Vec<Result<SseEvent, Infallible>> = chunks
-                                .into_iter()
-                                .map(|c| Ok(SseEvent::default().data(c.to_string())))
-                                .collect();
+                            let out: Vec<Result<SseEvent, Infallible>> =
+                                chunks.into_iter().map(|c| Ok(SseEvent::default().data(c.to_string()))).collect();
                             return Some((stream::iter(out), Some((events, kind))));
                         }
                     }
@@ -474,7 +345,5 @@ async fn run(
     })
     .flatten();
     let all = stream::iter(opening).chain(body);
-    Ok(Sse::new(all)
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(Sse::new(all).keep_alive(KeepAlive::default()).into_response())
 }

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deltaserve_engine::sampling::top_logprobs;
-use deltaserve_engine::{
-    Engine, IncrementalDecoder, Logits, Sampler, SamplingParams, SlotId, StatePool,
-};
+use deltaserve_engine::{Engine, IncrementalDecoder, Logits, Sampler, SamplingParams, SlotId, StatePool};
 use tokio::sync::mpsc;
 
 use crate::api::error::ApiError;
@@ -173,16 +171,11 @@ impl SchedulerHandle {
         let prev = self.shared.waiting.fetch_add(1, Ordering::SeqCst);
         if prev >= limit {
             self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::QueueFull {
-                waiting: prev,
-                limit,
-            });
+            return Err(ApiError::QueueFull { waiting: prev, limit });
         }
         if self.tx.send(Command::Submit(req)).is_err() {
             self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::Unavailable(
-                "the engine thread has stopped".into(),
-            ));
+            return Err(ApiError::Unavailable("the engine thread has stopped".into()));
         }
         Ok(())
     }
@@ -211,36 +204,17 @@ pub fn spawn(
     metrics: Arc<Metrics>,
 ) -> std::io::Result<(SchedulerHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared {
-        alive: AtomicBool::new(true),
-        ..Shared::default()
-    });
-    let handle = SchedulerHandle {
-        tx,
-        shared: shared.clone(),
-        max_queue: cfg.max_queue,
-    };
-    let thread = std::thread::Builder::new()
-        .name("engine".into())
-        .spawn(move || {
-            let pool = engine.new_pool(cfg.max_num_seqs);
-            metrics.state_slots_total.set(pool.capacity() as i64);
-            metrics
-                .state_memory_bytes
-                .set((pool.capacity() * pool.bytes_per_slot()) as i64);
-            let mut s = Scheduler {
-                engine,
-                pool,
-                cfg,
-                metrics,
-                shared: shared.clone(),
-                waiting: VecDeque::new(),
-                requests: Vec::new(),
-                reserved: 0,
-            };
-            s.run(rx);
-            shared.alive.store(false, Ordering::SeqCst);
-        })?;
+    let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
+    let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue };
+    let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
+        let pool = engine.new_pool(cfg.max_num_seqs);
+        metrics.state_slots_total.set(pool.capacity() as i64);
+        metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
+        let mut s =
+            Scheduler { engine, pool, cfg, metrics, shared: shared.clone(), waiting: VecDeque::new(), requests: Vec::new(), reserved: 0 };
+        s.run(rx);
+        shared.alive.store(false, Ordering::SeqCst);
+    })?;
     Ok((handle, thread))
 }
 
@@ -325,18 +299,10 @@ impl Scheduler {
     }
 
     fn publish_gauges(&self) {
-        self.shared
-            .waiting
-            .store(self.waiting.len(), Ordering::SeqCst);
-        self.shared
-            .running
-            .store(self.requests.len(), Ordering::SeqCst);
-        self.metrics
-            .num_requests_waiting
-            .set(self.waiting.len() as i64);
-        self.metrics
-            .num_requests_running
-            .set(self.requests.len() as i64);
+        self.shared.waiting.store(self.waiting.len(), Ordering::SeqCst);
+        self.shared.running.store(self.requests.len(), Ordering::SeqCst);
+        self.metrics.num_requests_waiting.set(self.waiting.len() as i64);
+        self.metrics.num_requests_running.set(self.requests.len() as i64);
         self.metrics.state_slots_used.set(self.pool.used() as i64);
     }
 
@@ -373,9 +339,7 @@ impl Scheduler {
                     self.metrics.client_disconnects.inc();
                     tracing::info!(request = %r.id, "client disconnected; request cancelled");
                 } else {
-                    let _ = r.events.send(Event::Error(ApiError::Timeout(
-                        self.cfg.request_timeout.as_secs(),
-                    )));
+                    let _ = r.events.send(Event::Error(ApiError::Timeout(self.cfg.request_timeout.as_secs())));
                 }
                 for s in &mut r.seqs {
                     s.finished = true;
@@ -403,9 +367,7 @@ impl Scheduler {
                 break;
             };
             let now = Instant::now();
-            self.metrics
-                .request_queue_time
-                .observe(now.duration_since(r.arrived).as_secs_f64());
+            self.metrics.request_queue_time.observe(now.duration_since(r.arrived).as_secs_f64());
             let reserved = r.params.n - 1;
             self.reserved += reserved;
             let seq0 = new_seq_for(&r, 0, slot);
@@ -450,10 +412,7 @@ impl Scheduler {
             }
         }
         if tokens > 0 {
-            self.metrics
-                .step_duration
-                .with_label_values(&["prefill"])
-                .observe(started.elapsed().as_secs_f64());
+            self.metrics.step_duration.with_label_values(&["prefill"]).observe(started.elapsed().as_secs_f64());
             self.metrics.prompt_tokens.inc_by(tokens as u64);
         }
     }
@@ -494,10 +453,7 @@ impl Scheduler {
         }
         // Prompt done: fork the other choices from the prefilled slot, then sample each.
         for choice in 1..r.params.n {
-            let slot = self
-                .pool
-                .fork(slot)?
-                .ok_or_else(|| ApiError::Internal("reserved slot missing".into()))?;
+            let slot = self.pool.fork(slot)?.ok_or_else(|| ApiError::Internal("reserved slot missing".into()))?;
             self.reserved -= 1;
             r.reserved -= 1;
             let req = GenRequest {
@@ -534,28 +490,15 @@ impl Scheduler {
             return;
         }
         let started = Instant::now();
-        let result = self
-            .engine
-            .decode(&mut self.pool, &batch)
-            .and_then(|l| Ok(l.to_vec2::<f32>()?));
-        self.metrics
-            .step_duration
-            .with_label_values(&["decode"])
-            .observe(started.elapsed().as_secs_f64());
+        let result = self.engine.decode(&mut self.pool, &batch).and_then(|l| Ok(l.to_vec2::<f32>()?));
+        self.metrics.step_duration.with_label_values(&["decode"]).observe(started.elapsed().as_secs_f64());
         self.metrics.decode_batch_size.observe(batch.len() as f64);
         tracing::trace!(batch = batch.len(), "decode step");
         match result {
             Ok(rows) => {
                 let tok = self.engine.tokenizer();
                 for ((ri, si), row) in owners.into_iter().zip(rows) {
-                    emit(
-                        &mut self.requests[ri],
-                        si,
-                        &row,
-                        tok,
-                        &self.metrics,
-                        self.cfg.max_model_len,
-                    );
+                    emit(&mut self.requests[ri], si, &row, tok, &self.metrics, self.cfg.max_model_len);
                 }
             }
             Err(e) => {
@@ -591,9 +534,7 @@ impl Scheduler {
             // Forks are only made from a live first sequence, so no sequences left means done.
             if r.seqs.is_empty() {
                 self.reserved -= r.reserved;
-                self.metrics
-                    .e2e_latency
-                    .observe(now.duration_since(r.arrived).as_secs_f64());
+                self.metrics.e2e_latency.observe(now.duration_since(r.arrived).as_secs_f64());
                 self.requests.swap_remove(i);
             } else {
                 i += 1;
@@ -620,22 +561,11 @@ fn new_seq_for(r: &GenRequest, choice: usize, slot: SlotId) -> Seq {
 }
 
 fn logprob_entry(logits: &[f32], token: u32, top_n: usize) -> TokenLogprob {
-    TokenLogprob {
-        token,
-        logprob: deltaserve_engine::sampling::log_softmax_at(logits, token as usize),
-        top: top_logprobs(logits, top_n),
-    }
+    TokenLogprob { token, logprob: deltaserve_engine::sampling::log_softmax_at(logits, token as usize), top: top_logprobs(logits, top_n) }
 }
 
 /// Samples the next token of `r.seqs[si]` from `logits`, sends it, and checks stop rules.
-fn emit(
-    r: &mut Active,
-    si: usize,
-    logits: &[f32],
-    tok: &deltaserve_engine::Tokenizer,
-    metrics: &Metrics,
-    max_model_len: usize,
-) {
+fn emit(r: &mut Active, si: usize, logits: &[f32], tok: &deltaserve_engine::Tokenizer, metrics: &Metrics, max_model_len: usize) {
     let prompt_len = r.prompt.len();
     let p = &r.params;
     let s = &mut r.seqs[si];
@@ -649,20 +579,12 @@ fn emit(
     metrics.generation_tokens.inc();
     let now = Instant::now();
     match s.last_token {
-        None => metrics
-            .time_to_first_token
-            .observe(now.duration_since(r.arrived).as_secs_f64()),
-        Some(prev) => metrics
-            .inter_token_latency
-            .observe(now.duration_since(prev).as_secs_f64()),
+        None => metrics.time_to_first_token.observe(now.duration_since(r.arrived).as_secs_f64()),
+        Some(prev) => metrics.inter_token_latency.observe(now.duration_since(prev).as_secs_f64()),
     }
     s.first_token.get_or_insert(now);
     s.last_token = Some(now);
-    let logprob = p.logprobs.map(|n| TokenLogprob {
-        token: t,
-        logprob: sampled.logprob,
-        top: top_logprobs(logits, n),
-    });
+    let logprob = p.logprobs.map(|n| TokenLogprob { token: t, logprob: sampled.logprob, top: top_logprobs(logits, n) });
 
     let is_eos = !p.ignore_eos && tok.eos_token_ids.contains(&t);
     let stop_id = p.stop_token_ids.contains(&t);
@@ -688,44 +610,22 @@ fn emit(
             Err(e) => tracing::warn!(request = %r.id, error = %e, "detokenization failed"),
         }
     }
-    if finish.is_none()
-        && (s.generated >= p.max_tokens || prompt_len + s.generated >= max_model_len)
-    {
+    if finish.is_none() && (s.generated >= p.max_tokens || prompt_len + s.generated >= max_model_len) {
         finish = Some(FinishReason::Length);
     }
-    let _ = r.events.send(Event::Token {
-        choice: s.choice,
-        text,
-        logprob,
-    });
+    let _ = r.events.send(Event::Token { choice: s.choice, text, logprob });
     match finish {
         Some(reason) => {
             if !matches!(reason, FinishReason::Stop(Some(StopCause::Text(_)))) {
                 // Release held-back text: an incomplete character or a stop-string prefix.
-                let mut tail = s
-                    .decoder
-                    .flush(tok)
-                    .ok()
-                    .flatten()
-                    .map(|d| s.stops.push(&d).text)
-                    .unwrap_or_default();
+                let mut tail = s.decoder.flush(tok).ok().flatten().map(|d| s.stops.push(&d).text).unwrap_or_default();
                 tail.push_str(&s.stops.flush());
                 if !tail.is_empty() {
-                    let _ = r.events.send(Event::Text {
-                        choice: s.choice,
-                        text: tail,
-                    });
+                    let _ = r.events.send(Event::Text { choice: s.choice, text: tail });
                 }
             }
-            metrics
-                .request_success
-                .with_label_values(&[reason.as_str()])
-                .inc();
-            let _ = r.events.send(Event::Finished {
-                choice: s.choice,
-                reason,
-                tokens: s.generated,
-            });
+            metrics.request_success.with_label_values(&[reason.as_str()]).inc();
+            let _ = r.events.send(Event::Finished { choice: s.choice, reason, tokens: s.generated });
             s.finished = true;
             s.pending = None;
         }

@@ -69,44 +69,25 @@ fn available_memory() -> Option<usize> {
 
 /// Runs the server until SIGTERM / ctrl-c and the drain finish.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.max_num_seqs >= 1,
-        "invalid `--max-num-seqs`: expected >= 1, got 0"
-    );
-    anyhow::ensure!(
-        args.max_num_batched_tokens >= 1,
-        "invalid `--max-num-batched-tokens`: expected >= 1, got 0"
-    );
-    anyhow::ensure!(
-        args.max_model_len >= 2,
-        "invalid `--max-model-len`: expected >= 2, got {}",
-        args.max_model_len
-    );
+    anyhow::ensure!(args.max_num_seqs >= 1, "invalid `--max-num-seqs`: expected >= 1, got 0");
+    anyhow::ensure!(args.max_num_batched_tokens >= 1, "invalid `--max-num-batched-tokens`: expected >= 1, got 0");
+    anyhow::ensure!(args.max_model_len >= 2, "invalid `--max-model-len`: expected >= 2, got {}", args.max_model_len);
     anyhow::ensure!(
         args.state_memory_fraction > 0.0 && args.state_memory_fraction <= 1.0,
         "invalid `--state-memory-fraction`: expected in (0, 1], got {}",
         args.state_memory_fraction
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let model_spec = args
-        .model
-        .model
-        .clone()
-        .unwrap_or_else(crate::cli::default_model);
+    let model_spec = args.model.model.clone().unwrap_or_else(crate::cli::default_model);
     let model_name: Arc<str> = args
         .served_model_name
         .clone()
         .unwrap_or_else(|| {
-            std::path::Path::new(&model_spec)
-                .file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| model_spec.clone())
+            std::path::Path::new(&model_spec).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| model_spec.clone())
         })
         .into();
     let metrics = Arc::new(Metrics::new(&model_name)?);
@@ -122,21 +103,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
-        .map_err(|e| {
-            anyhow::anyhow!("invalid `--host`/`--port` {}:{}: {e}", args.host, args.port)
-        })?;
+        .map_err(|e| anyhow::anyhow!("invalid `--host`/`--port` {}:{}: {e}", args.host, args.port))?;
     // Bind before loading so /health answers and /ready says "loading" meanwhile.
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, model = %model_spec, "listening; loading model");
 
     let loader = {
         let (args, state, metrics) = (args.clone(), state.clone(), metrics.clone());
-        let model_args = ModelArgs {
-            model: Some(model_spec.clone()),
-            ..args.model.clone()
-        };
+        let model_args = ModelArgs { model: Some(model_spec.clone()), ..args.model.clone() };
         tokio::task::spawn_blocking(move || load(args, model_args, state, metrics))
     };
 
@@ -167,12 +141,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load(
-    args: ServeArgs,
-    model_args: ModelArgs,
-    state: AppState,
-    metrics: Arc<Metrics>,
-) -> anyhow::Result<()> {
+fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let engine = model_args.load()?;
     let cfg = engine.config().clone();
     let per_slot = cfg.state_bytes_per_sequence().max(1);
@@ -180,22 +149,13 @@ fn load(
     if let Some(avail) = available_memory() {
         let fit = ((avail as f64 * args.state_memory_fraction) as usize / per_slot).max(1);
         if slots > fit {
-            tracing::warn!(
-                requested = slots,
-                fits = fit,
-                bytes_per_slot = per_slot,
-                "--max-num-seqs does not fit in memory; clamped"
-            );
+            tracing::warn!(requested = slots, fits = fit, bytes_per_slot = per_slot, "--max-num-seqs does not fit in memory; clamped");
             slots = fit;
         }
     }
     let tokenizer = engine.tokenizer_arc();
     let template = match tokenizer.chat_template.as_deref() {
-        Some(t) => match ChatTemplate::new(
-            t,
-            tokenizer.bos_token.as_deref(),
-            tokenizer.eos_token.as_deref(),
-        ) {
+        Some(t) => match ChatTemplate::new(t, tokenizer.bos_token.as_deref(), tokenizer.eos_token.as_deref()) {
             Ok(t) => Some(t),
             Err(e) => {
                 tracing::warn!(error = %e, "chat template unusable; /v1/chat/completions will refuse requests");
@@ -218,18 +178,8 @@ fn load(
         request_timeout: Duration::from_secs(args.request_timeout),
     };
     let (scheduler, _thread) = scheduler::spawn(engine, sched_cfg, metrics)?;
-    let _ = state.serving.set(Serving {
-        scheduler,
-        tokenizer,
-        template,
-        limits,
-    });
-    tracing::info!(
-        slots,
-        bytes_per_slot = per_slot,
-        model_type = cfg.model_type(),
-        "ready"
-    );
+    let _ = state.serving.set(Serving { scheduler, tokenizer, template, limits });
+    tracing::info!(slots, bytes_per_slot = per_slot, model_type = cfg.model_type(), "ready");
     Ok(())
 }
 
@@ -237,23 +187,14 @@ fn load(
 async fn drain(state: &AppState, timeout: Duration) {
     state.draining.store(true, Ordering::SeqCst);
     let Some(s) = state.serving.get() else { return };
-    tracing::info!(
-        in_flight = s.scheduler.in_flight(),
-        timeout_s = timeout.as_secs(),
-        "draining"
-    );
+    tracing::info!(in_flight = s.scheduler.in_flight(), timeout_s = timeout.as_secs(), "draining");
     let deadline = Instant::now() + timeout;
     while s.scheduler.in_flight() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     if s.scheduler.in_flight() > 0 {
-        tracing::warn!(
-            in_flight = s.scheduler.in_flight(),
-            "shutdown timeout reached; aborting the rest"
-        );
-        s.scheduler.abort_all(ApiError::Unavailable(
-            "the server shut down before the request finished".into(),
-        ));
+        tracing::warn!(in_flight = s.scheduler.in_flight(), "shutdown timeout reached; aborting the rest");
+        s.scheduler.abort_all(ApiError::Unavailable("the server shut down before the request finished".into()));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -21,28 +21,18 @@ pub struct Released {
 impl StopMatcher {
     /// A matcher for these stop strings (empty strings are ignored).
     pub fn new(stops: Vec<String>) -> Self {
-        Self {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
-            held: String::new(),
-        }
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
     }
 
     /// Adds newly decoded text and returns what can be sent.
     pub fn push(&mut self, delta: &str) -> Released {
         self.held.push_str(delta);
         // Earliest match wins.
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.clone())))
-            .min_by_key(|(at, _)| *at);
+        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.clone()))).min_by_key(|(at, _)| *at);
         if let Some((at, s)) = hit {
             let text = self.held[..at].to_owned();
             self.held.clear();
-            return Released {
-                text,
-                matched: Some(s),
-            };
+            return Released { text, matched: Some(s) };
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
         let mut keep = 0;
@@ -56,10 +46,7 @@ impl StopMatcher {
         let cut = self.held.len() - keep;
         let text = self.held[..cut].to_owned();
         self.held.drain(..cut);
-        Released {
-            text,
-            matched: None,
-        }
+        Released { text, matched: None }
     }
 
     /// Releases whatever is held (generation ended without a match).
@@ -77,24 +64,12 @@ mod tests {
         let mut m = StopMatcher::new(vec!["\n\n".into(), "END".into()]);
         assert_eq!(m.push("abc\n").text, "abc");
         let r = m.push("\nxyz");
-        assert_eq!(
-            r,
-            Released {
-                text: String::new(),
-                matched: Some("\n\n".into())
-            }
-        );
+        assert_eq!(r, Released { text: String::new(), matched: Some("\n\n".into()) });
         let mut m = StopMatcher::new(vec!["END".into()]);
         assert_eq!(m.push("xE").text, "x");
         assert_eq!(m.push("N").text, "");
         assert_eq!(m.push("x").text, "ENx");
-        assert_eq!(
-            m.push("aEND b"),
-            Released {
-                text: "a".into(),
-                matched: Some("END".into())
-            }
-        );
+        assert_eq!(m.push("aEND b"), Released { text: "a".into(), matched: Some("END".into()) });
     }
 
     #[test]

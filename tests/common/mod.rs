@@ -17,38 +17,25 @@ pub fn shared_dir(test: &str) -> Option<PathBuf> {
     if dir.join("README.md").exists() {
         Some(dir)
     } else {
-        eprintln!(
-            "NOTICE: {test}: ../shared/fixtures not found; only the compact fixtures were checked"
-        );
+        eprintln!("NOTICE: {test}: ../shared/fixtures not found; only the compact fixtures were checked");
         None
     }
 }
 
 /// Loads every tensor of a safetensors file.
 pub fn load_tensors(path: &Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(path, &Device::Cpu)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    candle_core::safetensors::load(path, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Flattens a tensor to f32 values.
 pub fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(candle_core::DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    t.to_dtype(candle_core::DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
 }
 
 /// ‖a − b‖ / ‖b‖ in f64.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum::<f64>().sqrt();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
     num / den.max(1e-30)
 }
@@ -70,13 +57,7 @@ pub struct GoldenCase {
 pub fn golden_cases(path: &Path) -> Vec<GoldenCase> {
     let text = std::fs::read_to_string(path).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |x: &serde_json::Value| {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i.as_u64().unwrap() as u32)
-            .collect::<Vec<_>>()
-    };
+    let ids = |x: &serde_json::Value| x.as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect::<Vec<_>>();
     v["cases"]
         .as_array()
         .unwrap()
@@ -84,12 +65,7 @@ pub fn golden_cases(path: &Path) -> Vec<GoldenCase> {
         .map(|c| GoldenCase {
             input_ids: ids(&c["input_ids"]),
             greedy_new_ids: ids(&c["greedy_new_ids"]),
-            top2_margins: c["top2_margins"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| m.as_f64().unwrap())
-                .collect(),
+            top2_margins: c["top2_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
             prompt: c["prompt"].as_str().unwrap_or_default().to_owned(),
         })
         .collect()
@@ -100,23 +76,11 @@ pub fn model_fixtures(test: &str) -> Vec<(String, PathBuf, PathBuf, PathBuf)> {
     let c = compact_dir();
     let mut v: Vec<_> = ["gdn", "gdn-gva", "gdp"]
         .iter()
-        .map(|n| {
-            (
-                format!("compact/{n}"),
-                c.join(n),
-                c.join(format!("{n}.goldens.json")),
-                c.join(format!("{n}.logits.safetensors")),
-            )
-        })
+        .map(|n| (format!("compact/{n}"), c.join(n), c.join(format!("{n}.goldens.json")), c.join(format!("{n}.logits.safetensors"))))
         .collect();
     if let Some(s) = shared_dir(test) {
         for n in ["tiny-gdn", "tiny-gdp"] {
-            v.push((
-                n.to_string(),
-                s.join(n),
-                s.join(format!("{n}.goldens.json")),
-                s.join(format!("{n}.logits.safetensors")),
-            ));
+            v.push((n.to_string(), s.join(n), s.join(format!("{n}.goldens.json")), s.join(format!("{n}.logits.safetensors"))));
         }
     }
     v

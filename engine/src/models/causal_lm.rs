@@ -23,10 +23,7 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn load(w: &Weights<'_>, dim: usize, eps: f64) -> Result<Self> {
-        Ok(Self {
-            weight: w.get_f32(&[dim], "weight")?,
-            eps: eps as f32,
-        })
+        Ok(Self { weight: w.get_f32(&[dim], "weight")?, eps: eps as f32 })
     }
 
     /// Normalises an f32 tensor, returning f32.
@@ -35,9 +32,7 @@ impl RmsNorm {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self
-            .forward_f32(&x.to_dtype(DType::F32)?)?
-            .to_dtype(x.dtype())?)
+        Ok(self.forward_f32(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?)
     }
 }
 
@@ -52,25 +47,14 @@ struct Mlp {
 impl Mlp {
     fn load(w: &Weights<'_>, d: usize, i: usize) -> Result<Self> {
         // Legacy fused layout (§1.5): gate_proj [2I, D] = [gate; up], no up_proj.
-        let fused =
-            !w.contains("up_proj.weight") && w.shape("gate_proj.weight") == Some(vec![2 * i, d]);
+        let fused = !w.contains("up_proj.weight") && w.shape("gate_proj.weight") == Some(vec![2 * i, d]);
         let (gate_proj, up_proj) = if fused {
             let both = w.get(&[2 * i, d], "gate_proj.weight")?;
-            (
-                Linear::new(both.narrow(0, 0, i)?, None),
-                Linear::new(both.narrow(0, i, i)?, None),
-            )
+            (Linear::new(both.narrow(0, 0, i)?, None), Linear::new(both.narrow(0, i, i)?, None))
         } else {
-            (
-                linear(w, i, d, "gate_proj.weight")?,
-                linear(w, i, d, "up_proj.weight")?,
-            )
+            (linear(w, i, d, "gate_proj.weight")?, linear(w, i, d, "up_proj.weight")?)
         };
-        Ok(Self {
-            gate_proj,
-            up_proj,
-            down_proj: linear(w, d, i, "down_proj.weight")?,
-        })
+        Ok(Self { gate_proj, up_proj, down_proj: linear(w, d, i, "down_proj.weight")? })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -97,9 +81,18 @@ struct Block {
     fuse_norm: bool,
 }
 
+/// Observes activations during a prefill (pruning calibration). Implementors use interior
+/// mutability; calls come from the engine's thread in layer order.
+pub trait Capture {
+    /// The mixer's input (the `attn_norm` output, i.e. `q_proj`'s input) `[T, D]`.
+    fn mixer_input(&self, layer: usize, x: &Tensor);
+    /// q `[T, H·K]` and k `[T, n·H·K]` after the short conv and SiLU, before the L2 norm, f32.
+    fn query_key(&self, layer: usize, q: &Tensor, k: &Tensor);
+}
+
 /// How a block's mixer consumes its input.
 enum Phase<'a> {
-    Prefill { slot: usize, algo: PrefillAlgo },
+    Prefill { slot: usize, algo: PrefillAlgo, capture: Option<&'a dyn Capture> },
     Decode { slots: &'a [usize] },
 }
 
@@ -108,23 +101,24 @@ impl Block {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
         let x = self.attn_norm.forward(h)?;
         let state = pool.layer_mut(self.layer_idx);
+        if let Phase::Prefill { capture: Some(c), .. } = phase {
+            c.mixer_input(self.layer_idx, &x);
+        }
+        let layer = self.layer_idx;
         let a = match (&self.attn, phase) {
-            (Mixer::GatedDeltaNet(m), Phase::Prefill { slot, algo }) => {
-                m.prefill(&x, state, *slot, *algo)?
+            (Mixer::GatedDeltaNet(m), Phase::Prefill { slot, algo, capture }) => {
+                m.prefill(&x, state, *slot, *algo, capture.map(|c| (c, layer)))?
             }
             (Mixer::GatedDeltaNet(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
-            (Mixer::GatedDeltaProduct(m), Phase::Prefill { slot, algo }) => {
-                m.prefill(&x, state, *slot, *algo)?
+            (Mixer::GatedDeltaProduct(m), Phase::Prefill { slot, algo, capture }) => {
+                m.prefill(&x, state, *slot, *algo, capture.map(|c| (c, layer)))?
             }
             (Mixer::GatedDeltaProduct(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
         };
         let (r, x) = if self.fuse_norm {
             // Fused residual + norm: normalise the fp32 sum, keep the residual rounded (§3.6.8).
             let s = (a.to_dtype(DType::F32)? + h.to_dtype(DType::F32)?)?;
-            (
-                s.to_dtype(h.dtype())?,
-                self.mlp_norm.forward_f32(&s)?.to_dtype(h.dtype())?,
-            )
+            (s.to_dtype(h.dtype())?, self.mlp_norm.forward_f32(&s)?.to_dtype(h.dtype())?)
         } else {
             let r = (h + a)?;
             let x = self.mlp_norm.forward(&r)?;
@@ -159,13 +153,7 @@ pub struct CausalLm {
 
 impl CausalLm {
     /// Builds the model from a checkpoint, in `dtype` on `device`.
-    pub fn load(
-        cfg: &ModelConfig,
-        ckpt: &Checkpoint,
-        dtype: DType,
-        device: &Device,
-        check_weights: bool,
-    ) -> Result<Self> {
+    pub fn load(cfg: &ModelConfig, ckpt: &Checkpoint, dtype: DType, device: &Device, check_weights: bool) -> Result<Self> {
         let root = Weights::new(ckpt, dtype, device, check_weights);
         let (d, vocab) = (cfg.common.hidden_size, cfg.common.vocab_size);
         let m = root.pp("model");
@@ -175,12 +163,8 @@ impl CausalLm {
         for i in 0..cfg.common.num_hidden_layers {
             let l = m.pp("layers").pp(i);
             let attn = match cfg.arch {
-                Architecture::GatedDeltaNet(_) => {
-                    Mixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &l.pp("attn"))?)
-                }
-                Architecture::GatedDeltaProduct(_) => {
-                    Mixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &l.pp("attn"))?)
-                }
+                Architecture::GatedDeltaNet(_) => Mixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &l.pp("attn"))?),
+                Architecture::GatedDeltaProduct(_) => Mixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &l.pp("attn"))?),
             };
             layers.push(Block {
                 layer_idx: i,
@@ -191,11 +175,7 @@ impl CausalLm {
                 fuse_norm: cfg.common.fuse_norm,
             });
         }
-        let lm_head = if cfg.common.tie_word_embeddings {
-            embeddings.clone()
-        } else {
-            root.get(&[vocab, d], "lm_head.weight")?
-        };
+        let lm_head = if cfg.common.tie_word_embeddings { embeddings.clone() } else { root.get(&[vocab, d], "lm_head.weight")? };
         Ok(Self {
             cfg: cfg.clone(),
             embeddings,
@@ -225,11 +205,7 @@ impl CausalLm {
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let vocab = self.cfg.common.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::Invalid {
-                field: "token id",
-                expected: format!("< vocab_size ({vocab})"),
-                actual: bad.to_string(),
-            });
+            return Err(EngineError::Invalid { field: "token id", expected: format!("< vocab_size ({vocab})"), actual: bad.to_string() });
         }
         Ok(())
     }
@@ -246,28 +222,27 @@ impl CausalLm {
 
     /// Runs `tokens` through the model from `slot`'s current state (empty or an earlier
     /// prefill) and leaves the state after the last token there. Returns f32 logits.
-    pub fn prefill(
+    pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits, algo: PrefillAlgo) -> Result<Tensor> {
+        self.prefill_with(pool, slot, tokens, logits, algo, None)
+    }
+
+    /// [`Self::prefill`] that also reports activations to `capture` (pruning calibration).
+    pub fn prefill_with(
         &self,
         pool: &mut StatePool,
         slot: SlotId,
         tokens: &[u32],
         logits: Logits,
         algo: PrefillAlgo,
+        capture: Option<&dyn Capture>,
     ) -> Result<Tensor> {
         pool.check(slot)?;
         if tokens.is_empty() {
-            return Err(EngineError::Invalid {
-                field: "tokens",
-                expected: "at least one token".into(),
-                actual: "0 tokens".into(),
-            });
+            return Err(EngineError::Invalid { field: "tokens", expected: "at least one token".into(), actual: "0 tokens".into() });
         }
         self.check_tokens(tokens)?;
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
-        let phase = Phase::Prefill {
-            slot: slot.index(),
-            algo,
-        };
+        let phase = Phase::Prefill { slot: slot.index(), algo, capture };
         let mut h = self.embed(tokens)?;
         for b in &self.layers {
             h = b.forward(&h, pool, &phase)?;
@@ -282,11 +257,7 @@ impl CausalLm {
     /// Returns f32 logits `[B, vocab]`, row `b` for `batch[b]`.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
         if batch.is_empty() {
-            return Err(EngineError::Invalid {
-                field: "batch",
-                expected: "at least one sequence".into(),
-                actual: "0".into(),
-            });
+            return Err(EngineError::Invalid { field: "batch", expected: "at least one sequence".into(), actual: "0".into() });
         }
         let slots: Vec<usize> = batch.iter().map(|(s, _)| s.index()).collect();
         for (s, _) in batch {

@@ -6,6 +6,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
 
+use super::causal_lm::Capture;
 use super::mixer::{linear, split_cols, OutputHead, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -47,19 +48,10 @@ struct Prepared {
 impl GatedDeltaNet {
     /// Loads the layer's weights, checking every shape against `cfg`.
     pub fn load(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
-        let (d, key_dim, value_dim, hv) = (
-            cfg.common.hidden_size,
-            cfg.key_dim(),
-            cfg.value_dim(),
-            cfg.num_v_heads(),
-        );
+        let (d, key_dim, value_dim, hv) = (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
         let conv = ShortConv::load(
             w,
-            &[
-                ("q_conv1d", key_dim, None),
-                ("k_conv1d", key_dim, None),
-                ("v_conv1d", value_dim, None),
-            ],
+            &[("q_conv1d", key_dim, None), ("k_conv1d", key_dim, None), ("v_conv1d", value_dim, None)],
             cfg.common.conv_size,
             cfg.common.use_short_conv,
         )?;
@@ -72,15 +64,7 @@ impl GatedDeltaNet {
             a_log: w.get_f32(&[hv], "A_log")?,
             dt_bias: w.get_f32(&[hv], "dt_bias")?,
             conv,
-            out: OutputHead::load(
-                w,
-                d,
-                hv,
-                cfg.head_v_dim(),
-                cfg.use_output_gate(),
-                cfg.common.norm_eps,
-                cfg.gate_activation(),
-            )?,
+            out: OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?,
             num_heads: cfg.num_heads(),
             num_v_heads: hv,
             head_k_dim: cfg.head_k_dim(),
@@ -90,57 +74,32 @@ impl GatedDeltaNet {
         })
     }
 
+    /// Width of k in the conv output: H·K.
+    fn k_width(&self) -> usize {
+        self.num_heads * self.head_k_dim
+    }
+
     /// Step 1: the pre-conv projections `[q̃ | k̃ | ṽ]` `[N, C]`, the conv-state layout.
     fn projections(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::cat(
-            &[
-                self.q_proj.forward(x)?,
-                self.k_proj.forward(x)?,
-                self.v_proj.forward(x)?,
-            ],
-            1,
-        )?)
+        Ok(Tensor::cat(&[self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?], 1)?)
     }
 
     /// Steps 3–7 on the conv output `[N, C]` f32.
     fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
         let n = x.dim(0)?;
-        let (h, hv, k, vd) = (
-            self.num_heads,
-            self.num_v_heads,
-            self.head_k_dim,
-            self.head_v_dim,
-        );
+        let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
         let parts = split_cols(conv_out, &[h * k, h * k, hv * vd])?;
         let q = ops::l2norm(&parts[0].reshape((n, h, k))?)?;
         let kk = ops::l2norm(&parts[1].reshape((n, h, k))?)?;
         let v = parts[2].reshape((n, hv, vd))?;
         // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7).
         let beta = ops::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?;
-        let g = ops::gate(
-            &self.a_proj.forward(x)?.to_dtype(DType::F32)?,
-            &self.a_log,
-            &self.dt_bias,
-        )?;
-        Ok(Prepared {
-            q,
-            k: kk,
-            v,
-            beta,
-            g,
-        })
+        let g = ops::gate(&self.a_proj.forward(x)?.to_dtype(DType::F32)?, &self.a_log, &self.dt_bias)?;
+        Ok(Prepared { q, k: kk, v, beta, g })
     }
 
     fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
-        MixerInputs {
-            q: &p.q,
-            k: &p.k,
-            v: &p.v,
-            beta: &p.beta,
-            g: Some(&p.g),
-            n: 1,
-            scale: self.scale,
-        }
+        MixerInputs { q: &p.q, k: &p.k, v: &p.v, beta: &p.beta, g: Some(&p.g), n: 1, scale: self.scale }
     }
 
     /// Prefills `x` `[T, D]` into `slot`, continuing from its state. Returns `[T, D]`.
@@ -150,21 +109,21 @@ impl GatedDeltaNet {
         state: &mut LayerState,
         slot: usize,
         algo: PrefillAlgo,
+        capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self
-            .conv
-            .prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        let c = self.conv.prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        if let Some((cap, layer)) = capture {
+            let key_dim = self.num_heads * self.head_k_dim;
+            cap.query_key(layer, &c.narrow(1, 0, key_dim)?, &c.narrow(1, key_dim, self.k_width())?);
+        }
         let p = self.prepare(x, &c)?;
-        let o =
-            ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
+        let o = ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
         self.out.forward(&o, x)
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
-        let c = self
-            .conv
-            .step(&self.projections(x)?, &mut state.conv_state, slots)?;
+        let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
         let p = self.prepare(x, &c)?;
         let o = ops::gated_delta_step(self.inputs(&p), &mut state.recurrent_state, slots)?;
         self.out.forward(&o, x)

@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
 
+use super::causal_lm::Capture;
 use super::mixer::{linear, split_cols, OutputHead, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -57,18 +58,10 @@ struct Prepared {
 
 /// Loads a per-step projection in the current layout, or concatenates the legacy list
 /// `{name}s.{j}` (§2.4).
-fn stepped_linear(
-    w: &Weights<'_>,
-    name: &str,
-    part_out: usize,
-    d: usize,
-    n: usize,
-) -> Result<Linear> {
+fn stepped_linear(w: &Weights<'_>, name: &str, part_out: usize, d: usize, n: usize) -> Result<Linear> {
     let current = format!("{name}.weight");
     if !w.contains(&current) && w.contains(&format!("{name}s.0.weight")) {
-        let parts = (0..n)
-            .map(|j| w.get(&[part_out, d], &format!("{name}s.{j}.weight")))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let parts = (0..n).map(|j| w.get(&[part_out, d], &format!("{name}s.{j}.weight"))).collect::<std::result::Result<Vec<_>, _>>()?;
         return Ok(Linear::new(Tensor::cat(&parts, 0)?, None));
     }
     linear(w, n * part_out, d, &current)
@@ -76,52 +69,28 @@ fn stepped_linear(
 
 /// The legacy conv list `{name}s.{j}` concatenated, if the checkpoint uses it; `take` limits
 /// how many steps are used (only `q_conv1ds.0` ever was).
-fn legacy_conv(
-    w: &Weights<'_>,
-    name: &str,
-    part: usize,
-    width: usize,
-    take: usize,
-) -> Result<Option<Tensor>> {
+fn legacy_conv(w: &Weights<'_>, name: &str, part: usize, width: usize, take: usize) -> Result<Option<Tensor>> {
     if w.contains(&format!("{name}.weight")) || !w.contains(&format!("{name}s.0.weight")) {
         return Ok(None);
     }
-    let parts = (0..take)
-        .map(|j| w.get_f32(&[part, 1, width], &format!("{name}s.{j}.weight")))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let parts =
+        (0..take).map(|j| w.get_f32(&[part, 1, width], &format!("{name}s.{j}.weight"))).collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(Some(Tensor::cat(&parts, 0)?))
 }
 
 impl GatedDeltaProduct {
     /// Loads the layer's weights (current or legacy layout), checking every shape.
     pub fn load(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
-        let (d, key_dim, value_dim, h, n) = (
-            cfg.common.hidden_size,
-            cfg.key_dim(),
-            cfg.value_dim(),
-            cfg.num_heads(),
-            cfg.num_householder(),
-        );
+        let (d, key_dim, value_dim, h, n) =
+            (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_heads(), cfg.num_householder());
         let width = cfg.common.conv_size;
         let conv = if cfg.common.use_short_conv {
             ShortConv::load(
                 w,
                 &[
-                    (
-                        "q_conv1d",
-                        key_dim,
-                        legacy_conv(w, "q_conv1d", key_dim, width, 1)?,
-                    ),
-                    (
-                        "k_conv1d",
-                        n * key_dim,
-                        legacy_conv(w, "k_conv1d", key_dim, width, n)?,
-                    ),
-                    (
-                        "v_conv1d",
-                        n * value_dim,
-                        legacy_conv(w, "v_conv1d", value_dim, width, n)?,
-                    ),
+                    ("q_conv1d", key_dim, legacy_conv(w, "q_conv1d", key_dim, width, 1)?),
+                    ("k_conv1d", n * key_dim, legacy_conv(w, "k_conv1d", key_dim, width, n)?),
+                    ("v_conv1d", n * value_dim, legacy_conv(w, "v_conv1d", value_dim, width, n)?),
                 ],
                 width,
                 true,
@@ -145,15 +114,7 @@ impl GatedDeltaProduct {
             b_proj: stepped_linear(w, "b_proj", h, d, n)?,
             forget,
             conv,
-            out: OutputHead::load(
-                w,
-                d,
-                h,
-                cfg.head_v_dim(),
-                cfg.use_output_gate(),
-                cfg.common.norm_eps,
-                cfg.gate_activation(),
-            )?,
+            out: OutputHead::load(w, d, h, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?,
             num_heads: h,
             head_k_dim: cfg.head_k_dim(),
             head_v_dim: cfg.head_v_dim(),
@@ -163,27 +124,20 @@ impl GatedDeltaProduct {
         })
     }
 
+    /// Width of k in the conv output: n·H·K.
+    fn k_width(&self) -> usize {
+        self.num_householder * self.num_heads * self.head_k_dim
+    }
+
     /// Step 1: `[q̃ | k̃ | ṽ]` `[N, C]` pre-conv (the conv runs over real tokens).
     fn projections(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::cat(
-            &[
-                self.q_proj.forward(x)?,
-                self.k_proj.forward(x)?,
-                self.v_proj.forward(x)?,
-            ],
-            1,
-        )?)
+        Ok(Tensor::cat(&[self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?], 1)?)
     }
 
     /// Steps 2–6: interleave to T·n rows (row `t·n + j` = step j of token t), l2norm, β, gate.
     fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
         let t = x.dim(0)?;
-        let (h, k, vd, n) = (
-            self.num_heads,
-            self.head_k_dim,
-            self.head_v_dim,
-            self.num_householder,
-        );
+        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
         let parts = split_cols(conv_out, &[h * k, n * h * k, n * h * vd])?;
         let q = ops::l2norm(&parts[0].reshape((t, h, k))?)?;
         // '(n h d)' channels per token → rows (t n), heads h.
@@ -196,32 +150,14 @@ impl GatedDeltaProduct {
         }
         let beta = beta.to_dtype(DType::F32)?.reshape((t * n, h))?;
         let g = match &self.forget {
-            Some(f) => Some(ops::gate(
-                &f.a_proj.forward(x)?.to_dtype(DType::F32)?,
-                &f.a_log,
-                &f.dt_bias,
-            )?),
+            Some(f) => Some(ops::gate(&f.a_proj.forward(x)?.to_dtype(DType::F32)?, &f.a_log, &f.dt_bias)?),
             None => None,
         };
-        Ok(Prepared {
-            q,
-            k: kk,
-            v,
-            beta,
-            g,
-        })
+        Ok(Prepared { q, k: kk, v, beta, g })
     }
 
     fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
-        MixerInputs {
-            q: &p.q,
-            k: &p.k,
-            v: &p.v,
-            beta: &p.beta,
-            g: p.g.as_ref(),
-            n: self.num_householder,
-            scale: self.scale,
-        }
+        MixerInputs { q: &p.q, k: &p.k, v: &p.v, beta: &p.beta, g: p.g.as_ref(), n: self.num_householder, scale: self.scale }
     }
 
     /// Prefills `x` `[T, D]` into `slot`, continuing from its state. Returns `[T, D]`.
@@ -231,21 +167,21 @@ impl GatedDeltaProduct {
         state: &mut LayerState,
         slot: usize,
         algo: PrefillAlgo,
+        capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self
-            .conv
-            .prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        let c = self.conv.prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        if let Some((cap, layer)) = capture {
+            let key_dim = self.num_heads * self.head_k_dim;
+            cap.query_key(layer, &c.narrow(1, 0, key_dim)?, &c.narrow(1, key_dim, self.k_width())?);
+        }
         let p = self.prepare(x, &c)?;
-        let o =
-            ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
+        let o = ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
         self.out.forward(&o, x)
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
-        let c = self
-            .conv
-            .step(&self.projections(x)?, &mut state.conv_state, slots)?;
+        let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
         let p = self.prepare(x, &c)?;
         let o = ops::gated_delta_step(self.inputs(&p), &mut state.recurrent_state, slots)?;
         self.out.forward(&o, x)

@@ -24,12 +24,7 @@ pub struct ShortConv {
 impl ShortConv {
     /// Loads `{q,k,v}_conv1d.weight` (`[C_x, 1, W]` each) as one `[C, W]` f32 tensor, where
     /// `parts` gives each conv's (name, channels). `loaded` replaces a part read another way.
-    pub fn load(
-        w: &Weights<'_>,
-        parts: &[(&str, usize, Option<Tensor>)],
-        width: usize,
-        use_short_conv: bool,
-    ) -> Result<Self> {
+    pub fn load(w: &Weights<'_>, parts: &[(&str, usize, Option<Tensor>)], width: usize, use_short_conv: bool) -> Result<Self> {
         if !use_short_conv {
             return Ok(Self { weight: None });
         }
@@ -41,9 +36,7 @@ impl ShortConv {
             };
             ws.push(t.to_dtype(DType::F32)?.reshape((*c, width))?);
         }
-        Ok(Self {
-            weight: Some(Tensor::cat(&ws, 0)?),
-        })
+        Ok(Self { weight: Some(Tensor::cat(&ws, 0)?) })
     }
 
     /// Prefill over `x` `[T, C]`; updates the slot's conv state. Returns `[T, C]` f32.
@@ -94,11 +87,7 @@ impl OutputHead {
         act: GateActivation,
     ) -> Result<Self> {
         let value_dim = num_v_heads * head_v_dim;
-        let g_proj = if gated {
-            Some(linear(w, value_dim, hidden, "g_proj.weight")?)
-        } else {
-            None
-        };
+        let g_proj = if gated { Some(linear(w, value_dim, hidden, "g_proj.weight")?) } else { None };
         Ok(Self {
             g_proj,
             o_norm: w.get_f32(&[head_v_dim], "o_norm.weight")?,
@@ -114,16 +103,11 @@ impl OutputHead {
     pub fn forward(&self, o: &Tensor, x: &Tensor) -> Result<Tensor> {
         let n = o.dim(0)?;
         let z = match &self.g_proj {
-            Some(g) => Some(
-                g.forward(x)?
-                    .reshape((n, self.num_v_heads, self.head_v_dim))?,
-            ),
+            Some(g) => Some(g.forward(x)?.reshape((n, self.num_v_heads, self.head_v_dim))?),
             None => None,
         };
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
-        let y = y
-            .reshape((n, self.num_v_heads * self.head_v_dim))?
-            .to_dtype(x.dtype())?;
+        let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(x.dtype())?;
         Ok(self.o_proj.forward(&y)?)
     }
 }

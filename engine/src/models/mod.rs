@@ -5,4 +5,4 @@ pub mod gated_deltanet;
 pub mod gated_deltaproduct;
 pub mod mixer;
 
-pub use causal_lm::{CausalLm, Logits};
+pub use causal_lm::{Capture, CausalLm, Logits};

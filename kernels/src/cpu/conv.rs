@@ -30,15 +30,7 @@ impl ConvActivation {
 
 /// Prefill: convolves `x` `[T, C]` continuing from `state`, writes `y` `[T, C]` and leaves
 /// the last W inputs in `state` (older ones shift in from the previous state when T < W).
-pub fn causal_conv1d_prefill(
-    x: &[f32],
-    weight: &[f32],
-    state: &mut [f32],
-    c: usize,
-    w: usize,
-    act: ConvActivation,
-    y: &mut [f32],
-) {
+pub fn causal_conv1d_prefill(x: &[f32], weight: &[f32], state: &mut [f32], c: usize, w: usize, act: ConvActivation, y: &mut [f32]) {
     let t = x.len() / c;
     // Input at position p ∈ [-(W), T): negative positions come from the state.
     let input = |p: isize, ch: usize, state: &[f32]| -> f32 {
@@ -70,23 +62,12 @@ pub fn causal_conv1d_prefill(
 }
 
 /// Decode: shifts one new input `x` `[C]` into `state` in place and writes `y` `[C]`.
-pub fn causal_conv1d_step(
-    x: &[f32],
-    weight: &[f32],
-    state: &mut [f32],
-    w: usize,
-    act: ConvActivation,
-    y: &mut [f32],
-) {
+pub fn causal_conv1d_step(x: &[f32], weight: &[f32], state: &mut [f32], w: usize, act: ConvActivation, y: &mut [f32]) {
     for (ch, (&xc, yc)) in x.iter().zip(y.iter_mut()).enumerate() {
         let s = &mut state[ch * w..(ch + 1) * w];
         s.copy_within(1.., 0);
         s[w - 1] = xc;
-        let acc: f32 = s
-            .iter()
-            .zip(&weight[ch * w..(ch + 1) * w])
-            .map(|(a, b)| a * b)
-            .sum();
+        let acc: f32 = s.iter().zip(&weight[ch * w..(ch + 1) * w]).map(|(a, b)| a * b).sum();
         *yc = act.apply(acc);
     }
 }
@@ -98,45 +79,18 @@ mod tests {
     #[test]
     fn prefill_then_steps_equals_one_prefill() {
         let (c, w, t) = (3, 4, 9);
-        let x: Vec<f32> = (0..t * c)
-            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0)
-            .collect();
-        let weight: Vec<f32> = (0..c * w)
-            .map(|i| ((i * 5 % 7) as f32 - 3.0) / 4.0)
-            .collect();
+        let x: Vec<f32> = (0..t * c).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
+        let weight: Vec<f32> = (0..c * w).map(|i| ((i * 5 % 7) as f32 - 3.0) / 4.0).collect();
         let mut s_full = vec![0f32; c * w];
         let mut y_full = vec![0f32; t * c];
-        causal_conv1d_prefill(
-            &x,
-            &weight,
-            &mut s_full,
-            c,
-            w,
-            ConvActivation::Silu,
-            &mut y_full,
-        );
+        causal_conv1d_prefill(&x, &weight, &mut s_full, c, w, ConvActivation::Silu, &mut y_full);
 
         let split = 2; // shorter than W: the state must carry the zero padding forward
         let mut s = vec![0f32; c * w];
         let mut y = vec![0f32; t * c];
-        causal_conv1d_prefill(
-            &x[..split * c],
-            &weight,
-            &mut s,
-            c,
-            w,
-            ConvActivation::Silu,
-            &mut y[..split * c],
-        );
+        causal_conv1d_prefill(&x[..split * c], &weight, &mut s, c, w, ConvActivation::Silu, &mut y[..split * c]);
         for tt in split..t {
-            causal_conv1d_step(
-                &x[tt * c..(tt + 1) * c],
-                &weight,
-                &mut s,
-                w,
-                ConvActivation::Silu,
-                &mut y[tt * c..(tt + 1) * c],
-            );
+            causal_conv1d_step(&x[tt * c..(tt + 1) * c], &weight, &mut s, w, ConvActivation::Silu, &mut y[tt * c..(tt + 1) * c]);
         }
         assert_eq!(s, s_full);
         for (a, b) in y.iter().zip(&y_full) {
@@ -150,15 +104,7 @@ mod tests {
         let x = [1.0f32, -2.0, 3.0];
         let mut s = vec![0f32; 4];
         let mut y = [0f32; 3];
-        causal_conv1d_prefill(
-            &x,
-            &[0.0, 0.0, 0.0, 1.0],
-            &mut s,
-            1,
-            4,
-            ConvActivation::Identity,
-            &mut y,
-        );
+        causal_conv1d_prefill(&x, &[0.0, 0.0, 0.0, 1.0], &mut s, 1, 4, ConvActivation::Identity, &mut y);
         assert_eq!(y, x);
         assert_eq!(s, vec![0.0, 1.0, -2.0, 3.0]);
     }

@@ -121,13 +121,7 @@ pub fn recurrent_head_step(state: &mut [f32], x: HeadStep<'_>, read: Option<Read
 
 /// Token-by-token recurrence over a whole sequence (the reference path).
 /// `state` is `[HV, K, V]`, read as the initial state and left as the final one.
-pub fn recurrent_gated_delta_rule(
-    d: Dims,
-    x: Inputs<'_>,
-    scale: f32,
-    state: &mut [f32],
-    o: &mut [f32],
-) {
+pub fn recurrent_gated_delta_rule(d: Dims, x: Inputs<'_>, scale: f32, state: &mut [f32], o: &mut [f32]) {
     let (kd, vd, g) = (d.k, d.v, d.group());
     let mut out_heads: Vec<Vec<f32>> = state
         .par_chunks_mut(kd * vd)
@@ -141,17 +135,8 @@ pub fn recurrent_gated_delta_rule(
                 let gt = x.g.map_or(0.0, |g| g[t * d.hv + j]);
                 recurrent_head_step(
                     s,
-                    HeadStep {
-                        k: &x.k[qk..qk + kd],
-                        v: &x.v[vv..vv + vd],
-                        beta: x.beta[t * d.hv + j],
-                        g: gt,
-                    },
-                    Some(ReadOut {
-                        q: &x.q[qk..qk + kd],
-                        scale,
-                        o: &mut oh[t * vd..(t + 1) * vd],
-                    }),
+                    HeadStep { k: &x.k[qk..qk + kd], v: &x.v[vv..vv + vd], beta: x.beta[t * d.hv + j], g: gt },
+                    Some(ReadOut { q: &x.q[qk..qk + kd], scale, o: &mut oh[t * vd..(t + 1) * vd] }),
                 );
             }
             oh
@@ -164,21 +149,14 @@ pub fn recurrent_gated_delta_rule(
 fn scatter_heads(d: Dims, heads: &mut [Vec<f32>], o: &mut [f32]) {
     for (j, oh) in heads.iter().enumerate() {
         for t in 0..d.t {
-            o[(t * d.hv + j) * d.v..(t * d.hv + j + 1) * d.v]
-                .copy_from_slice(&oh[t * d.v..(t + 1) * d.v]);
+            o[(t * d.hv + j) * d.v..(t * d.hv + j + 1) * d.v].copy_from_slice(&oh[t * d.v..(t + 1) * d.v]);
         }
     }
 }
 
 /// Chunkwise-parallel gated delta rule (chunk 64, WY/UT form, §3.5).
 /// `state` is `[HV, K, V]`, read as the initial state and left as the final one.
-pub fn chunk_gated_delta_rule(
-    d: Dims,
-    x: Inputs<'_>,
-    scale: f32,
-    state: &mut [f32],
-    o: &mut [f32],
-) {
+pub fn chunk_gated_delta_rule(d: Dims, x: Inputs<'_>, scale: f32, state: &mut [f32], o: &mut [f32]) {
     let (kd, vd, grp) = (d.k, d.v, d.group());
     let mut out_heads: Vec<Vec<f32>> = state
         .par_chunks_mut(kd * vd)
@@ -234,26 +212,14 @@ impl ChunkWorkspace {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn load(
-        &mut self,
-        d: Dims,
-        x: Inputs<'_>,
-        j: usize,
-        hk: usize,
-        t0: usize,
-        len: usize,
-        scale: f32,
-    ) {
+    fn load(&mut self, d: Dims, x: Inputs<'_>, j: usize, hk: usize, t0: usize, len: usize, scale: f32) {
         let (kd, vd) = (self.kd, self.vd);
         self.len = len;
         let mut acc = 0f32;
         for r in 0..len {
             let t = t0 + r;
             let qk = (t * d.h + hk) * kd;
-            for (dst, src) in self.q[r * kd..(r + 1) * kd]
-                .iter_mut()
-                .zip(&x.q[qk..qk + kd])
-            {
+            for (dst, src) in self.q[r * kd..(r + 1) * kd].iter_mut().zip(&x.q[qk..qk + kd]) {
                 *dst = src * scale;
             }
             self.k[r * kd..(r + 1) * kd].copy_from_slice(&x.k[qk..qk + kd]);
@@ -274,9 +240,7 @@ impl ChunkWorkspace {
         let a = &mut self.a;
         for r in 0..n {
             for s in 0..r {
-                a[r * CHUNK + s] = self.beta[r]
-                    * dot(&k[r * kd..(r + 1) * kd], &k[s * kd..(s + 1) * kd])
-                    * (gm[r] - gm[s]).exp();
+                a[r * CHUNK + s] = self.beta[r] * dot(&k[r * kd..(r + 1) * kd], &k[s * kd..(s + 1) * kd]) * (gm[r] - gm[s]).exp();
             }
         }
         // 2) T = (I + A)^-1 by forward substitution, row r: T_r = e_r − Σ_{s<r} A[r,s] T_s.
@@ -295,10 +259,7 @@ impl ChunkWorkspace {
         }
         // 3) W = T diag(β e^γ) K and U = T diag(β) V.
         for r in 0..n {
-            let (wr, ur) = (
-                &mut self.w[r * kd..(r + 1) * kd],
-                &mut self.u[r * vd..(r + 1) * vd],
-            );
+            let (wr, ur) = (&mut self.w[r * kd..(r + 1) * kd], &mut self.u[r * vd..(r + 1) * vd]);
             wr.iter_mut().for_each(|x| *x = 0.0);
             ur.iter_mut().for_each(|x| *x = 0.0);
             for s in 0..=r {
@@ -398,10 +359,7 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> f32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         }
         fn vec(&mut self, n: usize) -> Vec<f32> {
@@ -417,24 +375,12 @@ mod tests {
     }
 
     fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-        let num: f32 = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y) * (x - y))
-            .sum::<f32>()
-            .sqrt();
+        let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f32>().sqrt();
         let den: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
         num / den.max(1e-30)
     }
 
-    fn case(
-        t: usize,
-        h: usize,
-        hv: usize,
-        kd: usize,
-        vd: usize,
-        seed: u64,
-    ) -> (Dims, Vec<Vec<f32>>) {
+    fn case(t: usize, h: usize, hv: usize, kd: usize, vd: usize, seed: u64) -> (Dims, Vec<Vec<f32>>) {
         let mut r = Lcg(seed);
         let mut q = r.vec(t * h * kd);
         let mut k = r.vec(t * h * kd);
@@ -444,43 +390,20 @@ mod tests {
         let beta: Vec<f32> = r.vec(t * hv).iter().map(|x| 0.5 + 0.49 * x).collect();
         let g: Vec<f32> = r.vec(t * hv).iter().map(|x| -0.3 * (1.0 + x)).collect();
         let s0 = r.vec(hv * kd * vd);
-        (
-            Dims {
-                t,
-                h,
-                hv,
-                k: kd,
-                v: vd,
-            },
-            vec![q, k, v, beta, g, s0],
-        )
+        (Dims { t, h, hv, k: kd, v: vd }, vec![q, k, v, beta, g, s0])
     }
 
     #[test]
     fn chunked_equals_recurrent_across_chunk_boundaries() {
         for &t in &[1usize, 63, 64, 65, 200] {
             let (d, c) = case(t, 2, 4, 16, 24, 7 + t as u64);
-            let x = Inputs {
-                q: &c[0],
-                k: &c[1],
-                v: &c[2],
-                beta: &c[3],
-                g: Some(&c[4]),
-            };
+            let x = Inputs { q: &c[0], k: &c[1], v: &c[2], beta: &c[3], g: Some(&c[4]) };
             let (mut s1, mut s2) = (c[5].clone(), c[5].clone());
             let (mut o1, mut o2) = (vec![0.0; t * d.hv * d.v], vec![0.0; t * d.hv * d.v]);
             recurrent_gated_delta_rule(d, x, 0.25, &mut s1, &mut o1);
             chunk_gated_delta_rule(d, x, 0.25, &mut s2, &mut o2);
-            assert!(
-                rel_err(&o2, &o1) < 1e-5,
-                "t={t} o err {}",
-                rel_err(&o2, &o1)
-            );
-            assert!(
-                rel_err(&s2, &s1) < 1e-5,
-                "t={t} state err {}",
-                rel_err(&s2, &s1)
-            );
+            assert!(rel_err(&o2, &o1) < 1e-5, "t={t} o err {}", rel_err(&o2, &o1));
+            assert!(rel_err(&s2, &s1) < 1e-5, "t={t} state err {}", rel_err(&s2, &s1));
         }
     }
 
@@ -488,13 +411,7 @@ mod tests {
     fn no_gate_equals_zero_gate() {
         let (d, c) = case(70, 1, 1, 8, 8, 3);
         let zeros = vec![0f32; 70];
-        let mk = |g| Inputs {
-            q: &c[0],
-            k: &c[1],
-            v: &c[2],
-            beta: &c[3],
-            g,
-        };
+        let mk = |g| Inputs { q: &c[0], k: &c[1], v: &c[2], beta: &c[3], g };
         let (mut s1, mut s2) = (c[5].clone(), c[5].clone());
         let (mut o1, mut o2) = (vec![0.0; 70 * 8], vec![0.0; 70 * 8]);
         chunk_gated_delta_rule(d, mk(None), 1.0, &mut s1, &mut o1);
@@ -511,20 +428,7 @@ mod tests {
         let expect_s = decayed + b * (v - decayed * k) * k;
         let mut s = [s0];
         let mut o = [0f32];
-        recurrent_head_step(
-            &mut s,
-            HeadStep {
-                k: &[k],
-                v: &[v],
-                beta: b,
-                g,
-            },
-            Some(ReadOut {
-                q: &[q],
-                scale: sc,
-                o: &mut o,
-            }),
-        );
+        recurrent_head_step(&mut s, HeadStep { k: &[k], v: &[v], beta: b, g }, Some(ReadOut { q: &[q], scale: sc, o: &mut o }));
         assert!((s[0] - expect_s).abs() < 1e-6);
         assert!((o[0] - expect_s * q * sc).abs() < 1e-6);
     }

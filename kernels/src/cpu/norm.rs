@@ -13,13 +13,7 @@ pub enum GateActivation {
 
 /// Per row of `dim` values: `y = x / sqrt(mean(x²) + eps) · w`, then times the gate when
 /// `z` is given. `x` is overwritten with `y`.
-pub fn gated_rms_norm(
-    x: &mut [f32],
-    z: Option<&[f32]>,
-    weight: &[f32],
-    eps: f32,
-    act: GateActivation,
-) {
+pub fn gated_rms_norm(x: &mut [f32], z: Option<&[f32]>, weight: &[f32], eps: f32, act: GateActivation) {
     let dim = weight.len();
     for (r, row) in x.chunks_mut(dim).enumerate() {
         let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
@@ -45,13 +39,7 @@ mod tests {
     #[test]
     fn normalises_then_gates() {
         let mut x = vec![1.0f32, -1.0];
-        gated_rms_norm(
-            &mut x,
-            Some(&[0.0, 2.0]),
-            &[2.0, 3.0],
-            0.0,
-            GateActivation::Swish,
-        );
+        gated_rms_norm(&mut x, Some(&[0.0, 2.0]), &[2.0, 3.0], 0.0, GateActivation::Swish);
         // rms = 1 → [2, -3]; swish(0) = 0, swish(2) = 2·σ(2).
         assert_eq!(x[0], 0.0);
         assert!((x[1] + 3.0 * 2.0 * sigmoid(2.0)).abs() < 1e-6);

@@ -33,9 +33,7 @@ pub enum ApiError {
         limit: usize,
     },
     /// The waiting queue is full (429 with Retry-After).
-    #[error(
-        "the server is at capacity: {waiting} requests are waiting (limit {limit}); retry later"
-    )]
+    #[error("the server is at capacity: {waiting} requests are waiting (limit {limit}); retry later")]
     QueueFull {
         /// Requests waiting.
         waiting: usize,
@@ -69,11 +67,7 @@ struct Body<'a> {
 
 impl ApiError {
     /// A 400 naming the field, what it must be, and what it was.
-    pub fn invalid(
-        param: &str,
-        expected: impl std::fmt::Display,
-        actual: impl std::fmt::Display,
-    ) -> Self {
+    pub fn invalid(param: &str, expected: impl std::fmt::Display, actual: impl std::fmt::Display) -> Self {
         Self::InvalidRequest {
             message: format!("`{param}` must be {expected}; got {actual}"),
             param: Some(param.into()),
@@ -82,16 +76,8 @@ impl ApiError {
     }
 
     /// A 400 with a free-form message.
-    pub fn bad_request(
-        message: impl Into<String>,
-        param: Option<&str>,
-        code: &'static str,
-    ) -> Self {
-        Self::InvalidRequest {
-            message: message.into(),
-            param: param.map(str::to_owned),
-            code,
-        }
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>, code: &'static str) -> Self {
+        Self::InvalidRequest { message: message.into(), param: param.map(str::to_owned), code }
     }
 
     /// HTTP status.
@@ -112,9 +98,7 @@ impl ApiError {
     /// The stable `type` string of the envelope.
     pub fn error_type(&self) -> &'static str {
         match self {
-            Self::InvalidRequest { .. } | Self::PayloadTooLarge { .. } | Self::MethodNotAllowed => {
-                "invalid_request_error"
-            }
+            Self::InvalidRequest { .. } | Self::PayloadTooLarge { .. } | Self::MethodNotAllowed => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::NotFound(_) => "not_found_error",
             Self::QueueFull { .. } => "rate_limit_error",
@@ -147,38 +131,21 @@ impl ApiError {
 
     /// The envelope as JSON text (also used for SSE error events).
     pub fn to_json(&self) -> String {
-        let env = Envelope {
-            error: Body {
-                message: self.to_string(),
-                kind: self.error_type(),
-                param: self.param(),
-                code: self.code(),
-            },
-        };
-        serde_json::to_string(&env).unwrap_or_else(|_| {
-            r#"{"error":{"message":"error","type":"server_error","param":null,"code":null}}"#.into()
-        })
+        let env = Envelope { error: Body { message: self.to_string(), kind: self.error_type(), param: self.param(), code: self.code() } };
+        serde_json::to_string(&env)
+            .unwrap_or_else(|_| r#"{"error":{"message":"error","type":"server_error","param":null,"code":null}}"#.into())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut res = (
-            self.status(),
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            self.to_json(),
-        )
-            .into_response();
+        let mut res =
+            (self.status(), [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], self.to_json()).into_response();
         if matches!(self, Self::QueueFull { .. } | Self::Unavailable(_)) {
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if matches!(self, Self::Unauthorized) {
-            res.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         // Lets the logging/metrics middleware count errors by code without re-parsing.
         res.extensions_mut().insert(ErrorLogged(self.to_string()));
@@ -194,14 +161,8 @@ impl From<deltaserve_engine::EngineError> for ApiError {
     fn from(e: deltaserve_engine::EngineError) -> Self {
         use deltaserve_engine::EngineError as E;
         match e {
-            E::Invalid {
-                field,
-                expected,
-                actual,
-            } => Self::invalid(field, expected, actual),
-            E::Tokenizer(m) => {
-                Self::bad_request(format!("tokenizer: {m}"), None, "tokenizer_error")
-            }
+            E::Invalid { field, expected, actual } => Self::invalid(field, expected, actual),
+            E::Tokenizer(m) => Self::bad_request(format!("tokenizer: {m}"), None, "tokenizer_error"),
             other => Self::Internal(other.to_string()),
         }
     }

@@ -46,10 +46,9 @@ pub struct ValidRequest {
 
 fn check_model(model: &Option<String>, limits: &Limits) -> Result<(), ApiError> {
     match model {
-        Some(m) if m != &limits.served_model_name => Err(ApiError::NotFound(format!(
-            "model `{m}` does not exist; this server serves `{}`",
-            limits.served_model_name
-        ))),
+        Some(m) if m != &limits.served_model_name => {
+            Err(ApiError::NotFound(format!("model `{m}` does not exist; this server serves `{}`", limits.served_model_name)))
+        }
         _ => Ok(()),
     }
 }
@@ -64,65 +63,41 @@ fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
 
 fn token_id(name: &str, v: i64, vocab: usize) -> Result<u32, ApiError> {
     if v < 0 || v as u64 >= vocab as u64 {
-        return Err(ApiError::invalid(
-            name,
-            format!("a token id in [0, {vocab})"),
-            v,
-        ));
+        return Err(ApiError::invalid(name, format!("a token id in [0, {vocab})"), v));
     }
     Ok(v as u32)
 }
 
 /// Turns `prompt` into token-id lists: a string, a list of strings, a list of ids, or a list
 /// of id lists.
-pub fn parse_prompt(
-    v: Option<&Value>,
-    tok: &Tokenizer,
-    vocab: usize,
-) -> Result<Vec<Vec<u32>>, ApiError> {
+pub fn parse_prompt(v: Option<&Value>, tok: &Tokenizer, vocab: usize) -> Result<Vec<Vec<u32>>, ApiError> {
     let expected = "a string, a list of strings, a list of token ids, or a list of token-id lists";
     let ids = |arr: &[Value], name: &str| -> Result<Vec<u32>, ApiError> {
         arr.iter()
             .enumerate()
             .map(|(i, x)| match x.as_i64() {
                 Some(id) => token_id(&format!("{name}[{i}]"), id, vocab),
-                None => Err(ApiError::invalid(
-                    &format!("{name}[{i}]"),
-                    "an integer token id",
-                    short(x),
-                )),
+                None => Err(ApiError::invalid(&format!("{name}[{i}]"), "an integer token id", short(x))),
             })
             .collect()
     };
     let prompts = match v {
         Some(Value::String(s)) => vec![tok.encode(s, true)?],
-        Some(Value::Array(a)) if a.is_empty() => {
-            return Err(ApiError::invalid("prompt", expected, "[]"))
+        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid("prompt", expected, "[]")),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            a.iter().map(|s| tok.encode(s.as_str().unwrap_or_default(), true)).collect::<Result<_, _>>()?
         }
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
-            .iter()
-            .map(|s| tok.encode(s.as_str().unwrap_or_default(), true))
-            .collect::<Result<_, _>>()?,
         Some(Value::Array(a)) if a.iter().all(Value::is_array) => a
             .iter()
             .enumerate()
-            .map(|(i, x)| {
-                ids(
-                    x.as_array().map(Vec::as_slice).unwrap_or_default(),
-                    &format!("prompt[{i}]"),
-                )
-            })
+            .map(|(i, x)| ids(x.as_array().map(Vec::as_slice).unwrap_or_default(), &format!("prompt[{i}]")))
             .collect::<Result<_, _>>()?,
         Some(Value::Array(a)) => vec![ids(a, "prompt")?],
         Some(other) => return Err(ApiError::invalid("prompt", expected, short(other))),
         None => return Err(ApiError::invalid("prompt", expected, "nothing")),
     };
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
-        return Err(ApiError::invalid(
-            &format!("prompt[{i}]"),
-            "at least one token",
-            "an empty prompt",
-        ));
+        return Err(ApiError::invalid(&format!("prompt[{i}]"), "at least one token", "an empty prompt"));
     }
     Ok(prompts)
 }
@@ -133,26 +108,12 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| {
-                x.as_str().map(str::to_owned).ok_or_else(|| {
-                    ApiError::invalid("stop", "a string or a list of strings", short(x))
-                })
-            })
+            .map(|x| x.as_str().map(str::to_owned).ok_or_else(|| ApiError::invalid("stop", "a string or a list of strings", short(x))))
             .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "stop",
-                "a string or a list of strings",
-                short(other),
-            ))
-        }
+        Some(other) => return Err(ApiError::invalid("stop", "a string or a list of strings", short(other))),
     };
     if stops.len() > MAX_STOP {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("at most {MAX_STOP} strings"),
-            format!("{} strings", stops.len()),
-        ));
+        return Err(ApiError::invalid("stop", format!("at most {MAX_STOP} strings"), format!("{} strings", stops.len())));
     }
     Ok(stops)
 }
@@ -189,37 +150,21 @@ fn common(
     }
     let n = nonneg("n", c.n)?.unwrap_or(1);
     if n == 0 || n > limits.max_n {
-        return Err(ApiError::invalid(
-            "n",
-            format!("in [1, {}]", limits.max_n),
-            n,
-        ));
+        return Err(ApiError::invalid("n", format!("in [1, {}]", limits.max_n), n));
     }
     if let Some(b) = c.best_of {
         if b != n as i64 {
-            return Err(ApiError::invalid(
-                "best_of",
-                format!("equal to `n` ({n}) or absent: ranking candidates is not supported"),
-                b,
-            ));
+            return Err(ApiError::invalid("best_of", format!("equal to `n` ({n}) or absent: ranking candidates is not supported"), b));
         }
     }
     let top_k = match c.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
-        Some(k) => {
-            return Err(ApiError::invalid(
-                "top_k",
-                "-1, 0 (off) or a positive integer",
-                k,
-            ))
-        }
+        Some(k) => return Err(ApiError::invalid("top_k", "-1, 0 (off) or a positive integer", k)),
     };
     let mut logit_bias = Vec::new();
     for (k, &b) in c.logit_bias.iter().flatten() {
-        let id = k.parse::<i64>().map_err(|_| {
-            ApiError::invalid("logit_bias", "keys that are token ids", format!("{k:?}"))
-        })?;
+        let id = k.parse::<i64>().map_err(|_| ApiError::invalid("logit_bias", "keys that are token ids", format!("{k:?}")))?;
         logit_bias.push((token_id("logit_bias", id, limits.vocab_size)?, b));
     }
     logit_bias.sort_by_key(|x| x.0);
@@ -234,28 +179,14 @@ fn common(
         logit_bias,
         seed: c.seed.map(|s| s as u64),
     };
-    sampling
-        .validate(limits.vocab_size)
-        .map_err(ApiError::from)?;
-    let stop_token_ids = c
-        .stop_token_ids
-        .iter()
-        .flatten()
-        .map(|&t| token_id("stop_token_ids", t, limits.vocab_size))
-        .collect::<Result<_, _>>()?;
+    sampling.validate(limits.vocab_size).map_err(ApiError::from)?;
+    let stop_token_ids =
+        c.stop_token_ids.iter().flatten().map(|&t| token_id("stop_token_ids", t, limits.vocab_size)).collect::<Result<_, _>>()?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
-        return Err(ApiError::invalid(
-            "stream_options",
-            "given only with `stream: true`",
-            "stream_options without streaming",
-        ));
+        return Err(ApiError::invalid("stream_options", "given only with `stream: true`", "stream_options without streaming"));
     }
-    let include_usage = c
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
+    let include_usage = c.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
     let params = GenParams {
         n,
         max_tokens,
@@ -270,11 +201,7 @@ fn common(
 }
 
 /// Validates a completions request.
-pub fn completion(
-    req: &CompletionRequest,
-    tok: &Tokenizer,
-    limits: &Limits,
-) -> Result<ValidRequest, ApiError> {
+pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> Result<ValidRequest, ApiError> {
     check_model(&req.common.model, limits)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
@@ -284,50 +211,23 @@ pub fn completion(
         ));
     }
     let logprobs = match nonneg("logprobs", req.logprobs)? {
-        Some(n) if n > MAX_LOGPROBS => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                format!("in [0, {MAX_LOGPROBS}]"),
-                n,
-            ))
-        }
+        Some(n) if n > MAX_LOGPROBS => return Err(ApiError::invalid("logprobs", format!("in [0, {MAX_LOGPROBS}]"), n)),
         other => other,
     };
     let prompts = parse_prompt(req.prompt.as_ref(), tok, limits.vocab_size)?;
-    let (mut params, stream, include_usage) = common(
-        &req.common,
-        &prompts,
-        limits,
-        req.common.max_tokens,
-        |_| DEFAULT_COMPLETION_MAX_TOKENS,
-        logprobs,
-    )?;
+    let (mut params, stream, include_usage) =
+        common(&req.common, &prompts, limits, req.common.max_tokens, |_| DEFAULT_COMPLETION_MAX_TOKENS, logprobs)?;
     let echo = req.echo.unwrap_or(false);
     params.prompt_logprobs = echo && logprobs.is_some();
     let max_n = limits.max_n;
     if prompts.len() * params.n > max_n {
-        return Err(ApiError::invalid(
-            "prompt",
-            format!("at most {max_n} prompts × n choices"),
-            prompts.len() * params.n,
-        ));
+        return Err(ApiError::invalid("prompt", format!("at most {max_n} prompts × n choices"), prompts.len() * params.n));
     }
-    Ok(ValidRequest {
-        prompts,
-        params,
-        stream,
-        include_usage,
-        echo,
-    })
+    Ok(ValidRequest { prompts, params, stream, include_usage, echo })
 }
 
 /// Validates a chat request, rendering its messages with `template`.
-pub fn chat(
-    req: &ChatRequest,
-    tok: &Tokenizer,
-    template: Option<&ChatTemplate>,
-    limits: &Limits,
-) -> Result<ValidRequest, ApiError> {
+pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>, limits: &Limits) -> Result<ValidRequest, ApiError> {
     check_model(&req.common.model, limits)?;
     let messages = parse_messages(req.messages.as_ref())?;
     let template = template.ok_or_else(|| {
@@ -340,24 +240,13 @@ pub fn chat(
     let prompt = render_chat_prompt(template, tok, &messages)?;
     let top = nonneg("top_logprobs", req.top_logprobs)?;
     if let Some(n) = top.filter(|&n| n > MAX_LOGPROBS) {
-        return Err(ApiError::invalid(
-            "top_logprobs",
-            format!("in [0, {MAX_LOGPROBS}]"),
-            n,
-        ));
+        return Err(ApiError::invalid("top_logprobs", format!("in [0, {MAX_LOGPROBS}]"), n));
     }
     if top.is_some() && req.logprobs != Some(true) {
-        return Err(ApiError::invalid(
-            "top_logprobs",
-            "given only with `logprobs: true`",
-            "top_logprobs without logprobs",
-        ));
+        return Err(ApiError::invalid("top_logprobs", "given only with `logprobs: true`", "top_logprobs without logprobs"));
     }
     let logprobs = (req.logprobs == Some(true)).then(|| top.unwrap_or(0));
-    if req.max_completion_tokens.is_some()
-        && req.common.max_tokens.is_some()
-        && req.max_completion_tokens != req.common.max_tokens
-    {
+    if req.max_completion_tokens.is_some() && req.common.max_tokens.is_some() && req.max_completion_tokens != req.common.max_tokens {
         return Err(ApiError::invalid(
             "max_completion_tokens",
             "equal to `max_tokens` when both are given",
@@ -367,33 +256,13 @@ pub fn chat(
     let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
     let prompts = vec![prompt];
     let max_len = limits.max_model_len;
-    let (params, stream, include_usage) = common(
-        &req.common,
-        &prompts,
-        limits,
-        max_tokens,
-        |len| max_len.saturating_sub(len),
-        logprobs,
-    )?;
-    Ok(ValidRequest {
-        prompts,
-        params,
-        stream,
-        include_usage,
-        echo: false,
-    })
+    let (params, stream, include_usage) = common(&req.common, &prompts, limits, max_tokens, |len| max_len.saturating_sub(len), logprobs)?;
+    Ok(ValidRequest { prompts, params, stream, include_usage, echo: false })
 }
 
 /// Renders messages and tokenizes them, adding BOS only if the template did not already.
-pub fn render_chat_prompt(
-    template: &ChatTemplate,
-    tok: &Tokenizer,
-    messages: &[crate::chat::Message],
-) -> Result<Vec<u32>, ApiError> {
+pub fn render_chat_prompt(template: &ChatTemplate, tok: &Tokenizer, messages: &[crate::chat::Message]) -> Result<Vec<u32>, ApiError> {
     let text = template.render(messages)?;
-    let has_bos = tok
-        .bos_token
-        .as_deref()
-        .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+    let has_bos = tok.bos_token.as_deref().is_some_and(|b| !b.is_empty() && text.starts_with(b));
     Ok(tok.encode(&text, !has_bos)?)
 }

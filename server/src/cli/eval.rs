@@ -51,24 +51,17 @@ pub struct Perplexity {
 }
 
 /// Sliding-window perplexity of `ids`: each window starts from a fresh state.
-pub fn perplexity(
-    engine: &Engine,
-    ids: &[u32],
-    seq_len: usize,
-    stride: usize,
-) -> EngineResult<Perplexity> {
+pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize) -> EngineResult<Perplexity> {
     let mut pool = engine.new_pool(1);
     let (mut nll, mut count, mut scored_to) = (0f64, 0usize, 1usize);
     let mut begin = 0;
     while scored_to < ids.len() {
         let end = (begin + seq_len).min(ids.len());
-        let slot = pool
-            .allocate()
-            .ok_or(deltaserve_engine::EngineError::Invalid {
-                field: "pool",
-                expected: "a free slot".into(),
-                actual: "none".into(),
-            })?;
+        let slot = pool.allocate().ok_or(deltaserve_engine::EngineError::Invalid {
+            field: "pool",
+            expected: "a free slot".into(),
+            actual: "none".into(),
+        })?;
         let logits = engine.prefill(&mut pool, slot, &ids[begin..end], Logits::All)?;
         pool.release(slot)?;
         let rows = logits.to_vec2::<f32>()?;
@@ -85,30 +78,17 @@ pub fn perplexity(
         begin += stride;
     }
     let mean = nll / count.max(1) as f64;
-    Ok(Perplexity {
-        ppl: mean.exp(),
-        nll: mean,
-        tokens: count,
-    })
+    Ok(Perplexity { ppl: mean.exp(), nll: mean, tokens: count })
 }
 
 /// Runs the subcommand.
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let EvalCommand::Ppl(a) = args.what;
-    anyhow::ensure!(
-        a.seq_len >= 2,
-        "invalid `--seq-len`: expected >= 2, got {}",
-        a.seq_len
-    );
+    anyhow::ensure!(a.seq_len >= 2, "invalid `--seq-len`: expected >= 2, got {}", a.seq_len);
     let stride = a.stride.unwrap_or(a.seq_len);
-    anyhow::ensure!(
-        stride >= 1 && stride <= a.seq_len,
-        "invalid `--stride`: expected 1..={}, got {stride}",
-        a.seq_len
-    );
+    anyhow::ensure!(stride >= 1 && stride <= a.seq_len, "invalid `--stride`: expected 1..={}, got {stride}", a.seq_len);
     let engine = a.model.load()?;
-    let text = std::fs::read_to_string(&a.text)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.text.display()))?;
+    let text = std::fs::read_to_string(&a.text).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.text.display()))?;
     let mut ids = engine.encode(&text)?;
     if let Some(m) = a.max_tokens {
         ids.truncate(m + 1);

@@ -58,13 +58,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let prompt = engine.encode(&args.prompt)?;
     let mut sampler = Sampler::new(params, &prompt);
     let mut pool = engine.new_pool(1);
-    let slot = pool
-        .allocate()
-        .ok_or_else(|| anyhow::anyhow!("empty state pool"))?;
+    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty state pool"))?;
     let t0 = Instant::now();
-    let mut logits = engine
-        .prefill(&mut pool, slot, &prompt, Logits::Last)?
-        .to_vec1::<f32>()?;
+    let mut logits = engine.prefill(&mut pool, slot, &prompt, Logits::Last)?.to_vec1::<f32>()?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut out = std::io::stdout().lock();
     write!(out, "{}", args.prompt)?;
@@ -83,10 +79,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             write!(out, "{text}")?;
             out.flush()?;
         }
-        logits = engine
-            .decode(&mut pool, &[(slot, tok)])?
-            .squeeze(0)?
-            .to_vec1::<f32>()?;
+        logits = engine.decode(&mut pool, &[(slot, tok)])?.squeeze(0)?.to_vec1::<f32>()?;
     }
     if let Some(text) = dec.flush(engine.tokenizer())? {
         write!(out, "{text}")?;

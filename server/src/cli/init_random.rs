@@ -27,16 +27,9 @@ pub struct InitRandomArgs {
 
 /// Runs the subcommand.
 pub fn run(args: InitRandomArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.config)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.config.display()))?;
+    let text = std::fs::read_to_string(&args.config).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.config.display()))?;
     let cfg: serde_json::Value = serde_json::from_str(&text)?;
-    let c = write_random_checkpoint(
-        &cfg,
-        &args.output,
-        parse_dtype(&args.dtype)?,
-        args.seed,
-        args.tokenizer_from.as_deref(),
-    )?;
+    let c = write_random_checkpoint(&cfg, &args.output, parse_dtype(&args.dtype)?, args.seed, args.tokenizer_from.as_deref())?;
     println!(
         "wrote {} ({}, {} layers, state {} bytes per sequence)",
         args.output.display(),

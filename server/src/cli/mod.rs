@@ -3,6 +3,7 @@
 pub mod eval;
 pub mod generate;
 pub mod init_random;
+pub mod prune;
 
 use std::path::PathBuf;
 
@@ -12,14 +13,9 @@ use deltaserve_engine::{parse_dtype, Device, Engine, LoadOptions};
 /// Where the demo model lives when `--model` is not given, in order of preference.
 pub fn default_model() -> String {
     let candidates = [
-        std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|p| p.join("../../models/gdn-demo"))),
+        std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.join("../../models/gdn-demo"))),
         Some(PathBuf::from("models/gdn-demo")),
-        Some(PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../models/gdn-demo"
-        ))),
+        Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/gdn-demo"))),
         Some(PathBuf::from("/opt/deltaserve/models/gdn-demo")),
     ];
     candidates
@@ -52,9 +48,7 @@ impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<Engine> {
         let device = match self.device.as_str() {
             "cpu" => Device::Cpu,
-            other => anyhow::bail!(
-                "invalid `--device`: expected `cpu` (CUDA support is not built yet), got `{other}`"
-            ),
+            other => anyhow::bail!("invalid `--device`: expected `cpu` (CUDA support is not built yet), got `{other}`"),
         };
         let opts = LoadOptions {
             model: self.model.clone().unwrap_or_else(default_model),

@@ -1,0 +1,151 @@
+//! Calibration statistics, gathered once on the unpruned model (pruning-spec.md §1.3):
+//! per-feature RMS of the mixer input (S-Wanda) and row samples of `[Q_h; K_h]` after the
+//! short conv + SiLU, before the L2 norm (DRRQR).
+
+use std::sync::Mutex;
+
+use candle_core::Tensor;
+use deltaserve_engine::models::Capture;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+/// Rows kept per head for DRRQR (the reference's subsample size).
+pub const DRRQR_ROWS: usize = 5000;
+
+/// A uniform sample of at most `cap` rows (reservoir sampling, seeded).
+#[derive(Debug, Clone)]
+pub struct Reservoir {
+    cap: usize,
+    dim: usize,
+    seen: usize,
+    rows: Vec<f32>,
+    rng: ChaCha20Rng,
+}
+
+impl Reservoir {
+    fn new(cap: usize, dim: usize, seed: u64) -> Self {
+        Self { cap, dim, seen: 0, rows: Vec::new(), rng: ChaCha20Rng::seed_from_u64(seed) }
+    }
+
+    fn push(&mut self, row: &[f32]) {
+        self.seen += 1;
+        if self.rows.len() < self.cap * self.dim {
+            self.rows.extend_from_slice(row);
+        } else {
+            let j = self.rng.random_range(0..self.seen);
+            if j < self.cap {
+                self.rows[j * self.dim..(j + 1) * self.dim].copy_from_slice(row);
+            }
+        }
+    }
+
+    /// The sampled rows, row-major `[n, dim]`.
+    pub fn rows(&self) -> &[f32] {
+        &self.rows
+    }
+
+    /// Number of sampled rows.
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.dim.max(1)
+    }
+
+    /// Whether nothing was sampled.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// What to gather.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted {
+    /// Mixer-input RMS (S-Wanda).
+    pub rms: bool,
+    /// `[Q; K]` row samples (DRRQR).
+    pub qk_rows: bool,
+}
+
+/// Statistics of one layer.
+#[derive(Debug, Clone)]
+pub struct LayerStats {
+    /// Σ x_j² over tokens, f64.
+    pub sumsq: Vec<f64>,
+    /// Tokens seen.
+    pub tokens: usize,
+    /// One reservoir per q/k head of `[Q_h; K_h^(1..n)]` rows.
+    pub heads: Vec<Reservoir>,
+}
+
+impl LayerStats {
+    /// Per-feature RMS of the mixer input.
+    pub fn rms(&self) -> Vec<f64> {
+        self.sumsq.iter().map(|s| (s / self.tokens.max(1) as f64).sqrt()).collect()
+    }
+}
+
+/// A [`Capture`] that accumulates [`LayerStats`] for every layer.
+pub struct Collector {
+    wanted: Wanted,
+    heads: usize,
+    head_dim: usize,
+    layers: Mutex<Vec<LayerStats>>,
+}
+
+impl Collector {
+    /// For `layers` layers of `heads` q/k heads of `head_dim` channels and hidden size `d`.
+    pub fn new(wanted: Wanted, layers: usize, heads: usize, head_dim: usize, d: usize, seed: u64) -> Self {
+        let stats = (0..layers)
+            .map(|l| LayerStats {
+                sumsq: vec![0.0; d],
+                tokens: 0,
+                heads: (0..heads).map(|h| Reservoir::new(DRRQR_ROWS, head_dim, seed ^ ((l as u64) << 32 | h as u64))).collect(),
+            })
+            .collect();
+        Self { wanted, heads, head_dim, layers: Mutex::new(stats) }
+    }
+
+    /// The gathered statistics.
+    pub fn into_stats(self) -> Vec<LayerStats> {
+        self.layers.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn rows_of(t: &Tensor) -> Option<Vec<Vec<f32>>> {
+    t.to_dtype(candle_core::DType::F32).ok()?.to_vec2::<f32>().ok()
+}
+
+impl Capture for Collector {
+    fn mixer_input(&self, layer: usize, x: &Tensor) {
+        if !self.wanted.rms {
+            return;
+        }
+        let Some(rows) = rows_of(x) else { return };
+        let mut layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut layers[layer];
+        for r in &rows {
+            for (s, v) in st.sumsq.iter_mut().zip(r) {
+                *s += (*v as f64) * (*v as f64);
+            }
+        }
+        st.tokens += rows.len();
+    }
+
+    fn query_key(&self, layer: usize, q: &Tensor, k: &Tensor) {
+        if !self.wanted.qk_rows {
+            return;
+        }
+        let (Some(q), Some(k)) = (rows_of(q), rows_of(k)) else { return };
+        let (h, d) = (self.heads, self.head_dim);
+        let key_dim = h * d;
+        let mut layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut layers[layer];
+        for (qr, kr) in q.iter().zip(&k) {
+            for (head, res) in st.heads.iter_mut().enumerate() {
+                res.push(&qr[head * d..(head + 1) * d]);
+                // k holds n householder blocks of H·K channels each.
+                for block in kr.chunks(key_dim) {
+                    res.push(&block[head * d..(head + 1) * d]);
+                }
+            }
+        }
+    }
+}
