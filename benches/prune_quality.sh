@@ -10,7 +10,7 @@ cargo build --release -q -p deltaserve
 tmp=$(mktemp -d)
 ppl() { "$bin" eval ppl --model "$1" --text "$heldout" --seq-len 512 2>/dev/null | sed 's/.*"ppl":\([0-9.]*\).*/\1/'; }
 printf "| model | ratio | baseline | rand | l1 | swanda | drrqr |\n|---|---|---|---|---|---|---|\n"
-for model in gdn-demo gdp-demo; do
+for model in ${MODELS:-gdn-demo gdp-demo}; do
   base=$(ppl "models/$model")
   for ratio in 0.5 0.75; do
     row="| $model | $ratio | $(printf %.2f "$base")"

@@ -29,7 +29,16 @@ fn metric_names(text: &str) -> Vec<String> {
 #[test]
 fn alerts_and_dashboard_use_only_exported_metrics() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
-        .args(["--log-json", "serve", "--model", &repo().join("tests/fixtures/compact/gdn").to_string_lossy(), "--host", "127.0.0.1", "--port", "0"])
+        .args([
+            "--log-json",
+            "serve",
+            "--model",
+            &repo().join("tests/fixtures/compact/gdn").to_string_lossy(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -82,5 +91,8 @@ fn cpu_image_builds_with_the_readme_build_command() {
     let build = readme.lines().map(str::trim).find(|l| l.starts_with("cargo build --release")).expect("README has a build command");
     let build = build.split('#').next().unwrap().trim();
     let dockerfile = std::fs::read_to_string(repo().join("deploy/docker/Dockerfile.cpu")).unwrap();
-    assert!(dockerfile.lines().any(|l| l.trim().strip_prefix("RUN ").is_some_and(|r| r.starts_with(build))), "Dockerfile.cpu does not run `{build}`");
+    assert!(
+        dockerfile.lines().any(|l| l.trim().strip_prefix("RUN ").is_some_and(|r| r.starts_with(build))),
+        "Dockerfile.cpu does not run `{build}`"
+    );
 }

@@ -68,6 +68,15 @@ fn bench_model(c: &mut Criterion, name: &str, m: &CausalLm) {
 }
 
 fn benches(c: &mut Criterion) {
+    // DELTASERVE_BENCH_MODELS=dir1,dir2 benchmarks those checkpoints instead (e.g. a model and
+    // its pruned version, for a ratio measured in one run).
+    if let Ok(dirs) = std::env::var("DELTASERVE_BENCH_MODELS") {
+        for d in dirs.split(',').filter(|d| !d.is_empty()) {
+            let name = Path::new(d).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| d.to_owned());
+            bench_model(c, &name, &load(Path::new(d)));
+        }
+        return;
+    }
     bench_model(c, "tiny-gdn", &load(&tiny_dir()));
     let (m, _dir) = realistic();
     bench_model(c, "gdn-D1024-L8-K256", &m);
