@@ -48,6 +48,15 @@ fn stop_reason(f: &Option<FinishReason>) -> Option<Value> {
     }
 }
 
+/// What one streamed event added to a choice.
+struct Delta {
+    index: usize,
+    text: String,
+    /// First new logprob entry, if any were added.
+    lp_from: Option<usize>,
+    finish: bool,
+}
+
 /// State shared by both response kinds.
 struct Common {
     id: String,
@@ -86,6 +95,24 @@ impl Common {
 
     fn top_map(&self, top: &Option<Vec<(u32, f32)>>) -> Option<HashMap<String, f32>> {
         top.as_ref().map(|t| t.iter().map(|&(id, lp)| (token_text(&self.tok, id), lp)).collect())
+    }
+
+    /// Streaming: applies `e` and returns what it added to its choice, or `None` when it adds
+    /// nothing worth a chunk.
+    fn delta(&mut self, p: usize, e: &Event) -> Option<Delta> {
+        let (lp_before, text_before) = match e {
+            Event::Token { choice, .. } | Event::Text { choice, .. } | Event::Finished { choice, .. } => {
+                let c = &self.choices[self.index(p, *choice)];
+                (c.lp_tokens.len(), c.text.len())
+            }
+            Event::PromptLogprobs(_) | Event::Error(_) => return None,
+        };
+        let index = self.absorb(p, e)?;
+        let c = &self.choices[index];
+        let text = c.text[text_before..].to_owned();
+        let lp_from = (c.lp_tokens.len() > lp_before).then_some(lp_before);
+        let finish = matches!(e, Event::Finished { .. });
+        (!text.is_empty() || lp_from.is_some() || finish).then_some(Delta { index, text, lp_from, finish })
     }
 
     /// Applies an event to the choice it belongs to; returns that choice's index.
@@ -345,23 +372,11 @@ impl Kind {
                         })
                         .collect();
                 }
-                let (lp_before, text_before) = match &e {
-                    Event::Token { choice, .. } | Event::Text { choice, .. } | Event::Finished { choice, .. } => {
-                        let c = &a.c.choices[a.c.index(p, *choice)];
-                        (c.lp_tokens.len(), c.text.len())
-                    }
-                    _ => (0, 0),
-                };
-                let Some(i) = a.c.absorb(p, &e) else {
+                let Some(Delta { index: i, text, lp_from, finish }) = a.c.delta(p, &e) else {
                     return vec![];
                 };
                 let c = &a.c.choices[i];
-                let text = c.text[text_before..].to_owned();
-                let logprobs = if c.lp_tokens.len() > lp_before { a.logprobs_of(c, lp_before) } else { None };
-                let finish = matches!(e, Event::Finished { .. });
-                if text.is_empty() && logprobs.is_none() && !finish {
-                    return vec![];
-                }
+                let logprobs = lp_from.and_then(|from| a.logprobs_of(c, from));
                 let choice = CompletionChoice {
                     index: i,
                     text,
@@ -372,23 +387,11 @@ impl Kind {
                 vec![a.response(vec![choice], None)]
             }
             Kind::Chat(a) => {
-                let (lp_before, text_before) = match &e {
-                    Event::Token { choice, .. } | Event::Text { choice, .. } | Event::Finished { choice, .. } => {
-                        let c = &a.c.choices[a.c.index(p, *choice)];
-                        (c.lp_tokens.len(), c.text.len())
-                    }
-                    _ => (0, 0),
-                };
-                let Some(i) = a.c.absorb(p, &e) else {
+                let Some(Delta { index: i, text, lp_from, finish }) = a.c.delta(p, &e) else {
                     return vec![];
                 };
                 let c = &a.c.choices[i];
-                let text = c.text[text_before..].to_owned();
-                let logprobs = if c.lp_tokens.len() > lp_before { a.logprobs_of(c, lp_before) } else { None };
-                let finish = matches!(e, Event::Finished { .. });
-                if text.is_empty() && logprobs.is_none() && !finish {
-                    return vec![];
-                }
+                let logprobs = lp_from.and_then(|from| a.logprobs_of(c, from));
                 let delta = ChatMessage { role: None, content: (!text.is_empty()).then_some(text) };
                 let choice = ChatChoice {
                     index: i,

@@ -10,7 +10,7 @@ use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
 
 use super::causal_lm::Capture;
-use super::mixer::{linear, split_cols, OutputHead, ShortConv};
+use super::mixer::{capture_query_key, linear, split_cols, OutputHead, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
@@ -170,10 +170,7 @@ impl GatedDeltaProduct {
         capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
         let c = self.conv.prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
-        if let Some((cap, layer)) = capture {
-            let key_dim = self.num_heads * self.head_k_dim;
-            cap.query_key(layer, &c.narrow(1, 0, key_dim)?, &c.narrow(1, key_dim, self.k_width())?);
-        }
+        capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
         let p = self.prepare(x, &c)?;
         let o = ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
         self.out.forward(&o, x)

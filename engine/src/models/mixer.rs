@@ -122,3 +122,12 @@ pub fn split_cols(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
     }
     Ok(out)
 }
+
+/// Reports q `[N, key_dim]` and k `[N, k_width]` (the first columns of the conv output) to a
+/// pruning-calibration capture.
+pub fn capture_query_key(capture: Option<(&dyn super::Capture, usize)>, conv_out: &Tensor, key_dim: usize, k_width: usize) -> Result<()> {
+    if let Some((cap, layer)) = capture {
+        cap.query_key(layer, &conv_out.narrow(1, 0, key_dim)?, &conv_out.narrow(1, key_dim, k_width)?);
+    }
+    Ok(())
+}
