@@ -187,12 +187,6 @@ impl<'a> Weights<'a> {
         }
         Ok(t)
     }
-
-    /// Concatenates `name.{0..n}` along dim 0 (legacy per-step lists, model-spec.md §2.4).
-    pub fn get_cat(&self, part_shape: &[usize], name: &str, n: usize) -> Result<Tensor, WeightError> {
-        let parts = (0..n).map(|j| self.get(part_shape, &format!("{name}.{j}"))).collect::<Result<Vec<_>, _>>()?;
-        Tensor::cat(&parts, 0).map_err(|e| WeightError::File { path: PathBuf::from(self.key(name)), message: e.to_string() })
-    }
 }
 
 fn check_finite(key: &str, t: &Tensor) -> Result<(), WeightError> {

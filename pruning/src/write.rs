@@ -82,14 +82,13 @@ pub fn write_checkpoint(input: &Path, out: &Path, cfg: &ModelConfig, sel: &Selec
     let k = sel.first().and_then(|l| l.first()).map_or(0, Vec::len);
     let (d, key_dim, n, layers) = (cfg.head_k_dim(), cfg.key_dim(), cfg.num_householder(), cfg.common.num_hidden_layers);
     validate_selection(sel, layers, cfg.num_heads(), d, k)?;
+    let ckpt = Checkpoint::open(input)?;
     for name in ["q_conv1ds.0", "k_projs.0"] {
         let legacy = format!("model.layers.0.attn.{name}.weight");
-        let ckpt = Checkpoint::open(input)?;
         if ckpt.contains(&legacy) {
             return Err(PruneError::Unsupported(format!("legacy per-step layout (`{legacy}`): load and re-save it with fla ≥ 0.3 first")));
         }
     }
-    let ckpt = Checkpoint::open(input)?;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for key in ckpt.names() {
         let dtype = ckpt.dtype(&key).ok_or_else(|| PruneError::Tensor { tensor: key.clone(), message: "unsupported dtype".into() })?;

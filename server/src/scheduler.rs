@@ -295,7 +295,7 @@ impl Scheduler {
         self.admit();
         self.prefill();
         self.decode();
-        self.retire();
+        self.retire_all();
     }
 
     fn publish_gauges(&self) {
@@ -517,10 +517,6 @@ impl Scheduler {
     }
 
     /// Frees finished sequences' slots and drops finished requests, in the same step.
-    fn retire(&mut self) {
-        self.retire_all();
-    }
-
     fn retire_all(&mut self) {
         let now = Instant::now();
         let mut i = 0;
