@@ -9,12 +9,12 @@ bin=target/release/deltaserve
 cargo build --release -q -p deltaserve
 tmp=$(mktemp -d)
 ppl() { "$bin" eval ppl --model "$1" --text "$heldout" --seq-len 512 2>/dev/null | sed 's/.*"ppl":\([0-9.]*\).*/\1/'; }
-printf "| model | ratio | baseline | rand | l1 | swanda | drrqr |\n|---|---|---|---|---|---|---|\n"
+printf "| model | ratio | baseline | rand | l1 | swanda | grad | drrqr |\n|---|---|---|---|---|---|---|---|\n"
 for model in ${MODELS:-gdn-demo gdp-demo}; do
   base=$(ppl "models/$model")
   for ratio in 0.5 0.75; do
     row="| $model | $ratio | $(printf %.2f "$base")"
-    for m in rand l1 swanda drrqr; do
+    for m in rand l1 swanda grad drrqr; do
       "$bin" prune --quiet --method "$m" --ratio "$ratio" "models/$model" -o "$tmp/$model-$m-$ratio" --calibration "$calib" --seq-len 2048 >/dev/null 2>&1
       row="$row | $(printf %.2f "$(ppl "$tmp/$model-$m-$ratio")")"
     done

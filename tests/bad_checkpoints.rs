@@ -152,7 +152,7 @@ fn legacy_layouts_load_and_agree() {
         }
         let run = |dir: &Path| {
             let eng = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
-            let mut pool = eng.new_pool(1);
+            let mut pool = eng.new_pool(1).unwrap();
             let s = pool.allocate().unwrap();
             let l = eng.model().prefill(&mut pool, s, &[1, 5, 9, 200, 3, 7], Logits::All, PrefillAlgo::Chunked).unwrap();
             deltaserve_tests::values(&l)

@@ -21,7 +21,7 @@ fn demo_logits_match_the_pytorch_training_model() {
                 break;
             };
             let ids: Vec<u32> = values(ids).iter().map(|&x| x as u32).collect();
-            let mut pool = engine.new_pool(1);
+            let mut pool = engine.new_pool(1).unwrap();
             let s = pool.allocate().unwrap();
             let ours = engine.prefill(&mut pool, s, &ids, Logits::All).unwrap();
             let e = rel_err(&values(&ours), &values(&golden[&format!("case{i}.all_logits")]));

@@ -105,7 +105,7 @@ fn sample(metrics: &str, name: &str, labels: &str) -> f64 {
 fn engine_greedy(prompt: &str, max_tokens: usize) -> (String, &'static str) {
     let engine = Engine::load(&LoadOptions::cpu(model_dir())).unwrap();
     let ids = engine.encode(prompt).unwrap();
-    let mut pool = engine.new_pool(1);
+    let mut pool = engine.new_pool(1).unwrap();
     let s = pool.allocate().unwrap();
     let mut logits = engine.prefill(&mut pool, s, &ids, Logits::Last).unwrap().to_vec1::<f32>().unwrap();
     let mut out = Vec::new();

@@ -15,7 +15,7 @@ fn logits_and_greedy_tokens_match_goldens() {
     for (name, dir, goldens, logits_file) in model_fixtures("logits_and_greedy_tokens_match_goldens") {
         let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
         let reference = load_tensors(&logits_file);
-        let mut pool = engine.new_pool(1);
+        let mut pool = engine.new_pool(1).unwrap();
         for (i, case) in golden_cases(&goldens).iter().enumerate() {
             let ids: Vec<i64> = values(&reference[&format!("case{i}.input_ids")]).iter().map(|&x| x as i64).collect();
             assert_eq!(ids, case.input_ids.iter().map(|&x| x as i64).collect::<Vec<_>>(), "{name} case{i}: ids");

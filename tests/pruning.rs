@@ -177,7 +177,7 @@ fn every_method_runs_on_the_fixtures_and_is_deterministic() {
         dirs.push(("tiny-gdp".into(), s.join("tiny-gdp")));
     }
     for (name, dir) in dirs {
-        for method in [Method::Rand, Method::L1, Method::Swanda, Method::Drrqr] {
+        for method in [Method::Rand, Method::L1, Method::Swanda, Method::Grad, Method::Drrqr] {
             let run = |seed: u64| {
                 let out = tempfile::tempdir().unwrap();
                 let r = prune(&PruneOptions {
@@ -231,4 +231,95 @@ fn bad_options_are_refused() {
     assert_eq!(e, "invalid `ratio`: expected in [0, 1), got 1");
     let e = prune(&opts(Method::Drrqr, 0.5)).unwrap_err().to_string();
     assert!(e.contains("`calibration`") && e.contains("drrqr"), "{e}");
+}
+
+/// The compact models plus the full fla fixtures when present.
+fn fixture_models(test: &str) -> Vec<(String, PathBuf)> {
+    let mut dirs: Vec<(String, PathBuf)> = MODELS.iter().map(|n| (n.to_string(), compact_dir().join(n))).collect();
+    if let Some(s) = shared_dir(test) {
+        dirs.extend(["tiny-gdn", "tiny-gdp"].map(|n| (n.to_string(), s.join(n))));
+    }
+    dirs
+}
+
+#[test]
+fn differentiable_forward_matches_the_engine() {
+    // Grad's forward is a second implementation of the model in plain tensor ops; it must give
+    // the engine's logits. 150 tokens span three 64-token chunks with a ragged tail.
+    let tokens: Vec<u32> = (0..150u32).map(|i| (i * 37 + 11) % 200).collect();
+    for (name, dir) in fixture_models("differentiable_forward_matches_the_engine") {
+        let m = load_model(&dir).unwrap();
+        let mut pool = StatePool::new(m.config(), 1);
+        let s = pool.allocate().unwrap();
+        let want = values(&m.prefill(&mut pool, s, &tokens, Logits::All, PrefillAlgo::Chunked).unwrap());
+        let got = values(&m.logits_autodiff(&tokens, &m.qk_proj()).unwrap());
+        let e = rel_err(&got, &want);
+        println!("{name}: differentiable vs engine logits rel err {e:.2e}");
+        assert!(e < 1e-4, "{name}: {e}");
+    }
+}
+
+#[test]
+fn loss_gradient_matches_finite_differences() {
+    use candle_core::Var;
+    use deltaserve_engine::models::autodiff::QkProj;
+    let tokens: Vec<u32> = (0..100u32).map(|i| (i * 53 + 7) % 120).collect();
+    for (name, dir) in fixture_models("loss_gradient_matches_finite_differences") {
+        let m = load_model(&dir).unwrap();
+        let base = m.qk_proj();
+        let vars: Vec<(Var, Var)> = base.iter().map(|w| (Var::from_tensor(&w.q).unwrap(), Var::from_tensor(&w.k).unwrap())).collect();
+        let qk: Vec<QkProj> = vars.iter().map(|(q, k)| QkProj { q: q.as_tensor().clone(), k: k.as_tensor().clone() }).collect();
+        let grads = m.lm_loss(&tokens, &qk).unwrap().backward().unwrap();
+        let g: Vec<(Tensor, Tensor)> =
+            vars.iter().map(|(q, k)| (grads.get(q.as_tensor()).unwrap().clone(), grads.get(k.as_tensor()).unwrap().clone())).collect();
+        let norm = g
+            .iter()
+            .map(|(a, b)| {
+                a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                    + b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+            })
+            .sum::<f64>()
+            .sqrt();
+        assert!(norm > 0.0, "{name}: zero gradient");
+        // Along the gradient the directional derivative is ‖G‖; along a random unit direction
+        // it is ⟨G, d⟩. Central differences in f32 must reproduce both.
+        let random: Vec<(Tensor, Tensor)> =
+            base.iter().map(|w| (w.q.randn_like(0.0, 1.0).unwrap(), w.k.randn_like(0.0, 1.0).unwrap())).collect();
+        // Along the gradient, curvature costs ~1% at this step; a random direction's small
+        // derivative is held to a tighter absolute bound.
+        for (label, dir, tol) in [("gradient", g.clone(), 2e-2), ("random", random, 2e-3)] {
+            let dn = dir
+                .iter()
+                .map(|(a, b)| {
+                    a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                        + b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                })
+                .sum::<f64>()
+                .sqrt();
+            let want: f64 = dir
+                .iter()
+                .zip(&g)
+                .map(|((a, b), (ga, gb))| {
+                    (a * ga).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                        + (b * gb).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
+                })
+                .sum::<f64>()
+                / dn;
+            let eps = 2e-3;
+            let shifted = |sign: f64| -> f64 {
+                let w: Vec<QkProj> = base
+                    .iter()
+                    .zip(&dir)
+                    .map(|(w, (a, b))| QkProj {
+                        q: (&w.q + (a * (sign * eps / dn)).unwrap()).unwrap(),
+                        k: (&w.k + (b * (sign * eps / dn)).unwrap()).unwrap(),
+                    })
+                    .collect();
+                m.lm_loss(&tokens, &w).unwrap().to_scalar::<f32>().unwrap() as f64
+            };
+            let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
+            println!("{name} {label}: autograd {want:.6e}, finite difference {fd:.6e}, ‖G‖ {norm:.3e}");
+            assert!((fd - want).abs() <= tol * norm, "{name} {label}: autograd {want} vs finite difference {fd}");
+        }
+    }
 }

@@ -66,6 +66,32 @@ pub fn parse_dtype(s: &str) -> Result<DType> {
     }
 }
 
+/// Parses a device name: `cpu`, `cuda` (GPU 0) or `cuda:N`. CUDA needs a build with the
+/// `cuda` feature.
+pub fn parse_device(s: &str) -> Result<Device> {
+    let lower = s.to_ascii_lowercase();
+    let ordinal = match lower.as_str() {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" | "gpu" => Some(0),
+        other => other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()),
+    };
+    let Some(ordinal) = ordinal else {
+        return Err(EngineError::Invalid { field: "device", expected: "cpu, cuda or cuda:N".into(), actual: s.into() });
+    };
+    if !cfg!(feature = "cuda") {
+        return Err(EngineError::Invalid {
+            field: "device",
+            expected: "cpu (this binary was built without the `cuda` feature)".into(),
+            actual: s.into(),
+        });
+    }
+    Device::new_cuda(ordinal).map_err(|e| EngineError::Invalid {
+        field: "device",
+        expected: format!("a usable CUDA device {ordinal}"),
+        actual: e.to_string(),
+    })
+}
+
 /// Reads and validates `DIR/config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
@@ -118,8 +144,8 @@ impl Engine {
     }
 
     /// A state pool of `slots` sequences for this model.
-    pub fn new_pool(&self, slots: usize) -> StatePool {
-        StatePool::new(self.config(), slots)
+    pub fn new_pool(&self, slots: usize) -> Result<StatePool> {
+        StatePool::new_on(self.config(), slots, self.model.device())
     }
 
     /// Chunked prefill of `tokens` into `slot` (continuing from its state).

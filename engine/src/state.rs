@@ -8,6 +8,7 @@
 //!   and the read-out then stream contiguous V-rows. fla stores GDN's state V-first
 //!   (`state_v_first`); that only matters for cache interchange, which we do not do.
 
+use candle_core::Device;
 use deltaserve_kernels::SlotBuffer;
 
 use crate::config::ModelConfig;
@@ -48,13 +49,32 @@ pub struct StatePool {
 }
 
 impl StatePool {
-    /// Allocates `slots` zeroed slots sized for `cfg`.
+    /// Allocates `slots` zeroed slots sized for `cfg` in host memory.
     pub fn new(cfg: &ModelConfig, slots: usize) -> Self {
         let conv = cfg.conv_channels() * cfg.common.conv_size;
         let rec = cfg.recurrent_state_len();
         let layers = (0..cfg.common.num_hidden_layers)
             .map(|_| LayerState { conv_state: SlotBuffer::zeros(slots, conv), recurrent_state: SlotBuffer::zeros(slots, rec) })
             .collect();
+        Self::from_layers(layers, slots)
+    }
+
+    /// Allocates the pool on `device` (GPU memory for CUDA, where kernels update slots in place).
+    pub fn new_on(cfg: &ModelConfig, slots: usize, device: &Device) -> Result<Self> {
+        let conv = cfg.conv_channels() * cfg.common.conv_size;
+        let rec = cfg.recurrent_state_len();
+        let layers = (0..cfg.common.num_hidden_layers)
+            .map(|_| {
+                Ok(LayerState {
+                    conv_state: SlotBuffer::zeros_on(slots, conv, device)?,
+                    recurrent_state: SlotBuffer::zeros_on(slots, rec, device)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_layers(layers, slots))
+    }
+
+    fn from_layers(layers: Vec<LayerState>, slots: usize) -> Self {
         // Lowest index first, so slot order is predictable in logs.
         Self { layers, in_use: vec![false; slots], free: (0..slots).rev().collect() }
     }

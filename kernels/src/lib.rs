@@ -6,6 +6,8 @@
 //! shapes, not layers. Math follows `docs/model-spec.md` (§1.3, §2.3, §3.4, §3.5).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ops;
 mod slots;
 

@@ -29,19 +29,63 @@ fn dims2(op: &'static str, input: &'static str, t: &Tensor) -> Result<(usize, us
 }
 
 /// Causal depthwise conv over a prompt chunk `x` `[T, C]` with `weight` `[C, W]`, continuing
-/// from and updating one slot's conv state `[C, W]`. Returns `[T, C]` f32.
-pub fn conv_prefill(x: &Tensor, weight: &Tensor, state: &mut [f32], act: ConvActivation) -> Result<Tensor> {
+/// from and updating the conv state `[C, W]` of `slot`. Returns `[T, C]` f32.
+pub fn conv_prefill(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slot: usize, act: ConvActivation) -> Result<Tensor> {
+    let t = dims2("conv_prefill", "x", x)?.0;
+    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act)
+}
+
+/// [`conv_prefill`] over several sequences packed in `x` `[Σ T, C]`: sequence `s` owns rows
+/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`.
+pub fn conv_prefill_packed(
+    x: &Tensor,
+    weight: &Tensor,
+    states: &mut SlotBuffer,
+    cu_seqlens: &[usize],
+    slots: &[usize],
+    act: ConvActivation,
+) -> Result<Tensor> {
     const OP: &str = "conv_prefill";
     let (t, c) = dims2(OP, "x", x)?;
     let (_, w) = dims2(OP, "weight", weight)?;
     expect_dims(OP, "weight", weight, &[c, w])?;
-    if state.len() != c * w {
-        return Err(KernelError::Shape { op: OP, input: "state", expected: format!("[{c}, {w}]"), actual: vec![state.len()] });
+    check_packing(OP, t, cu_seqlens, slots)?;
+    states.check_distinct(slots)?;
+    if states.per_slot() != c * w {
+        return Err(KernelError::Shape { op: OP, input: "state", expected: format!("[{c}, {w}]"), actual: vec![states.per_slot()] });
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(d) = states.device_slots() {
+        if w > 8 {
+            return Err(KernelError::Shape { op: OP, input: "weight", expected: "conv width ≤ 8".into(), actual: vec![c, w] });
+        }
+        return crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu);
     }
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; t * c];
-    conv::causal_conv1d_prefill(&xs, &ws, state, c, w, act, &mut y);
+    for (s, &slot) in slots.iter().enumerate() {
+        let (a, b) = (cu_seqlens[s] * c, cu_seqlens[s + 1] * c);
+        conv::causal_conv1d_prefill(&xs[a..b], &ws, states.slot_mut(slot)?, c, w, act, &mut y[a..b]);
+    }
     Ok(Tensor::from_vec(y, (t, c), x.device())?)
+}
+
+/// Checks a packing: `cu_seqlens` starts at 0, is non-decreasing, ends at `rows`, and has one
+/// more entry than `slots`.
+fn check_packing(op: &'static str, rows: usize, cu_seqlens: &[usize], slots: &[usize]) -> Result<()> {
+    let ok = cu_seqlens.len() == slots.len() + 1
+        && cu_seqlens.first() == Some(&0)
+        && cu_seqlens.last() == Some(&rows)
+        && cu_seqlens.windows(2).all(|w| w[0] <= w[1]);
+    if !ok {
+        return Err(KernelError::Shape {
+            op,
+            input: "cu_seqlens",
+            expected: format!("{} offsets from 0 to {rows}, non-decreasing", slots.len() + 1),
+            actual: cu_seqlens.to_vec(),
+        });
+    }
+    Ok(())
 }
 
 /// One decode step of the causal conv for `B` sequences: `x` `[B, C]`, the conv states of
@@ -59,6 +103,11 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slots: &[
             expected: format!("[{c}, {w}] per slot"),
             actual: vec![states.per_slot()],
         });
+    }
+    states.check_distinct(slots)?;
+    #[cfg(feature = "cuda")]
+    if let Some(d) = states.device_slots() {
+        return crate::cuda::conv_step(x, weight, d, slots, act == ConvActivation::Silu);
     }
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; b * c];
@@ -102,6 +151,63 @@ pub fn gate(a: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<Tensor> {
     Ok(Tensor::from_vec(v, a.shape(), a.device())?)
 }
 
+/// Where q and k heads sit in the conv output, for [`prepare`].
+#[derive(Debug, Clone, Copy)]
+pub struct QkLayout {
+    /// q heads, from column 0.
+    pub q_heads: usize,
+    /// k heads (n·H for Gated DeltaProduct), from column `q_heads·head_dim`.
+    pub k_heads: usize,
+    /// Key head dim.
+    pub head_dim: usize,
+}
+
+/// The mixer's per-token inputs after the conv (model-spec.md §1.3 steps 4, 6, 7), f32.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// `[N, q_heads, K]` L2-normalised.
+    pub q: Tensor,
+    /// `[N, k_heads, K]` L2-normalised.
+    pub k: Tensor,
+    /// β `[N, b's width]`.
+    pub beta: Tensor,
+    /// Log-decay `[N, HV]`.
+    pub g: Option<Tensor>,
+}
+
+/// L2-normalises the q and k heads of `conv_out` `[N, C]`, computes β from `b` (×2 with
+/// `allow_neg_eigval`) and the fp32 gate from `(a, A_log, dt_bias)`. One fused kernel on a GPU.
+pub fn prepare(
+    conv_out: &Tensor,
+    l: QkLayout,
+    b: &Tensor,
+    allow_neg_eigval: bool,
+    gate_in: Option<(&Tensor, &Tensor, &Tensor)>,
+) -> Result<Prepared> {
+    const OP: &str = "prepare";
+    let (n, c) = dims2(OP, "conv_out", conv_out)?;
+    let (q_w, k_w) = (l.q_heads * l.head_dim, l.k_heads * l.head_dim);
+    if c < q_w + k_w {
+        return Err(KernelError::Shape {
+            op: OP,
+            input: "conv_out",
+            expected: format!("at least {} columns", q_w + k_w),
+            actual: vec![n, c],
+        });
+    }
+    #[cfg(feature = "cuda")]
+    if conv_out.device().is_cuda() {
+        let gi = gate_in.map(|(a, a_log, dt_bias)| crate::cuda::GateInputs { a, a_log, dt_bias });
+        let mult = if allow_neg_eigval { 2.0 } else { 1.0 };
+        let p = crate::cuda::prep(conv_out, l.q_heads, l.k_heads, l.head_dim, q_w, b, mult, gi)?;
+        return Ok(Prepared { q: p.q, k: p.k, beta: p.beta, g: p.g });
+    }
+    let q = l2norm(&conv_out.narrow(1, 0, q_w)?.reshape((n, l.q_heads, l.head_dim))?)?;
+    let k = l2norm(&conv_out.narrow(1, q_w, k_w)?.reshape((n, l.k_heads, l.head_dim))?)?;
+    let g = gate_in.map(|(a, a_log, dt_bias)| gate(a, a_log, dt_bias)).transpose()?;
+    Ok(Prepared { q, k, beta: beta(b, allow_neg_eigval)?, g })
+}
+
 /// Output RMSNorm over the last dim, gated by `z` when given (§1.3 step 9). Returns f32.
 pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32, act: GateActivation) -> Result<Tensor> {
     const OP: &str = "gated_rms_norm";
@@ -113,6 +219,13 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     })?;
     if x.dims().last() != Some(&dim) {
         return Err(KernelError::Shape { op: OP, input: "x", expected: format!("last dim {dim}"), actual: x.dims().to_vec() });
+    }
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        if let Some(z) = z {
+            expect_dims(OP, "z", z, x.dims())?;
+        }
+        return crate::cuda::gated_rms_norm(x, z, weight, eps, act == GateActivation::Sigmoid);
     }
     let mut v = cpu_f32(OP, x)?;
     let zs = match z {
@@ -165,7 +278,8 @@ struct Flat {
 }
 
 impl MixerInputs<'_> {
-    fn flatten(&self, op: &'static str) -> Result<Flat> {
+    /// Validates the shapes; returns `(T, dims of the interleaved sequence)`.
+    fn dims(&self, op: &'static str) -> Result<(usize, gd::Dims)> {
         let (t, h, kd) = self.q.dims3().map_err(|_| KernelError::Shape {
             op,
             input: "q",
@@ -190,34 +304,114 @@ impl MixerInputs<'_> {
         if let Some(g) = self.g {
             expect_dims(op, "g", g, &[t, hv])?;
         }
+        Ok((t, gd::Dims { t: t * n, h, hv, k: kd, v: vd }))
+    }
+
+    fn flatten(&self, op: &'static str) -> Result<Flat> {
+        let (t, d) = self.dims(op)?;
         let g = self.g.map(|g| cpu_f32(op, g)).transpose()?;
-        Ok(Flat {
-            d: gd::Dims { t: t * n, h, hv, k: kd, v: vd },
-            t,
-            q: cpu_f32(op, self.q)?,
-            k: cpu_f32(op, self.k)?,
-            v: cpu_f32(op, self.v)?,
-            beta: cpu_f32(op, self.beta)?,
-            g,
-        })
+        Ok(Flat { d, t, q: cpu_f32(op, self.q)?, k: cpu_f32(op, self.k)?, v: cpu_f32(op, self.v)?, beta: cpu_f32(op, self.beta)?, g })
+    }
+
+    /// Rows `t0..t0+len` (tokens) of every input.
+    fn rows(&self, t0: usize, len: usize) -> Result<(Tensor, Tensor, Tensor, Tensor, Option<Tensor>)> {
+        let n = self.n.max(1);
+        Ok((
+            self.q.narrow(0, t0, len)?,
+            self.k.narrow(0, t0 * n, len * n)?,
+            self.v.narrow(0, t0 * n, len * n)?,
+            self.beta.narrow(0, t0 * n, len * n)?,
+            self.g.map(|g| g.narrow(0, t0, len)).transpose()?,
+        ))
     }
 }
 
-/// Runs the mixer over one sequence from one slot's state `[HV, K, V]` (updated in place).
-/// Returns `o` `[T, HV, V]` f32.
-pub fn gated_delta_prefill(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Result<Tensor> {
-    const OP: &str = "gated_delta_prefill";
-    let f = x.flatten(OP)?;
-    let n = x.n.max(1);
-    let per_state = f.d.hv * f.d.k * f.d.v;
-    if state.len() != per_state {
-        return Err(KernelError::Shape {
-            op: OP,
-            input: "state",
-            expected: format!("[{}, {}, {}]", f.d.hv, f.d.k, f.d.v),
-            actual: vec![state.len()],
-        });
+fn check_state(op: &'static str, d: gd::Dims, per_slot: usize) -> Result<()> {
+    if per_slot != d.hv * d.k * d.v {
+        return Err(KernelError::Shape { op, input: "state", expected: format!("[{}, {}, {}]", d.hv, d.k, d.v), actual: vec![per_slot] });
     }
+    Ok(())
+}
+
+/// Runs the mixer over one sequence from the recurrent state `[HV, K, V]` of `slot` (updated
+/// in place). Returns `o` `[T, HV, V]` f32.
+pub fn gated_delta_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, slot: usize, algo: PrefillAlgo) -> Result<Tensor> {
+    let t = x.q.dim(0)?;
+    gated_delta_prefill_packed(x, states, &[0, t], &[slot], algo)
+}
+
+/// [`gated_delta_prefill`] over several sequences packed along the token axis: sequence `s`
+/// owns tokens `cu_seqlens[s]..cu_seqlens[s+1]` and the state of `slots[s]`. On a GPU this is
+/// one launch (varlen); the CPU runs the sequences one after another. The GPU always runs the
+/// chunked form.
+pub fn gated_delta_prefill_packed(
+    x: MixerInputs<'_>,
+    states: &mut SlotBuffer,
+    cu_seqlens: &[usize],
+    slots: &[usize],
+    algo: PrefillAlgo,
+) -> Result<Tensor> {
+    const OP: &str = "gated_delta_prefill";
+    let (t, d) = x.dims(OP)?;
+    check_packing(OP, t, cu_seqlens, slots)?;
+    check_state(OP, d, states.per_slot())?;
+    states.check_distinct(slots)?;
+    #[cfg(feature = "cuda")]
+    if !states.is_host() {
+        return cuda_prefill(x, states, cu_seqlens, slots);
+    }
+    let mut outs = Vec::with_capacity(slots.len());
+    for (s, &slot) in slots.iter().enumerate() {
+        let (t0, len) = (cu_seqlens[s], cu_seqlens[s + 1] - cu_seqlens[s]);
+        if len == 0 {
+            continue;
+        }
+        let (q, k, v, beta, g) = x.rows(t0, len)?;
+        let one = MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: g.as_ref(), ..x };
+        outs.push(prefill_host(one, states.slot_mut(slot)?, algo)?);
+    }
+    if outs.is_empty() {
+        return Ok(Tensor::zeros((0, d.hv, d.v), DType::F32, x.q.device())?);
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// The GPU prefill: Gated DeltaProduct's interleaved sequence is built on the device (q on each
+/// token's last step, the gate on its first) and the chunk kernel runs every sequence at once.
+#[cfg(feature = "cuda")]
+fn cuda_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
+    let n = x.n.max(1);
+    let (t, h, kd) = x.q.dims3()?;
+    let hv = x.v.dim(1)?;
+    let (q, g) = if n > 1 {
+        let q = x.q.to_dtype(DType::F32)?.unsqueeze(1)?;
+        let q = Tensor::cat(&[Tensor::zeros((t, n - 1, h, kd), DType::F32, x.q.device())?, q], 1)?.reshape((t * n, h, kd))?;
+        let g = match x.g {
+            Some(g) => {
+                let g = g.to_dtype(DType::F32)?.unsqueeze(1)?;
+                Some(Tensor::cat(&[g, Tensor::zeros((t, n - 1, hv), DType::F32, x.q.device())?], 1)?.reshape((t * n, hv))?)
+            }
+            None => None,
+        };
+        (q, g)
+    } else {
+        (x.q.clone(), x.g.cloned())
+    };
+    let cu: Vec<usize> = cu_seqlens.iter().map(|c| c * n).collect();
+    let args = crate::cuda::MixerArgs { q: &q, k: x.k, v: x.v, beta: x.beta, g: g.as_ref(), scale: x.scale };
+    let dev = states.device_slots().ok_or(KernelError::UnsupportedDevice { op: "gated_delta_prefill", device: "host states".into() })?;
+    let o = crate::cuda::gated_delta_chunk(&args, dev, &cu, slots)?;
+    if n == 1 {
+        return Ok(o);
+    }
+    let vd = o.dim(2)?;
+    Ok(o.reshape((t, n, hv, vd))?.narrow(1, n - 1, 1)?.squeeze(1)?.contiguous()?)
+}
+
+/// The host prefill of one sequence.
+fn prefill_host(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Result<Tensor> {
+    let f = x.flatten("gated_delta_prefill")?;
+    let n = x.n.max(1);
     // Gated DeltaProduct = the GDN recurrence on the interleaved sequence (§2.3).
     let (q, g) = if n > 1 { gd::interleave_product(f.t, n, f.d.h, f.d.hv, f.d.k, &f.q, f.g.as_deref()) } else { (f.q, f.g) };
     let inputs = gd::Inputs { q: &q, k: &f.k, v: &f.v, beta: &f.beta, g: g.as_deref() };
@@ -234,18 +428,17 @@ pub fn gated_delta_prefill(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillA
 /// writing the recurrent state of its slot in place. Returns `o` `[B, HV, V]` f32.
 pub fn gated_delta_step(x: MixerInputs<'_>, states: &mut SlotBuffer, slots: &[usize]) -> Result<Tensor> {
     const OP: &str = "gated_delta_step";
+    let (rows, d) = x.dims(OP)?;
+    check_rows(OP, rows, slots)?;
+    check_state(OP, d, states.per_slot())?;
+    states.check_distinct(slots)?;
+    #[cfg(feature = "cuda")]
+    if let Some(dev) = states.device_slots() {
+        let args = crate::cuda::MixerArgs { q: x.q, k: x.k, v: x.v, beta: x.beta, g: x.g, scale: x.scale };
+        return crate::cuda::gated_delta_step(&args, x.n.max(1), dev, slots);
+    }
     let f = x.flatten(OP)?;
     let n = x.n.max(1);
-    let d = f.d;
-    check_rows(OP, f.t, slots)?;
-    if states.per_slot() != d.hv * d.k * d.v {
-        return Err(KernelError::Shape {
-            op: OP,
-            input: "states",
-            expected: format!("[{}, {}, {}] per slot", d.hv, d.k, d.v),
-            actual: vec![states.per_slot()],
-        });
-    }
     let (kd, vd, grp) = (d.k, d.v, d.hv / d.h);
     let mut o = vec![0f32; f.t * d.hv * vd];
     let views = states.slots_mut(slots)?;

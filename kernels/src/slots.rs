@@ -1,23 +1,45 @@
-//! A fixed number of equally sized per-sequence state slots in one allocation.
+//! A fixed number of equally sized per-sequence state slots in one allocation, in host memory
+//! or (with the `cuda` feature) in GPU memory, where the kernels update slots in place.
+
+use candle_core::Device;
 
 use crate::{KernelError, Result};
+
+/// Where the slots live.
+#[derive(Debug, Clone)]
+enum Store {
+    Host(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::DeviceSlots),
+}
 
 /// `slots × per_slot` f32 values; slot `i` is the contiguous range `[i·per_slot, (i+1)·per_slot)`.
 #[derive(Debug, Clone)]
 pub struct SlotBuffer {
     per_slot: usize,
-    data: Vec<f32>,
+    slots: usize,
+    store: Store,
 }
 
 impl SlotBuffer {
-    /// Allocates `slots` zeroed slots of `per_slot` values each.
+    /// Allocates `slots` zeroed slots of `per_slot` values each in host memory.
     pub fn zeros(slots: usize, per_slot: usize) -> Self {
-        Self { per_slot, data: vec![0.0; slots * per_slot] }
+        Self { per_slot, slots, store: Store::Host(vec![0.0; slots * per_slot]) }
+    }
+
+    /// Allocates zeroed slots on `device` (host memory for the CPU).
+    pub fn zeros_on(slots: usize, per_slot: usize, device: &Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Ok(Self::zeros(slots, per_slot)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => Ok(Self { per_slot, slots, store: Store::Cuda(crate::cuda::DeviceSlots::zeros(d, slots * per_slot)?) }),
+            other => Err(KernelError::UnsupportedDevice { op: "SlotBuffer::zeros_on", device: format!("{other:?}") }),
+        }
     }
 
     /// Number of slots.
     pub fn slots(&self) -> usize {
-        self.data.len().checked_div(self.per_slot).unwrap_or(0)
+        self.slots
     }
 
     /// Values per slot.
@@ -30,28 +52,98 @@ impl SlotBuffer {
         self.per_slot * std::mem::size_of::<f32>()
     }
 
+    /// Whether the slots are in host memory (slices can be borrowed).
+    pub fn is_host(&self) -> bool {
+        matches!(self.store, Store::Host(_))
+    }
+
     fn check(&self, slot: usize) -> Result<()> {
-        if slot >= self.slots() {
-            return Err(KernelError::Slot { slot, slots: self.slots() });
+        if slot >= self.slots {
+            return Err(KernelError::Slot { slot, slots: self.slots });
         }
         Ok(())
     }
 
-    /// One slot, read-only.
-    pub fn slot(&self, slot: usize) -> Result<&[f32]> {
-        self.check(slot)?;
-        Ok(&self.data[slot * self.per_slot..(slot + 1) * self.per_slot])
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn host(&self, op: &'static str) -> Result<&Vec<f32>> {
+        match &self.store {
+            Store::Host(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(_) => Err(KernelError::UnsupportedDevice { op, device: "cuda (use slot_to_vec)".into() }),
+        }
     }
 
-    /// One slot, writable.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn host_mut(&mut self, op: &'static str) -> Result<&mut Vec<f32>> {
+        match &mut self.store {
+            Store::Host(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(_) => Err(KernelError::UnsupportedDevice { op, device: "cuda".into() }),
+        }
+    }
+
+    /// The GPU allocation, if the slots live on a GPU.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device_slots(&mut self) -> Option<&mut crate::cuda::DeviceSlots> {
+        match &mut self.store {
+            Store::Cuda(d) => Some(d),
+            Store::Host(_) => None,
+        }
+    }
+
+    /// One host slot, read-only.
+    pub fn slot(&self, slot: usize) -> Result<&[f32]> {
+        self.check(slot)?;
+        let p = self.per_slot;
+        Ok(&self.host("SlotBuffer::slot")?[slot * p..(slot + 1) * p])
+    }
+
+    /// One slot copied out, wherever it lives.
+    pub fn slot_to_vec(&self, slot: usize) -> Result<Vec<f32>> {
+        self.check(slot)?;
+        match &self.store {
+            Store::Host(v) => Ok(v[slot * self.per_slot..(slot + 1) * self.per_slot].to_vec()),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(d) => d.read(slot * self.per_slot, self.per_slot),
+        }
+    }
+
+    /// Overwrites one slot with `values` (`per_slot` of them), wherever it lives.
+    pub fn write_slot(&mut self, slot: usize, values: &[f32]) -> Result<()> {
+        self.check(slot)?;
+        if values.len() != self.per_slot {
+            return Err(KernelError::Shape {
+                op: "write_slot",
+                input: "values",
+                expected: format!("{} values", self.per_slot),
+                actual: vec![values.len()],
+            });
+        }
+        let p = self.per_slot;
+        match &mut self.store {
+            Store::Host(v) => v[slot * p..(slot + 1) * p].copy_from_slice(values),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(d) => d.write(slot * p, values)?,
+        }
+        Ok(())
+    }
+
+    /// One host slot, writable.
     pub fn slot_mut(&mut self, slot: usize) -> Result<&mut [f32]> {
         self.check(slot)?;
-        Ok(&mut self.data[slot * self.per_slot..(slot + 1) * self.per_slot])
+        let p = self.per_slot;
+        Ok(&mut self.host_mut("SlotBuffer::slot_mut")?[slot * p..(slot + 1) * p])
     }
 
     /// Zeroes one slot so that nothing of its previous owner survives.
     pub fn zero(&mut self, slot: usize) -> Result<()> {
-        self.slot_mut(slot)?.iter_mut().for_each(|x| *x = 0.0);
+        self.check(slot)?;
+        let p = self.per_slot;
+        match &mut self.store {
+            Store::Host(v) => v[slot * p..(slot + 1) * p].iter_mut().for_each(|x| *x = 0.0),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(d) => d.zero(slot * p, p)?,
+        }
         Ok(())
     }
 
@@ -60,26 +152,37 @@ impl SlotBuffer {
         self.check(src)?;
         self.check(dst)?;
         let p = self.per_slot;
-        self.data.copy_within(src * p..(src + 1) * p, dst * p);
+        match &mut self.store {
+            Store::Host(v) => v.copy_within(src * p..(src + 1) * p, dst * p),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(d) => d.copy(src * p, dst * p, p)?,
+        }
         Ok(())
     }
 
-    /// Mutable views of several distinct slots, in the order given.
-    pub fn slots_mut(&mut self, slots: &[usize]) -> Result<Vec<&mut [f32]>> {
-        let mut seen = vec![false; self.slots()];
+    /// Checks that `slots` are distinct and in range (kernels write each slot once).
+    pub fn check_distinct(&self, slots: &[usize]) -> Result<()> {
+        let mut seen = vec![false; self.slots];
         for &s in slots {
             self.check(s)?;
             if std::mem::replace(&mut seen[s], true) {
                 return Err(KernelError::Shape {
-                    op: "slots_mut",
+                    op: "slots",
                     input: "slots",
                     expected: "distinct slot indices".into(),
                     actual: slots.to_vec(),
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Mutable views of several distinct host slots, in the order given.
+    pub fn slots_mut(&mut self, slots: &[usize]) -> Result<Vec<&mut [f32]>> {
+        self.check_distinct(slots)?;
         let p = self.per_slot;
-        let mut by_slot: Vec<Option<&mut [f32]>> = self.data.chunks_mut(p.max(1)).map(Some).collect();
+        let data = self.host_mut("SlotBuffer::slots_mut")?;
+        let mut by_slot: Vec<Option<&mut [f32]>> = data.chunks_mut(p.max(1)).map(Some).collect();
         Ok(slots.iter().map(|&s| by_slot[s].take().unwrap_or_default()).collect())
     }
 }
@@ -94,6 +197,7 @@ mod tests {
         b.slot_mut(1).unwrap().copy_from_slice(&[1.0, 2.0]);
         b.copy_slot(1, 2).unwrap();
         assert_eq!(b.slot(2).unwrap(), &[1.0, 2.0]);
+        assert_eq!(b.slot_to_vec(2).unwrap(), vec![1.0, 2.0]);
         b.zero(1).unwrap();
         assert_eq!(b.slot(1).unwrap(), &[0.0, 0.0]);
         assert!(matches!(b.slot(3), Err(KernelError::Slot { slot: 3, slots: 3 })));

@@ -1,10 +1,12 @@
 //! Calibration statistics, gathered once on the unpruned model (pruning-spec.md §1.3):
 //! per-feature RMS of the mixer input (S-Wanda) and row samples of `[Q_h; K_h]` after the
-//! short conv + SiLU, before the L2 norm (DRRQR).
+//! short conv + SiLU, before the L2 norm (DRRQR); and summed LM-loss gradients of
+//! `q_proj`/`k_proj` (Grad).
 
 use std::sync::Mutex;
 
 use candle_core::Tensor;
+use deltaserve_engine::models::autodiff::QkProj;
 use deltaserve_engine::models::Capture;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -148,4 +150,38 @@ impl Capture for Collector {
             }
         }
     }
+}
+
+/// Grad's statistic: the LM-loss gradients of every layer's `q_proj`/`k_proj`, summed over
+/// `windows` (fp32 accumulation; the reference accumulated in bf16), computed by candle's
+/// autograd through the engine's differentiable forward. `tick` runs after each window.
+pub fn taylor_sums(
+    model: &deltaserve_engine::CausalLm,
+    windows: &[Vec<u32>],
+    mut tick: impl FnMut(),
+) -> Result<crate::methods::TaylorSums, crate::PruneError> {
+    use candle_core::Var;
+    let err = |e: candle_core::Error| crate::PruneError::Tensor { tensor: "q_proj/k_proj gradient".into(), message: e.to_string() };
+    let weights = model.qk_proj();
+    let vars: Vec<(Var, Var)> =
+        weights.iter().map(|w| Ok((Var::from_tensor(&w.q)?, Var::from_tensor(&w.k)?))).collect::<candle_core::Result<_>>().map_err(err)?;
+    let qk: Vec<QkProj> = vars.iter().map(|(q, k)| QkProj { q: q.as_tensor().clone(), k: k.as_tensor().clone() }).collect();
+    let mut sums: Vec<(Tensor, Tensor)> =
+        weights.iter().map(|w| Ok((w.q.zeros_like()?, w.k.zeros_like()?))).collect::<candle_core::Result<_>>().map_err(err)?;
+    for w in windows {
+        let loss = model.lm_loss(w, &qk)?;
+        let grads = loss.backward().map_err(err)?;
+        for ((q, k), (gq, gk)) in vars.iter().zip(sums.iter_mut()) {
+            // A weight the loss does not reach has no gradient: it contributes zero.
+            if let Some(g) = grads.get(q.as_tensor()) {
+                *gq = (&*gq + g).map_err(err)?;
+            }
+            if let Some(g) = grads.get(k.as_tensor()) {
+                *gk = (&*gk + g).map_err(err)?;
+            }
+        }
+        tick();
+    }
+    let layers = weights.into_iter().zip(sums).map(|(w, (gq, gk))| [w.q, gq, w.k, gk]).collect();
+    Ok(crate::methods::TaylorSums { layers })
 }

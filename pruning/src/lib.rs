@@ -70,6 +70,8 @@ pub enum Method {
     L1,
     /// Structured Wanda: |W| weighted by the mixer input's per-feature RMS.
     Swanda,
+    /// First-order Taylor: |W ⊙ ΣG| of q_proj/k_proj over the calibration LM loss.
+    Grad,
     /// Strong rank-revealing QR of post-conv `[Q; K]` activations (the paper's method).
     Drrqr,
 }
@@ -79,7 +81,7 @@ impl Method {
     pub fn default_samples(self) -> usize {
         match self {
             Method::Drrqr => 16,
-            Method::Swanda => 128,
+            Method::Swanda | Method::Grad => 128,
             Method::Rand | Method::L1 => 0,
         }
     }
@@ -96,7 +98,7 @@ pub struct PruneOptions {
     pub input: PathBuf,
     /// Output directory.
     pub output: PathBuf,
-    /// Calibration text (S-Wanda, DRRQR).
+    /// Calibration text (S-Wanda, Grad, DRRQR).
     pub calibration: Option<PathBuf>,
     /// Calibration windows (default per method).
     pub samples: Option<usize>,
@@ -227,7 +229,7 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
     let (d, k) = (cfg.head_k_dim(), kept_dim(cfg.head_k_dim(), opts.ratio));
     let ckpt = Checkpoint::open(engine.model_dir())?;
     let samples = opts.samples.unwrap_or(opts.method.default_samples());
-    let needs_data = matches!(opts.method, Method::Swanda | Method::Drrqr);
+    let needs_data = matches!(opts.method, Method::Swanda | Method::Drrqr | Method::Grad);
     let calib = if needs_data {
         let path = opts.calibration.as_deref().ok_or(PruneError::Invalid {
             field: "calibration",
@@ -238,12 +240,20 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
     } else {
         vec![]
     };
-    let stats = if needs_data {
+    let taylor = if opts.method == Method::Grad {
+        let pb = bar(opts.progress, calib.len(), "backprop");
+        let sums = calibrate::taylor_sums(engine.model(), &calib, || pb.inc(1))?;
+        pb.finish_and_clear();
+        Some(sums)
+    } else {
+        None
+    };
+    let stats = if matches!(opts.method, Method::Swanda | Method::Drrqr) {
         let wanted = calibrate::Wanted { rms: opts.method == Method::Swanda, qk_rows: opts.method == Method::Drrqr };
         let collector =
             calibrate::Collector::new(wanted, cfg.common.num_hidden_layers, cfg.num_heads(), d, cfg.common.hidden_size, opts.seed);
         let pb = bar(opts.progress, calib.len(), "calibrating");
-        let mut pool = engine.new_pool(1);
+        let mut pool = engine.new_pool(1)?;
         for w in &calib {
             let s = pool.allocate().ok_or_else(|| PruneError::Unsupported("empty pool".into()))?;
             engine.model().prefill_with(&mut pool, s, w, Logits::Last, PrefillAlgo::Chunked, Some(&collector))?;
@@ -259,6 +269,10 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
         Method::Rand => (methods::rand(cfg.common.num_hidden_layers, cfg.num_heads(), d, k, opts.seed), None),
         Method::L1 => (methods::by_weights(&cfg, &ckpt, k, None)?, None),
         Method::Swanda => (methods::by_weights(&cfg, &ckpt, k, stats.as_deref())?, None),
+        Method::Grad => match &taylor {
+            Some(t) => (methods::grad(&cfg, t, k)?, None),
+            None => return Err(PruneError::Unsupported("grad: no gradients were collected".into())),
+        },
         Method::Drrqr => {
             let (s, info) = methods::drrqr(&cfg, k, stats.as_deref().unwrap_or_default())?;
             (s, Some(info))

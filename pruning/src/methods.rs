@@ -2,7 +2,7 @@
 //! per q/k head, shared by q and all n keys (§3.5 for Gated DeltaProduct).
 
 use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::{DType, Device, ModelConfig};
+use deltaserve_engine::{DType, Device, ModelConfig, Tensor};
 use faer::Mat;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -61,16 +61,20 @@ pub fn rand(layers: usize, heads: usize, d: usize, k: usize, seed: u64) -> Selec
 /// `|W_q|` and `|W_k|` rows of one layer as f32 `[rows][D]`.
 fn abs_rows(ckpt: &Checkpoint, key: &str) -> Result<Vec<Vec<f32>>, PruneError> {
     let t = ckpt.load_raw(key, DType::F32, &Device::Cpu)?;
-    let rows = t.abs().and_then(|t| t.to_vec2::<f32>()).map_err(|e| PruneError::Tensor { tensor: key.into(), message: e.to_string() })?;
-    Ok(rows)
+    rows_of(&t.abs(), key)
 }
 
-/// Channel scores of one layer: Σ_j (|Wq| + Σ_n |Wk^(n)|)_cj · w_j, where `w` is all ones (L1)
-/// or the mixer-input RMS (S-Wanda).
-fn weight_scores(cfg: &ModelConfig, ckpt: &Checkpoint, layer: usize, weights: Option<&[f64]>) -> Result<Vec<f64>, PruneError> {
-    let p = format!("model.layers.{layer}.attn");
-    let q = abs_rows(ckpt, &format!("{p}.q_proj.weight"))?;
-    let k = abs_rows(ckpt, &format!("{p}.k_proj.weight"))?;
+fn rows_of(t: &candle_core::Result<Tensor>, name: &str) -> Result<Vec<Vec<f32>>, PruneError> {
+    let tensor_err = |e: &dyn std::fmt::Display| PruneError::Tensor { tensor: name.into(), message: e.to_string() };
+    match t {
+        Ok(t) => t.to_vec2::<f32>().map_err(|e| tensor_err(&e)),
+        Err(e) => Err(tensor_err(e)),
+    }
+}
+
+/// Channel scores of one layer from non-negative element scores `q` `[H·K][D]` and `k`
+/// `[n·H·K][D]`: Σ_j (q + Σ_n k^(n))_cj · w_j, where `w` is all ones or the mixer-input RMS.
+fn channel_scores(cfg: &ModelConfig, q: &[Vec<f32>], k: &[Vec<f32>], weights: Option<&[f64]>) -> Vec<f64> {
     let key_dim = cfg.key_dim();
     let dot = |row: &[f32]| -> f64 {
         match weights {
@@ -78,17 +82,43 @@ fn weight_scores(cfg: &ModelConfig, ckpt: &Checkpoint, layer: usize, weights: Op
             None => row.iter().map(|a| *a as f64).sum(),
         }
     };
-    Ok((0..key_dim).map(|c| dot(&q[c]) + (0..cfg.num_householder()).map(|j| dot(&k[j * key_dim + c])).sum::<f64>()).collect())
+    (0..key_dim).map(|c| dot(&q[c]) + (0..cfg.num_householder()).map(|j| dot(&k[j * key_dim + c])).sum::<f64>()).collect()
+}
+
+/// Top-k per head of one layer's channel scores.
+fn per_head(scores: &[f64], heads: usize, d: usize, k: usize) -> Vec<Vec<usize>> {
+    (0..heads).map(|head| top_k_sorted(&scores[head * d..(head + 1) * d], k)).collect()
 }
 
 /// L1 (data-free) or S-Wanda (`stats` given) selection.
 pub fn by_weights(cfg: &ModelConfig, ckpt: &Checkpoint, k: usize, stats: Option<&[LayerStats]>) -> Result<Selection, PruneError> {
-    let (h, d) = (cfg.num_heads(), cfg.head_k_dim());
     (0..cfg.common.num_hidden_layers)
         .map(|l| {
+            let p = format!("model.layers.{l}.attn");
+            let q = abs_rows(ckpt, &format!("{p}.q_proj.weight"))?;
+            let kr = abs_rows(ckpt, &format!("{p}.k_proj.weight"))?;
             let rms = stats.map(|s| s[l].rms());
-            let scores = weight_scores(cfg, ckpt, l, rms.as_deref())?;
-            Ok((0..h).map(|head| top_k_sorted(&scores[head * d..(head + 1) * d], k)).collect())
+            Ok(per_head(&channel_scores(cfg, &q, &kr, rms.as_deref()), cfg.num_heads(), cfg.head_k_dim(), k))
+        })
+        .collect()
+}
+
+/// The first-order Taylor scores' inputs: each layer's `q_proj`/`k_proj` weights and their
+/// gradients summed over the calibration windows.
+pub struct TaylorSums {
+    /// `(W_q, ΣG_q, W_k, ΣG_k)` per layer, f32.
+    pub layers: Vec<[Tensor; 4]>,
+}
+
+/// Grad: top-k of Σ_j |W ⊙ ΣG| over the q row and every k row of each channel, sorted.
+pub fn grad(cfg: &ModelConfig, sums: &TaylorSums, k: usize) -> Result<Selection, PruneError> {
+    sums.layers
+        .iter()
+        .enumerate()
+        .map(|(l, [wq, gq, wk, gk])| {
+            let q = rows_of(&(wq * gq).and_then(|t| t.abs()), &format!("layer {l} q_proj score"))?;
+            let kr = rows_of(&(wk * gk).and_then(|t| t.abs()), &format!("layer {l} k_proj score"))?;
+            Ok(per_head(&channel_scores(cfg, &q, &kr, None), cfg.num_heads(), cfg.head_k_dim(), k))
         })
         .collect()
 }

@@ -206,8 +206,9 @@ pub fn spawn(
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
     let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue };
+    // The pool is allocated up front so that running out of (GPU) memory fails the start-up.
+    let pool = engine.new_pool(cfg.max_num_seqs).map_err(std::io::Error::other)?;
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
-        let pool = engine.new_pool(cfg.max_num_seqs);
         metrics.state_slots_total.set(pool.capacity() as i64);
         metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
         let mut s =

@@ -5,15 +5,23 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-/// The committed compact fixtures (always present).
-pub fn compact_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compact")
+/// This package's directory: `DELTASERVE_TESTS_DIR` when set (a test binary run on another
+/// machine, e.g. the GPU host), else where it was built.
+pub fn tests_dir() -> PathBuf {
+    std::env::var_os("DELTASERVE_TESTS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
-/// The full fla-made fixtures at `../shared/fixtures` beside the repository, if present.
-/// When absent, prints a visible notice naming the test that could not use them.
+/// The committed compact fixtures (always present).
+pub fn compact_dir() -> PathBuf {
+    tests_dir().join("fixtures/compact")
+}
+
+/// The full fla-made fixtures at `../shared/fixtures` beside the repository (or at
+/// `DELTASERVE_SHARED_FIXTURES`), if present. When absent, prints a visible notice naming the
+/// test that could not use them.
 pub fn shared_dir(test: &str) -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures");
+    let dir =
+        std::env::var_os("DELTASERVE_SHARED_FIXTURES").map(PathBuf::from).unwrap_or_else(|| tests_dir().join("../../shared/fixtures"));
     if dir.join("README.md").exists() {
         Some(dir)
     } else {
@@ -69,6 +77,35 @@ pub fn golden_cases(path: &Path) -> Vec<GoldenCase> {
             prompt: c["prompt"].as_str().unwrap_or_default().to_owned(),
         })
         .collect()
+}
+
+/// One op case of an `ops.safetensors` file (fla's float64 naive recurrence), batch element by
+/// batch element: `run(inputs, h0)` must return `(o, ht)`. Returns the worst (o, ht) errors.
+/// Cases: `gdr`, `gdr_neg` (negative eigenvalues) and `gdp` (gated delta product).
+pub fn check_op_case(
+    file: &Path,
+    case: &str,
+    mut run: impl FnMut(deltaserve_kernels::ops::MixerInputs<'_>, Vec<f32>) -> (Vec<f32>, Vec<f32>),
+) -> (f64, f64) {
+    let t = load_tensors(file);
+    let inp = if case == "gdr_neg" { "gdr" } else { case };
+    let get = |k: &str| t.get(k).unwrap_or_else(|| panic!("missing {k}")).clone();
+    let (q, k, v, g, h0) =
+        (get(&format!("{inp}.q")), get(&format!("{inp}.k")), get(&format!("{inp}.v")), get(&format!("{inp}.g")), get(&format!("{inp}.h0")));
+    let (beta, o_ref, ht_ref) = (get(&format!("{case}.beta")), get(&format!("{case}.o")), get(&format!("{case}.ht")));
+    let (b, tq, _, kd) = q.dims4().unwrap();
+    let n = k.dim(1).unwrap() / tq;
+    let scale = (kd as f32).powf(-0.5);
+    let (mut worst_o, mut worst_h) = (0f64, 0f64);
+    for bi in 0..b {
+        let sel = |x: &Tensor| x.get(bi).unwrap();
+        let inputs =
+            deltaserve_kernels::ops::MixerInputs { q: &sel(&q), k: &sel(&k), v: &sel(&v), beta: &sel(&beta), g: Some(&sel(&g)), n, scale };
+        let (o, ht) = run(inputs, values(&sel(&h0)));
+        worst_o = worst_o.max(rel_err(&o, &values(&sel(&o_ref))));
+        worst_h = worst_h.max(rel_err(&ht, &values(&sel(&ht_ref))));
+    }
+    (worst_o, worst_h)
 }
 
 /// Every model fixture: (name, checkpoint dir, goldens json, logits safetensors).

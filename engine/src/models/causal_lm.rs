@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::PrefillAlgo;
 
+use super::autodiff::{self, QkProj};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::mixer::linear;
@@ -125,6 +126,27 @@ impl Block {
             (r, x)
         };
         Ok((r + self.mlp.forward(&x)?)?)
+    }
+}
+
+impl Block {
+    /// [`Self::forward`] from a zero state in differentiable f32 tensor ops.
+    fn forward_autodiff(&self, h: &Tensor, qk: &QkProj) -> Result<Tensor> {
+        let x = autodiff::rms_norm(h, &self.attn_norm.weight, self.attn_norm.eps)?;
+        let a = match &self.attn {
+            Mixer::GatedDeltaNet(m) => m.forward_autodiff(&x, qk)?,
+            Mixer::GatedDeltaProduct(m) => m.forward_autodiff(&x, qk)?,
+        };
+        let r = (h + a)?;
+        let x = autodiff::rms_norm(&r, &self.mlp_norm.weight, self.mlp_norm.eps)?;
+        Ok((&r + self.mlp.forward(&x)?)?)
+    }
+
+    fn qk_proj(&self) -> QkProj {
+        match &self.attn {
+            Mixer::GatedDeltaNet(m) => m.qk_proj(),
+            Mixer::GatedDeltaProduct(m) => m.qk_proj(),
+        }
     }
 }
 
@@ -251,6 +273,49 @@ impl CausalLm {
             Logits::All => self.head(&h),
             Logits::Last => Ok(self.head(&h.narrow(0, tokens.len() - 1, 1)?)?.squeeze(0)?),
         }
+    }
+
+    /// Every layer's `q_proj` / `k_proj` weights, in layer order.
+    pub fn qk_proj(&self) -> Vec<QkProj> {
+        self.layers.iter().map(Block::qk_proj).collect()
+    }
+
+    /// Logits `[T, vocab]` of `tokens` from a zero state, computed in differentiable tensor ops
+    /// with each layer's `q_proj`/`k_proj` taken from `qk` (one per layer). Needs an f32 model.
+    pub fn logits_autodiff(&self, tokens: &[u32], qk: &[QkProj]) -> Result<Tensor> {
+        if self.dtype != DType::F32 {
+            return Err(EngineError::Invalid {
+                field: "dtype",
+                expected: "f32 for the differentiable forward".into(),
+                actual: format!("{:?}", self.dtype),
+            });
+        }
+        if qk.len() != self.layers.len() || tokens.is_empty() {
+            return Err(EngineError::Invalid {
+                field: "qk / tokens",
+                expected: format!("{} layers' weights and at least one token", self.layers.len()),
+                actual: format!("{} layers, {} tokens", qk.len(), tokens.len()),
+            });
+        }
+        self.check_tokens(tokens)?;
+        let mut h = self.embed(tokens)?;
+        for (b, w) in self.layers.iter().zip(qk) {
+            h = b.forward_autodiff(&h, w)?;
+        }
+        let h = autodiff::rms_norm(&h, &self.norm.weight, self.norm.eps)?;
+        Ok(self.lm_head.forward(&h)?)
+    }
+
+    /// The LM loss of one window (fla's: mean cross-entropy of predicting `tokens[1..]`), as a
+    /// differentiable scalar; see [`Self::logits_autodiff`].
+    pub fn lm_loss(&self, tokens: &[u32], qk: &[QkProj]) -> Result<Tensor> {
+        if tokens.len() < 2 {
+            return Err(EngineError::Invalid { field: "tokens", expected: "at least two tokens".into(), actual: tokens.len().to_string() });
+        }
+        let t = tokens.len();
+        let logits = self.logits_autodiff(&tokens[..t - 1], qk)?;
+        let targets = Tensor::new(&tokens[1..], &self.device)?;
+        Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
     }
 
     /// One batched decode step: each `(slot, token)` advances its slot by one token.

@@ -6,6 +6,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
 
+use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
 use super::mixer::{capture_query_key, linear, split_cols, OutputHead, ShortConv};
 use crate::config::ModelConfig;
@@ -88,14 +89,17 @@ impl GatedDeltaNet {
     fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
         let n = x.dim(0)?;
         let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let parts = split_cols(conv_out, &[h * k, h * k, hv * vd])?;
-        let q = ops::l2norm(&parts[0].reshape((n, h, k))?)?;
-        let kk = ops::l2norm(&parts[1].reshape((n, h, k))?)?;
-        let v = parts[2].reshape((n, hv, vd))?;
+        let v = conv_out.narrow(1, 2 * h * k, hv * vd)?.reshape((n, hv, vd))?;
         // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7).
-        let beta = ops::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?;
-        let g = ops::gate(&self.a_proj.forward(x)?.to_dtype(DType::F32)?, &self.a_log, &self.dt_bias)?;
-        Ok(Prepared { q, k: kk, v, beta, g })
+        let a = self.a_proj.forward(x)?.to_dtype(DType::F32)?;
+        let layout = ops::QkLayout { q_heads: h, k_heads: h, head_dim: k };
+        let p = ops::prepare(conv_out, layout, &self.b_proj.forward(x)?, self.allow_neg_eigval, Some((&a, &self.a_log, &self.dt_bias)))?;
+        let g = p.g.ok_or_else(|| crate::error::EngineError::Invalid {
+            field: "gate",
+            expected: "a log-decay from prepare".into(),
+            actual: "none".into(),
+        })?;
+        Ok(Prepared { q: p.q, k: p.k, v, beta: p.beta, g })
     }
 
     fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
@@ -111,11 +115,33 @@ impl GatedDeltaNet {
         algo: PrefillAlgo,
         capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self.conv.prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, slot)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
+        let o = ops::gated_delta_prefill(self.inputs(&p), &mut state.recurrent_state, slot, algo)?;
         self.out.forward(&o, x)
+    }
+
+    /// The layer's output for `x` `[T, D]` from a zero state, in differentiable f32 tensor
+    /// ops, with `q_proj`/`k_proj` replaced by `qk` (autograd variables for pruning's `grad`).
+    pub fn forward_autodiff(&self, x: &Tensor, qk: &QkProj) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
+        let proj = Tensor::cat(&[autodiff::linear(x, &qk.q)?, autodiff::linear(x, &qk.k)?, self.v_proj.forward(x)?], 1)?;
+        let c = self.conv.forward_autodiff(&proj)?;
+        let parts = split_cols(&c, &[h * k, h * k, hv * vd])?;
+        let q = autodiff::l2norm(&parts[0].reshape((t, h, k))?)?;
+        let kk = autodiff::l2norm(&parts[1].reshape((t, h, k))?)?;
+        let v = parts[2].reshape((t, hv, vd))?;
+        let beta = autodiff::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?;
+        let g = autodiff::gate(&self.a_proj.forward(x)?, &self.a_log, &self.dt_bias)?;
+        let o = autodiff::chunk_gated_delta_rule(&q, &kk, &v, &beta, Some(&g), self.scale as f64)?;
+        self.out.forward_autodiff(&o, x)
+    }
+
+    /// `q_proj` and `k_proj` weights.
+    pub fn qk_proj(&self) -> QkProj {
+        QkProj { q: self.q_proj.weight().clone(), k: self.k_proj.weight().clone() }
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.

@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
 
+use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
 use super::mixer::{capture_query_key, linear, split_cols, OutputHead, ShortConv};
 use crate::config::ModelConfig;
@@ -138,22 +139,23 @@ impl GatedDeltaProduct {
     fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
         let t = x.dim(0)?;
         let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
-        let parts = split_cols(conv_out, &[h * k, n * h * k, n * h * vd])?;
-        let q = ops::l2norm(&parts[0].reshape((t, h, k))?)?;
-        // '(n h d)' channels per token → rows (t n), heads h.
-        let kk = ops::l2norm(&parts[1].reshape((t * n, h, k))?)?;
-        let v = parts[2].reshape((t * n, h, vd))?;
-        // β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3), then fp32.
-        let mut beta = candle_nn::ops::sigmoid(&self.b_proj.forward(x)?)?;
-        if self.allow_neg_eigval {
-            beta = (beta * 2.0)?;
-        }
-        let beta = beta.to_dtype(DType::F32)?.reshape((t * n, h))?;
-        let g = match &self.forget {
-            Some(f) => Some(ops::gate(&f.a_proj.forward(x)?.to_dtype(DType::F32)?, &f.a_log, &f.dt_bias)?),
+        let v = conv_out.narrow(1, h * k + n * h * k, n * h * vd)?.reshape((t * n, h, vd))?;
+        // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
+        // take it in fp32 from the same projection (one rounding fewer).
+        let a = match &self.forget {
+            Some(f) => Some(f.a_proj.forward(x)?.to_dtype(DType::F32)?),
             None => None,
         };
-        Ok(Prepared { q, k: kk, v, beta, g })
+        let gate_in = match (&self.forget, &a) {
+            (Some(f), Some(a)) => Some((a, &f.a_log, &f.dt_bias)),
+            _ => None,
+        };
+        let layout = ops::QkLayout { q_heads: h, k_heads: n * h, head_dim: k };
+        let p = ops::prepare(conv_out, layout, &self.b_proj.forward(x)?, self.allow_neg_eigval, gate_in)?;
+        // '(n h d)' channels per token → rows (t n), heads h.
+        let kk = p.k.reshape((t * n, h, k))?;
+        let beta = p.beta.reshape((t * n, h))?;
+        Ok(Prepared { q: p.q, k: kk, v, beta, g: p.g })
     }
 
     fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
@@ -169,11 +171,44 @@ impl GatedDeltaProduct {
         algo: PrefillAlgo,
         capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self.conv.prefill(&self.projections(x)?, state.conv_state.slot_mut(slot)?)?;
+        let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, slot)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_prefill(self.inputs(&p), state.recurrent_state.slot_mut(slot)?, algo)?;
+        let o = ops::gated_delta_prefill(self.inputs(&p), &mut state.recurrent_state, slot, algo)?;
         self.out.forward(&o, x)
+    }
+
+    /// The layer's output for `x` `[T, D]` from a zero state, in differentiable f32 tensor
+    /// ops, with `q_proj`/`k_proj` replaced by `qk`. Runs the interleaved T·n sequence with q
+    /// on each token's last step and the gate on its first (§2.3).
+    pub fn forward_autodiff(&self, x: &Tensor, qk: &QkProj) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
+        let proj = Tensor::cat(&[autodiff::linear(x, &qk.q)?, autodiff::linear(x, &qk.k)?, self.v_proj.forward(x)?], 1)?;
+        let c = self.conv.forward_autodiff(&proj)?;
+        let parts = split_cols(&c, &[h * k, n * h * k, n * h * vd])?;
+        let q = autodiff::l2norm(&parts[0].reshape((t, 1, h, k))?)?;
+        let q = if n > 1 { Tensor::cat(&[q.zeros_like()?.repeat((1, n - 1, 1, 1))?, q], 1)? } else { q };
+        let q = q.reshape((t * n, h, k))?;
+        let kk = autodiff::l2norm(&parts[1].reshape((t * n, h, k))?)?;
+        let v = parts[2].reshape((t * n, h, vd))?;
+        let beta = autodiff::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?.reshape((t * n, h))?;
+        let g = match &self.forget {
+            Some(f) => {
+                let g = autodiff::gate(&f.a_proj.forward(x)?, &f.a_log, &f.dt_bias)?.reshape((t, 1, h))?;
+                let g = if n > 1 { Tensor::cat(&[g.clone(), g.zeros_like()?.repeat((1, n - 1, 1))?], 1)? } else { g };
+                Some(g.reshape((t * n, h))?)
+            }
+            None => None,
+        };
+        let o = autodiff::chunk_gated_delta_rule(&q, &kk, &v, &beta, g.as_ref(), self.scale as f64)?;
+        let o = o.reshape((t, n, h, vd))?.narrow(1, n - 1, 1)?.squeeze(1)?;
+        self.out.forward_autodiff(&o, x)
+    }
+
+    /// `q_proj` and `k_proj` weights.
+    pub fn qk_proj(&self) -> QkProj {
+        QkProj { q: self.q_proj.weight().clone(), k: self.k_proj.weight().clone() }
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.

@@ -6,6 +6,7 @@ use candle_core::{DType, Tensor, D};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::{ops, ConvActivation, GateActivation, SlotBuffer};
 
+use super::autodiff;
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -39,11 +40,19 @@ impl ShortConv {
         Ok(Self { weight: Some(Tensor::cat(&ws, 0)?) })
     }
 
-    /// Prefill over `x` `[T, C]`; updates the slot's conv state. Returns `[T, C]` f32.
-    pub fn prefill(&self, x: &Tensor, state: &mut [f32]) -> Result<Tensor> {
+    /// Prefill over `x` `[T, C]`; updates `slot`'s conv state. Returns `[T, C]` f32.
+    pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, slot: usize) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_prefill(x, wt, state, ConvActivation::Silu)?),
+            Some(wt) => Ok(ops::conv_prefill(x, wt, states, slot, ConvActivation::Silu)?),
             None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+        }
+    }
+
+    /// Differentiable prefill from a zero conv state (pruning's `grad`): `[T, C]` → `[T, C]`.
+    pub fn forward_autodiff(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.weight {
+            Some(wt) => autodiff::causal_conv_silu(x, wt),
+            None => Ok(x.silu()?),
         }
     }
 
@@ -109,6 +118,19 @@ impl OutputHead {
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
         let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(x.dtype())?;
         Ok(self.o_proj.forward(&y)?)
+    }
+}
+
+impl OutputHead {
+    /// [`Self::forward`] in differentiable tensor ops, f32.
+    pub fn forward_autodiff(&self, o: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let n = o.dim(0)?;
+        let z = match &self.g_proj {
+            Some(g) => Some(g.forward(x)?.reshape((n, self.num_v_heads, self.head_v_dim))?),
+            None => None,
+        };
+        let y = autodiff::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
+        Ok(self.o_proj.forward(&y.reshape((n, self.num_v_heads * self.head_v_dim))?)?)
     }
 }
 

@@ -52,7 +52,7 @@ pub struct Perplexity {
 
 /// Sliding-window perplexity of `ids`: each window starts from a fresh state.
 pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize) -> EngineResult<Perplexity> {
-    let mut pool = engine.new_pool(1);
+    let mut pool = engine.new_pool(1)?;
     let (mut nll, mut count, mut scored_to) = (0f64, 0usize, 1usize);
     let mut begin = 0;
     while scored_to < ids.len() {

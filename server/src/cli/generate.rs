@@ -57,7 +57,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     params.validate(engine.config().common.vocab_size)?;
     let prompt = engine.encode(&args.prompt)?;
     let mut sampler = Sampler::new(params, &prompt);
-    let mut pool = engine.new_pool(1);
+    let mut pool = engine.new_pool(1)?;
     let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty state pool"))?;
     let t0 = Instant::now();
     let mut logits = engine.prefill(&mut pool, slot, &prompt, Logits::Last)?.to_vec1::<f32>()?;

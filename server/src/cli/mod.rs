@@ -8,7 +8,7 @@ pub mod prune;
 use std::path::PathBuf;
 
 use clap::Args;
-use deltaserve_engine::{parse_dtype, Device, Engine, LoadOptions};
+use deltaserve_engine::{parse_device, parse_dtype, Engine, LoadOptions};
 
 /// Where the demo model lives when `--model` is not given, in order of preference.
 pub fn default_model() -> String {
@@ -35,7 +35,7 @@ pub struct ModelArgs {
     /// Compute dtype: f32, bf16 or f16 (the recurrent state is always f32).
     #[arg(long, env = "DELTASERVE_DTYPE", default_value = "f32")]
     pub dtype: String,
-    /// Device: cpu.
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, env = "DELTASERVE_DEVICE", default_value = "cpu")]
     pub device: String,
     /// Scan all weights for NaN/inf while loading.
@@ -46,10 +46,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Loads the engine these options describe.
     pub fn load(&self) -> anyhow::Result<Engine> {
-        let device = match self.device.as_str() {
-            "cpu" => Device::Cpu,
-            other => anyhow::bail!("invalid `--device`: expected `cpu` (CUDA support is not built yet), got `{other}`"),
-        };
+        let device = parse_device(&self.device)?;
         let opts = LoadOptions {
             model: self.model.clone().unwrap_or_else(default_model),
             dtype: parse_dtype(&self.dtype)?,

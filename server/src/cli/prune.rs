@@ -13,6 +13,9 @@ enum MethodArg {
     L1,
     /// Structured Wanda: |W| weighted by the mixer input's per-feature RMS (needs --calibration).
     Swanda,
+    /// First-order Taylor |W ⊙ ΣG| over the calibration LM loss, by backprop (needs
+    /// --calibration; host memory grows with --seq-len, about 10-15 GB for a 1.3B model at 2048).
+    Grad,
     /// Strong rank-revealing QR of post-conv [Q; K] activations (needs --calibration).
     Drrqr,
 }
@@ -31,10 +34,10 @@ pub struct PruneArgs {
     /// Output directory.
     #[arg(short, long)]
     output: PathBuf,
-    /// Calibration text (swanda, drrqr).
+    /// Calibration text (swanda, grad, drrqr).
     #[arg(long)]
     calibration: Option<PathBuf>,
-    /// Calibration windows (default: drrqr 16, swanda 128; capped by the text's length).
+    /// Calibration windows (default: drrqr 16, swanda and grad 128; capped by the text's length).
     #[arg(long)]
     samples: Option<usize>,
     /// Tokens per calibration window.
@@ -54,6 +57,7 @@ pub fn run(a: PruneArgs) -> anyhow::Result<()> {
         MethodArg::Rand => Method::Rand,
         MethodArg::L1 => Method::L1,
         MethodArg::Swanda => Method::Swanda,
+        MethodArg::Grad => Method::Grad,
         MethodArg::Drrqr => Method::Drrqr,
     };
     anyhow::ensure!(a.seq_len >= 1, "invalid `--seq-len`: expected >= 1, got 0");

@@ -1,0 +1,179 @@
+//! GPU benchmark: times our CUDA kernels and a whole model on the GPU and prints tables next
+//! to the reference figures of `docs/anchors.md` (fla 0.6.0 on an H100).
+//!
+//! `cargo run --release -p deltaserve-benches --features cuda --bin gpu_bench -- [--skip-model]`
+//!
+//! - prefill mixer: `chunk_gated_delta_rule` shapes, B sequences packed in one launch;
+//! - decode mixer step: one token for each of B slots, state traffic in GB/s;
+//! - whole model: a random 1.3B-shape Gated DeltaNet (bf16), prefill T=4096 and decode at
+//!   batch 1/16/64 against the decode roofline (weights + state read and written once per step).
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use clap::Parser;
+use deltaserve_engine::{CausalLm, Logits, PrefillAlgo, StatePool};
+use deltaserve_kernels::ops::{gated_delta_prefill_packed, gated_delta_step, MixerInputs};
+use deltaserve_kernels::SlotBuffer;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Skip the whole-model section (it writes a 2.8 GB random checkpoint).
+    #[arg(long)]
+    skip_model: bool,
+    /// Where the random 1.3B checkpoint goes (reused when present).
+    #[arg(long, default_value = "/tmp/deltaserve-gdn-1.3b")]
+    model_dir: std::path::PathBuf,
+    /// Timed repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+}
+
+/// Copy bandwidth of the H100 in anchors.md, bytes/s.
+const COPY_BW: f64 = 3010e9;
+
+fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    dev.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        f()?;
+        dev.synchronize()?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Random mixer inputs for `rows` tokens on `dev`: q, k unit rows, β ∈ (0, 1), g ≤ 0.
+fn inputs(dev: &Device, rows: usize, h: usize, k: usize, v: usize) -> anyhow::Result<[Tensor; 5]> {
+    let unit = |t: Tensor| -> anyhow::Result<Tensor> { Ok(t.broadcast_div(&t.sqr()?.sum_keepdim(2)?.sqrt()?)?) };
+    let q = unit(Tensor::randn(0f32, 1.0, (rows, h, k), dev)?)?;
+    let kk = unit(Tensor::randn(0f32, 1.0, (rows, h, k), dev)?)?;
+    let vv = Tensor::randn(0f32, 1.0, (rows, h, v), dev)?;
+    let beta = candle_core::Tensor::rand(0.05f32, 1.0, (rows, h), dev)?;
+    let g = (candle_core::Tensor::rand(0f32, 1.0, (rows, h), dev)? * -0.1)?;
+    Ok([q, kk, vv, beta, g])
+}
+
+fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+    println!("\n## Prefill mixer (chunked, {reps} reps, median; fla = chunk_gated_delta_rule, anchors.md)\n");
+    println!("| B | T | H | K | V | ms | tokens/s | fla ms | vs fla |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let shapes = [(1, 4096, 16, 128, 256, 1.453), (8, 2048, 16, 128, 256, 1.381), (8, 2048, 16, 64, 256, 1.183), (4, 8192, 16, 128, 256, 1.871)];
+    let mut k_times = Vec::new();
+    for (b, t, h, k, v, fla) in shapes {
+        let [q, kk, vv, beta, g] = inputs(dev, b * t, h, k, v)?;
+        let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
+        let mut states = SlotBuffer::zeros_on(b, h * k * v, dev)?;
+        let cu: Vec<usize> = (0..=b).map(|i| i * t).collect();
+        let slots: Vec<usize> = (0..b).collect();
+        let ms = median_ms(dev, reps, || {
+            gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked)?;
+            Ok(())
+        })?;
+        let tps = (b * t) as f64 / ms * 1e3;
+        println!("| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {fla:.3} | {:.2}× |", tps / 1e6, fla / ms);
+        if b == 8 && t == 2048 {
+            k_times.push((k, ms));
+        }
+    }
+    if let [(128, a), (64, b)] = k_times[..] {
+        println!("\nK=64 (pruned) vs K=128 at B=8, T=2048: {:.2}× faster (fla: 1.17×)", a / b);
+    }
+    Ok(())
+}
+
+fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+    println!("\n## Decode mixer step (H=16, K=128, V=256; one token per slot; {reps} reps, median)\n");
+    println!("| B | µs per step | state traffic GB/s | % of copy bandwidth | fla µs | fla GB/s |");
+    println!("|---|---|---|---|---|---|");
+    let (h, k, v) = (16, 128, 256);
+    for (b, fla_ms, fla_bw) in [(1usize, 0.103, 41.0), (8, 0.099, 339.0), (64, 0.119, 2256.0), (256, 0.445, 2412.0)] {
+        let [q, kk, vv, beta, g] = inputs(dev, b, h, k, v)?;
+        let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
+        // Slots spread over a larger pool, in a shuffled order, as in serving.
+        let pool = (2 * b).max(8);
+        let mut states = SlotBuffer::zeros_on(pool, h * k * v, dev)?;
+        let slots: Vec<usize> = (0..b).map(|i| (i * 7 + 3) % pool).collect();
+        let mut uniq = slots.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let slots = if uniq.len() == b { slots } else { (0..b).collect() };
+        let ms = median_ms(dev, reps, || {
+            gated_delta_step(x, &mut states, &slots)?;
+            Ok(())
+        })?;
+        let bytes = (b * h * k * v * 4 * 2) as f64;
+        let bw = bytes / (ms * 1e-3) / 1e9;
+        println!("| {b} | {:.1} | {bw:.0} | {:.0}% | {:.0} | {fla_bw:.0} |", ms * 1e3, 100.0 * bw * 1e9 / COPY_BW, fla_ms * 1e3);
+    }
+    Ok(())
+}
+
+fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
+    let dir = &args.model_dir;
+    if !dir.join("model.safetensors").exists() {
+        let cfg = serde_json::json!({
+            "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
+            "hidden_size": 2048, "num_hidden_layers": 21, "num_heads": 6, "head_dim": 256, "expand_v": 2,
+            "vocab_size": 32000, "hidden_ratio": 4, "conv_size": 4, "use_gate": true, "use_short_conv": true,
+            "norm_eps": 1e-6, "fuse_norm": true, "tie_word_embeddings": false
+        });
+        let t0 = Instant::now();
+        deltaserve_engine::synth::write_random_checkpoint(&cfg, dir, DType::BF16, 0, None)?;
+        eprintln!("wrote {} in {:.1} s", dir.display(), t0.elapsed().as_secs_f64());
+    }
+    let cfg = deltaserve_engine::read_config(dir)?;
+    let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
+    let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
+    let params: usize = ckpt.names().iter().filter_map(|n| ckpt.shape(n)).map(|s| s.iter().product::<usize>()).sum();
+    let weight_bytes = params as f64 * 2.0;
+    let state_bytes = cfg.state_bytes_per_sequence() as f64;
+    println!("\n## Whole model: random Gated DeltaNet, {:.2} B params, bf16 (D=2048, 21 layers, H=6, K=256, expand_v=2)\n", params as f64 / 1e9);
+    let mut pool = StatePool::new_on(&cfg, 64, dev)?;
+    let t = 4096;
+    let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % 32000).collect();
+    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+    let ms = median_ms(dev, 5, || {
+        model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::Chunked)?;
+        Ok(())
+    })?;
+    println!("prefill B=1, T={t}: {ms:.1} ms = {:.1} k tokens/s (HF transformers + fla: 40.9 k tokens/s)\n", t as f64 / ms);
+    pool.release(slot)?;
+    println!("| batch | ms per step | tokens/s | roofline tokens/s | % of roofline |");
+    println!("|---|---|---|---|---|");
+    for b in [1usize, 16, 64] {
+        let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+        let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
+        let ms = median_ms(dev, args.reps, || {
+            model.decode(&mut pool, &batch)?;
+            Ok(())
+        })?;
+        let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / COPY_BW * 1e3;
+        let tps = b as f64 / ms * 1e3;
+        println!("| {b} | {ms:.2} | {tps:.0} | {:.0} | {:.0}% |", b as f64 / roof_ms * 1e3, 100.0 * roof_ms / ms);
+        for s in slots {
+            pool.release(s)?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if !cfg!(feature = "cuda") {
+        println!("gpu_bench: built without `--features cuda`; nothing to time");
+        return Ok(());
+    }
+    let dev = Device::new_cuda(0)?;
+    prefill_table(&dev, args.reps)?;
+    decode_table(&dev, args.reps)?;
+    if !args.skip_model {
+        model_table(&dev, &args)?;
+    }
+    Ok(())
+}

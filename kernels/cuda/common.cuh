@@ -1,0 +1,14 @@
+// Shared helpers for deltaserve's kernels. All state and accumulation is fp32.
+#pragma once
+#include <stdint.h>
+
+__device__ __forceinline__ float ds_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float ds_silu(float x) { return x * ds_sigmoid(x); }
+// PyTorch's softplus with threshold 20 (fla's gate matches it).
+__device__ __forceinline__ float ds_softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}

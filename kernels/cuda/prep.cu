@@ -1,0 +1,29 @@
+// One fused pass over each token row (model-spec.md §1.3 steps 4, 6, 7): L2-normalise every
+// K-wide q and k head of the conv output, β = mult·sigmoid(b), and the fp32 log-decay
+// g = −exp(A_log)·softplus(a + dt_bias). GVA needs no copy: the mixer kernels map value head
+// j to q/k head j / (HV/H).
+#include "common.cuh"
+
+// conv [N, ldc]: q heads at columns [0, qh·K), k heads at [k_off, k_off + kh·K).
+// Outputs q [N, qh, K], k [N, kh, K], beta [N, nb], g [N, ng] (ng = 0: no gate).
+extern "C" __global__ void prep_f32(const float* __restrict__ conv, int ldc, int qh, int kh, int K, int k_off,
+                                    float* __restrict__ q, float* __restrict__ k, const float* __restrict__ b,
+                                    float* __restrict__ beta, int nb, float beta_mult, const float* __restrict__ a,
+                                    const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                    float* __restrict__ g, int ng) {
+  const int row = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const float* src = conv + (size_t)row * ldc;
+  for (int seg = warp; seg < qh + kh; seg += warps) {
+    const bool is_q = seg < qh;
+    const float* in = is_q ? src + seg * K : src + k_off + (seg - qh) * K;
+    float* out = is_q ? q + ((size_t)row * qh + seg) * K : k + ((size_t)row * kh + seg - qh) * K;
+    float ss = 0.0f;
+    for (int i = lane; i < K; i += 32) ss += in[i] * in[i];
+    const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
+    for (int i = lane; i < K; i += 32) out[i] = in[i] * inv;
+  }
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) beta[(size_t)row * nb + i] = beta_mult * ds_sigmoid(b[(size_t)row * nb + i]);
+  for (int i = threadIdx.x; i < ng; i += blockDim.x)
+    g[(size_t)row * ng + i] = -__expf(a_log[i]) * ds_softplus(a[(size_t)row * ng + i] + dt_bias[i]);
+}

@@ -1,0 +1,267 @@
+//! GPU tests (CUDA backend): our kernels against the CPU reference and fla's goldens, and the
+//! properties continuous batching relies on. They need a build with `--features cuda` and a
+//! CUDA device; elsewhere the binary prints `SKIPPED (GPU)` with the reason and checks nothing.
+//! It has its own `main` (no libtest) so that the notice is never swallowed by output capture.
+//! Run on a GPU host: `cargo test -p deltaserve-tests --features cuda --test gpu [FILTER]`.
+
+use candle_core::{DType, Device, Tensor};
+use deltaserve_engine::sampling::argmax;
+use deltaserve_engine::{Engine, LoadOptions, Logits};
+use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, MixerInputs, PrefillAlgo};
+use deltaserve_kernels::SlotBuffer;
+use deltaserve_tests::{check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, rel_err, shared_dir, values};
+use rand::{Rng, SeedableRng};
+
+const TESTS: [(&str, fn(&Device)); 5] = [
+    ("gpu_ops_match_reference", gpu_ops_match_reference),
+    ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
+    ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
+    ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
+    ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
+];
+
+fn main() {
+    // Arguments that are not flags filter tests by substring (libtest flags are ignored).
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let selected: Vec<_> = TESTS.iter().filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))).collect();
+    let dev = if !cfg!(feature = "cuda") {
+        Err("built without `--features cuda`".to_owned())
+    } else {
+        Device::new_cuda(0).map_err(|e| format!("no usable CUDA device ({e})"))
+    };
+    let dev = match dev {
+        Ok(d) => d,
+        Err(why) => {
+            println!("SKIPPED (GPU): {} GPU tests not run: {why}", selected.len());
+            return;
+        }
+    };
+    let mut failed = Vec::new();
+    for (name, test) in &selected {
+        println!("test {name} ...");
+        match std::panic::catch_unwind(|| test(&dev)) {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(*name);
+            }
+        }
+    }
+    println!("GPU tests: {} passed, {} failed {failed:?}", selected.len() - failed.len(), failed.len());
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+}
+
+const F32_TOL: f64 = 1e-4;
+const BF16_TOL: f64 = 2e-2;
+const MARGIN: f64 = 1e-3;
+
+fn gpu_ops_match_reference(dev: &Device) {
+    let mut files = vec![compact_dir().join("ops.safetensors")];
+    files.extend(shared_dir("gpu_ops_match_reference").map(|d| d.join("ops.safetensors")));
+    for file in files {
+        for case in ["gdr", "gdr_neg", "gdp"] {
+            let (eo, eh) = check_op_case(&file, case, |x, h0| {
+                let to = |t: &Tensor| t.to_device(&dev).unwrap();
+                let (q, k, v, beta, g) = (to(x.q), to(x.k), to(x.v), to(x.beta), x.g.map(to));
+                let mut states = SlotBuffer::zeros_on(2, h0.len(), &dev).unwrap();
+                states.write_slot(1, &h0).unwrap();
+                let inputs = MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: g.as_ref(), ..x };
+                let o = gated_delta_prefill(inputs, &mut states, 1, PrefillAlgo::Chunked).unwrap();
+                (values(&o), states.slot_to_vec(1).unwrap())
+            });
+            println!("GPU {} {case}: o rel err {eo:.2e}, ht rel err {eh:.2e}", file.display());
+            assert!(eo <= F32_TOL && eh <= F32_TOL, "{case}: o {eo:.3e}, ht {eh:.3e}");
+        }
+    }
+}
+
+fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
+    for (name, dir, goldens, logits_file) in model_fixtures("gpu_models_match_cpu_and_goldens") {
+        let load = |device: &str, dtype: DType| {
+            let opts = LoadOptions {
+                model: dir.to_string_lossy().into(),
+                dtype,
+                device: deltaserve_engine::parse_device(device).unwrap(),
+                check_weights: false,
+            };
+            Engine::load(&opts).unwrap()
+        };
+        let (cpu, gpu32, gpu16) = (load("cpu", DType::F32), load("cuda", DType::F32), load("cuda", DType::BF16));
+        let reference = load_tensors(&logits_file);
+        let (mut pc, mut pg, mut pb) = (cpu.new_pool(1).unwrap(), gpu32.new_pool(1).unwrap(), gpu16.new_pool(1).unwrap());
+        for (i, case) in golden_cases(&goldens).iter().enumerate() {
+            let golden = values(&reference[&format!("case{i}.last_logits")]);
+            let (sc, sg, sb) = (pc.allocate().unwrap(), pg.allocate().unwrap(), pb.allocate().unwrap());
+            let lc = cpu.prefill(&mut pc, sc, &case.input_ids, Logits::Last).unwrap();
+            let lg = gpu32.prefill(&mut pg, sg, &case.input_ids, Logits::Last).unwrap();
+            let lb = gpu16.prefill(&mut pb, sb, &case.input_ids, Logits::Last).unwrap();
+            let (e_cpu, e_gold, e_bf16) =
+                (rel_err(&values(&lg), &values(&lc)), rel_err(&values(&lg), &golden), rel_err(&values(&lb), &golden));
+            println!("{name} case{i}: GPU f32 vs CPU {e_cpu:.2e}, vs fla {e_gold:.2e}; GPU bf16 vs fla {e_bf16:.2e}");
+            assert!(e_cpu <= F32_TOL && e_gold <= F32_TOL, "{name} case{i}: f32 {e_cpu:.3e} / {e_gold:.3e}");
+            assert!(e_bf16 <= BF16_TOL, "{name} case{i}: bf16 {e_bf16:.3e}");
+            if let Some(all_ref) = reference.get(&format!("case{i}.all_logits")) {
+                let s2 = pg.allocate().unwrap();
+                let all = gpu32.prefill(&mut pg, s2, &case.input_ids, Logits::All).unwrap();
+                let e = rel_err(&values(&all), &values(all_ref));
+                println!("{name} case{i}: GPU f32 all_logits vs fla {e:.2e}");
+                assert!(e <= F32_TOL, "{name} case{i}: all_logits {e:.3e}");
+                pg.release(s2).unwrap();
+            }
+            // Greedy decode on the GPU, up to the first near-tie of the goldens.
+            let mut logits = lg;
+            let mut checked = 0;
+            for (step, (&want, &margin)) in case.greedy_new_ids.iter().zip(&case.top2_margins).enumerate() {
+                if margin < MARGIN {
+                    break;
+                }
+                let got = argmax(&values(&logits));
+                assert_eq!(got, want, "{name} case{i}: GPU greedy step {step}");
+                checked += 1;
+                logits = gpu32.decode(&mut pg, &[(sg, got)]).unwrap().squeeze(0).unwrap();
+            }
+            println!("{name} case{i}: {checked}/{} GPU greedy steps checked", case.greedy_new_ids.len());
+            assert!(checked > 0);
+            pc.release(sc).unwrap();
+            pg.release(sg).unwrap();
+            pb.release(sb).unwrap();
+        }
+    }
+}
+
+/// Random mixer inputs of `t` tokens: q, k L2-normalised, β in (0, 1), g ≤ 0.
+struct Case {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    n: usize,
+}
+
+fn random_case(rng: &mut rand::rngs::StdRng, t: usize, n: usize, h: usize, hv: usize, kd: usize, vd: usize) -> Case {
+    let mut vec = |len: usize, f: &mut dyn FnMut(&mut rand::rngs::StdRng) -> f32| (0..len).map(|_| f(rng)).collect::<Vec<f32>>();
+    let normal = &mut |r: &mut rand::rngs::StdRng| r.random_range(-1.0f32..1.0);
+    let l2 = |x: Vec<f32>, shape: (usize, usize, usize)| {
+        let t = Tensor::from_vec(x, shape, &Device::Cpu).unwrap();
+        t.broadcast_div(&(t.sqr().unwrap().sum_keepdim(2).unwrap() + 1e-6).unwrap().sqrt().unwrap()).unwrap()
+    };
+    let q = l2(vec(t * h * kd, normal), (t, h, kd));
+    let k = l2(vec(t * n * h * kd, normal), (t * n, h, kd));
+    let v = Tensor::from_vec(vec(t * n * hv * vd, normal), (t * n, hv, vd), &Device::Cpu).unwrap();
+    let beta = Tensor::from_vec(vec(t * n * hv, &mut |r| r.random_range(0.05f32..1.0)), (t * n, hv), &Device::Cpu).unwrap();
+    let g = Tensor::from_vec(vec(t * hv, &mut |r| r.random_range(-0.3f32..0.0)), (t, hv), &Device::Cpu).unwrap();
+    Case { q, k, v, beta, g, n }
+}
+
+impl Case {
+    fn on(&self, dev: &Device) -> Case {
+        let m = |t: &Tensor| t.to_device(dev).unwrap();
+        Case { q: m(&self.q), k: m(&self.k), v: m(&self.v), beta: m(&self.beta), g: m(&self.g), n: self.n }
+    }
+
+    fn inputs(&self) -> MixerInputs<'_> {
+        let kd = self.q.dim(2).unwrap();
+        MixerInputs { q: &self.q, k: &self.k, v: &self.v, beta: &self.beta, g: Some(&self.g), n: self.n, scale: (kd as f32).powf(-0.5) }
+    }
+}
+
+fn cat(cases: &[&Case]) -> Case {
+    let c = |f: &dyn Fn(&Case) -> &Tensor| Tensor::cat(&cases.iter().map(|x| f(x)).collect::<Vec<_>>(), 0).unwrap();
+    Case { q: c(&|x| &x.q), k: c(&|x| &x.k), v: c(&|x| &x.v), beta: c(&|x| &x.beta), g: c(&|x| &x.g), n: cases[0].n }
+}
+
+/// Shapes: plain, GVA (HV = 2H) and a Gated DeltaProduct with n = 2; K and V include a pruned
+/// head dim (48) and the largest (256).
+const SHAPES: [(usize, usize, usize, usize, usize); 4] = [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256)];
+
+fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    for (n, h, hv, kd, vd) in SHAPES {
+        let lens = [65usize, 1, 130, 64, 7];
+        let slots = [3usize, 0, 4, 1, 2];
+        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(&dev)).collect();
+        let per = hv * kd * vd;
+        let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let mut packed_states = SlotBuffer::zeros_on(5, per, &dev).unwrap();
+        for (i, &s) in slots.iter().enumerate() {
+            packed_states.write_slot(s, &h0[i]).unwrap();
+        }
+        let all = cat(&cases.iter().collect::<Vec<_>>());
+        let mut cu = vec![0];
+        for l in lens {
+            cu.push(cu.last().unwrap() + l);
+        }
+        let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked).unwrap();
+        let mut worst = 0f64;
+        for (i, case) in cases.iter().enumerate() {
+            let mut alone = SlotBuffer::zeros_on(1, per, &dev).unwrap();
+            alone.write_slot(0, &h0[i]).unwrap();
+            let oi = gated_delta_prefill(case.inputs(), &mut alone, 0, PrefillAlgo::Chunked).unwrap();
+            let e_o = rel_err(&values(&o.narrow(0, cu[i], lens[i]).unwrap()), &values(&oi));
+            let e_s = rel_err(&packed_states.slot_to_vec(slots[i]).unwrap(), &alone.slot_to_vec(0).unwrap());
+            worst = worst.max(e_o).max(e_s);
+        }
+        println!("packed vs alone (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
+        assert!(worst <= 1e-6, "packed prefill differs: {worst:.3e}");
+    }
+}
+
+fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for (n, h, hv, kd, vd) in SHAPES {
+        let b = 6;
+        let per = hv * kd * vd;
+        let step = random_case(&mut rng, b, n, h, hv, kd, vd);
+        let gpu_step = step.on(&dev);
+        let h0: Vec<Vec<f32>> = (0..b).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let slots = [5usize, 2, 7, 0, 3, 6];
+        let mut batch = SlotBuffer::zeros_on(8, per, &dev).unwrap();
+        for (i, &s) in slots.iter().enumerate() {
+            batch.write_slot(s, &h0[i]).unwrap();
+        }
+        let o = gated_delta_step(gpu_step.inputs(), &mut batch, &slots).unwrap();
+        let mut worst = 0f64;
+        for i in 0..b {
+            let one = Case {
+                q: step.q.narrow(0, i, 1).unwrap(),
+                k: step.k.narrow(0, i * n, n).unwrap(),
+                v: step.v.narrow(0, i * n, n).unwrap(),
+                beta: step.beta.narrow(0, i * n, n).unwrap(),
+                g: step.g.narrow(0, i, 1).unwrap(),
+                n,
+            };
+            // Alone, on the CPU reference: the GPU batch must agree with it row by row.
+            let mut cpu = SlotBuffer::zeros(1, per);
+            cpu.write_slot(0, &h0[i]).unwrap();
+            let oi = gated_delta_step(one.inputs(), &mut cpu, &[0]).unwrap();
+            worst = worst.max(rel_err(&values(&o.narrow(0, i, 1).unwrap()), &values(&oi)));
+            worst = worst.max(rel_err(&batch.slot_to_vec(slots[i]).unwrap(), &cpu.slot_to_vec(0).unwrap()));
+        }
+        println!("decode batch vs each alone on the CPU (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
+        assert!(worst <= 1e-5, "batched decode differs: {worst:.3e}");
+    }
+}
+
+fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    for t in [1usize, 63, 64, 65, 4097] {
+        for (n, h, hv, kd, vd) in [(1, 2, 2, 128, 128), (2, 1, 1, 64, 64)] {
+            let case = random_case(&mut rng, t, n, h, hv, kd, vd);
+            let per = hv * kd * vd;
+            let h0: Vec<f32> = (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect();
+            let mut cpu = SlotBuffer::zeros(1, per);
+            cpu.write_slot(0, &h0).unwrap();
+            let oc = gated_delta_prefill(case.inputs(), &mut cpu, 0, PrefillAlgo::Chunked).unwrap();
+            let g = case.on(&dev);
+            let mut gs = SlotBuffer::zeros_on(1, per, &dev).unwrap();
+            gs.write_slot(0, &h0).unwrap();
+            let og = gated_delta_prefill(g.inputs(), &mut gs, 0, PrefillAlgo::Chunked).unwrap();
+            let (eo, es) = (rel_err(&values(&og), &values(&oc)), rel_err(&gs.slot_to_vec(0).unwrap(), &cpu.slot_to_vec(0).unwrap()));
+            println!("T={t} n={n} K={kd}: GPU vs CPU o {eo:.2e}, state {es:.2e}");
+            assert!(eo <= F32_TOL && es <= F32_TOL, "T={t}: o {eo:.3e}, state {es:.3e}");
+        }
+    }
+}
