@@ -12,7 +12,10 @@ use deltaserve_kernels::SlotBuffer;
 use deltaserve_tests::{check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, rel_err, shared_dir, values};
 use rand::{Rng, SeedableRng};
 
-const TESTS: [(&str, fn(&Device)); 5] = [
+/// A GPU test: its name and body.
+type GpuTest = (&'static str, fn(&Device));
+
+const TESTS: [GpuTest; 5] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
@@ -23,7 +26,8 @@ const TESTS: [(&str, fn(&Device)); 5] = [
 fn main() {
     // Arguments that are not flags filter tests by substring (libtest flags are ignored).
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let selected: Vec<_> = TESTS.iter().filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))).collect();
+    let selected: Vec<_> =
+        TESTS.iter().filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))).collect();
     let dev = if !cfg!(feature = "cuda") {
         Err("built without `--features cuda`".to_owned())
     } else {
@@ -63,9 +67,9 @@ fn gpu_ops_match_reference(dev: &Device) {
     for file in files {
         for case in ["gdr", "gdr_neg", "gdp"] {
             let (eo, eh) = check_op_case(&file, case, |x, h0| {
-                let to = |t: &Tensor| t.to_device(&dev).unwrap();
+                let to = |t: &Tensor| t.to_device(dev).unwrap();
                 let (q, k, v, beta, g) = (to(x.q), to(x.k), to(x.v), to(x.beta), x.g.map(to));
-                let mut states = SlotBuffer::zeros_on(2, h0.len(), &dev).unwrap();
+                let mut states = SlotBuffer::zeros_on(2, h0.len(), dev).unwrap();
                 states.write_slot(1, &h0).unwrap();
                 let inputs = MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: g.as_ref(), ..x };
                 let o = gated_delta_prefill(inputs, &mut states, 1, PrefillAlgo::Chunked).unwrap();
@@ -90,7 +94,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
         };
         let (cpu, gpu32, gpu16) = (load("cpu", DType::F32), load("cuda", DType::F32), load("cuda", DType::BF16));
         let reference = load_tensors(&logits_file);
-        let (mut pc, mut pg, mut pb) = (cpu.new_pool(1).unwrap(), gpu32.new_pool(1).unwrap(), gpu16.new_pool(1).unwrap());
+        let (mut pc, mut pg, mut pb) = (cpu.new_pool(1).unwrap(), gpu32.new_pool(2).unwrap(), gpu16.new_pool(1).unwrap());
         for (i, case) in golden_cases(&goldens).iter().enumerate() {
             let golden = values(&reference[&format!("case{i}.last_logits")]);
             let (sc, sg, sb) = (pc.allocate().unwrap(), pg.allocate().unwrap(), pb.allocate().unwrap());
@@ -182,10 +186,10 @@ fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
     for (n, h, hv, kd, vd) in SHAPES {
         let lens = [65usize, 1, 130, 64, 7];
         let slots = [3usize, 0, 4, 1, 2];
-        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(&dev)).collect();
+        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev)).collect();
         let per = hv * kd * vd;
         let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
-        let mut packed_states = SlotBuffer::zeros_on(5, per, &dev).unwrap();
+        let mut packed_states = SlotBuffer::zeros_on(5, per, dev).unwrap();
         for (i, &s) in slots.iter().enumerate() {
             packed_states.write_slot(s, &h0[i]).unwrap();
         }
@@ -197,7 +201,7 @@ fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
         let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked).unwrap();
         let mut worst = 0f64;
         for (i, case) in cases.iter().enumerate() {
-            let mut alone = SlotBuffer::zeros_on(1, per, &dev).unwrap();
+            let mut alone = SlotBuffer::zeros_on(1, per, dev).unwrap();
             alone.write_slot(0, &h0[i]).unwrap();
             let oi = gated_delta_prefill(case.inputs(), &mut alone, 0, PrefillAlgo::Chunked).unwrap();
             let e_o = rel_err(&values(&o.narrow(0, cu[i], lens[i]).unwrap()), &values(&oi));
@@ -215,10 +219,10 @@ fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
         let b = 6;
         let per = hv * kd * vd;
         let step = random_case(&mut rng, b, n, h, hv, kd, vd);
-        let gpu_step = step.on(&dev);
+        let gpu_step = step.on(dev);
         let h0: Vec<Vec<f32>> = (0..b).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
         let slots = [5usize, 2, 7, 0, 3, 6];
-        let mut batch = SlotBuffer::zeros_on(8, per, &dev).unwrap();
+        let mut batch = SlotBuffer::zeros_on(8, per, dev).unwrap();
         for (i, &s) in slots.iter().enumerate() {
             batch.write_slot(s, &h0[i]).unwrap();
         }
@@ -255,8 +259,8 @@ fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
             let mut cpu = SlotBuffer::zeros(1, per);
             cpu.write_slot(0, &h0).unwrap();
             let oc = gated_delta_prefill(case.inputs(), &mut cpu, 0, PrefillAlgo::Chunked).unwrap();
-            let g = case.on(&dev);
-            let mut gs = SlotBuffer::zeros_on(1, per, &dev).unwrap();
+            let g = case.on(dev);
+            let mut gs = SlotBuffer::zeros_on(1, per, dev).unwrap();
             gs.write_slot(0, &h0).unwrap();
             let og = gated_delta_prefill(g.inputs(), &mut gs, 0, PrefillAlgo::Chunked).unwrap();
             let (eo, es) = (rel_err(&values(&og), &values(&oc)), rel_err(&gs.slot_to_vec(0).unwrap(), &cpu.slot_to_vec(0).unwrap()));

@@ -199,7 +199,7 @@ pub fn prepare(
     if conv_out.device().is_cuda() {
         let gi = gate_in.map(|(a, a_log, dt_bias)| crate::cuda::GateInputs { a, a_log, dt_bias });
         let mult = if allow_neg_eigval { 2.0 } else { 1.0 };
-        let p = crate::cuda::prep(conv_out, l.q_heads, l.k_heads, l.head_dim, q_w, b, mult, gi)?;
+        let p = crate::cuda::prep(conv_out, l, b, mult, gi)?;
         return Ok(Prepared { q: p.q, k: p.k, beta: p.beta, g: p.g });
     }
     let q = l2norm(&conv_out.narrow(1, 0, q_w)?.reshape((n, l.q_heads, l.head_dim))?)?;

@@ -63,7 +63,8 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     println!("\n## Prefill mixer (chunked, {reps} reps, median; fla = chunk_gated_delta_rule, anchors.md)\n");
     println!("| B | T | H | K | V | ms | tokens/s | fla ms | vs fla |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let shapes = [(1, 4096, 16, 128, 256, 1.453), (8, 2048, 16, 128, 256, 1.381), (8, 2048, 16, 64, 256, 1.183), (4, 8192, 16, 128, 256, 1.871)];
+    let shapes =
+        [(1, 4096, 16, 128, 256, 1.453), (8, 2048, 16, 128, 256, 1.381), (8, 2048, 16, 64, 256, 1.183), (4, 8192, 16, 128, 256, 1.871)];
     let mut k_times = Vec::new();
     for (b, t, h, k, v, fla) in shapes {
         let [q, kk, vv, beta, g] = inputs(dev, b * t, h, k, v)?;
@@ -133,7 +134,10 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     let params: usize = ckpt.names().iter().filter_map(|n| ckpt.shape(n)).map(|s| s.iter().product::<usize>()).sum();
     let weight_bytes = params as f64 * 2.0;
     let state_bytes = cfg.state_bytes_per_sequence() as f64;
-    println!("\n## Whole model: random Gated DeltaNet, {:.2} B params, bf16 (D=2048, 21 layers, H=6, K=256, expand_v=2)\n", params as f64 / 1e9);
+    println!(
+        "\n## Whole model: random Gated DeltaNet, {:.2} B params, bf16 (D=2048, 21 layers, H=6, K=256, expand_v=2)\n",
+        params as f64 / 1e9
+    );
     let mut pool = StatePool::new_on(&cfg, 64, dev)?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % 32000).collect();

@@ -165,18 +165,11 @@ pub struct Prepared {
     pub g: Option<Tensor>,
 }
 
-/// One fused pass over conv output rows `[N, C]`: L2-normalises `qh` q heads (columns from 0)
-/// and `kh` k heads (from `k_off`), β = `beta_mult`·sigmoid(`b`), and the gate.
-pub fn prep(
-    conv: &Tensor,
-    qh: usize,
-    kh: usize,
-    k: usize,
-    k_off: usize,
-    b: &Tensor,
-    beta_mult: f32,
-    gate: Option<GateInputs<'_>>,
-) -> Result<Prepared> {
+/// One fused pass over conv output rows `[N, C]`: L2-normalises the q heads (columns from 0)
+/// and the k heads (right after them), β = `beta_mult`·sigmoid(`b`), and the gate.
+pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: f32, gate: Option<GateInputs<'_>>) -> Result<Prepared> {
+    let (qh, kh, k) = (layout.q_heads, layout.k_heads, layout.head_dim);
+    let k_off = qh * k;
     let dev = cuda_dev(conv, "prep")?;
     let (n, ldc) = conv.dims2()?;
     let nb = b.dim(1)?;
