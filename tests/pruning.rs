@@ -259,6 +259,12 @@ fn differentiable_forward_matches_the_engine() {
     }
 }
 
+/// ⟨x, y⟩ over per-layer (q, k) tensor pairs, in f64.
+fn dot(x: &[(Tensor, Tensor)], y: &[(Tensor, Tensor)]) -> f64 {
+    let one = |a: &Tensor, b: &Tensor| (a * b).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+    x.iter().zip(y).map(|((xq, xk), (yq, yk))| one(xq, yq) + one(xk, yk)).sum()
+}
+
 #[test]
 fn loss_gradient_matches_finite_differences() {
     use candle_core::Var;
@@ -272,14 +278,7 @@ fn loss_gradient_matches_finite_differences() {
         let grads = m.lm_loss(&tokens, &qk).unwrap().backward().unwrap();
         let g: Vec<(Tensor, Tensor)> =
             vars.iter().map(|(q, k)| (grads.get(q.as_tensor()).unwrap().clone(), grads.get(k.as_tensor()).unwrap().clone())).collect();
-        let norm = g
-            .iter()
-            .map(|(a, b)| {
-                a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-                    + b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-            })
-            .sum::<f64>()
-            .sqrt();
+        let norm = dot(&g, &g).sqrt();
         assert!(norm > 0.0, "{name}: zero gradient");
         // Along the gradient the directional derivative is ‖G‖; along a random unit direction
         // it is ⟨G, d⟩. Central differences in f32 must reproduce both.
@@ -288,23 +287,8 @@ fn loss_gradient_matches_finite_differences() {
         // Along the gradient, curvature costs ~1% at this step; a random direction's small
         // derivative is held to a tighter absolute bound.
         for (label, dir, tol) in [("gradient", g.clone(), 2e-2), ("random", random, 2e-3)] {
-            let dn = dir
-                .iter()
-                .map(|(a, b)| {
-                    a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-                        + b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-                })
-                .sum::<f64>()
-                .sqrt();
-            let want: f64 = dir
-                .iter()
-                .zip(&g)
-                .map(|((a, b), (ga, gb))| {
-                    (a * ga).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-                        + (b * gb).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() as f64
-                })
-                .sum::<f64>()
-                / dn;
+            let dn = dot(&dir, &dir).sqrt();
+            let want = dot(&dir, &g) / dn;
             let eps = 2e-3;
             let shifted = |sign: f64| -> f64 {
                 let w: Vec<QkProj> = base

@@ -398,7 +398,7 @@ fn cuda_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, cu_seqlens: &[usize
         (x.q.clone(), x.g.cloned())
     };
     let cu: Vec<usize> = cu_seqlens.iter().map(|c| c * n).collect();
-    let args = crate::cuda::MixerArgs { q: &q, k: x.k, v: x.v, beta: x.beta, g: g.as_ref(), scale: x.scale };
+    let args = MixerInputs { q: &q, g: g.as_ref(), ..x };
     let dev = states.device_slots().ok_or(KernelError::UnsupportedDevice { op: "gated_delta_prefill", device: "host states".into() })?;
     let o = crate::cuda::gated_delta_chunk(&args, dev, &cu, slots)?;
     if n == 1 {
@@ -434,8 +434,7 @@ pub fn gated_delta_step(x: MixerInputs<'_>, states: &mut SlotBuffer, slots: &[us
     states.check_distinct(slots)?;
     #[cfg(feature = "cuda")]
     if let Some(dev) = states.device_slots() {
-        let args = crate::cuda::MixerArgs { q: x.q, k: x.k, v: x.v, beta: x.beta, g: x.g, scale: x.scale };
-        return crate::cuda::gated_delta_step(&args, x.n.max(1), dev, slots);
+        return crate::cuda::gated_delta_step(&x, dev, slots);
     }
     let f = x.flatten(OP)?;
     let n = x.n.max(1);

@@ -7,6 +7,7 @@ use candle_core::cuda_backend::{CudaStorage, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, DType, Shape, Storage, Tensor};
 
+use crate::ops::MixerInputs;
 use crate::{KernelError, Result};
 
 mod ptx {
@@ -250,22 +251,6 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     Ok(wrap(&dev, y, x.shape().clone()))
 }
 
-/// The mixer's prepared inputs for the GPU kernels.
-pub struct MixerArgs<'a> {
-    /// `[rows_q, H, K]`.
-    pub q: &'a Tensor,
-    /// `[rows, H, K]`.
-    pub k: &'a Tensor,
-    /// `[rows, HV, V]`.
-    pub v: &'a Tensor,
-    /// `[rows, HV]`.
-    pub beta: &'a Tensor,
-    /// `[rows_g, HV]`.
-    pub g: Option<&'a Tensor>,
-    /// Read-out scale.
-    pub scale: f32,
-}
-
 fn check_head_dim(op: &'static str, k: usize) -> Result<()> {
     if k == 0 || k > MAX_HEAD_K {
         return Err(KernelError::Shape { op, input: "k", expected: format!("head dim in 1..={MAX_HEAD_K}"), actual: vec![k] });
@@ -317,9 +302,9 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
     }
 }
 
-/// One decode step for `B = slots.len()` sequences, `n` householder steps each, reading and
+/// One decode step for `B = slots.len()` sequences, `x.n` householder steps each, reading and
 /// writing the states of `slots` in place. Returns `o` `[B, HV, V]` f32.
-pub fn gated_delta_step(x: &MixerArgs<'_>, n: usize, states: &mut DeviceSlots, slots: &[usize]) -> Result<Tensor> {
+pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[usize]) -> Result<Tensor> {
     let dev = cuda_dev(x.q, "gated_delta_step")?;
     let (b, h, k) = x.q.dims3()?;
     let (_, hv, v) = x.v.dims3()?;
@@ -334,7 +319,7 @@ pub fn gated_delta_step(x: &MixerArgs<'_>, n: usize, states: &mut DeviceSlots, s
     let sl = indices(&dev, slots)?;
     let mut o = dev.alloc_zeros::<f32>(b * hv * v)?;
     let f = dev.get_or_load_custom_func(name, "gated_delta", ptx::GATED_DELTA)?;
-    let ints = [h as i32, hv as i32, k as i32, v as i32, n as i32];
+    let ints = [h as i32, hv as i32, k as i32, v as i32, x.n.max(1) as i32];
     let cfg = grid(v.div_ceil(32), hv, b, 128, 0);
     with_mixer_views!(x, qv, kv, vv, bv, gp, {
         let mut l = f.builder();
@@ -356,8 +341,9 @@ fn chunk_smem(k: usize, bv: usize) -> usize {
 }
 
 /// Chunked prefill of packed sequences (rows `cu_seqlens[s]..cu_seqlens[s+1]` with the state of
-/// `slots[s]`), all inputs with one row per (interleaved) step. Returns `o` `[rows, HV, V]`.
-pub fn gated_delta_chunk(x: &MixerArgs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
+/// `slots[s]`), all inputs with one row per (interleaved) step (`x.n` is not used: the
+/// caller interleaves). Returns `o` `[rows, HV, V]`.
+pub fn gated_delta_chunk(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
     let dev = cuda_dev(x.q, "gated_delta_chunk")?;
     let (rows, h, k) = x.q.dims3()?;
     let (_, hv, v) = x.v.dims3()?;
