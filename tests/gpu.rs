@@ -58,6 +58,7 @@ fn main() {
 }
 
 const F32_TOL: f64 = 1e-4;
+const BF16: DType = DType::BF16;
 const BF16_TOL: f64 = 2e-2;
 const MARGIN: f64 = 1e-3;
 
@@ -65,18 +66,22 @@ fn gpu_ops_match_reference(dev: &Device) {
     let mut files = vec![compact_dir().join("ops.safetensors")];
     files.extend(shared_dir("gpu_ops_match_reference").map(|d| d.join("ops.safetensors")));
     for file in files {
-        for case in ["gdr", "gdr_neg", "gdp"] {
+        for (case, dtype) in
+            [("gdr", DType::F32), ("gdr_neg", DType::F32), ("gdp", DType::F32), ("gdr", BF16), ("gdr_neg", BF16), ("gdp", BF16)]
+        {
             let (eo, eh) = check_op_case(&file, case, |x, h0| {
                 let to = |t: &Tensor| t.to_device(dev).unwrap();
-                let (q, k, v, beta, g) = (to(x.q), to(x.k), to(x.v), to(x.beta), x.g.map(to));
+                let qkv = |t: &Tensor| to(t).to_dtype(dtype).unwrap();
+                let (q, k, v, beta, g) = (qkv(x.q), qkv(x.k), qkv(x.v), to(x.beta), x.g.map(to));
                 let mut states = SlotBuffer::zeros_on(2, h0.len(), dev).unwrap();
                 states.write_slot(1, &h0).unwrap();
                 let inputs = MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: g.as_ref(), ..x };
                 let o = gated_delta_prefill(inputs, &mut states, 1, PrefillAlgo::Chunked).unwrap();
                 (values(&o), states.slot_to_vec(1).unwrap())
             });
-            println!("GPU {} {case}: o rel err {eo:.2e}, ht rel err {eh:.2e}", file.display());
-            assert!(eo <= F32_TOL && eh <= F32_TOL, "{case}: o {eo:.3e}, ht {eh:.3e}");
+            let (kernel, tol) = if dtype == BF16 { ("bf16 q/k/v", BF16_TOL) } else { ("f32 q/k/v", F32_TOL) };
+            println!("GPU {} {case} ({kernel}): o rel err {eo:.2e}, ht rel err {eh:.2e}", file.display());
+            assert!(eo <= tol && eh <= tol, "{case} {kernel}: o {eo:.3e}, ht {eh:.3e}");
         }
     }
 }
@@ -166,6 +171,12 @@ impl Case {
         Case { q: m(&self.q), k: m(&self.k), v: m(&self.v), beta: m(&self.beta), g: m(&self.g), n: self.n }
     }
 
+    /// q, k and v in `dtype` (bf16 selects the tensor-core prefill); β and g stay f32.
+    fn with_qkv(&self, dtype: DType) -> Case {
+        let m = |t: &Tensor| t.to_dtype(dtype).unwrap();
+        Case { q: m(&self.q), k: m(&self.k), v: m(&self.v), beta: self.beta.clone(), g: self.g.clone(), n: self.n }
+    }
+
     fn inputs(&self) -> MixerInputs<'_> {
         let kd = self.q.dim(2).unwrap();
         MixerInputs { q: &self.q, k: &self.k, v: &self.v, beta: &self.beta, g: Some(&self.g), n: self.n, scale: (kd as f32).powf(-0.5) }
@@ -183,10 +194,10 @@ const SHAPES: [(usize, usize, usize, usize, usize); 4] = [(1, 2, 2, 64, 64), (1,
 
 fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for (n, h, hv, kd, vd) in SHAPES {
+    for ((n, h, hv, kd, vd), dtype) in SHAPES.into_iter().flat_map(|s| [(s, DType::F32), (s, BF16)]) {
         let lens = [65usize, 1, 130, 64, 7];
         let slots = [3usize, 0, 4, 1, 2];
-        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev)).collect();
+        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(dtype)).collect();
         let per = hv * kd * vd;
         let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
         let mut packed_states = SlotBuffer::zeros_on(5, per, dev).unwrap();
@@ -208,7 +219,7 @@ fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
             let e_s = rel_err(&packed_states.slot_to_vec(slots[i]).unwrap(), &alone.slot_to_vec(0).unwrap());
             worst = worst.max(e_o).max(e_s);
         }
-        println!("packed vs alone (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
+        println!("packed vs alone ({dtype:?} q/k/v, n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
         assert!(worst <= 1e-6, "packed prefill differs: {worst:.3e}");
     }
 }
@@ -251,9 +262,17 @@ fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
 
 fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let shapes = [
+        (1, 2, 2, 128, 128, DType::F32),
+        (2, 1, 1, 64, 64, DType::F32),
+        (1, 2, 2, 128, 128, BF16),
+        (2, 1, 1, 64, 64, BF16),
+        (1, 1, 2, 40, 48, BF16),
+    ];
     for t in [1usize, 63, 64, 65, 4097] {
-        for (n, h, hv, kd, vd) in [(1, 2, 2, 128, 128), (2, 1, 1, 64, 64)] {
-            let case = random_case(&mut rng, t, n, h, hv, kd, vd);
+        for (n, h, hv, kd, vd, dtype) in shapes {
+            // The CPU reference computes in f32 from the same (rounded) inputs.
+            let case = random_case(&mut rng, t, n, h, hv, kd, vd).with_qkv(dtype);
             let per = hv * kd * vd;
             let h0: Vec<f32> = (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect();
             let mut cpu = SlotBuffer::zeros(1, per);
@@ -264,8 +283,9 @@ fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
             gs.write_slot(0, &h0).unwrap();
             let og = gated_delta_prefill(g.inputs(), &mut gs, 0, PrefillAlgo::Chunked).unwrap();
             let (eo, es) = (rel_err(&values(&og), &values(&oc)), rel_err(&gs.slot_to_vec(0).unwrap(), &cpu.slot_to_vec(0).unwrap()));
-            println!("T={t} n={n} K={kd}: GPU vs CPU o {eo:.2e}, state {es:.2e}");
-            assert!(eo <= F32_TOL && es <= F32_TOL, "T={t}: o {eo:.3e}, state {es:.3e}");
+            let tol = if dtype == BF16 { BF16_TOL } else { F32_TOL };
+            println!("T={t} n={n} HV={hv} K={kd} V={vd} {dtype:?} q/k/v: GPU vs CPU o {eo:.2e}, state {es:.2e}");
+            assert!(eo <= tol && es <= tol, "T={t} {dtype:?}: o {eo:.3e}, state {es:.3e}");
         }
     }
 }

@@ -384,8 +384,8 @@ fn cuda_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, cu_seqlens: &[usize
     let (t, h, kd) = x.q.dims3()?;
     let hv = x.v.dim(1)?;
     let (q, g) = if n > 1 {
-        let q = x.q.to_dtype(DType::F32)?.unsqueeze(1)?;
-        let q = Tensor::cat(&[Tensor::zeros((t, n - 1, h, kd), DType::F32, x.q.device())?, q], 1)?.reshape((t * n, h, kd))?;
+        let q = x.q.unsqueeze(1)?;
+        let q = Tensor::cat(&[Tensor::zeros((t, n - 1, h, kd), x.q.dtype(), x.q.device())?, q], 1)?.reshape((t * n, h, kd))?;
         let g = match x.g {
             Some(g) => {
                 let g = g.to_dtype(DType::F32)?.unsqueeze(1)?;
@@ -400,7 +400,7 @@ fn cuda_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, cu_seqlens: &[usize
     let cu: Vec<usize> = cu_seqlens.iter().map(|c| c * n).collect();
     let args = MixerInputs { q: &q, g: g.as_ref(), ..x };
     let dev = states.device_slots().ok_or(KernelError::UnsupportedDevice { op: "gated_delta_prefill", device: "host states".into() })?;
-    let o = crate::cuda::gated_delta_chunk(&args, dev, &cu, slots)?;
+    let o = crate::cuda::gated_delta_chunk_tc(&args, dev, &cu, slots)?;
     if n == 1 {
         return Ok(o);
     }

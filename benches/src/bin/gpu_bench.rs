@@ -61,23 +61,28 @@ fn inputs(dev: &Device, rows: usize, h: usize, k: usize, v: usize) -> anyhow::Re
 
 fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     println!("\n## Prefill mixer (chunked, {reps} reps, median; fla = chunk_gated_delta_rule, anchors.md)\n");
-    println!("| B | T | H | K | V | ms | tokens/s | fla ms | vs fla |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("Both on the tensor cores: bf16 q/k/v as fla's inputs; f32 q/k/v split into bf16 hi + lo (the engine's path).\n");
+    println!("| B | T | H | K | V | bf16 ms | tokens/s | fla ms | vs fla | f32 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let shapes =
         [(1, 4096, 16, 128, 256, 1.453), (8, 2048, 16, 128, 256, 1.381), (8, 2048, 16, 64, 256, 1.183), (4, 8192, 16, 128, 256, 1.871)];
     let mut k_times = Vec::new();
     for (b, t, h, k, v, fla) in shapes {
         let [q, kk, vv, beta, g] = inputs(dev, b * t, h, k, v)?;
-        let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
         let mut states = SlotBuffer::zeros_on(b, h * k * v, dev)?;
         let cu: Vec<usize> = (0..=b).map(|i| i * t).collect();
         let slots: Vec<usize> = (0..b).collect();
-        let ms = median_ms(dev, reps, || {
-            gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked)?;
-            Ok(())
-        })?;
+        let mut time = |dtype: DType| -> anyhow::Result<f64> {
+            let (q, kk, vv) = (q.to_dtype(dtype)?, kk.to_dtype(dtype)?, vv.to_dtype(dtype)?);
+            let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
+            median_ms(dev, reps, || {
+                gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked)?;
+                Ok(())
+            })
+        };
+        let (ms, ms32) = (time(DType::BF16)?, time(DType::F32)?);
         let tps = (b * t) as f64 / ms * 1e3;
-        println!("| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {fla:.3} | {:.2}× |", tps / 1e6, fla / ms);
+        println!("| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {fla:.3} | {:.2}× | {ms32:.2} |", tps / 1e6, fla / ms);
         if b == 8 && t == 2048 {
             k_times.push((k, ms));
         }

@@ -4,11 +4,11 @@
 
 use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
-use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
+use deltaserve_kernels::ops::{self, PrefillAlgo};
 
 use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, OutputHead, ShortConv};
+use super::mixer::{capture_query_key, linear, split_cols, OutputHead, Prepared, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
@@ -35,15 +35,6 @@ pub struct GatedDeltaNet {
     allow_neg_eigval: bool,
     /// K^-0.5.
     scale: f32,
-}
-
-/// The mixer's inputs after projections, conv, l2norm, β and gate (§1.3 steps 1–7), f32.
-struct Prepared {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor,
 }
 
 impl GatedDeltaNet {
@@ -99,11 +90,7 @@ impl GatedDeltaNet {
             expected: "a log-decay from prepare".into(),
             actual: "none".into(),
         })?;
-        Ok(Prepared { q: p.q, k: p.k, v, beta: p.beta, g })
-    }
-
-    fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
-        MixerInputs { q: &p.q, k: &p.k, v: &p.v, beta: &p.beta, g: Some(&p.g), n: 1, scale: self.scale }
+        Ok(Prepared { q: p.q, k: p.k, v, beta: p.beta, g: Some(g) })
     }
 
     /// Prefills `x` `[T, D]` into `slot`, continuing from its state. Returns `[T, D]`.
@@ -118,7 +105,7 @@ impl GatedDeltaNet {
         let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, slot)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_prefill(self.inputs(&p), &mut state.recurrent_state, slot, algo)?;
+        let o = ops::gated_delta_prefill(p.inputs(1, self.scale), &mut state.recurrent_state, slot, algo)?;
         self.out.forward(&o, x)
     }
 
@@ -148,7 +135,7 @@ impl GatedDeltaNet {
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
         let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_step(self.inputs(&p), &mut state.recurrent_state, slots)?;
+        let o = ops::gated_delta_step(p.inputs(1, self.scale), &mut state.recurrent_state, slots)?;
         self.out.forward(&o, x)
     }
 }

@@ -7,11 +7,11 @@
 
 use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
-use deltaserve_kernels::ops::{self, MixerInputs, PrefillAlgo};
+use deltaserve_kernels::ops::{self, PrefillAlgo};
 
 use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, OutputHead, ShortConv};
+use super::mixer::{capture_query_key, linear, split_cols, OutputHead, Prepared, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
@@ -47,14 +47,6 @@ pub struct GatedDeltaProduct {
     allow_neg_eigval: bool,
     /// K^-0.5.
     scale: f32,
-}
-
-struct Prepared {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Option<Tensor>,
 }
 
 /// Loads a per-step projection in the current layout, or concatenates the legacy list
@@ -158,10 +150,6 @@ impl GatedDeltaProduct {
         Ok(Prepared { q: p.q, k: kk, v, beta, g: p.g })
     }
 
-    fn inputs<'a>(&self, p: &'a Prepared) -> MixerInputs<'a> {
-        MixerInputs { q: &p.q, k: &p.k, v: &p.v, beta: &p.beta, g: p.g.as_ref(), n: self.num_householder, scale: self.scale }
-    }
-
     /// Prefills `x` `[T, D]` into `slot`, continuing from its state. Returns `[T, D]`.
     pub fn prefill(
         &self,
@@ -174,7 +162,7 @@ impl GatedDeltaProduct {
         let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, slot)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_prefill(self.inputs(&p), &mut state.recurrent_state, slot, algo)?;
+        let o = ops::gated_delta_prefill(p.inputs(self.num_householder, self.scale), &mut state.recurrent_state, slot, algo)?;
         self.out.forward(&o, x)
     }
 
@@ -215,7 +203,7 @@ impl GatedDeltaProduct {
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
         let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_step(self.inputs(&p), &mut state.recurrent_state, slots)?;
+        let o = ops::gated_delta_step(p.inputs(self.num_householder, self.scale), &mut state.recurrent_state, slots)?;
         self.out.forward(&o, x)
     }
 }

@@ -134,6 +134,28 @@ impl OutputHead {
     }
 }
 
+/// The mixer's inputs after projections, conv, l2norm, β and gate (model-spec.md §1.3 steps
+/// 1–7), f32 as the prepare kernel writes them.
+pub struct Prepared {
+    /// `[T, H, K]`.
+    pub q: Tensor,
+    /// `[T·n, H, K]`.
+    pub k: Tensor,
+    /// `[T·n, HV, V]`.
+    pub v: Tensor,
+    /// `[T·n, HV]`.
+    pub beta: Tensor,
+    /// `[T, HV]`, if the layer has a forget gate.
+    pub g: Option<Tensor>,
+}
+
+impl Prepared {
+    /// The kernel inputs for `n` householder steps and read-out `scale`.
+    pub fn inputs(&self, n: usize, scale: f32) -> ops::MixerInputs<'_> {
+        ops::MixerInputs { q: &self.q, k: &self.k, v: &self.v, beta: &self.beta, g: self.g.as_ref(), n, scale }
+    }
+}
+
 /// Splits `[N, C]` into consecutive column blocks of the given widths.
 pub fn split_cols(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
     let mut out = Vec::with_capacity(widths.len());

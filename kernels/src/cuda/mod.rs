@@ -71,14 +71,18 @@ fn f32c(t: &Tensor) -> Result<Tensor> {
     Ok(t.to_dtype(DType::F32)?.contiguous()?)
 }
 
-/// Borrows a contiguous f32 CUDA tensor's device memory for the duration of `$body`.
+/// Borrows a contiguous CUDA tensor's device memory (element type `$ty`, f32 unless given) for
+/// the duration of `$body`.
 macro_rules! with_view {
-    ($t:expr, $v:ident, $body:block) => {{
+    ($t:expr, $v:ident, $body:block) => {
+        with_view!($t, $v, f32, $body)
+    };
+    ($t:expr, $v:ident, $ty:ty, $body:block) => {{
         let (guard, layout) = $t.storage_and_layout();
         let Storage::Cuda(cs) = &*guard else {
             return Err(KernelError::UnsupportedDevice { op: "cuda view", device: "non-cuda storage".into() });
         };
-        let $v: CudaView<'_, f32> = cs.as_cuda_slice::<f32>()?.slice(layout.start_offset()..);
+        let $v: CudaView<'_, $ty> = cs.as_cuda_slice::<$ty>()?.slice(layout.start_offset()..);
         $body
     }};
 }
@@ -258,30 +262,30 @@ fn check_head_dim(op: &'static str, k: usize) -> Result<()> {
     Ok(())
 }
 
+/// Runs `$body` with the optional f32 gate tensor `$g` borrowed as a kernel pointer (null when
+/// absent).
+macro_rules! with_mixer_gate {
+    ($g:expr, $gp:ident, $body:block) => {{
+        match &$g {
+            Some(g) => with_view!(g, gv, {
+                let $gp = GatePtr::View(&gv);
+                $body
+            }),
+            None => {
+                let $gp = GatePtr::Null(0u64);
+                $body
+            }
+        }
+    }};
+}
+
 /// Runs `launch` with every mixer input borrowed as a device view (g as a null pointer when
 /// absent).
 macro_rules! with_mixer_views {
     ($x:expr, $q:ident, $k:ident, $v:ident, $b:ident, $g:ident, $body:block) => {{
         let (q, k, v, beta) = (f32c($x.q)?, f32c($x.k)?, f32c($x.v)?, f32c($x.beta)?);
         let g = $x.g.map(f32c).transpose()?;
-        with_view!(q, $q, {
-            with_view!(k, $k, {
-                with_view!(v, $v, {
-                    with_view!(beta, $b, {
-                        match &g {
-                            Some(g) => with_view!(g, gv, {
-                                let $g = GatePtr::View(&gv);
-                                $body
-                            }),
-                            None => {
-                                let $g = GatePtr::Null(0u64);
-                                $body
-                            }
-                        }
-                    })
-                })
-            })
-        })
+        with_view!(q, $q, { with_view!(k, $k, { with_view!(v, $v, { with_view!(beta, $b, { with_mixer_gate!(g, $g, $body) }) }) }) })
     }};
 }
 
@@ -370,5 +374,147 @@ pub fn gated_delta_chunk(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqle
         l.arg(&x.scale);
         unsafe { l.launch(cfg) }.w()?;
     });
+    Ok(wrap(&dev, o, (rows, hv, v)))
+}
+
+/// Shared memory of the tensor-core kernels, in bytes (each buffer rounded up to 128 bytes, as
+/// the kernels' allocator does).
+fn tc_smem(parts: &[usize]) -> usize {
+    parts.iter().map(|b| b.div_ceil(128) * 128).sum()
+}
+
+/// `chunk_tc_prep`: K and Q tiles (hi, and lo when `lo`; V blocks reuse Q's), A and T (fp32), T1
+/// and T2 (hi and lo), the warps' staging tiles, the block-inverse scratch, G and β.
+fn tc_prep_smem(k: usize, lo: bool) -> usize {
+    let kp = k.div_ceil(16) * 16 + 8;
+    let (tile16, tile32) = (2 * CHUNK * 72, 4 * CHUNK * 68);
+    let (kt, qt) = (2 * CHUNK * kp, (2 * CHUNK * kp).max(tile16));
+    let halves = if lo { 2 } else { 1 };
+    let mut parts = vec![tile32, tile32, tile16, tile16, tile16, tile16, 4 * 8 * 256, 4 * 3 * 256, 4 * CHUNK, 4 * CHUNK];
+    parts.extend(std::iter::repeat_n(kt, halves).chain(std::iter::repeat_n(qt, halves)));
+    tc_smem(&parts)
+}
+
+/// `chunk_tc_state`: S (fp32, hi, lo), W (hi, lo), Q (hi, and lo when `lo`), P (hi, lo), two
+/// fp32 [64, BV] results, V' (hi, lo) and G.
+fn tc_state_smem(k: usize, bv: usize, lo: bool) -> usize {
+    let k16 = k.div_ceil(16) * 16;
+    let kp = k16 + 8;
+    let (sp, sb) = (bv + 4, bv + 8);
+    let wq = 2 * CHUNK * kp;
+    let q_lo = if lo { wq } else { 0 };
+    let p = 2 * CHUNK * 72;
+    tc_smem(&[
+        4 * k16 * sp,
+        2 * k16 * sb,
+        2 * k16 * sb,
+        wq,
+        wq,
+        wq,
+        q_lo,
+        p,
+        p,
+        4 * CHUNK * sp,
+        4 * CHUNK * sp,
+        2 * CHUNK * sb,
+        2 * CHUNK * sb,
+        4 * CHUNK,
+    ])
+}
+
+/// Largest dynamic shared memory per block on sm_90.
+const MAX_SMEM: usize = 227 * 1024;
+
+/// Value-tile width of the tensor-core state pass: the widest of 64, 32, 16 that fits in shared
+/// memory, or `DELTASERVE_TC_BV` when set to one that fits.
+fn tc_value_tile(k: usize, lo: bool) -> usize {
+    let fits = |bv: usize| tc_state_smem(k, bv, lo) <= MAX_SMEM;
+    let wanted = std::env::var("DELTASERVE_TC_BV").ok().and_then(|v| v.parse::<usize>().ok());
+    match wanted {
+        Some(bv @ (16 | 32 | 64)) if fits(bv) => bv,
+        _ => [64, 32, 16].into_iter().find(|&bv| fits(bv)).unwrap_or(16),
+    }
+}
+
+/// Chunked prefill on the tensor cores (split-bf16 operands, fp32 accumulation and state) of
+/// packed sequences, as [`gated_delta_chunk`]: one launch computes every chunk's W, U, P and G
+/// in parallel, a second carries the state through each sequence's chunks. bf16 q, k and v are
+/// read as they are (k and v are converted to q's dtype); f32 ones are split into hi + lo.
+pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+    use half::bf16;
+    let dev = cuda_dev(x.q, "gated_delta_chunk_tc")?;
+    let (rows, h, k) = x.q.dims3()?;
+    let (_, hv, v) = x.v.dims3()?;
+    check_head_dim("gated_delta_chunk_tc", k)?;
+    let lo = !matches!(x.q.dtype(), DType::BF16);
+    let dtype = if lo { DType::F32 } else { DType::BF16 };
+    let cast = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(dtype)?.contiguous()?) };
+    let (q, kk, vv, beta) = (cast(x.q)?, cast(x.k)?, cast(x.v)?, f32c(x.beta)?);
+    let g = x.g.map(f32c).transpose()?;
+    // The chunk table: chunks never cross sequences.
+    let (mut crow, mut clen) = (Vec::new(), Vec::new());
+    for s in 0..slots.len() {
+        let (t0, t1) = (cu_seqlens[s], cu_seqlens[s + 1]);
+        for c0 in (t0..t1).step_by(CHUNK) {
+            crow.push(c0);
+            clen.push(CHUNK.min(t1 - c0));
+        }
+    }
+    let mut o = dev.alloc_zeros::<f32>(rows * hv * v)?;
+    if crow.is_empty() {
+        return Ok(wrap(&dev, o, (rows, hv, v)));
+    }
+    let (crow_d, clen_d) = (indices(&dev, &crow)?, indices(&dev, &clen)?);
+    let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
+    // Every row of W, U, P and G is written by the first launch before the second reads it.
+    let mut w = unsafe { dev.alloc::<f32>(rows * hv * k) }?;
+    let mut u = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
+    let mut p = unsafe { dev.alloc::<f32>(rows * hv * CHUNK) }?;
+    let mut gc = unsafe { dev.alloc::<f32>(rows * hv) }?;
+    let ints = [h as i32, hv as i32, k as i32, v as i32];
+    let suffix = if lo { "f32" } else { "bf16" };
+
+    let prep = dev.get_or_load_custom_func(&format!("chunk_tc_prep_{suffix}"), "chunk_tc", ptx::CHUNK_TC)?;
+    let smem = tc_prep_smem(k, lo);
+    prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    let bv = tc_value_tile(k, lo);
+    let state = dev.get_or_load_custom_func(&format!("chunk_tc_state_{suffix}_bv{bv}"), "chunk_tc", ptx::CHUNK_TC)?;
+    let state_smem = tc_state_smem(k, bv, lo);
+    state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
+    macro_rules! launch {
+        ($ty:ty) => {
+            with_view!(q, qv, $ty, {
+                with_view!(kk, kv, $ty, {
+                    with_view!(vv, vv_, $ty, {
+                        with_view!(beta, bv_, {
+                            with_mixer_gate!(g, gp, {
+                                let mut l = prep.builder();
+                                l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
+                                push_gate(&mut l, &gp);
+                                l.arg(&crow_d).arg(&clen_d).arg(&mut w).arg(&mut u).arg(&mut p).arg(&mut gc);
+                                for i in &ints {
+                                    l.arg(i);
+                                }
+                                unsafe { l.launch(grid(crow.len(), hv, 1, 256, smem as u32)) }.w()?;
+                            });
+                            let mut l = state.builder();
+                            l.arg(&qv).arg(&kv).arg(&w).arg(&u).arg(&p).arg(&gc).arg(&mut states.data).arg(&cu).arg(&sl).arg(&mut o);
+                            for i in &ints {
+                                l.arg(i);
+                            }
+                            l.arg(&x.scale);
+                            unsafe { l.launch(grid(v.div_ceil(bv), hv, slots.len(), 256, state_smem as u32)) }.w()?;
+                        })
+                    })
+                })
+            })
+        };
+    }
+    if lo {
+        launch!(f32)
+    } else {
+        launch!(bf16)
+    }
     Ok(wrap(&dev, o, (rows, hv, v)))
 }
