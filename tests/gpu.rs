@@ -189,8 +189,10 @@ fn cat(cases: &[&Case]) -> Case {
 }
 
 /// Shapes: plain, GVA (HV = 2H) and a Gated DeltaProduct with n = 2; K and V include a pruned
-/// head dim (48) and the largest (256).
-const SHAPES: [(usize, usize, usize, usize, usize); 4] = [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256)];
+/// head dim (48), the largest (256) and odd sizes (K = 40, V = 50: scalar loads and the
+/// one-column-per-lane decode kernel).
+const SHAPES: [(usize, usize, usize, usize, usize); 5] =
+    [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256), (1, 2, 2, 40, 50)];
 
 fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);

@@ -12,3 +12,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+// Decode steps take the first INLINE_SLOTS slot indices by value (no upload for small batches)
+// and the rest from device memory.
+#define INLINE_SLOTS 64
+struct SlotList {
+  int s[INLINE_SLOTS];
+};
+__device__ __forceinline__ int slot_of(const SlotList& inl, const int* __restrict__ rest, int b) {
+  return b < INLINE_SLOTS ? inl.s[b] : rest[b];
+}

@@ -41,14 +41,14 @@ extern "C" __global__ void conv_prefill_f32(const float* __restrict__ x, const f
     if (i < W) st[i] = win[i];
 }
 
-// One decode step for B sequences: row b shifts x[b] into the state of slots[b] in place.
+// One decode step for B sequences: row b shifts x[b] into the state of slot b in place.
 extern "C" __global__ void conv_step_f32(const float* __restrict__ x, const float* __restrict__ weight,
-                                         float* __restrict__ states, const int* __restrict__ slots,
+                                         float* __restrict__ states, SlotList slots, const int* __restrict__ more_slots,
                                          float* __restrict__ y, int C, int W, int silu) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   const int b = blockIdx.y;
   if (ch >= C) return;
-  float* st = states + (size_t)slots[b] * C * W + (size_t)ch * W;
+  float* st = states + (size_t)slot_of(slots, more_slots, b) * C * W + (size_t)ch * W;
   const float xt = x[(size_t)b * C + ch];
   float acc = 0.0f;
   for (int i = 0; i < W; ++i) {

@@ -96,6 +96,47 @@ fn indices(dev: &CudaDevice, xs: &[usize]) -> Result<CudaSlice<i32>> {
     Ok(dev.cuda_stream().clone_htod(&v).w()?)
 }
 
+/// Slot indices a decode kernel takes by value (`SlotList` in common.cuh); longer batches pass
+/// the rest through device memory.
+const INLINE_SLOTS: usize = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SlotList {
+    s: [i32; INLINE_SLOTS],
+}
+
+// SAFETY: plain `#[repr(C)]` integers, laid out as the kernels' `struct SlotList`.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for SlotList {}
+
+/// A decode step's slots: the first [`INLINE_SLOTS`] by value, all of them uploaded only when
+/// there are more (small batches then need no host-to-device copy).
+struct DecodeSlots {
+    inline: SlotList,
+    more: Option<CudaSlice<i32>>,
+    null: u64,
+}
+
+impl DecodeSlots {
+    fn new(dev: &CudaDevice, slots: &[usize]) -> Result<Self> {
+        let mut inline = SlotList { s: [0; INLINE_SLOTS] };
+        for (d, &s) in inline.s.iter_mut().zip(slots) {
+            *d = s as i32;
+        }
+        let more = if slots.len() > INLINE_SLOTS { Some(indices(dev, slots)?) } else { None };
+        Ok(Self { inline, more, null: 0 })
+    }
+
+    /// Pushes the two kernel arguments (`SlotList slots, const int* more_slots`).
+    fn push<'a>(&'a self, l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>) {
+        l.arg(&self.inline);
+        match &self.more {
+            Some(m) => l.arg(m),
+            None => l.arg(&self.null),
+        };
+    }
+}
+
 fn grid(x: usize, y: usize, z: usize, block: u32, smem: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (x as u32, y as u32, z as u32), block_dim: (block, 1, 1), shared_mem_bytes: smem }
 }
@@ -115,7 +156,8 @@ pub fn conv_prefill(
     let w = weight.dim(1)?;
     let (x, weight) = (f32c(x)?, f32c(weight)?);
     let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
-    let mut y = dev.alloc_zeros::<f32>(rows * c)?;
+    // SAFETY: cu_seqlens covers every row (checked by ops), and the kernel writes each.
+    let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
     let f = dev.get_or_load_custom_func("conv_prefill_f32", "conv", ptx::CONV)?;
     let (ci, wi, si) = (c as i32, w as i32, silu as i32);
     with_view!(x, xv, {
@@ -134,14 +176,17 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: &
     let (rows, c) = x.dims2()?;
     let w = weight.dim(1)?;
     let (x, weight) = (f32c(x)?, f32c(weight)?);
-    let sl = indices(&dev, slots)?;
-    let mut y = dev.alloc_zeros::<f32>(rows * c)?;
+    let sl = DecodeSlots::new(&dev, slots)?;
+    // SAFETY: the kernel writes every element of y.
+    let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
     let f = dev.get_or_load_custom_func("conv_step_f32", "conv", ptx::CONV)?;
     let (ci, wi, si) = (c as i32, w as i32, silu as i32);
     with_view!(x, xv, {
         with_view!(weight, wv, {
             let mut b = f.builder();
-            b.arg(&xv).arg(&wv).arg(&mut states.data).arg(&sl).arg(&mut y).arg(&ci).arg(&wi).arg(&si);
+            b.arg(&xv).arg(&wv).arg(&mut states.data);
+            sl.push(&mut b);
+            b.arg(&mut y).arg(&ci).arg(&wi).arg(&si);
             unsafe { b.launch(grid(c.div_ceil(128), rows, 1, 128, 0)) }.w()?;
         })
     });
@@ -184,10 +229,10 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
         Some(g) => (Some(f32c(g.a)?), Some(f32c(g.a_log)?), Some(f32c(g.dt_bias)?), g.a.dim(1)?),
         None => (None, None, None, 0),
     };
-    let mut q = dev.alloc_zeros::<f32>(n * qh * k)?;
-    let mut kk = dev.alloc_zeros::<f32>(n * kh * k)?;
-    let mut beta = dev.alloc_zeros::<f32>(n * nb)?;
-    let mut g = dev.alloc_zeros::<f32>((n * ng).max(1))?;
+    // SAFETY: the kernel writes every element of q, k, beta and (when ng > 0) g.
+    let (mut q, mut kk, mut beta, mut g) = unsafe {
+        (dev.alloc::<f32>(n * qh * k)?, dev.alloc::<f32>(n * kh * k)?, dev.alloc::<f32>(n * nb)?, dev.alloc::<f32>((n * ng).max(1))?)
+    };
     let f = dev.get_or_load_custom_func("prep_f32", "prep", ptx::PREP)?;
     let ints = [ldc as i32, qh as i32, kh as i32, k as i32, k_off as i32, nb as i32, ng as i32];
     let cfg = grid(n, 1, 1, 128, 0);
@@ -232,7 +277,8 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     let x = f32c(x)?;
     let w = f32c(weight)?;
     let z = z.map(f32c).transpose()?;
-    let mut y = dev.alloc_zeros::<f32>(rows * d)?;
+    // SAFETY: the kernel writes every element of y.
+    let mut y = unsafe { dev.alloc::<f32>(rows * d) }?;
     let f = dev.get_or_load_custom_func("gated_rms_norm_f32", "norm", ptx::NORM)?;
     let (ri, di, ai) = (rows as i32, d as i32, act_sigmoid as i32);
     let cfg = grid(rows.div_ceil(4), 1, 1, 128, 0);
@@ -313,23 +359,41 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[
     let (b, h, k) = x.q.dims3()?;
     let (_, hv, v) = x.v.dims3()?;
     check_head_dim("gated_delta_step", k)?;
-    let r = k.div_ceil(4);
-    let name = match r {
-        0..=8 => "gdr_decode_f32_r8",
-        9..=16 => "gdr_decode_f32_r16",
-        17..=32 => "gdr_decode_f32_r32",
-        _ => "gdr_decode_f32_r64",
+    // 16-byte state and value accesses when V allows (and v's data is, or will be copied to,
+    // an aligned buffer); one column per lane otherwise.
+    let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset() % 4 == 0;
+    let vec4 = v % 4 == 0 && aligned;
+    let (name, cfg) = if vec4 {
+        // (warps, rows per warp ≥ K / warps): few rows each keeps registers low (more warps in
+        // flight per SM).
+        let (name, warps) = match k {
+            0..=32 => ("gdr_decode4_f32_w8_r4", 8),
+            33..=64 => ("gdr_decode4_f32_w8_r8", 8),
+            65..=128 => ("gdr_decode4_f32_w16_r8", 16),
+            _ => ("gdr_decode4_f32_w32_r8", 32),
+        };
+        (name, grid(v.div_ceil(128), hv, b, 32 * warps, 0))
+    } else {
+        let name = match k.div_ceil(4) {
+            0..=8 => "gdr_decode_f32_r8",
+            9..=16 => "gdr_decode_f32_r16",
+            17..=32 => "gdr_decode_f32_r32",
+            _ => "gdr_decode_f32_r64",
+        };
+        (name, grid(v.div_ceil(32), hv, b, 128, 0))
     };
-    let sl = indices(&dev, slots)?;
-    let mut o = dev.alloc_zeros::<f32>(b * hv * v)?;
+    let sl = DecodeSlots::new(&dev, slots)?;
+    // SAFETY: the kernel writes every element of o.
+    let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
     let f = dev.get_or_load_custom_func(name, "gated_delta", ptx::GATED_DELTA)?;
     let ints = [h as i32, hv as i32, k as i32, v as i32, x.n.max(1) as i32];
-    let cfg = grid(v.div_ceil(32), hv, b, 128, 0);
     with_mixer_views!(x, qv, kv, vv, bv, gp, {
         let mut l = f.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&bv);
         push_gate(&mut l, &gp);
-        l.arg(&mut states.data).arg(&sl).arg(&mut o);
+        l.arg(&mut states.data);
+        sl.push(&mut l);
+        l.arg(&mut o);
         for i in &ints {
             l.arg(i);
         }
@@ -339,44 +403,6 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[
     Ok(wrap(&dev, o, (b, hv, v)))
 }
 
-/// Shared memory of the chunk kernel, in bytes.
-fn chunk_smem(k: usize, bv: usize) -> usize {
-    4 * (k * bv + 2 * CHUNK * (k + 1) + 2 * CHUNK * 65 + CHUNK * (bv + 1) + 3 * CHUNK)
-}
-
-/// Chunked prefill of packed sequences (rows `cu_seqlens[s]..cu_seqlens[s+1]` with the state of
-/// `slots[s]`), all inputs with one row per (interleaved) step (`x.n` is not used: the
-/// caller interleaves). Returns `o` `[rows, HV, V]`.
-pub fn gated_delta_chunk(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
-    let dev = cuda_dev(x.q, "gated_delta_chunk")?;
-    let (rows, h, k) = x.q.dims3()?;
-    let (_, hv, v) = x.v.dims3()?;
-    check_head_dim("gated_delta_chunk", k)?;
-    // Wider value tiles halve the per-tile recomputation of A and P when they fit.
-    let bv = if chunk_smem(k, 64) <= 227 * 1024 && v >= 64 { 64 } else { 32 };
-    let smem = chunk_smem(k, bv);
-    let name = if bv == 64 { "gdr_chunk_f32_bv64" } else { "gdr_chunk_f32_bv32" };
-    let f = dev.get_or_load_custom_func(name, "gated_delta", ptx::GATED_DELTA)?;
-    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-    f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
-    let mut o = dev.alloc_zeros::<f32>(rows * hv * v)?;
-    let ints = [h as i32, hv as i32, k as i32, v as i32];
-    let cfg = grid(v.div_ceil(bv), hv, slots.len(), 256, smem as u32);
-    with_mixer_views!(x, qv, kv, vv, bv_, gp, {
-        let mut l = f.builder();
-        l.arg(&qv).arg(&kv).arg(&vv).arg(&bv_);
-        push_gate(&mut l, &gp);
-        l.arg(&mut states.data).arg(&cu).arg(&sl).arg(&mut o);
-        for i in &ints {
-            l.arg(i);
-        }
-        l.arg(&x.scale);
-        unsafe { l.launch(cfg) }.w()?;
-    });
-    Ok(wrap(&dev, o, (rows, hv, v)))
-}
-
 /// Shared memory of the tensor-core kernels, in bytes (each buffer rounded up to 128 bytes, as
 /// the kernels' allocator does).
 fn tc_smem(parts: &[usize]) -> usize {
@@ -384,13 +410,13 @@ fn tc_smem(parts: &[usize]) -> usize {
 }
 
 /// `chunk_tc_prep`: K and Q tiles (hi, and lo when `lo`; V blocks reuse Q's), A and T (fp32), T1
-/// and T2 (hi and lo), the warps' staging tiles, the block-inverse scratch, G and β.
+/// and T2 (hi and lo), G and β.
 fn tc_prep_smem(k: usize, lo: bool) -> usize {
     let kp = k.div_ceil(16) * 16 + 8;
     let (tile16, tile32) = (2 * CHUNK * 72, 4 * CHUNK * 68);
     let (kt, qt) = (2 * CHUNK * kp, (2 * CHUNK * kp).max(tile16));
     let halves = if lo { 2 } else { 1 };
-    let mut parts = vec![tile32, tile32, tile16, tile16, tile16, tile16, 4 * 8 * 256, 4 * 3 * 256, 4 * CHUNK, 4 * CHUNK];
+    let mut parts = vec![tile32, tile32, tile16, tile16, tile16, tile16, 4 * CHUNK, 4 * CHUNK];
     parts.extend(std::iter::repeat_n(kt, halves).chain(std::iter::repeat_n(qt, halves)));
     tc_smem(&parts)
 }
@@ -425,20 +451,28 @@ fn tc_state_smem(k: usize, bv: usize, lo: bool) -> usize {
 /// Largest dynamic shared memory per block on sm_90.
 const MAX_SMEM: usize = 227 * 1024;
 
-/// Value-tile width of the tensor-core state pass: the widest of 64, 32, 16 that fits in shared
-/// memory, or `DELTASERVE_TC_BV` when set to one that fits.
-fn tc_value_tile(k: usize, lo: bool) -> usize {
+/// Value-tile width of the tensor-core state pass: `DELTASERVE_TC_BV` (16, 32 or 64) when set
+/// and it fits in shared memory; else the widest that fits and still gives `ctas_per_tile ×
+/// V/BV` CTAs enough to cover the `sms` multiprocessors (few long sequences want narrow tiles
+/// for parallelism, many want wide ones for less recomputation); else the narrowest that fits.
+fn tc_value_tile(k: usize, v: usize, lo: bool, ctas_per_tile: usize, sms: usize) -> usize {
     let fits = |bv: usize| tc_state_smem(k, bv, lo) <= MAX_SMEM;
     let wanted = std::env::var("DELTASERVE_TC_BV").ok().and_then(|v| v.parse::<usize>().ok());
-    match wanted {
-        Some(bv @ (16 | 32 | 64)) if fits(bv) => bv,
-        _ => [64, 32, 16].into_iter().find(|&bv| fits(bv)).unwrap_or(16),
+    if let Some(bv @ (16 | 32 | 64)) = wanted {
+        if fits(bv) {
+            return bv;
+        }
     }
+    let fitting: Vec<usize> = [64, 32, 16].into_iter().filter(|&bv| fits(bv)).collect();
+    fitting.iter().copied().find(|&bv| ctas_per_tile * v.div_ceil(bv) >= sms).or(fitting.last().copied()).unwrap_or(16)
 }
 
 /// Chunked prefill on the tensor cores (split-bf16 operands, fp32 accumulation and state) of
-/// packed sequences, as [`gated_delta_chunk`]: one launch computes every chunk's W, U, P and G
-/// in parallel, a second carries the state through each sequence's chunks. bf16 q, k and v are
+/// packed sequences: sequence `s` owns rows `cu_seqlens[s]..cu_seqlens[s+1]` (one row per
+/// interleaved step; the caller interleaves Gated DeltaProduct) and the state of `slots[s]`,
+/// read at the start and written at the end. One launch computes every chunk's W, U, P and G
+/// in parallel, a second carries the state through each sequence's chunks and writes `o`
+/// `[rows, HV, V]`. bf16 q, k and v are
 /// read as they are (k and v are converted to q's dtype); f32 ones are split into hi + lo.
 pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
@@ -461,10 +495,11 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
             clen.push(CHUNK.min(t1 - c0));
         }
     }
-    let mut o = dev.alloc_zeros::<f32>(rows * hv * v)?;
     if crow.is_empty() {
-        return Ok(wrap(&dev, o, (rows, hv, v)));
+        return Ok(wrap(&dev, dev.alloc_zeros::<f32>(rows * hv * v)?, (rows, hv, v)));
     }
+    // SAFETY: the state pass writes every row of every chunk.
+    let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
     let (crow_d, clen_d) = (indices(&dev, &crow)?, indices(&dev, &clen)?);
     let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
     // Every row of W, U, P and G is written by the first launch before the second reads it.
@@ -475,11 +510,13 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
 
-    let prep = dev.get_or_load_custom_func(&format!("chunk_tc_prep_{suffix}"), "chunk_tc", ptx::CHUNK_TC)?;
+    let prep = dev.get_or_load_custom_func(&format!("chunk_tc_prep_{suffix}"), "chunk_prep", ptx::CHUNK_PREP)?;
     let smem = tc_prep_smem(k, lo);
     prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    let bv = tc_value_tile(k, lo);
-    let state = dev.get_or_load_custom_func(&format!("chunk_tc_state_{suffix}_bv{bv}"), "chunk_tc", ptx::CHUNK_TC)?;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
+    let sms = dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize;
+    let bv = tc_value_tile(k, v, lo, slots.len() * hv, sms);
+    let state = dev.get_or_load_custom_func(&format!("chunk_tc_state_{suffix}_bv{bv}"), "chunk_state", ptx::CHUNK_STATE)?;
     let state_smem = tc_state_smem(k, bv, lo);
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     macro_rules! launch {

@@ -1,0 +1,155 @@
+// Launch 2 of the tensor-core chunked prefill (see chunk_prep.cu): one CTA per (sequence, value
+// head, BV-column tile) walks the sequence's chunks in order, carrying S in shared memory:
+//   V' = U − W S,   O = scale (e^G ⊙ Q S + P V'),   S ← e^{G_last} S + (e^{G_last−G} ⊙ K)ᵀ V'.
+// The next chunk's rows are prefetched into L2 while the current one computes, so the loads
+// that open each chunk wait on L2 rather than DRAM.
+#include "tc_common.cuh"
+
+template <typename TI, int BV>
+__device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ k, const float* __restrict__ W,
+                               const float* __restrict__ U, const float* __restrict__ P, const float* __restrict__ Gin,
+                               float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
+                               float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  constexpr int SP = BV + 4;  // fp32 [.., BV] tiles, padded
+  constexpr int SB = BV + 8;  // bf16 [.., BV] tiles, padded
+  constexpr int NT = BV / 16;
+  const int K16 = round16(K), KP = K16 + 8;
+  Smem sm{smem_raw};
+  float* Sf = sm.take<float>(K16 * SP);
+  bf16* Sh = sm.take<bf16>(K16 * SB);
+  bf16* Sl = sm.take<bf16>(K16 * SB);
+  bf16* Wh = sm.take<bf16>(CH * KP);  // W hi, then e^{G_last − G} ⊙ K
+  bf16* Wl = sm.take<bf16>(CH * KP);
+  constexpr bool LO = Split<TI>::value;
+  bf16* Qh = sm.take<bf16>(CH * KP);
+  bf16* Ql = LO ? sm.take<bf16>(CH * KP) : nullptr;
+  bf16* Ph = sm.take<bf16>(CH * TP);
+  bf16* Pl = sm.take<bf16>(CH * TP);
+  float* C1 = sm.take<float>(CH * SP);
+  float* C2 = sm.take<float>(CH * SP);
+  bf16* Vh = sm.take<bf16>(CH * SB);
+  bf16* Vl = sm.take<bf16>(CH * SB);
+  float* G = sm.take<float>(CH);
+
+  const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * BV;
+  const int hk = hv / (HV / H);
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int vw = min(BV, V - v0);
+  float* Sg = states + ((size_t)slots[seq] * HV + hv) * K * V + v0;
+  for_rows8(Sg, (size_t)V, K16, K, vw, BV, [&](int r, int cc, const float* x) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      Sf[r * SP + cc + e] = x[e];
+      split(x[e], Sh[r * SB + cc + e], Sl[r * SB + cc + e]);
+    }
+  });
+  const int t_begin = cu[seq], t_end = cu[seq + 1];
+  for (int t0 = t_begin; t0 < t_end; t0 += CH) {
+    const int L = min(CH, t_end - t0);
+    const size_t row0 = t0;
+    __syncthreads();
+    for_rows8(W + (row0 * HV + hv) * K, (size_t)HV * K, CH, L, K, K16, to_tile(Wh, Wl, KP));
+    for_rows8(q + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Qh, Ql, KP));
+    for_rows8(P + (row0 * HV + hv) * CH, (size_t)HV * CH, CH, L, CH, CH, to_tile(Ph, Pl, TP));
+    if (tid < CH) G[tid] = Gin[(row0 + min(tid, L - 1)) * HV + hv];
+    if (t0 + CH < t_end) {
+      const size_t r1 = row0 + CH;
+      const int L1 = min(CH, t_end - (t0 + CH));
+      prefetch_rows_l2(W + (r1 * HV + hv) * K, (size_t)HV * K * 4, L1, K * 4);
+      prefetch_rows_l2(q + (r1 * H + hk) * K, (size_t)H * K * sizeof(TI), L1, K * (int)sizeof(TI));
+      prefetch_rows_l2(k + (r1 * H + hk) * K, (size_t)H * K * sizeof(TI), L1, K * (int)sizeof(TI));
+      prefetch_rows_l2(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 4, L1, CH * 4);
+      prefetch_rows_l2(U + (r1 * HV + hv) * V + v0, (size_t)HV * V * 4, L1, vw * 4);
+    }
+    __syncthreads();
+
+    // C1 = W S (warps 0–3), C2 = Q S (warps 4–7); a warp owns one 16-row band.
+    {
+      const int m = warp / 4, rt = warp % 4;
+      FragC acc[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wmma::fill_fragment(acc[j], 0.0f);
+      for (int kk = 0; kk < K16; kk += 16) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (m)
+            mma_split<FragA, FragB>(acc[j], Qh + rt * 16 * KP + kk, LO ? Ql + rt * 16 * KP + kk : nullptr, KP, Sh + kk * SB + j * 16,
+                                    Sl + kk * SB + j * 16, SB);
+          else
+            mma_split<FragA, FragB>(acc[j], Wh + rt * 16 * KP + kk, Wl + rt * 16 * KP + kk, KP, Sh + kk * SB + j * 16,
+                                    Sl + kk * SB + j * 16, SB);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        wmma::store_matrix_sync((m ? C2 : C1) + rt * 16 * SP + j * 16, acc[j], SP, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    // V' = U − W S; then Wh/Wl take e^{G_last − G} ⊙ K.
+    for_rows8(U + (row0 * HV + hv) * V + v0, (size_t)HV * V, CH, L, vw, BV, [&](int r, int cc, const float* x) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) split(r < L ? x[e] - C1[r * SP + cc + e] : 0.0f, Vh[r * SB + cc + e], Vl[r * SB + cc + e]);
+    });
+    const float g_last = G[CH - 1];
+    for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, [&](int r, int cc, const float* x) {
+      const float d = __expf(g_last - G[r]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) split(x[e] * d, Wh[r * KP + cc + e], Wl[r * KP + cc + e]);
+    });
+    __syncthreads();
+
+    // C1 = P V' (P lower triangular), and S ← e^{G_last} S + Kdᵀ V'.
+    for (int t = warp; t < 4 * NT; t += 8) {
+      const int rt = t / NT, ct = t % NT;
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int kk = 0; kk <= rt; ++kk)
+        mma_split<FragA, FragB>(acc, Ph + rt * 16 * TP + kk * 16, Pl + rt * 16 * TP + kk * 16, TP, Vh + kk * 16 * SB + ct * 16,
+                                Vl + kk * 16 * SB + ct * 16, SB);
+      wmma::store_matrix_sync(C1 + rt * 16 * SP + ct * 16, acc, SP, wmma::mem_row_major);
+    }
+    const float el = __expf(g_last);
+    for (int t = warp; t < (K16 / 16) * NT; t += 8) {
+      const int xt = t / NT, ct = t % NT;
+      FragC acc;
+      wmma::load_matrix_sync(acc, Sf + xt * 16 * SP + ct * 16, SP, wmma::mem_row_major);
+#pragma unroll
+      for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= el;
+      for (int kk = 0; kk < CH; kk += 16)
+        mma_split<FragAT, FragB>(acc, Wh + kk * KP + xt * 16, Wl + kk * KP + xt * 16, KP, Vh + kk * SB + ct * 16, Vl + kk * SB + ct * 16,
+                                 SB);
+      wmma::store_matrix_sync(Sf + xt * 16 * SP + ct * 16, acc, SP, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    for (int i = tid; i < CH * BV; i += THREADS) {
+      const int r = i / BV, cc = i % BV;
+      if (r < L && cc < vw)
+        o[((row0 + r) * HV + hv) * V + v0 + cc] = scale * (__expf(G[r]) * C2[r * SP + cc] + C1[r * SP + cc]);
+    }
+    for (int i = tid; i < K16 * BV; i += THREADS) {
+      const int r = i / BV, cc = i % BV;
+      split(Sf[r * SP + cc], Sh[r * SB + cc], Sl[r * SB + cc]);
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < K * BV; i += THREADS) {
+    const int r = i / BV, cc = i % BV;
+    if (cc < vw) Sg[(size_t)r * V + cc] = Sf[r * SP + cc];
+  }
+}
+
+#define STATE_ENTRY(NAME, TI, BVV)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
+      NAME(const TI* q, const TI* k, const float* W, const float* U, const float* P, const float* G, float* states,  \
+           const int* cu, const int* slots, float* o, int H, int HV, int K, int V, float scale) {                     \
+    chunk_tc_state<TI, BVV>(q, k, W, U, P, G, states, cu, slots, o, H, HV, K, V, scale);                            \
+  }
+STATE_ENTRY(chunk_tc_state_bf16_bv64, bf16, 64)
+STATE_ENTRY(chunk_tc_state_bf16_bv32, bf16, 32)
+STATE_ENTRY(chunk_tc_state_bf16_bv16, bf16, 16)
+STATE_ENTRY(chunk_tc_state_f32_bv64, float, 64)
+STATE_ENTRY(chunk_tc_state_f32_bv32, float, 32)
+STATE_ENTRY(chunk_tc_state_f32_bv16, float, 16)
