@@ -9,17 +9,20 @@ use deltaserve_engine::sampling::argmax;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
 use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, MixerInputs, PrefillAlgo};
 use deltaserve_kernels::SlotBuffer;
-use deltaserve_tests::{check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, rel_err, shared_dir, values};
+use deltaserve_tests::{
+    check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, rel_err, shared_dir, values,
+};
 use rand::{Rng, SeedableRng};
 
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 5] = [
+const TESTS: [GpuTest; 6] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
+    ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
 ];
 
@@ -288,6 +291,27 @@ fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
             let tol = if dtype == BF16 { BF16_TOL } else { F32_TOL };
             println!("T={t} n={n} HV={hv} K={kd} V={vd} {dtype:?} q/k/v: GPU vs CPU o {eo:.2e}, state {es:.2e}");
             assert!(eo <= tol && es <= tol, "T={t} {dtype:?}: o {eo:.3e}, state {es:.3e}");
+        }
+    }
+}
+
+/// The scheduler's packed prefill (several prompts in one pass, one varlen kernel launch) equals
+/// prefilling each alone, through the whole model on the GPU. In f32 the bound is the parity
+/// bound: the projections' GEMMs see different row counts, and cuBLAS may pick kernels with
+/// other summation orders for them (seen: up to 1.6e-5).
+fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
+    for (name, dir, _, _) in model_fixtures("gpu_packed_model_prefill_equals_each_alone") {
+        for (dtype, tol) in [(DType::F32, F32_TOL), (BF16, 1e-2)] {
+            let opts = LoadOptions {
+                model: dir.to_string_lossy().into(),
+                dtype,
+                device: deltaserve_engine::parse_device("cuda").unwrap(),
+                check_weights: false,
+            };
+            let engine = Engine::load(&opts).unwrap();
+            let e = packed_model_prefill_error(engine.model(), 23);
+            println!("{name} {dtype:?}: packed model prefill vs alone, worst rel err {e:.2e}");
+            assert!(e <= tol, "{name} {dtype:?}: {e:.3e}");
         }
     }
 }

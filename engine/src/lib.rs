@@ -153,6 +153,12 @@ impl Engine {
         self.model.prefill(pool, slot, tokens, logits, PrefillAlgo::Chunked)
     }
 
+    /// Prefills several sequences together (see [`CausalLm::prefill_many`]); returns the f32
+    /// logits after each one's last token, `[S, vocab]`.
+    pub fn prefill_many(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])]) -> Result<Tensor> {
+        self.model.prefill_many(pool, batch, PrefillAlgo::Chunked)
+    }
+
     /// One batched decode step; returns `[B, vocab]` f32 logits.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
         self.model.decode(pool, batch)

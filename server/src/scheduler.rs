@@ -388,11 +388,13 @@ impl Scheduler {
         }
     }
 
-    /// Advances prompts in chunks, oldest first, within the per-step token budget.
+    /// Advances prompts in chunks, oldest first, within the per-step token budget. The chunks
+    /// run as one packed prefill (one pass through the model for all of them), except those of
+    /// requests that want prompt logprobs, which need every position's logits and run alone.
     fn prefill(&mut self) {
         let mut budget = self.cfg.prefill_budget;
         let started = Instant::now();
-        let mut tokens = 0;
+        let mut plan = Vec::new();
         for i in 0..self.requests.len() {
             if budget == 0 {
                 break;
@@ -403,50 +405,91 @@ impl Scheduler {
             }
             let take = budget.min(r.prompt.len() - r.prefilled);
             budget -= take;
-            tokens += take;
-            if let Err(e) = self.prefill_chunk(i, take) {
-                let r = &mut self.requests[i];
-                let _ = r.events.send(Event::Error(e));
-                for s in &mut r.seqs {
-                    s.finished = true;
+            plan.push((i, take));
+        }
+        if plan.is_empty() {
+            return;
+        }
+        let tokens: usize = plan.iter().map(|(_, take)| take).sum();
+        let (alone, packed): (Vec<_>, Vec<_>) = plan.into_iter().partition(|(i, _)| self.requests[*i].params.prompt_logprobs);
+        for (i, take) in alone {
+            if let Err(e) = self.prefill_with_logprobs(i, take).and_then(|last| self.finish_chunk(i, take, last)) {
+                self.fail(i, e);
+            }
+        }
+        if !packed.is_empty() {
+            match self.prefill_packed(&packed) {
+                Ok(lasts) => {
+                    for ((i, take), last) in packed.into_iter().zip(lasts) {
+                        if let Err(e) = self.finish_chunk(i, take, last) {
+                            self.fail(i, e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in packed {
+                        self.fail(i, e.clone());
+                    }
                 }
             }
         }
-        if tokens > 0 {
-            self.metrics.step_duration.with_label_values(&["prefill"]).observe(started.elapsed().as_secs_f64());
-            self.metrics.prompt_tokens.inc_by(tokens as u64);
+        self.metrics.step_duration.with_label_values(&["prefill"]).observe(started.elapsed().as_secs_f64());
+        self.metrics.prompt_tokens.inc_by(tokens as u64);
+    }
+
+    /// Ends request `i` with an error event.
+    fn fail(&mut self, i: usize, e: ApiError) {
+        let r = &mut self.requests[i];
+        let _ = r.events.send(Event::Error(e));
+        for s in &mut r.seqs {
+            s.finished = true;
         }
     }
 
-    fn prefill_chunk(&mut self, i: usize, take: usize) -> Result<(), ApiError> {
+    /// The next `take` prompt tokens of each `(request, take)` in one packed prefill; returns
+    /// each one's logits after its last token.
+    fn prefill_packed(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, ApiError> {
+        let batch: Vec<_> = plan
+            .iter()
+            .map(|&(i, take)| {
+                let r = &self.requests[i];
+                (r.seqs[0].slot, &r.prompt[r.prefilled..r.prefilled + take])
+            })
+            .collect();
+        Ok(self.engine.prefill_many(&mut self.pool, &batch)?.to_vec2::<f32>().map_err(|e| ApiError::Internal(e.to_string()))?)
+    }
+
+    /// The next `take` prompt tokens of request `i`, sending their prompt logprobs; returns the
+    /// logits after the last one.
+    fn prefill_with_logprobs(&mut self, i: usize, take: usize) -> Result<Vec<f32>, ApiError> {
         let r = &mut self.requests[i];
         let (from, to) = (r.prefilled, r.prefilled + take);
         let chunk = &r.prompt[from..to];
+        let all = self
+            .engine
+            .prefill(&mut self.pool, r.seqs[0].slot, chunk, Logits::All)?
+            .to_vec2::<f32>()
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let mut lps = Vec::with_capacity(take);
+        let mut prev = r.prev_logits.take();
+        for (j, row) in all.iter().enumerate() {
+            if let Some(p) = prev.as_ref() {
+                lps.push(logprob_entry(p, chunk[j], r.params.logprobs.unwrap_or(0)));
+            }
+            prev = Some(row.clone());
+        }
+        if !lps.is_empty() {
+            let _ = r.events.send(Event::PromptLogprobs(lps));
+        }
+        Ok(prev.unwrap_or_default())
+    }
+
+    /// Records that request `i` prefilled `take` more tokens with `last` the logits after them;
+    /// when its prompt is done, forks its other choices and samples each one's first token.
+    fn finish_chunk(&mut self, i: usize, take: usize, last: Vec<f32>) -> Result<(), ApiError> {
+        let r = &mut self.requests[i];
+        let to = r.prefilled + take;
         let slot = r.seqs[0].slot;
-        let last = if r.params.prompt_logprobs {
-            let all = self
-                .engine
-                .prefill(&mut self.pool, slot, chunk, Logits::All)?
-                .to_vec2::<f32>()
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            let mut lps = Vec::with_capacity(take);
-            let mut prev = r.prev_logits.take();
-            for (j, row) in all.iter().enumerate() {
-                if let Some(p) = prev.as_ref() {
-                    lps.push(logprob_entry(p, chunk[j], r.params.logprobs.unwrap_or(0)));
-                }
-                prev = Some(row.clone());
-            }
-            if !lps.is_empty() {
-                let _ = r.events.send(Event::PromptLogprobs(lps));
-            }
-            prev.unwrap_or_default()
-        } else {
-            self.engine
-                .prefill(&mut self.pool, slot, chunk, Logits::Last)?
-                .to_vec1::<f32>()
-                .map_err(|e| ApiError::Internal(e.to_string()))?
-        };
         r.prefilled = to;
         if to < r.prompt.len() {
             r.prev_logits = Some(last);

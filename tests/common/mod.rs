@@ -122,3 +122,45 @@ pub fn model_fixtures(test: &str) -> Vec<(String, PathBuf, PathBuf, PathBuf)> {
     }
     v
 }
+
+/// Packed prefill against prefilling alone, on `model` (pool on its device): three sequences
+/// of 70, 1 and 130 tokens in shuffled slots, one of them continuing an earlier prefill, then
+/// one decode step. Returns the worst relative error over the last logits, the decode logits
+/// and every state.
+pub fn packed_model_prefill_error(model: &deltaserve_engine::CausalLm, seed: u64) -> f64 {
+    use deltaserve_engine::{Logits, PrefillAlgo, StatePool};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let vocab = model.config().common.vocab_size as u32;
+    let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let (head, prompts) = (toks(40), [toks(70), toks(1), toks(130)]);
+    let dev = model.device();
+    let (mut packed, mut alone) = (StatePool::new_on(model.config(), 6, dev).unwrap(), StatePool::new_on(model.config(), 6, dev).unwrap());
+    let take = |p: &mut StatePool, n: usize| (0..n).map(|_| p.allocate().unwrap()).collect::<Vec<_>>();
+    // Shuffle which slots the sequences land in: take all, use them in reverse.
+    let (ps, as_) = (take(&mut packed, 6), take(&mut alone, 6));
+    let (ps, as_): (Vec<_>, Vec<_>) = ([4usize, 1, 3].iter().map(|&i| ps[i]).collect(), [0usize, 2, 5].iter().map(|&i| as_[i]).collect());
+    // Sequence 2 continues an earlier prefill in both pools.
+    model.prefill(&mut packed, ps[2], &head, Logits::Last, PrefillAlgo::Chunked).unwrap();
+    model.prefill(&mut alone, as_[2], &head, Logits::Last, PrefillAlgo::Chunked).unwrap();
+    let batch: Vec<_> = ps.iter().zip(&prompts).map(|(s, p)| (*s, p.as_slice())).collect();
+    let lp = model.prefill_many(&mut packed, &batch, PrefillAlgo::Chunked).unwrap();
+    let mut worst = 0f64;
+    for (i, p) in prompts.iter().enumerate() {
+        let la = model.prefill(&mut alone, as_[i], p, Logits::Last, PrefillAlgo::Chunked).unwrap();
+        worst = worst.max(rel_err(&values(&lp.get(i).unwrap()), &values(&la)));
+    }
+    let next: Vec<u32> = (0..3).map(|i| (i * 7 + 1) % vocab).collect();
+    let dp = model.decode(&mut packed, &ps.iter().zip(&next).map(|(s, t)| (*s, *t)).collect::<Vec<_>>()).unwrap();
+    let da = model.decode(&mut alone, &as_.iter().zip(&next).map(|(s, t)| (*s, *t)).collect::<Vec<_>>()).unwrap();
+    worst = worst.max(rel_err(&values(&dp), &values(&da)));
+    for (a, b) in ps.iter().zip(&as_) {
+        for layer in 0..model.config().common.num_hidden_layers {
+            let (x, y) = (packed.layer_mut(layer), alone.layer_mut(layer));
+            for (sx, sy) in [(&x.recurrent_state, &y.recurrent_state), (&x.conv_state, &y.conv_state)] {
+                worst = worst.max(rel_err(&sx.slot_to_vec(a.index()).unwrap(), &sy.slot_to_vec(b.index()).unwrap()));
+            }
+        }
+    }
+    worst
+}

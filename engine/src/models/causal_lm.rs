@@ -8,7 +8,7 @@ use deltaserve_kernels::ops::PrefillAlgo;
 use super::autodiff::{self, QkProj};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
-use super::mixer::linear;
+use super::mixer::{linear, Packed};
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::state::{SlotId, StatePool};
@@ -91,7 +91,7 @@ pub trait Capture {
 
 /// How a block's mixer consumes its input.
 enum Phase<'a> {
-    Prefill { slot: usize, algo: PrefillAlgo, capture: Option<&'a dyn Capture> },
+    Prefill { seqs: Packed<'a>, algo: PrefillAlgo, capture: Option<&'a dyn Capture> },
     Decode { slots: &'a [usize] },
 }
 
@@ -107,12 +107,12 @@ impl Block {
         }
         let layer = self.layer_idx;
         let a = match (&self.attn, phase) {
-            (Mixer::GatedDeltaNet(m), Phase::Prefill { slot, algo, capture }) => {
-                m.prefill(&x, state, *slot, *algo, capture.map(|c| (c, layer)))?
+            (Mixer::GatedDeltaNet(m), Phase::Prefill { seqs, algo, capture }) => {
+                m.prefill(&x, state, seqs, *algo, capture.map(|c| (c, layer)))?
             }
             (Mixer::GatedDeltaNet(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
-            (Mixer::GatedDeltaProduct(m), Phase::Prefill { slot, algo, capture }) => {
-                m.prefill(&x, state, *slot, *algo, capture.map(|c| (c, layer)))?
+            (Mixer::GatedDeltaProduct(m), Phase::Prefill { seqs, algo, capture }) => {
+                m.prefill(&x, state, seqs, *algo, capture.map(|c| (c, layer)))?
             }
             (Mixer::GatedDeltaProduct(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
         };
@@ -256,7 +256,8 @@ impl CausalLm {
         }
         self.check_tokens(tokens)?;
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
-        let phase = Phase::Prefill { slot: slot.index(), algo, capture };
+        let (cu, slots) = ([0, tokens.len()], [slot.index()]);
+        let phase = Phase::Prefill { seqs: Packed { cu: &cu, slots: &slots }, algo, capture };
         let mut h = self.embed(tokens)?;
         for b in &self.layers {
             h = b.forward(&h, self.dtype, pool, &phase)?;
@@ -265,6 +266,41 @@ impl CausalLm {
             Logits::All => self.head(&h),
             Logits::Last => Ok(self.head(&h.narrow(0, tokens.len() - 1, 1)?)?.squeeze(0)?),
         }
+    }
+
+    /// Prefills several sequences in one pass: `batch[s]` runs its tokens from its slot's
+    /// current state, as [`Self::prefill`] would alone, but every layer's projections and
+    /// kernels see all of them at once (one varlen launch on a GPU). Returns the f32 logits
+    /// after each sequence's last token, `[S, vocab]`.
+    pub fn prefill_many(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], algo: PrefillAlgo) -> Result<Tensor> {
+        if batch.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
+            return Err(EngineError::Invalid {
+                field: "batch",
+                expected: "at least one sequence, each with at least one token".into(),
+                actual: format!("{} sequences, token counts {:?}", batch.len(), batch.iter().map(|(_, t)| t.len()).collect::<Vec<_>>()),
+            });
+        }
+        let mut slots = Vec::with_capacity(batch.len());
+        let mut cu = vec![0];
+        for (slot, tokens) in batch {
+            pool.check(*slot)?;
+            self.check_tokens(tokens)?;
+            if slots.contains(&slot.index()) {
+                return Err(EngineError::Invalid { field: "batch", expected: "distinct slots".into(), actual: format!("{slot} twice") });
+            }
+            slots.push(slot.index());
+            cu.push(cu[cu.len() - 1] + tokens.len());
+        }
+        let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = cu[cu.len() - 1]).entered();
+        let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let phase = Phase::Prefill { seqs: Packed { cu: &cu, slots: &slots }, algo, capture: None };
+        let mut h = self.embed(&all)?;
+        for b in &self.layers {
+            h = b.forward(&h, self.dtype, pool, &phase)?;
+        }
+        let last: Vec<u32> = cu[1..].iter().map(|&c| (c - 1) as u32).collect();
+        let last = Tensor::new(last.as_slice(), &self.device)?;
+        self.head(&h.index_select(&last, 0)?)
     }
 
     /// Every layer's `q_proj` / `k_proj` weights, in layer order.

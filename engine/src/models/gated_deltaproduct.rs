@@ -11,7 +11,7 @@ use deltaserve_kernels::ops::{self, PrefillAlgo};
 
 use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, OutputHead, Prepared, ShortConv};
+use super::mixer::{capture_query_key, linear, split_cols, OutputHead, Packed, Prepared, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
@@ -150,19 +150,26 @@ impl GatedDeltaProduct {
         Ok(Prepared { q: p.q, k: kk, v, beta, g: p.g })
     }
 
-    /// Prefills `x` `[T, D]` into `slot`, continuing from its state. Returns `[T, D]`.
+    /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
+    /// `[ΣT, D]`.
     pub fn prefill(
         &self,
         x: &Tensor,
         state: &mut LayerState,
-        slot: usize,
+        seqs: &Packed<'_>,
         algo: PrefillAlgo,
         capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, slot)?;
+        let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, seqs)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
         let p = self.prepare(x, &c)?;
-        let o = ops::gated_delta_prefill(p.inputs(self.num_householder, self.scale), &mut state.recurrent_state, slot, algo)?;
+        let o = ops::gated_delta_prefill_packed(
+            p.inputs(self.num_householder, self.scale),
+            &mut state.recurrent_state,
+            seqs.cu,
+            seqs.slots,
+            algo,
+        )?;
         self.out.forward(&o, x)
     }
 

@@ -15,6 +15,16 @@ pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Res
     Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
 }
 
+/// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and
+/// continues from the state of `slots[s]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Packed<'a> {
+    /// Row offsets, `slots.len() + 1` entries from 0 to ΣT.
+    pub cu: &'a [usize],
+    /// Each sequence's state slot (distinct).
+    pub slots: &'a [usize],
+}
+
 /// Depthwise causal convolutions of q, k and v, run as one conv over their concatenation.
 #[derive(Debug, Clone)]
 pub struct ShortConv {
@@ -40,10 +50,11 @@ impl ShortConv {
         Ok(Self { weight: Some(Tensor::cat(&ws, 0)?) })
     }
 
-    /// Prefill over `x` `[T, C]`; updates `slot`'s conv state. Returns `[T, C]` f32.
-    pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, slot: usize) -> Result<Tensor> {
+    /// Prefill over packed sequences `x` `[ΣT, C]` (rows `cu[s]..cu[s+1]` continue the conv
+    /// state of `slots[s]`, which they update). Returns `[ΣT, C]` f32.
+    pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_prefill(x, wt, states, slot, ConvActivation::Silu)?),
+            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, ConvActivation::Silu)?),
             None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
         }
     }
