@@ -456,7 +456,7 @@ impl Scheduler {
                 (r.seqs[0].slot, &r.prompt[r.prefilled..r.prefilled + take])
             })
             .collect();
-        Ok(self.engine.prefill_many(&mut self.pool, &batch)?.to_vec2::<f32>().map_err(|e| ApiError::Internal(e.to_string()))?)
+        self.engine.prefill_many(&mut self.pool, &batch)?.to_vec2::<f32>().map_err(|e| ApiError::Internal(e.to_string()))
     }
 
     /// The next `take` prompt tokens of request `i`, sending their prompt logprobs; returns the

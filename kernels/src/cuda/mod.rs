@@ -361,8 +361,8 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[
     check_head_dim("gated_delta_step", k)?;
     // 16-byte state and value accesses when V allows (and v's data is, or will be copied to,
     // an aligned buffer); one column per lane otherwise.
-    let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset() % 4 == 0;
-    let vec4 = v % 4 == 0 && aligned;
+    let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
+    let vec4 = v.is_multiple_of(4) && aligned;
     let (name, cfg) = if vec4 {
         // (warps, rows per warp ≥ K / warps): few rows each keeps registers low (more warps in
         // flight per SM).
