@@ -360,32 +360,23 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[
     let (_, hv, v) = x.v.dims3()?;
     check_head_dim("gated_delta_step", k)?;
     // 16-byte state and value accesses when V allows (and v's data is, or will be copied to,
-    // an aligned buffer); one column per lane otherwise.
+    // an aligned buffer); element by element otherwise.
     let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
-    let vec4 = v.is_multiple_of(4) && aligned;
-    let (name, cfg) = if vec4 {
-        // (warps, rows per warp ≥ K / warps): few rows each keeps registers low (more warps in
-        // flight per SM).
-        let (name, warps) = match k {
-            0..=32 => ("gdr_decode4_f32_w8_r4", 8),
-            33..=64 => ("gdr_decode4_f32_w8_r8", 8),
-            65..=128 => ("gdr_decode4_f32_w16_r8", 16),
-            _ => ("gdr_decode4_f32_w32_r8", 32),
-        };
-        (name, grid(v.div_ceil(128), hv, b, 32 * warps, 0))
-    } else {
-        let name = match k.div_ceil(4) {
-            0..=8 => "gdr_decode_f32_r8",
-            9..=16 => "gdr_decode_f32_r16",
-            17..=32 => "gdr_decode_f32_r32",
-            _ => "gdr_decode_f32_r64",
-        };
-        (name, grid(v.div_ceil(32), hv, b, 128, 0))
+    let access = if v.is_multiple_of(4) && aligned { "v4" } else { "v1" };
+    // (warps, rows per warp ≥ K / warps): few rows each keeps registers low (more warps in
+    // flight per SM).
+    let (warps, rows) = match k {
+        0..=32 => (8, 4),
+        33..=64 => (8, 8),
+        65..=128 => (16, 8),
+        _ => (32, 8),
     };
+    let name = format!("gdr_decode_f32_w{warps}_r{rows}_{access}");
+    let cfg = grid(v.div_ceil(128), hv, b, 32 * warps, 0);
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
-    let f = dev.get_or_load_custom_func(name, "gated_delta", ptx::GATED_DELTA)?;
+    let f = dev.get_or_load_custom_func(&name, "gated_delta", ptx::GATED_DELTA)?;
     let ints = [h as i32, hv as i32, k as i32, v as i32, x.n.max(1) as i32];
     with_mixer_views!(x, qv, kv, vv, bv, gp, {
         let mut l = f.builder();
