@@ -17,12 +17,13 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 6] = [
+const TESTS: [GpuTest; 7] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
+    ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
 ];
 
@@ -312,6 +313,67 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
             let e = packed_model_prefill_error(engine.model(), 23);
             println!("{name} {dtype:?}: packed model prefill vs alone, worst rel err {e:.2e}");
             assert!(e <= tol, "{name} {dtype:?}: {e:.3e}");
+        }
+    }
+}
+
+/// `prune --device cuda`: the grad method's gradient sums computed on the GPU equal the CPU's,
+/// and every data-driven method prunes on the GPU into a checkpoint that loads, keeping (nearly)
+/// the channels the CPU keeps.
+fn gpu_pruning_calibration_matches_the_cpu(dev: &Device) {
+    use deltaserve_pruning::{calibrate::taylor_sums, prune, Method, PruneOptions};
+    let root = deltaserve_tests::tests_dir().join("..");
+    let text: String = ["README.md", "engine/src/config.rs", "kernels/src/cpu/gated_delta.rs"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
+        .collect();
+    let calib = std::env::temp_dir().join(format!("deltaserve-gpu-calib-{}.txt", std::process::id()));
+    std::fs::write(&calib, text).unwrap();
+    for name in ["gdn", "gdp"] {
+        let dir = compact_dir().join(name);
+        let cfg = deltaserve_engine::read_config(&dir).unwrap();
+        let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
+        let (cpu, gpu) = (
+            deltaserve_engine::CausalLm::load(&cfg, &ckpt, DType::F32, &Device::Cpu, false).unwrap(),
+            deltaserve_engine::CausalLm::load(&cfg, &ckpt, DType::F32, dev, false).unwrap(),
+        );
+        let windows: Vec<Vec<u32>> = (0..2).map(|w| (0..150).map(|i| ((i * 37 + w * 11) % 500) as u32 + 3).collect()).collect();
+        let (a, b) = (taylor_sums(&cpu, &windows, || {}).unwrap(), taylor_sums(&gpu, &windows, || {}).unwrap());
+        let mut worst = 0f64;
+        for (la, lb) in a.layers.iter().zip(&b.layers) {
+            for (ta, tb) in la.iter().zip(lb) {
+                worst = worst.max(rel_err(&values(tb), &values(ta)));
+            }
+        }
+        println!("compact/{name}: grad sums GPU vs CPU rel err {worst:.2e}");
+        assert!(worst <= F32_TOL, "compact/{name}: {worst:.3e}");
+        for method in [Method::Swanda, Method::Grad, Method::Drrqr] {
+            let run = |device: Device| {
+                let out = tempfile::tempdir().unwrap();
+                let opts = PruneOptions {
+                    method,
+                    ratio: 0.5,
+                    input: dir.clone(),
+                    output: out.path().to_path_buf(),
+                    calibration: Some(calib.clone()),
+                    samples: Some(4),
+                    seq_len: 128,
+                    seed: 7,
+                    progress: false,
+                    device,
+                };
+                (prune(&opts).unwrap_or_else(|e| panic!("compact/{name} {method:?}: {e}")), out)
+            };
+            let ((rg, out), (rc, _)) = (run(dev.clone()), run(Device::Cpu));
+            let (mut same, mut total) = (0usize, 0usize);
+            for (hg, hc) in rg.kept.iter().flatten().zip(rc.kept.iter().flatten()) {
+                same += hg.iter().filter(|i| hc.contains(i)).count();
+                total += hc.len();
+            }
+            let agree = same as f64 / total as f64;
+            println!("compact/{name} {method:?} on the GPU: kept channels agree with the CPU's {:.1}%", 100.0 * agree);
+            assert!(agree >= 0.9, "compact/{name} {method:?}: {agree}");
+            assert!(deltaserve_engine::Engine::load(&LoadOptions::cpu(out.path().to_string_lossy())).is_ok());
         }
     }
 }

@@ -123,6 +123,7 @@ fn pruned_checkpoints_follow_fla_config_rules_and_shapes() {
                 seq_len: 64,
                 seed: 1,
                 progress: false,
+                device: candle_core::Device::Cpu,
             })
             .unwrap();
             let k = kept_dim(cfg.head_k_dim(), ratio);
@@ -190,6 +191,7 @@ fn every_method_runs_on_the_fixtures_and_is_deterministic() {
                     seq_len: 128,
                     seed,
                     progress: false,
+                    device: candle_core::Device::Cpu,
                 })
                 .unwrap_or_else(|e| panic!("{name} {method:?}: {e}"));
                 let bytes = std::fs::read(out.path().join("model.safetensors")).unwrap();
@@ -226,6 +228,7 @@ fn bad_options_are_refused() {
         seq_len: 64,
         seed: 0,
         progress: false,
+        device: candle_core::Device::Cpu,
     };
     let e = prune(&opts(Method::L1, 1.0)).unwrap_err().to_string();
     assert_eq!(e, "invalid `ratio`: expected in [0, 1), got 1");

@@ -182,6 +182,13 @@ pub fn taylor_sums(
         }
         tick();
     }
-    let layers = weights.into_iter().zip(sums).map(|(w, (gq, gk))| [w.q, gq, w.k, gk]).collect();
+    // Selection runs on the CPU whatever device computed the gradients.
+    let cpu = |t: Tensor| t.to_device(&candle_core::Device::Cpu);
+    let layers = weights
+        .into_iter()
+        .zip(sums)
+        .map(|(w, (gq, gk))| Ok([cpu(w.q)?, cpu(gq)?, cpu(w.k)?, cpu(gk)?]))
+        .collect::<candle_core::Result<_>>()
+        .map_err(err)?;
     Ok(crate::methods::TaylorSums { layers })
 }

@@ -108,6 +108,9 @@ pub struct PruneOptions {
     pub seed: u64,
     /// Show a progress bar.
     pub progress: bool,
+    /// Where calibration runs (forward passes and gradients); selection and writing stay on
+    /// the CPU.
+    pub device: Device,
 }
 
 /// `d_new = max(1, floor(d·(1 − ratio)))`.
@@ -195,12 +198,12 @@ fn rank_stats(model: &CausalLm, windows: &[Vec<u32>]) -> Result<RankStats, Prune
     let cfg = model.config();
     let (layers, hv, k, v) = (cfg.common.num_hidden_layers, cfg.num_v_heads(), cfg.head_k_dim(), cfg.head_v_dim());
     let mut sr = vec![vec![0.0; hv]; layers];
-    let mut pool = StatePool::new(cfg, 1);
+    let mut pool = StatePool::new_on(cfg, 1, model.device())?;
     for w in windows {
         let s = pool.allocate().ok_or_else(|| PruneError::Unsupported("empty pool".into()))?;
         model.prefill(&mut pool, s, w, Logits::Last, PrefillAlgo::Chunked)?;
         for (l, row) in sr.iter_mut().enumerate() {
-            let st = pool.layer(l).recurrent_state.slot(s.index()).map_err(deltaserve_engine::EngineError::from)?;
+            let st = pool.layer(l).recurrent_state.slot_to_vec(s.index()).map_err(deltaserve_engine::EngineError::from)?;
             for (j, acc) in row.iter_mut().enumerate() {
                 *acc += rrqr::stable_rank(&st[j * k * v..(j + 1) * k * v], k, v) / windows.len() as f64;
             }
@@ -223,7 +226,7 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
             actual: opts.output.display().to_string(),
         });
     }
-    let engine = Engine::load(&LoadOptions::cpu(opts.input.to_string_lossy()))?;
+    let engine = Engine::load(&LoadOptions { device: opts.device.clone(), ..LoadOptions::cpu(opts.input.to_string_lossy()) })?;
     let cfg = engine.config().clone();
     check_prunable(&cfg)?;
     let (d, k) = (cfg.head_k_dim(), kept_dim(cfg.head_k_dim(), opts.ratio));
@@ -280,7 +283,7 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
     };
     let new_cfg = write::write_checkpoint(engine.model_dir(), &opts.output, &cfg, &sel)?;
     // The result must load (every shape checked against the new config) and run.
-    let pruned = Engine::load(&LoadOptions::cpu(opts.output.to_string_lossy()))?;
+    let pruned = Engine::load(&LoadOptions { device: opts.device.clone(), ..LoadOptions::cpu(opts.output.to_string_lossy()) })?;
     let (rank_before, rank_after) = if opts.method == Method::Drrqr {
         let few = &calib[..calib.len().min(4)];
         (Some(rank_stats(engine.model(), few)?), Some(rank_stats(pruned.model(), few)?))

@@ -49,6 +49,10 @@ pub struct PruneArgs {
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Where calibration runs (forward passes for swanda/drrqr, gradients for grad): cpu,
+    /// cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 /// Runs the subcommand.
@@ -71,6 +75,7 @@ pub fn run(a: PruneArgs) -> anyhow::Result<()> {
         seq_len: a.seq_len,
         seed: a.seed,
         progress: !a.quiet,
+        device: deltaserve_engine::parse_device(&a.device)?,
     };
     let r = prune(&opts)?;
     let (before, after) = r.state_bytes_per_sequence;
