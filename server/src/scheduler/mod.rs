@@ -9,139 +9,18 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use deltaserve_engine::sampling::top_logprobs;
-use deltaserve_engine::{Engine, IncrementalDecoder, Logits, Sampler, SamplingParams, SlotId, StatePool};
+use deltaserve_engine::{Engine, IncrementalDecoder, Logits, Sampler, SlotId, StatePool};
 use tokio::sync::mpsc;
 
 use crate::api::error::ApiError;
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
 
-/// Scheduler limits (`deltaserve serve` flags).
-#[derive(Debug, Clone)]
-pub struct SchedulerConfig {
-    /// Slots in the state pool (after clamping to memory).
-    pub max_num_seqs: usize,
-    /// Requests allowed to wait for a slot; more get 429.
-    pub max_queue: usize,
-    /// Prompt + generated tokens allowed per sequence.
-    pub max_model_len: usize,
-    /// Prompt tokens prefilled per step across all sequences.
-    pub prefill_budget: usize,
-    /// Wall-clock limit per request.
-    pub request_timeout: Duration,
-}
-
-/// What a request asks the scheduler for, already validated.
-#[derive(Debug, Clone)]
-pub struct GenParams {
-    /// Choices sharing the prompt's prefill.
-    pub n: usize,
-    /// Tokens to generate at most per choice.
-    pub max_tokens: usize,
-    /// Sampling; choice `i` uses `seed + i` when a seed is given.
-    pub sampling: SamplingParams,
-    /// Stop strings (not included in the output).
-    pub stop: Vec<String>,
-    /// Token ids that end a choice, besides EOS.
-    pub stop_token_ids: Vec<u32>,
-    /// Do not stop at EOS.
-    pub ignore_eos: bool,
-    /// Top-N logprobs per generated token (`Some(0)`: only the chosen token's).
-    pub logprobs: Option<usize>,
-    /// Also return logprobs of the prompt tokens (completions `echo` + `logprobs`).
-    pub prompt_logprobs: bool,
-}
-
-/// The log-probability of one token and its top alternatives.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    /// The token.
-    pub token: u32,
-    /// log p(token).
-    pub logprob: f32,
-    /// Top alternatives, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
-
-/// Why a choice ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum FinishReason {
-    /// EOS, a stop token id or a stop string.
-    Stop(Option<StopCause>),
-    /// `max_tokens` or `max_model_len`.
-    Length,
-}
-
-/// What stopped a choice.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StopCause {
-    /// A stop string.
-    Text(String),
-    /// A stop token id (EOS ids are reported as no cause).
-    Token(u32),
-}
-
-impl FinishReason {
-    /// The OpenAI `finish_reason` string.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Stop(_) => "stop",
-            Self::Length => "length",
-        }
-    }
-}
-
-/// Events a request receives, in order per choice.
-#[derive(Debug, Clone)]
-pub enum Event {
-    /// Logprobs of prompt tokens 1.. (token 0 has none).
-    PromptLogprobs(Vec<TokenLogprob>),
-    /// A generated token of `choice` and the text it completes (may be empty).
-    Token {
-        /// Choice index within the request.
-        choice: usize,
-        /// Newly released text.
-        text: String,
-        /// Logprobs when asked for.
-        logprob: Option<TokenLogprob>,
-    },
-    /// Trailing text released at the end (held-back partial characters or stop prefixes).
-    Text {
-        /// Choice.
-        choice: usize,
-        /// Text.
-        text: String,
-    },
-    /// `choice` ended after `tokens` generated tokens.
-    Finished {
-        /// Choice.
-        choice: usize,
-        /// Why.
-        reason: FinishReason,
-        /// Generated tokens.
-        tokens: usize,
-    },
-    /// The request failed; no more events follow.
-    Error(ApiError),
-}
-
-/// A validated request on its way to the engine thread.
-#[derive(Debug)]
-pub struct GenRequest {
-    /// Request id (for logs).
-    pub id: String,
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Generation parameters.
-    pub params: GenParams,
-    /// Where events go; a closed receiver cancels the request.
-    pub events: mpsc::UnboundedSender<Event>,
-    /// When the HTTP layer accepted it.
-    pub arrived: Instant,
-}
+mod request;
+pub use request::{Event, FinishReason, GenParams, GenRequest, SchedulerConfig, StopCause, TokenLogprob};
 
 enum Command {
     Submit(GenRequest),
