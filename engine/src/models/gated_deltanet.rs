@@ -8,15 +8,23 @@ use deltaserve_kernels::ops::{self, PrefillAlgo};
 
 use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, OutputHead, Packed, Prepared, ShortConv};
+use super::mixer::{capture_query_key, linear, split_cols, FusedInput, FusedOutput, OutputHead, Packed, Prepared, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
 use crate::weights::Weights;
 
+/// Parts of the fused input projection, in order.
+const Q: usize = 0;
+const A: usize = 3;
+const B: usize = 4;
+const G: usize = 5;
+
 /// The Gated DeltaNet sequence mixer of one layer (`model.layers.{i}.attn`).
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
+    /// `[q | k | v | a | b | g]` in one GEMM; the fields below are views of it.
+    input: FusedInput,
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
@@ -47,16 +55,33 @@ impl GatedDeltaNet {
             cfg.common.conv_size,
             cfg.common.use_short_conv,
         )?;
+        let (q, k, v) =
+            (linear(w, key_dim, d, "q_proj.weight")?, linear(w, key_dim, d, "k_proj.weight")?, linear(w, value_dim, d, "v_proj.weight")?);
+        let (a, b) = (linear(w, hv, d, "a_proj.weight")?, linear(w, hv, d, "b_proj.weight")?);
+        let mut out = OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
+        let mut parts = vec![&q, &k, &v, &a, &b];
+        let g = out.g_proj.take();
+        parts.extend(g.as_ref());
+        let (input, mut views) = FusedInput::new(&parts)?;
+        if g.is_some() {
+            out.g_proj = views.pop();
+        }
+        let [q_proj, k_proj, v_proj, a_proj, b_proj]: [Linear; 5] = views.try_into().map_err(|_| crate::error::EngineError::Invalid {
+            field: "input projections",
+            expected: "five parts".into(),
+            actual: "another count".into(),
+        })?;
         Ok(Self {
-            q_proj: linear(w, key_dim, d, "q_proj.weight")?,
-            k_proj: linear(w, key_dim, d, "k_proj.weight")?,
-            v_proj: linear(w, value_dim, d, "v_proj.weight")?,
-            a_proj: linear(w, hv, d, "a_proj.weight")?,
-            b_proj: linear(w, hv, d, "b_proj.weight")?,
+            input,
+            q_proj,
+            k_proj,
+            v_proj,
+            a_proj,
+            b_proj,
             a_log: w.get_f32(&[hv], "A_log")?,
             dt_bias: w.get_f32(&[hv], "dt_bias")?,
             conv,
-            out: OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?,
+            out,
             num_heads: cfg.num_heads(),
             num_v_heads: hv,
             head_k_dim: cfg.head_k_dim(),
@@ -71,20 +96,15 @@ impl GatedDeltaNet {
         self.num_heads * self.head_k_dim
     }
 
-    /// Step 1: the pre-conv projections `[q̃ | k̃ | ṽ]` `[N, C]`, the conv-state layout.
-    fn projections(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::cat(&[self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?], 1)?)
-    }
-
-    /// Steps 3–7 on the conv output `[N, C]` f32.
-    fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
-        let n = x.dim(0)?;
+    /// Steps 3–7 on the conv output `[N, C]` f32, with `a_proj`/`b_proj`'s parts of `y`.
+    fn prepare(&self, y: &FusedOutput<'_>, conv_out: &Tensor) -> Result<Prepared> {
+        let n = conv_out.dim(0)?;
         let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
         let v = conv_out.narrow(1, 2 * h * k, hv * vd)?.reshape((n, hv, vd))?;
         // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7).
-        let a = self.a_proj.forward(x)?.to_dtype(DType::F32)?;
+        let a = y.part(A)?.to_dtype(DType::F32)?;
         let layout = ops::QkLayout { q_heads: h, k_heads: h, head_dim: k };
-        let p = ops::prepare(conv_out, layout, &self.b_proj.forward(x)?, self.allow_neg_eigval, Some((&a, &self.a_log, &self.dt_bias)))?;
+        let p = ops::prepare(conv_out, layout, &y.part(B)?, self.allow_neg_eigval, Some((&a, &self.a_log, &self.dt_bias)))?;
         let g = p.g.ok_or_else(|| crate::error::EngineError::Invalid {
             field: "gate",
             expected: "a log-decay from prepare".into(),
@@ -103,11 +123,12 @@ impl GatedDeltaNet {
         algo: PrefillAlgo,
         capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, seqs)?;
+        let y = self.input.forward(x)?;
+        let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
-        let p = self.prepare(x, &c)?;
+        let p = self.prepare(&y, &c)?;
         let o = ops::gated_delta_prefill_packed(p.inputs(1, self.scale), &mut state.recurrent_state, seqs.cu, seqs.slots, algo)?;
-        self.out.forward(&o, x)
+        self.out.forward(&o, &y, G, x.dtype())
     }
 
     /// The layer's output for `x` `[T, D]` from a zero state, in differentiable f32 tensor
@@ -134,9 +155,10 @@ impl GatedDeltaNet {
 
     /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
-        let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
-        let p = self.prepare(x, &c)?;
+        let y = self.input.forward(x)?;
+        let c = self.conv.step(&y.span(Q, A)?, &mut state.conv_state, slots)?;
+        let p = self.prepare(&y, &c)?;
         let o = ops::gated_delta_step(p.inputs(1, self.scale), &mut state.recurrent_state, slots)?;
-        self.out.forward(&o, x)
+        self.out.forward(&o, &y, G, x.dtype())
     }
 }

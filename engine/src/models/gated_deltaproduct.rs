@@ -11,7 +11,7 @@ use deltaserve_kernels::ops::{self, PrefillAlgo};
 
 use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, OutputHead, Packed, Prepared, ShortConv};
+use super::mixer::{capture_query_key, linear, split_cols, FusedInput, FusedOutput, OutputHead, Packed, Prepared, ShortConv};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
@@ -27,9 +27,19 @@ struct ForgetGate {
     dt_bias: Tensor,
 }
 
+/// Parts of the fused input projection: q, k, v, b first (a and g follow when present).
+const Q: usize = 0;
+const B: usize = 3;
+
 /// The Gated DeltaProduct sequence mixer of one layer (`model.layers.{i}.attn`).
 #[derive(Debug, Clone)]
 pub struct GatedDeltaProduct {
+    /// `[q | k | v | b | a | g]` in one GEMM (a and g when present); the projections below are
+    /// views of it.
+    input: FusedInput,
+    /// Part index of `a_proj` and of `g_proj` in `input`.
+    a_part: usize,
+    g_part: usize,
     q_proj: Linear,
     /// `[n·H·K, D]`, channel `j·key_dim + h·K + d` (householder step outermost).
     k_proj: Linear,
@@ -91,23 +101,47 @@ impl GatedDeltaProduct {
         } else {
             ShortConv::load(w, &[], width, false)?
         };
-        let forget = if cfg.use_forget_gate() {
-            Some(ForgetGate {
-                a_proj: linear(w, h, d, "a_proj.weight")?,
-                a_log: w.get_f32(&[h], "A_log")?,
-                dt_bias: w.get_f32(&[h], "dt_bias")?,
+        let (q, k, v, b) = (
+            linear(w, key_dim, d, "q_proj.weight")?,
+            stepped_linear(w, "k_proj", key_dim, d, n)?,
+            stepped_linear(w, "v_proj", value_dim, d, n)?,
+            stepped_linear(w, "b_proj", h, d, n)?,
+        );
+        let a = if cfg.use_forget_gate() { Some(linear(w, h, d, "a_proj.weight")?) } else { None };
+        let mut out = OutputHead::load(w, d, h, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
+        let g = out.g_proj.take();
+        let mut parts = vec![&q, &k, &v, &b];
+        parts.extend(a.as_ref());
+        parts.extend(g.as_ref());
+        let (a_part, g_part) = (4, 4 + usize::from(a.is_some()));
+        let (input, views) = FusedInput::new(&parts)?;
+        let mut views = views.into_iter();
+        let mut next = || {
+            views.next().ok_or_else(|| crate::error::EngineError::Invalid {
+                field: "input projections",
+                expected: "one view per part".into(),
+                actual: "fewer".into(),
             })
-        } else {
-            None
         };
+        let (q_proj, k_proj, v_proj, b_proj) = (next()?, next()?, next()?, next()?);
+        let forget = match a {
+            Some(_) => Some(ForgetGate { a_proj: next()?, a_log: w.get_f32(&[h], "A_log")?, dt_bias: w.get_f32(&[h], "dt_bias")? }),
+            None => None,
+        };
+        if g.is_some() {
+            out.g_proj = Some(next()?);
+        }
         Ok(Self {
-            q_proj: linear(w, key_dim, d, "q_proj.weight")?,
-            k_proj: stepped_linear(w, "k_proj", key_dim, d, n)?,
-            v_proj: stepped_linear(w, "v_proj", value_dim, d, n)?,
-            b_proj: stepped_linear(w, "b_proj", h, d, n)?,
+            input,
+            a_part,
+            g_part,
+            q_proj,
+            k_proj,
+            v_proj,
+            b_proj,
             forget,
             conv,
-            out: OutputHead::load(w, d, h, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?,
+            out,
             num_heads: h,
             head_k_dim: cfg.head_k_dim(),
             head_v_dim: cfg.head_v_dim(),
@@ -122,20 +156,15 @@ impl GatedDeltaProduct {
         self.num_householder * self.num_heads * self.head_k_dim
     }
 
-    /// Step 1: `[q̃ | k̃ | ṽ]` `[N, C]` pre-conv (the conv runs over real tokens).
-    fn projections(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(Tensor::cat(&[self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?], 1)?)
-    }
-
     /// Steps 2–6: interleave to T·n rows (row `t·n + j` = step j of token t), l2norm, β, gate.
-    fn prepare(&self, x: &Tensor, conv_out: &Tensor) -> Result<Prepared> {
-        let t = x.dim(0)?;
+    fn prepare(&self, y: &FusedOutput<'_>, conv_out: &Tensor) -> Result<Prepared> {
+        let t = conv_out.dim(0)?;
         let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
         let v = conv_out.narrow(1, h * k + n * h * k, n * h * vd)?.reshape((t * n, h, vd))?;
         // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
         // take it in fp32 from the same projection (one rounding fewer).
         let a = match &self.forget {
-            Some(f) => Some(f.a_proj.forward(x)?.to_dtype(DType::F32)?),
+            Some(_) => Some(y.part(self.a_part)?.to_dtype(DType::F32)?),
             None => None,
         };
         let gate_in = match (&self.forget, &a) {
@@ -143,7 +172,7 @@ impl GatedDeltaProduct {
             _ => None,
         };
         let layout = ops::QkLayout { q_heads: h, k_heads: n * h, head_dim: k };
-        let p = ops::prepare(conv_out, layout, &self.b_proj.forward(x)?, self.allow_neg_eigval, gate_in)?;
+        let p = ops::prepare(conv_out, layout, &y.part(B)?, self.allow_neg_eigval, gate_in)?;
         // '(n h d)' channels per token → rows (t n), heads h.
         let kk = p.k.reshape((t * n, h, k))?;
         let beta = p.beta.reshape((t * n, h))?;
@@ -160,9 +189,10 @@ impl GatedDeltaProduct {
         algo: PrefillAlgo,
         capture: Option<(&dyn Capture, usize)>,
     ) -> Result<Tensor> {
-        let c = self.conv.prefill(&self.projections(x)?, &mut state.conv_state, seqs)?;
+        let y = self.input.forward(x)?;
+        let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs)?;
         capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
-        let p = self.prepare(x, &c)?;
+        let p = self.prepare(&y, &c)?;
         let o = ops::gated_delta_prefill_packed(
             p.inputs(self.num_householder, self.scale),
             &mut state.recurrent_state,
@@ -170,7 +200,7 @@ impl GatedDeltaProduct {
             seqs.slots,
             algo,
         )?;
-        self.out.forward(&o, x)
+        self.out.forward(&o, &y, self.g_part, x.dtype())
     }
 
     /// The layer's output for `x` `[T, D]` from a zero state, in differentiable f32 tensor
@@ -208,9 +238,10 @@ impl GatedDeltaProduct {
 
     /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
-        let c = self.conv.step(&self.projections(x)?, &mut state.conv_state, slots)?;
-        let p = self.prepare(x, &c)?;
+        let y = self.input.forward(x)?;
+        let c = self.conv.step(&y.span(Q, B)?, &mut state.conv_state, slots)?;
+        let p = self.prepare(&y, &c)?;
         let o = ops::gated_delta_step(p.inputs(self.num_householder, self.scale), &mut state.recurrent_state, slots)?;
-        self.out.forward(&o, x)
+        self.out.forward(&o, &y, self.g_part, x.dtype())
     }
 }

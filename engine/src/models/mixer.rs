@@ -15,6 +15,52 @@ pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Res
     Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
 }
 
+/// A mixer's input projections run as one GEMM: their weights stacked by rows. Each part stays
+/// reachable as its own `Linear` over a view of the stacked weight (no copy), for the
+/// differentiable forward and pruning.
+#[derive(Debug, Clone)]
+pub struct FusedInput {
+    weight: Linear,
+    /// Column offset of each part in the output, and the total width last.
+    offsets: Vec<usize>,
+}
+
+/// The output of [`FusedInput::forward`]: `[N, Σ widths]`, parts by index.
+pub struct FusedOutput<'a> {
+    y: Tensor,
+    offsets: &'a [usize],
+}
+
+impl FusedOutput<'_> {
+    /// Parts `i..j` (adjacent columns) as one `[N, width]` view.
+    pub fn span(&self, i: usize, j: usize) -> Result<Tensor> {
+        Ok(self.y.narrow(1, self.offsets[i], self.offsets[j] - self.offsets[i])?)
+    }
+
+    /// Part `i`.
+    pub fn part(&self, i: usize) -> Result<Tensor> {
+        self.span(i, i + 1)
+    }
+}
+
+impl FusedInput {
+    /// Stacks `parts`; returns the fused projection and each part as a view of it.
+    pub fn new(parts: &[&Linear]) -> Result<(Self, Vec<Linear>)> {
+        let weight = Tensor::cat(&parts.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
+        let mut offsets = vec![0];
+        for l in parts {
+            offsets.push(offsets[offsets.len() - 1] + l.weight().dim(0)?);
+        }
+        let views = offsets.windows(2).map(|w| Ok(Linear::new(weight.narrow(0, w[0], w[1] - w[0])?, None))).collect::<Result<_>>()?;
+        Ok((Self { weight: Linear::new(weight, None), offsets }, views))
+    }
+
+    /// `x` `[N, D]` through every part at once.
+    pub fn forward(&self, x: &Tensor) -> Result<FusedOutput<'_>> {
+        Ok(FusedOutput { y: self.weight.forward(x)?, offsets: &self.offsets })
+    }
+}
+
 /// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and
 /// continues from the state of `slots[s]`.
 #[derive(Debug, Clone, Copy)]
@@ -119,15 +165,16 @@ impl OutputHead {
         })
     }
 
-    /// `o` `[N, HV, Vd]` f32 and the layer input `x` `[N, D]` → `[N, D]` in `x`'s dtype.
-    pub fn forward(&self, o: &Tensor, x: &Tensor) -> Result<Tensor> {
+    /// `o` `[N, HV, Vd]` f32 → `[N, D]` in `dtype`, gated by part `g_part` of the fused input
+    /// projection `y` (`g_proj`'s output) when the layer has an output gate.
+    pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Tensor> {
         let n = o.dim(0)?;
-        let z = match &self.g_proj {
-            Some(g) => Some(g.forward(x)?.reshape((n, self.num_v_heads, self.head_v_dim))?),
+        let z = match self.g_proj {
+            Some(_) => Some(y.part(g_part)?.contiguous()?.reshape((n, self.num_v_heads, self.head_v_dim))?),
             None => None,
         };
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
-        let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(x.dtype())?;
+        let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(dtype)?;
         Ok(self.o_proj.forward(&y)?)
     }
 }
