@@ -341,9 +341,9 @@ pub fn gated_delta_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, slot: us
 }
 
 /// [`gated_delta_prefill`] over several sequences packed along the token axis: sequence `s`
-/// owns tokens `cu_seqlens[s]..cu_seqlens[s+1]` and the state of `slots[s]`. On a GPU this is
-/// one launch (varlen); the CPU runs the sequences one after another. The GPU always runs the
-/// chunked form.
+/// owns tokens `cu_seqlens[s]..cu_seqlens[s+1]` and the state of `slots[s]`. On a GPU all
+/// sequences go through the tensor-core chunked kernels at once (varlen; `algo` is not used
+/// there); the CPU runs them one after another.
 pub fn gated_delta_prefill_packed(
     x: MixerInputs<'_>,
     states: &mut SlotBuffer,
