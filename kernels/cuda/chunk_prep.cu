@@ -11,10 +11,11 @@
 // 3. chunk_tc_out (chunk_state.cu), every (chunk, value head, value tile) at once:
 //      O = scale ((e^G ⊙ Q) S_c + P V').
 //
-// Every fp32 operand enters the matmuls as a bf16 hi + lo pair (x ≈ hi + lo, ~16 mantissa
-// bits; the lo·lo product is dropped), so the result is close to an fp32 computation: that
-// matters most for V' = U − W S, which cancels when the state already predicts v well. bf16
-// inputs (TI = bf16) are exact in one bf16, so their lo halves and products are skipped.
+// With f32 inputs every operand enters the matmuls as a bf16 hi + lo pair (x ≈ hi + lo, ~16
+// mantissa bits; the lo·lo product is dropped), so the result is close to an fp32
+// computation: that matters most for V' = U − W S, which cancels when the state already
+// predicts v well. With bf16 inputs (TI = bf16) every operand is a single bf16, fla's
+// precision: a third of the products and less shared memory.
 //
 // Chunks never cross sequences: chunk c covers rows [crow[c], crow[c] + clen[c]) of one
 // packed sequence. Padding rows (beyond clen) load as zeros and carry the last row's G.
@@ -40,9 +41,9 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   float* Af = sm.take<float>(CH * AP);
   float* Tf = sm.take<float>(CH * AP);
   bf16* T1h = sm.take<bf16>(CH * TP);
-  bf16* T1l = sm.take<bf16>(CH * TP);
+  bf16* T1l = LO ? sm.take<bf16>(CH * TP) : nullptr;
   bf16* T2h = sm.take<bf16>(CH * TP);
-  bf16* T2l = sm.take<bf16>(CH * TP);
+  bf16* T2l = LO ? sm.take<bf16>(CH * TP) : nullptr;
   float* G = sm.take<float>(CH);
   float* Bt = sm.take<float>(CH);
 
@@ -143,8 +144,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   for (int e = tid; e < CH * CH; e += THREADS) {
     const int i = e / CH, j = e % CH;
     const float t = j <= i ? Tf[i * AP + j] * Bt[j] : 0.0f;
-    split(t * __expf(G[j]), T1h[i * TP + j], T1l[i * TP + j]);
-    split(t, T2h[i * TP + j], T2l[i * TP + j]);
+    put(t * __expf(G[j]), T1h, T1l, i * TP + j);
+    put(t, T2h, T2l, i * TP + j);
   }
   __syncthreads();
 
@@ -154,7 +155,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
     for (int kk = 0; kk <= rt; ++kk)
-      mma_split<FragA, FragB>(acc, T1h + rt * 16 * TP + kk * 16, T1l + rt * 16 * TP + kk * 16, TP, Kh + kk * 16 * KP + ct * 16,
+      mma_split<FragA, FragB>(acc, T1h + rt * 16 * TP + kk * 16, LO ? T1l + rt * 16 * TP + kk * 16 : nullptr, TP, Kh + kk * 16 * KP + ct * 16,
                               LO ? Kl + kk * 16 * KP + ct * 16 : nullptr, KP);
     store_tile(stage, acc, W + (row0 * HV + hv) * K, (size_t)HV * K, L, rt * 16, ct * 16, K);
   }
@@ -170,7 +171,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
       FragC acc;
       wmma::fill_fragment(acc, 0.0f);
       for (int kk = 0; kk <= rt; ++kk)
-        mma_split<FragA, FragB>(acc, T2h + rt * 16 * TP + kk * 16, T2l + rt * 16 * TP + kk * 16, TP,
+        mma_split<FragA, FragB>(acc, T2h + rt * 16 * TP + kk * 16, LO ? T2l + rt * 16 * TP + kk * 16 : nullptr, TP,
                                 Vh + kk * 16 * TP + ct * 16, LO ? Vl + kk * 16 * TP + ct * 16 : nullptr, TP);
       store_tile(stage, acc, U + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, rt * 16, ct * 16, w);
     }

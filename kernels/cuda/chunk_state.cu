@@ -18,18 +18,18 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
   Smem sm{smem_raw};
   float* Sf = sm.take<float>(K16 * SP);
   bf16* Sh = sm.take<bf16>(K16 * SB);
-  bf16* Sl = sm.take<bf16>(K16 * SB);
-  bf16* Wh = sm.take<bf16>(CH * KP);  // W hi, then e^{G_last − G} ⊙ K
-  bf16* Wl = sm.take<bf16>(CH * KP);
   constexpr bool LO = Split<TI>::value;
+  bf16* Sl = LO ? sm.take<bf16>(K16 * SB) : nullptr;
+  bf16* Wh = sm.take<bf16>(CH * KP);  // W hi, then e^{G_last − G} ⊙ K
+  bf16* Wl = LO ? sm.take<bf16>(CH * KP) : nullptr;
   bf16* Qh = sm.take<bf16>(CH * KP);
   bf16* Ql = LO ? sm.take<bf16>(CH * KP) : nullptr;
   bf16* Ph = sm.take<bf16>(CH * TP);
-  bf16* Pl = sm.take<bf16>(CH * TP);
+  bf16* Pl = LO ? sm.take<bf16>(CH * TP) : nullptr;
   float* C1 = sm.take<float>(CH * SP);
   float* C2 = sm.take<float>(CH * SP);
   bf16* Vh = sm.take<bf16>(CH * SB);
-  bf16* Vl = sm.take<bf16>(CH * SB);
+  bf16* Vl = LO ? sm.take<bf16>(CH * SB) : nullptr;
   float* G = sm.take<float>(CH);
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * BV;
@@ -41,7 +41,7 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       Sf[r * SP + cc + e] = x[e];
-      split(x[e], Sh[r * SB + cc + e], Sl[r * SB + cc + e]);
+      put(x[e], Sh, Sl, r * SB + cc + e);
     }
   });
   const int t_begin = cu[seq], t_end = cu[seq + 1];
@@ -75,10 +75,10 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
         for (int j = 0; j < NT; ++j) {
           if (m)
             mma_split<FragA, FragB>(acc[j], Qh + rt * 16 * KP + kk, LO ? Ql + rt * 16 * KP + kk : nullptr, KP, Sh + kk * SB + j * 16,
-                                    Sl + kk * SB + j * 16, SB);
+                                    LO ? Sl + kk * SB + j * 16 : nullptr, SB);
           else
-            mma_split<FragA, FragB>(acc[j], Wh + rt * 16 * KP + kk, Wl + rt * 16 * KP + kk, KP, Sh + kk * SB + j * 16,
-                                    Sl + kk * SB + j * 16, SB);
+            mma_split<FragA, FragB>(acc[j], Wh + rt * 16 * KP + kk, LO ? Wl + rt * 16 * KP + kk : nullptr, KP,
+                                    Sh + kk * SB + j * 16, LO ? Sl + kk * SB + j * 16 : nullptr, SB);
         }
       }
 #pragma unroll
@@ -90,13 +90,13 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
     // V' = U − W S; then Wh/Wl take e^{G_last − G} ⊙ K.
     for_rows8(U + (row0 * HV + hv) * V + v0, (size_t)HV * V, CH, L, vw, BV, [&](int r, int cc, const float* x) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) split(r < L ? x[e] - C1[r * SP + cc + e] : 0.0f, Vh[r * SB + cc + e], Vl[r * SB + cc + e]);
+      for (int e = 0; e < 8; ++e) put(r < L ? x[e] - C1[r * SP + cc + e] : 0.0f, Vh, Vl, r * SB + cc + e);
     });
     const float g_last = G[CH - 1];
     for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, [&](int r, int cc, const float* x) {
       const float d = __expf(g_last - G[r]);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) split(x[e] * d, Wh[r * KP + cc + e], Wl[r * KP + cc + e]);
+      for (int e = 0; e < 8; ++e) put(x[e] * d, Wh, Wl, r * KP + cc + e);
     });
     __syncthreads();
 
@@ -106,8 +106,8 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
       FragC acc;
       wmma::fill_fragment(acc, 0.0f);
       for (int kk = 0; kk <= rt; ++kk)
-        mma_split<FragA, FragB>(acc, Ph + rt * 16 * TP + kk * 16, Pl + rt * 16 * TP + kk * 16, TP, Vh + kk * 16 * SB + ct * 16,
-                                Vl + kk * 16 * SB + ct * 16, SB);
+        mma_split<FragA, FragB>(acc, Ph + rt * 16 * TP + kk * 16, LO ? Pl + rt * 16 * TP + kk * 16 : nullptr, TP, Vh + kk * 16 * SB + ct * 16,
+                                LO ? Vl + kk * 16 * SB + ct * 16 : nullptr, SB);
       wmma::store_matrix_sync(C1 + rt * 16 * SP + ct * 16, acc, SP, wmma::mem_row_major);
     }
     const float el = __expf(g_last);
@@ -118,8 +118,8 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
 #pragma unroll
       for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= el;
       for (int kk = 0; kk < CH; kk += 16)
-        mma_split<FragAT, FragB>(acc, Wh + kk * KP + xt * 16, Wl + kk * KP + xt * 16, KP, Vh + kk * SB + ct * 16, Vl + kk * SB + ct * 16,
-                                 SB);
+        mma_split<FragAT, FragB>(acc, Wh + kk * KP + xt * 16, LO ? Wl + kk * KP + xt * 16 : nullptr, KP, Vh + kk * SB + ct * 16,
+                                 LO ? Vl + kk * SB + ct * 16 : nullptr, SB);
       wmma::store_matrix_sync(Sf + xt * 16 * SP + ct * 16, acc, SP, wmma::mem_row_major);
     }
     __syncthreads();
@@ -131,7 +131,7 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
     }
     for (int i = tid; i < K16 * BV; i += THREADS) {
       const int r = i / BV, cc = i % BV;
-      split(Sf[r * SP + cc], Sh[r * SB + cc], Sl[r * SB + cc]);
+      put(Sf[r * SP + cc], Sh, Sl, r * SB + cc);
     }
   }
   __syncthreads();

@@ -28,7 +28,15 @@ __device__ __forceinline__ void split(float x, bf16& hi, bf16& lo) {
   lo = __float2bfloat16(x - __bfloat162float(hi));
 }
 
-// Whether inputs of type T need a lo half.
+// x into hi[i], and its remainder into lo[i] when lo is non-null.
+__device__ __forceinline__ void put(float x, bf16* hi, bf16* lo, int i) {
+  if (lo)
+    split(x, hi[i], lo[i]);
+  else
+    hi[i] = __float2bfloat16(x);
+}
+
+// Whether inputs of type T need a lo half (and so whether the kernels split their operands).
 template <typename T>
 struct Split {
   static constexpr bool value = true;

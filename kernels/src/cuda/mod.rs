@@ -400,43 +400,32 @@ fn tc_smem(parts: &[usize]) -> usize {
     parts.iter().map(|b| b.div_ceil(128) * 128).sum()
 }
 
-/// `chunk_tc_prep`: K and Q tiles (hi, and lo when `lo`; V blocks reuse Q's), A and T (fp32), T1
-/// and T2 (hi and lo), G and β.
+/// `chunk_tc_prep`: K and Q tiles (V blocks reuse Q's), A and T (fp32), T1 and T2, G and β;
+/// the bf16 tiles have lo halves when `lo` (f32 inputs).
 fn tc_prep_smem(k: usize, lo: bool) -> usize {
     let kp = k.div_ceil(16) * 16 + 8;
     let (tile16, tile32) = (2 * CHUNK * 72, 4 * CHUNK * 68);
     let (kt, qt) = (2 * CHUNK * kp, (2 * CHUNK * kp).max(tile16));
     let halves = if lo { 2 } else { 1 };
-    let mut parts = vec![tile32, tile32, tile16, tile16, tile16, tile16, 4 * CHUNK, 4 * CHUNK];
-    parts.extend(std::iter::repeat_n(kt, halves).chain(std::iter::repeat_n(qt, halves)));
+    let mut parts = vec![tile32, tile32, 4 * CHUNK, 4 * CHUNK];
+    for t in [kt, qt, tile16, tile16] {
+        parts.extend(std::iter::repeat_n(t, halves));
+    }
     tc_smem(&parts)
 }
 
-/// `chunk_tc_state`: S (fp32, hi, lo), W (hi, lo), Q (hi, and lo when `lo`), P (hi, lo), two
-/// fp32 [64, BV] results, V' (hi, lo) and G.
+/// `chunk_tc_state`: S (fp32 and bf16), W, Q, P, two fp32 [64, BV] results, V' and G; the bf16
+/// tiles have lo halves when `lo` (f32 inputs).
 fn tc_state_smem(k: usize, bv: usize, lo: bool) -> usize {
     let k16 = k.div_ceil(16) * 16;
-    let kp = k16 + 8;
+    let kt = 2 * CHUNK * (k16 + 8);
     let (sp, sb) = (bv + 4, bv + 8);
-    let wq = 2 * CHUNK * kp;
-    let q_lo = if lo { wq } else { 0 };
-    let p = 2 * CHUNK * 72;
-    tc_smem(&[
-        4 * k16 * sp,
-        2 * k16 * sb,
-        2 * k16 * sb,
-        wq,
-        wq,
-        wq,
-        q_lo,
-        p,
-        p,
-        4 * CHUNK * sp,
-        4 * CHUNK * sp,
-        2 * CHUNK * sb,
-        2 * CHUNK * sb,
-        4 * CHUNK,
-    ])
+    let halves = if lo { 2 } else { 1 };
+    let mut parts = vec![4 * k16 * sp, 4 * CHUNK * sp, 4 * CHUNK * sp, 4 * CHUNK];
+    for t in [2 * k16 * sb, kt, kt, 2 * CHUNK * 72, 2 * CHUNK * sb] {
+        parts.extend(std::iter::repeat_n(t, halves));
+    }
+    tc_smem(&parts)
 }
 
 /// Largest dynamic shared memory per block on sm_90.
@@ -458,13 +447,13 @@ fn tc_value_tile(k: usize, v: usize, lo: bool, ctas_per_tile: usize, sms: usize)
     fitting.iter().copied().find(|&bv| ctas_per_tile * v.div_ceil(bv) >= sms).or(fitting.last().copied()).unwrap_or(16)
 }
 
-/// Chunked prefill on the tensor cores (split-bf16 operands, fp32 accumulation and state) of
-/// packed sequences: sequence `s` owns rows `cu_seqlens[s]..cu_seqlens[s+1]` (one row per
-/// interleaved step; the caller interleaves Gated DeltaProduct) and the state of `slots[s]`,
-/// read at the start and written at the end. One launch computes every chunk's W, U, P and G
-/// in parallel, a second carries the state through each sequence's chunks and writes `o`
-/// `[rows, HV, V]`. bf16 q, k and v are
-/// read as they are (k and v are converted to q's dtype); f32 ones are split into hi + lo.
+/// Chunked prefill on the tensor cores (fp32 accumulation and state) of packed sequences:
+/// sequence `s` owns rows `cu_seqlens[s]..cu_seqlens[s+1]` (one row per interleaved step; the
+/// caller interleaves Gated DeltaProduct) and the state of `slots[s]`, read at the start and
+/// written at the end. One launch computes every chunk's W, U, P and G in parallel, a second
+/// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
+/// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32; the
+/// engine's path), bf16 (k and v converted to it) uses single bf16 operands, as fla does.
 pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use half::bf16;
