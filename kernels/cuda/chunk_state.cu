@@ -70,15 +70,24 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
       FragC acc[NT];
 #pragma unroll
       for (int j = 0; j < NT; ++j) wmma::fill_fragment(acc[j], 0.0f);
+      const bf16* a_hi = (m ? Qh : Wh) + rt * 16 * KP;
+      const bf16* a_lo = LO ? (m ? Ql : Wl) + rt * 16 * KP : nullptr;
       for (int kk = 0; kk < K16; kk += 16) {
+        // The band's A fragments once per k-step, for all NT column tiles.
+        FragA ah, al;
+        wmma::load_matrix_sync(ah, a_hi + kk, KP);
+        if (LO) wmma::load_matrix_sync(al, a_lo + kk, KP);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          if (m)
-            mma_split<FragA, FragB>(acc[j], Qh + rt * 16 * KP + kk, LO ? Ql + rt * 16 * KP + kk : nullptr, KP, Sh + kk * SB + j * 16,
-                                    LO ? Sl + kk * SB + j * 16 : nullptr, SB);
-          else
-            mma_split<FragA, FragB>(acc[j], Wh + rt * 16 * KP + kk, LO ? Wl + rt * 16 * KP + kk : nullptr, KP,
-                                    Sh + kk * SB + j * 16, LO ? Sl + kk * SB + j * 16 : nullptr, SB);
+          FragB bh;
+          wmma::load_matrix_sync(bh, Sh + kk * SB + j * 16, SB);
+          wmma::mma_sync(acc[j], ah, bh, acc[j]);
+          if (LO) {
+            FragB bl;
+            wmma::load_matrix_sync(bl, Sl + kk * SB + j * 16, SB);
+            wmma::mma_sync(acc[j], al, bh, acc[j]);
+            wmma::mma_sync(acc[j], ah, bl, acc[j]);
+          }
         }
       }
 #pragma unroll
