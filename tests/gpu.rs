@@ -5,12 +5,12 @@
 //! Run on a GPU host: `cargo test -p deltaserve-tests --features cuda --test gpu [FILTER]`.
 
 use candle_core::{DType, Device, Tensor};
-use deltaserve_engine::sampling::argmax;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
 use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, MixerInputs, PrefillAlgo};
 use deltaserve_kernels::SlotBuffer;
 use deltaserve_tests::{
-    check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, rel_err, shared_dir, values,
+    check_greedy, check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, rel_err, shared_dir,
+    values,
 };
 use rand::{Rng, SeedableRng};
 
@@ -64,7 +64,6 @@ fn main() {
 const F32_TOL: f64 = 1e-4;
 const BF16: DType = DType::BF16;
 const BF16_TOL: f64 = 2e-2;
-const MARGIN: f64 = 1e-3;
 
 fn gpu_ops_match_reference(dev: &Device) {
     let mut files = vec![compact_dir().join("ops.safetensors")];
@@ -124,19 +123,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 pg.release(s2).unwrap();
             }
             // Greedy decode on the GPU, up to the first near-tie of the goldens.
-            let mut logits = lg;
-            let mut checked = 0;
-            for (step, (&want, &margin)) in case.greedy_new_ids.iter().zip(&case.top2_margins).enumerate() {
-                if margin < MARGIN {
-                    break;
-                }
-                let got = argmax(&values(&logits));
-                assert_eq!(got, want, "{name} case{i}: GPU greedy step {step}");
-                checked += 1;
-                logits = gpu32.decode(&mut pg, &[(sg, got)]).unwrap().squeeze(0).unwrap();
-            }
-            println!("{name} case{i}: {checked}/{} GPU greedy steps checked", case.greedy_new_ids.len());
-            assert!(checked > 0);
+            check_greedy(&format!("{name} case{i} GPU"), case, lg, |t| gpu32.decode(&mut pg, &[(sg, t)]).unwrap().squeeze(0).unwrap());
             pc.release(sc).unwrap();
             pg.release(sg).unwrap();
             pb.release(sb).unwrap();

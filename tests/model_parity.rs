@@ -1,14 +1,11 @@
 //! Model-level parity with fla's goldens, for every case of every model fixture: last-token
 //! logits, all-position logits of the long case, and greedy generation through the cache.
 
-use candle_core::Tensor;
-use deltaserve_engine::sampling::argmax;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
-use deltaserve_tests::{golden_cases, load_tensors, model_fixtures, rel_err, values};
+use deltaserve_tests::{check_greedy, golden_cases, load_tensors, model_fixtures, rel_err, values};
 
 const LOGITS_TOL: f64 = 1e-4;
 /// Greedy tokens must agree up to the first step whose top-2 margin is below this.
-const MARGIN: f64 = 1e-3;
 
 #[test]
 fn logits_and_greedy_tokens_match_goldens() {
@@ -41,19 +38,7 @@ fn logits_and_greedy_tokens_match_goldens() {
             assert!(e <= LOGITS_TOL, "{name} case{i}: last_logits rel err {e:.3e}");
 
             // Greedy through prefill + batched decode of one slot.
-            let mut logits: Tensor = last;
-            let mut checked = 0;
-            for (step, (&want, &margin)) in case.greedy_new_ids.iter().zip(&case.top2_margins).enumerate() {
-                if margin < MARGIN {
-                    break;
-                }
-                let got = argmax(&values(&logits));
-                assert_eq!(got, want, "{name} case{i}: greedy step {step}");
-                checked += 1;
-                logits = engine.decode(&mut pool, &[(slot, got)]).unwrap().squeeze(0).unwrap();
-            }
-            println!("{name} case{i}: {checked}/{} greedy steps checked", case.greedy_new_ids.len());
-            assert!(checked > 0, "{name} case{i}: no greedy step above the margin");
+            check_greedy(&format!("{name} case{i}"), case, last, |t| engine.decode(&mut pool, &[(slot, t)]).unwrap().squeeze(0).unwrap());
             pool.release(slot).unwrap();
         }
     }

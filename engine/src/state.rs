@@ -51,27 +51,23 @@ pub struct StatePool {
 impl StatePool {
     /// Allocates `slots` zeroed slots sized for `cfg` in host memory.
     pub fn new(cfg: &ModelConfig, slots: usize) -> Self {
-        let conv = cfg.conv_channels() * cfg.common.conv_size;
-        let rec = cfg.recurrent_state_len();
-        let layers = (0..cfg.common.num_hidden_layers)
-            .map(|_| LayerState { conv_state: SlotBuffer::zeros(slots, conv), recurrent_state: SlotBuffer::zeros(slots, rec) })
-            .collect();
+        let Ok(layers) = Self::layers(cfg, |per_slot| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(slots, per_slot)));
         Self::from_layers(layers, slots)
     }
 
     /// Allocates the pool on `device` (GPU memory for CUDA, where kernels update slots in place).
     pub fn new_on(cfg: &ModelConfig, slots: usize, device: &Device) -> Result<Self> {
-        let conv = cfg.conv_channels() * cfg.common.conv_size;
-        let rec = cfg.recurrent_state_len();
-        let layers = (0..cfg.common.num_hidden_layers)
-            .map(|_| {
-                Ok(LayerState {
-                    conv_state: SlotBuffer::zeros_on(slots, conv, device)?,
-                    recurrent_state: SlotBuffer::zeros_on(slots, rec, device)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let layers = Self::layers(cfg, |per_slot| SlotBuffer::zeros_on(slots, per_slot, device))?;
         Ok(Self::from_layers(layers, slots))
+    }
+
+    /// Every layer's conv and recurrent state buffers, made by `zeros(values per slot)`.
+    fn layers<E>(
+        cfg: &ModelConfig,
+        mut zeros: impl FnMut(usize) -> std::result::Result<SlotBuffer, E>,
+    ) -> std::result::Result<Vec<LayerState>, E> {
+        let (conv, rec) = (cfg.conv_channels() * cfg.common.conv_size, cfg.recurrent_state_len());
+        (0..cfg.common.num_hidden_layers).map(|_| Ok(LayerState { conv_state: zeros(conv)?, recurrent_state: zeros(rec)? })).collect()
     }
 
     fn from_layers(layers: Vec<LayerState>, slots: usize) -> Self {

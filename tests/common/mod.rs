@@ -108,6 +108,30 @@ pub fn check_op_case(
     (worst_o, worst_h)
 }
 
+/// The goldens' top-2 margin below which greedy steps are no longer compared.
+pub const GREEDY_MARGIN: f64 = 1e-3;
+
+/// Greedy generation against `case`'s goldens: from `first` (the logits after the prompt), each
+/// argmax must equal the golden token, up to the first step whose top-2 margin is below
+/// [`GREEDY_MARGIN`]; `next(token)` feeds a token and returns the following logits. Asserts that
+/// at least one step was checked and returns how many were.
+pub fn check_greedy(label: &str, case: &GoldenCase, first: Tensor, mut next: impl FnMut(u32) -> Tensor) -> usize {
+    let mut logits = first;
+    let mut checked = 0;
+    for (step, (&want, &margin)) in case.greedy_new_ids.iter().zip(&case.top2_margins).enumerate() {
+        if margin < GREEDY_MARGIN {
+            break;
+        }
+        let got = deltaserve_engine::sampling::argmax(&values(&logits));
+        assert_eq!(got, want, "{label}: greedy step {step}");
+        checked += 1;
+        logits = next(got);
+    }
+    println!("{label}: {checked}/{} greedy steps checked", case.greedy_new_ids.len());
+    assert!(checked > 0, "{label}: no greedy step above the margin");
+    checked
+}
+
 /// Every model fixture: (name, checkpoint dir, goldens json, logits safetensors).
 pub fn model_fixtures(test: &str) -> Vec<(String, PathBuf, PathBuf, PathBuf)> {
     let c = compact_dir();

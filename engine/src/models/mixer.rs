@@ -170,7 +170,13 @@ impl OutputHead {
     pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Tensor> {
         let n = o.dim(0)?;
         let z = match self.g_proj {
-            Some(_) => Some(y.part(g_part)?.contiguous()?.reshape((n, self.num_v_heads, self.head_v_dim))?),
+            Some(_) => {
+                // The norm computes in f32: one cast (which also makes the column view contiguous)
+                // rather than a copy and then a cast.
+                let z = y.part(g_part)?;
+                let z = if z.dtype() == DType::F32 { z.contiguous()? } else { z.to_dtype(DType::F32)? };
+                Some(z.reshape((n, self.num_v_heads, self.head_v_dim))?)
+            }
             None => None,
         };
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;

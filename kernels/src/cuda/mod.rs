@@ -437,7 +437,9 @@ const MAX_SMEM: usize = 227 * 1024;
 /// for parallelism, many want wide ones for less recomputation); else the narrowest that fits.
 fn tc_value_tile(k: usize, v: usize, lo: bool, ctas_per_tile: usize, sms: usize) -> usize {
     let fits = |bv: usize| tc_state_smem(k, bv, lo) <= MAX_SMEM;
-    let wanted = std::env::var("DELTASERVE_TC_BV").ok().and_then(|v| v.parse::<usize>().ok());
+    // Read once per process, not on every prefill call.
+    static WANTED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_TC_BV").ok().and_then(|v| v.parse::<usize>().ok()));
     if let Some(bv @ (16 | 32 | 64)) = wanted {
         if fits(bv) {
             return bv;
