@@ -16,6 +16,7 @@ fn build_ptx() {
         .source_dir("cuda")
         .watch(["cuda/common.cuh", "cuda/tc_common.cuh"])
         .arg("-O3")
+        .arg("-lineinfo")
         .arg("-std=c++17")
         .arg("--expt-relaxed-constexpr")
         .build_ptx()

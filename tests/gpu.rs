@@ -35,7 +35,7 @@ fn main() {
     let dev = if !cfg!(feature = "cuda") {
         Err("built without `--features cuda`".to_owned())
     } else {
-        Device::new_cuda(0).map_err(|e| format!("no usable CUDA device ({e})"))
+        deltaserve_engine::parse_device("cuda").map_err(|e| format!("no usable CUDA device ({e})"))
     };
     let dev = match dev {
         Ok(d) => d,

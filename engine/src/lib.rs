@@ -85,11 +85,16 @@ pub fn parse_device(s: &str) -> Result<Device> {
             actual: s.into(),
         });
     }
-    Device::new_cuda(ordinal).map_err(|e| EngineError::Invalid {
+    let dev = Device::new_cuda(ordinal).map_err(|e| EngineError::Invalid {
         field: "device",
         expected: format!("a usable CUDA device {ordinal}"),
         actual: e.to_string(),
-    })
+    })?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = &dev {
+        deltaserve_kernels::cuda::retain_freed_memory(d)?;
+    }
+    Ok(dev)
 }
 
 /// Reads and validates `DIR/config.json`.

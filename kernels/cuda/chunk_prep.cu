@@ -1,21 +1,21 @@
 // Chunked gated delta rule on the tensor cores (bf16 operands, fp32 accumulation and state),
-// in three launches, as the WY/UT form allows (model-spec.md §3.5). With G the chunk-local
+// in two launches, as the WY/UT form allows (model-spec.md §3.5). With G the chunk-local
 // cumulative log-decay and A[i,j] = β_i (k_i·k_j) e^{G_i−G_j} (j < i):
 //
 // 1. chunk_tc_prep (this file), every (chunk, value head) at once: T = (I + A)⁻¹ and
 //      W = T diag(β e^G) K,   U = T diag(β) V,   P[i,j] = (q_i·k_j) e^{G_i−G_j} (j ≤ i).
 //    T is inverted in fp32 by 16×16 blocks: the diagonal blocks by elimination in registers,
 //    then the block rows below from the blocks above them.
-// 2. chunk_tc_state (chunk_state.cu), one CTA per (sequence, value head, value tile), chunks in
-//    order: snapshot S_c, V' = U − W S_c, S ← e^{G_last} S + Kᵀ (e^{G_last−G} ⊙ V').
-// 3. chunk_tc_out (chunk_state.cu), every (chunk, value head, value tile) at once:
-//      O = scale ((e^G ⊙ Q) S_c + P V').
+// 2. one CTA per (sequence, value head, value tile), chunks in order, the state carried
+//    through them: V' = U − W S, O = scale (e^G ⊙ Q S + P V'), S ← e^{G_last} S + Kᵀ
+//    (e^{G_last−G} ⊙ V'). chunk_state.cu (wmma, split operands) for f32 inputs, chunk_mma.cu
+//    (mma.sync, state in registers) for bf16 inputs.
 //
 // With f32 inputs every operand enters the matmuls as a bf16 hi + lo pair (x ≈ hi + lo, ~16
 // mantissa bits; the lo·lo product is dropped), so the result is close to an fp32
 // computation: that matters most for V' = U − W S, which cancels when the state already
-// predicts v well. With bf16 inputs (TI = bf16) every operand is a single bf16, fla's
-// precision: a third of the products and less shared memory.
+// predicts v well. With bf16 inputs (TI = bf16) every operand is a single bf16 and W, U and P
+// are stored in bf16: fla's precision, a third of the products and half the traffic.
 //
 // Chunks never cross sequences: chunk c covers rows [crow[c], crow[c] + clen[c]) of one
 // packed sequence. Padding rows (beyond clen) load as zeros and carry the last row's G.
@@ -24,8 +24,8 @@
 template <typename TI>
 __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
                               const float* __restrict__ beta, const float* __restrict__ g, const int* __restrict__ crow,
-                              const int* __restrict__ clen, float* __restrict__ W, float* __restrict__ U,
-                              float* __restrict__ P, float* __restrict__ Gout, int H, int HV, int K, int V) {
+                              const int* __restrict__ clen, TI* __restrict__ W, TI* __restrict__ U,
+                              TI* __restrict__ P, float* __restrict__ Gout, int H, int HV, int K, int V) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr bool LO = Split<TI>::value;
   const int K16 = round16(K), KP = K16 + 8;
@@ -53,12 +53,29 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   const int L = clen[c];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Scratch without buffers of its own: the block inverse's partial products live in T1h until
-  // T1 is written, and the warps' staging tiles in Af once T is done.
+  // T1 is written, and the warps' staging tiles in Af's first 8 KB once T is done. With bf16
+  // inputs the V blocks arrive by cp.async, double-buffered: even blocks in the q tile, odd
+  // ones in Af's last 9 KB.
   float* Xs = reinterpret_cast<float*>(T1h);
   float* stage = Af + warp * 256;
+  bf16* const Vodd = reinterpret_cast<bf16*>(Af + 8 * 256);
+  auto vbuf = [&](int vb) { return (!LO && (vb & 1)) ? Vodd : Vh; };
+  auto load_v_async = [&](int vb) {
+    if constexpr (!LO) {
+      const int v0 = vb * 64;
+      tile_async<CH, 64>(vbuf(vb), TP, v + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, min(64, V - v0));
+      cp_async_commit();
+    }
+  };
 
-  for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Kh, Kl, KP));
-  for_rows8(q + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Qh, Ql, KP));
+  if constexpr (LO) {
+    for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Kh, Kl, KP));
+    for_rows8(q + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Qh, Ql, KP));
+  } else {
+    tile_async<CH, 0>(Kh, KP, k + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
+    tile_async<CH, 0>(Qh, KP, q + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
+    cp_async_commit();
+  }
   if (warp == 0) {
     // Inclusive scan of the log-decay: lane holds rows 2·lane and 2·lane + 1.
     const int r = 2 * lane;
@@ -78,6 +95,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     Bt[r] = r < L ? beta[(row0 + r) * HV + hv] : 0.0f;
     Bt[r + 1] = r + 1 < L ? beta[(row0 + r + 1) * HV + hv] : 0.0f;
   }
+  if constexpr (!LO) cp_async_wait<0>();
   __syncthreads();
 
   // K Kᵀ into Af and Q Kᵀ into Tf, lower-triangle tiles only: 2 × 10 tiles over 8 warps.
@@ -94,13 +112,14 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     wmma::store_matrix_sync((m ? Tf : Af) + rt * 16 * AP + ct * 16, acc, AP, wmma::mem_row_major);
   }
   __syncthreads();
+  load_v_async(0);  // the q tile is free: V's first block loads during the inverse
 
   // Decays and masks (exp only where j ≤ i); P goes out now, Tf is reused for T.
   for (int e = tid; e < CH * CH; e += THREADS) {
     const int i = e / CH, j = e % CH;
     const float d = j <= i ? __expf(G[i] - G[j]) : 0.0f;
     Af[i * AP + j] = j < i ? Bt[i] * Af[i * AP + j] * d : 0.0f;
-    if (i < L) P[((row0 + i) * HV + hv) * CH + j] = j <= i ? Tf[i * AP + j] * d : 0.0f;
+    if (i < L) store_as(P + ((row0 + i) * HV + hv) * CH + j, j <= i ? Tf[i * AP + j] * d : 0.0f);
   }
   __syncthreads();
 
@@ -123,21 +142,25 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     for (int e = 0; e < 8; ++e) Tf[(b0 + r0 + e) * AP + b0 + col] = t[e];
   }
   __syncthreads();
-  // Block rows 1..3: T_ij = −T_ii Σ_{m=j}^{i−1} A_im T_mj for j < i.
+  // Block rows 1..3: T_ij = −T_ii Σ_{m=j}^{i−1} A_im T_mj for j < i, warp j for block j, each
+  // product on the tensor cores in 3×TF32 (near fp32).
   for (int bi = 1; bi < 4; ++bi) {
-    for (int e = tid; e < bi * 256; e += THREADS) {
-      const int bj = e / 256, r = (e % 256) / 16, cc = e % 16;
-      float acc = 0.0f;
+    const int bj = warp;
+    if (bj < bi) {
+      FragC32 acc;
+      wmma::fill_fragment(acc, 0.0f);
       for (int m = bj; m < bi; ++m)
-        for (int x = 0; x < 16; ++x) acc += Af[(bi * 16 + r) * AP + m * 16 + x] * Tf[(m * 16 + x) * AP + bj * 16 + cc];
-      Xs[e] = acc;
+        mma_3xtf32(acc, Af + bi * 16 * AP + m * 16, Tf + m * 16 * AP + bj * 16, AP);
+      wmma::store_matrix_sync(Xs + bj * 256, acc, 16, wmma::mem_row_major);
     }
     __syncthreads();
-    for (int e = tid; e < bi * 256; e += THREADS) {
-      const int bj = e / 256, r = (e % 256) / 16, cc = e % 16;
-      float acc = 0.0f;
-      for (int x = 0; x <= r; ++x) acc -= Tf[(bi * 16 + r) * AP + bi * 16 + x] * Xs[bj * 256 + x * 16 + cc];
-      Tf[(bi * 16 + r) * AP + bj * 16 + cc] = acc;
+    if (bj < bi) {
+      FragC32 acc;
+      wmma::fill_fragment(acc, 0.0f);
+      mma_3xtf32(acc, Tf + bi * 16 * AP + bi * 16, AP, Xs + bj * 256, 16);
+#pragma unroll
+      for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
+      wmma::store_matrix_sync(Tf + bi * 16 * AP + bj * 16, acc, AP, wmma::mem_row_major);
     }
     __syncthreads();
   }
@@ -160,11 +183,17 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     store_tile(stage, acc, W + (row0 * HV + hv) * K, (size_t)HV * K, L, rt * 16, ct * 16, K);
   }
   // U = T2 V, 64 value columns at a time.
-  for (int v0 = 0; v0 < V; v0 += 64) {
-    const int w = min(64, V - v0);
+  for (int vb = 0; vb * 64 < V; ++vb) {
+    const int v0 = vb * 64, w = min(64, V - v0);
+    bf16* Vb = vbuf(vb);
+    if constexpr (LO) {
+      __syncthreads();
+      for_rows8(v + (row0 * HV + hv) * V + v0, (size_t)HV * V, CH, L, w, 64, to_tile(Vh, Vl, TP));
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    for_rows8(v + (row0 * HV + hv) * V + v0, (size_t)HV * V, CH, L, w, 64, to_tile(Vh, Vl, TP));
-    __syncthreads();
+    if (v0 + 64 < V) load_v_async(vb + 1);  // into the buffer block vb − 1 used
     for (int t = warp; t < 16; t += 8) {
       const int rt = t / 4, ct = t % 4;
       if (ct * 16 >= w) continue;
@@ -172,7 +201,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
       wmma::fill_fragment(acc, 0.0f);
       for (int kk = 0; kk <= rt; ++kk)
         mma_split<FragA, FragB>(acc, T2h + rt * 16 * TP + kk * 16, LO ? T2l + rt * 16 * TP + kk * 16 : nullptr, TP,
-                                Vh + kk * 16 * TP + ct * 16, LO ? Vl + kk * 16 * TP + ct * 16 : nullptr, TP);
+                                Vb + kk * 16 * TP + ct * 16, LO ? Vl + kk * 16 * TP + ct * 16 : nullptr, TP);
       store_tile(stage, acc, U + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, rt * 16, ct * 16, w);
     }
   }
@@ -181,7 +210,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
 #define PREP_ENTRY(NAME, TI)                                                                                         \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
       NAME(const TI* q, const TI* k, const TI* v, const float* beta, const float* g, const int* crow, const int* clen, \
-           float* W, float* U, float* P, float* Gout, int H, int HV, int K, int V) {                                   \
+           TI* W, TI* U, TI* P, float* Gout, int H, int HV, int K, int V) {                                   \
     chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, W, U, P, Gout, H, HV, K, V);                                      \
   }
 PREP_ENTRY(chunk_tc_prep_bf16, bf16)

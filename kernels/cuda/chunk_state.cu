@@ -1,5 +1,5 @@
-// Launch 2 of the tensor-core chunked prefill (see chunk_prep.cu): one CTA per (sequence, value
-// head, BV-column tile) walks the sequence's chunks in order, carrying S in shared memory:
+// Launch 2 of the tensor-core chunked prefill for f32 inputs (see chunk_prep.cu; bf16 inputs
+// take chunk_mma.cu): one CTA per (sequence, value head, BV-column tile) walks the sequence's chunks in order, carrying S in shared memory:
 //   V' = U − W S,   O = scale (e^G ⊙ Q S + P V'),   S ← e^{G_last} S + (e^{G_last−G} ⊙ K)ᵀ V'.
 // The next chunk's rows are prefetched into L2 while the current one computes, so the loads
 // that open each chunk wait on L2 rather than DRAM.
@@ -156,9 +156,6 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
            const int* cu, const int* slots, float* o, int H, int HV, int K, int V, float scale) {                     \
     chunk_tc_state<TI, BVV>(q, k, W, U, P, G, states, cu, slots, o, H, HV, K, V, scale);                            \
   }
-STATE_ENTRY(chunk_tc_state_bf16_bv64, bf16, 64)
-STATE_ENTRY(chunk_tc_state_bf16_bv32, bf16, 32)
-STATE_ENTRY(chunk_tc_state_bf16_bv16, bf16, 16)
 STATE_ENTRY(chunk_tc_state_f32_bv64, float, 64)
 STATE_ENTRY(chunk_tc_state_f32_bv32, float, 32)
 STATE_ENTRY(chunk_tc_state_f32_bv16, float, 16)

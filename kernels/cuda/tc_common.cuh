@@ -46,20 +46,32 @@ struct Split<bf16> {
   static constexpr bool value = false;
 };
 
+// Eight values to p, 16-byte aligned: two float4 stores, or one of eight bf16.
+__device__ __forceinline__ void store8(float* p, const float* x) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+}
+__device__ __forceinline__ void store8(bf16* p, const float* x) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = __floats2bfloat162_rn(x[2 * e], x[2 * e + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
 // A loader callback writing 8 values into a bf16 tile (hi) and, when lo is non-null, their
-// remainders.
+// remainders; tile pitches are multiples of 8, so each group is one 16-byte store.
 __device__ __forceinline__ auto to_tile(bf16* hi, bf16* lo, int ld) {
   return [=](int r, int cc, const float* x) {
+    store8(hi + r * ld + cc, x);
+    if (lo) {
+      float rem[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if (lo)
-        split(x[e], hi[r * ld + cc + e], lo[r * ld + cc + e]);
-      else
-        hi[r * ld + cc + e] = __float2bfloat16(x[e]);
+      for (int e = 0; e < 8; ++e) rem[e] = x[e] - __bfloat162float(__float2bfloat16(x[e]));
+      store8(lo + r * ld + cc, rem);
     }
   };
 }
-
 
 // Bump allocator over dynamic shared memory; every buffer starts 128-byte aligned (wmma needs 32).
 struct Smem {
@@ -121,15 +133,28 @@ __device__ __forceinline__ void for_rows8(const TI* base, size_t stride, int R, 
   }
 }
 
+// x stored as T (float, or rounded to bf16).
+__device__ __forceinline__ void store_as(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_as(bf16* p, float x) { *p = __float2bfloat16(x); }
+
 // Stores a warp's 16×16 fp32 accumulator into rows (< L) and columns (< cmax) of a row-major
-// matrix (row r at dst + r·stride).
-__device__ void store_tile(float* stage, const FragC& acc, float* dst, size_t stride, int L, int r0, int c0, int cmax) {
+// matrix (row r at dst + r·stride): each lane writes eight consecutive values of one row.
+template <typename TO>
+__device__ void store_tile(float* stage, const FragC& acc, TO* dst, size_t stride, int L, int r0, int c0, int cmax) {
   const int lane = threadIdx.x & 31;
   wmma::store_matrix_sync(stage, acc, 16, wmma::mem_row_major);
   __syncwarp();
-  for (int e = lane; e < 256; e += 32) {
-    const int r = r0 + e / 16, c = c0 + e % 16;
-    if (r < L && c < cmax) dst[r * stride + c] = stage[e];
+  const int r = r0 + lane / 2, c = c0 + (lane % 2) * 8;
+  const float* x = stage + (lane / 2) * 16 + (lane % 2) * 8;
+  TO* p = dst + r * stride + c;
+  if (r < L) {
+    if (c + 8 <= cmax && reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+      store8(p, x);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (c + e < cmax) store_as(p + e, x[e]);
+    }
   }
   __syncwarp();
 }
@@ -155,6 +180,96 @@ __device__ __forceinline__ void mma_split(FragC& acc, const bf16* a_hi, const bf
   }
 }
 
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragA32;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragB32;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC32;
+
+// x ≈ hi + lo, both tf32, in place on a fragment (hi) and its copy (lo).
+template <typename F>
+__device__ __forceinline__ void split_tf32(F& hi, F& lo) {
+#pragma unroll
+  for (int e = 0; e < hi.num_elements; ++e) {
+    const float x = hi.x[e];
+    hi.x[e] = wmma::__float_to_tf32(x);
+    lo.x[e] = wmma::__float_to_tf32(x - hi.x[e]);
+  }
+}
+
+// acc += a b for fp32 16×16 row-major tiles in shared memory, on the tensor cores as three
+// tf32 products (hi·hi + hi·lo + lo·hi): close to an fp32 product.
+__device__ __forceinline__ void mma_3xtf32(FragC32& acc, const float* a, int lda, const float* b, int ldb) {
+#pragma unroll
+  for (int kk = 0; kk < 16; kk += 8) {
+    FragA32 ah, al;
+    FragB32 bh, bl;
+    wmma::load_matrix_sync(ah, a + kk, lda);
+    wmma::load_matrix_sync(bh, b + kk * ldb, ldb);
+    split_tf32(ah, al);
+    split_tf32(bh, bl);
+    wmma::mma_sync(acc, al, bh, acc);
+    wmma::mma_sync(acc, ah, bl, acc);
+    wmma::mma_sync(acc, ah, bh, acc);
+  }
+}
+__device__ __forceinline__ void mma_3xtf32(FragC32& acc, const float* a, const float* b, int ld) { mma_3xtf32(acc, a, ld, b, ld); }
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16 bytes global → shared, zero-filled when !ok.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+}
+// 4 bytes global → shared.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// An [R, W16] bf16 tile (row r of the source at src + r·stride; zeros in rows ≥ L and columns
+// ≥ W) into shared memory with row pitch ld: by cp.async when rows are 16-byte aligned, else
+// by plain loads (the caller synchronises before use either way). With W16 a template
+// argument the index arithmetic is shifts and the loop unrolls; W16C = 0 takes it at run time.
+template <int R, int W16C>
+__device__ __forceinline__ void tile_async(bf16* dst, int ld, const bf16* src, size_t stride, int L, int W, int w16 = W16C) {
+  const int W16 = W16C > 0 ? W16C : w16;
+  const int GPR = W16 / 8, N = R * GPR;
+  if (W % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+#pragma unroll 4
+    for (int i0 = 0; i0 < N; i0 += THREADS) {
+      const int i = i0 + threadIdx.x;
+      if (i0 + THREADS <= N || i < N) {
+        const int r = i / GPR, c = (i % GPR) * 8;
+        const bool ok = r < L && c < W;
+        cp_async16(dst + r * ld + c, ok ? src + r * stride + c : src, ok);
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < R * W16; i += THREADS) {
+      const int r = i / W16, c = i % W16;
+      dst[r * ld + c] = (r < L && c < W) ? src[(size_t)r * stride + c] : __float2bfloat16(0.0f);
+    }
+  }
+}
+
+// Asks L2 for rows [0, L) of `bytes` (≤ MAXB) bytes each, `stride` bytes apart.
+template <int MAXB>
+__device__ __forceinline__ void prefetch_l2(const void* base, size_t stride, int L, int bytes) {
+  constexpr int LINES = (MAXB + 127) / 128;
+  for (int i = threadIdx.x; i < L * LINES; i += THREADS) {
+    const int r = i / LINES, line = i % LINES;
+    if (line * 128 < bytes) {
+      const char* p = reinterpret_cast<const char*>(base) + r * stride + line * 128;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+}
 
 // Asks L2 to fetch L rows of `bytes` bytes each, `stride` bytes apart (one prefetch per
 // 128-byte line, spread over the block's threads).

@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
         println!("gpu_bench: built without `--features cuda`; nothing to time");
         return Ok(());
     }
-    let dev = Device::new_cuda(0)?;
+    let dev = deltaserve_engine::parse_device("cuda")?;
     prefill_table(&dev, args.reps)?;
     decode_table(&dev, args.reps)?;
     if !args.skip_model {

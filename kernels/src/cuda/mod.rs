@@ -18,6 +18,24 @@ mod ptx {
 pub const MAX_HEAD_K: usize = 256;
 const CHUNK: usize = 64;
 
+/// Keeps memory freed on `dev` in its stream-ordered allocation pool instead of handing it back
+/// to the driver at every synchronisation (the pool's default release threshold is 0). Without
+/// it each prefill maps its scratch buffers (hundreds of MB for long prompts) afresh; with it
+/// the pool behaves as PyTorch's caching allocator does.
+pub fn retain_freed_memory(dev: &CudaDevice) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let cu_dev = dev.cuda_stream().context().cu_device();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` is written by the driver before use; `threshold` outlives the call.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, cu_dev).result().w()?;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        sys::cuMemPoolSetAttribute(pool, attr, (&mut threshold as *mut u64).cast()).result().w()?;
+    }
+    Ok(())
+}
+
 /// A GPU allocation of f32 state slots.
 #[derive(Debug, Clone)]
 pub struct DeviceSlots {
@@ -414,39 +432,52 @@ fn tc_prep_smem(k: usize, lo: bool) -> usize {
     tc_smem(&parts)
 }
 
-/// `chunk_tc_state`: S (fp32 and bf16), W, Q, P, two fp32 [64, BV] results, V' and G; the bf16
-/// tiles have lo halves when `lo` (f32 inputs).
-fn tc_state_smem(k: usize, bv: usize, lo: bool) -> usize {
+/// `chunk_tc_state` (f32 inputs): S (fp32 and bf16), W, Q, P, two fp32 [64, BV] results, V'
+/// and G; every bf16 tile with its lo half.
+fn tc_state_smem(k: usize, bv: usize) -> usize {
     let k16 = k.div_ceil(16) * 16;
     let kt = 2 * CHUNK * (k16 + 8);
     let (sp, sb) = (bv + 4, bv + 8);
-    let halves = if lo { 2 } else { 1 };
     let mut parts = vec![4 * k16 * sp, 4 * CHUNK * sp, 4 * CHUNK * sp, 4 * CHUNK];
     for t in [2 * k16 * sb, kt, kt, 2 * CHUNK * 72, 2 * CHUNK * sb] {
-        parts.extend(std::iter::repeat_n(t, halves));
+        parts.extend([t, t]);
     }
     tc_smem(&parts)
+}
+
+/// `chunk_mma_state` (bf16 inputs): W, Q and K tiles (K padded to the kernel's 16·KT), P, the bf16 S, V', decayed V' and U (all
+/// bf16), and G.
+fn mma_state_smem(k: usize, bv: usize) -> usize {
+    let k16 = 16 * mma_row_tiles(k);
+    let kt = 2 * CHUNK * (k16 + 8);
+    let sb = 2 * (bv + 8);
+    tc_smem(&[kt, kt, kt, 2 * CHUNK * 72, k16 * sb, CHUNK * sb, CHUNK * sb, CHUNK * sb, 4 * CHUNK])
+}
+
+/// 16-row tiles of K `chunk_mma_state` is instantiated for: the smallest of 4, 8, 16 that holds K.
+fn mma_row_tiles(k: usize) -> usize {
+    [4, 8, 16].into_iter().find(|&kt| 16 * kt >= k).unwrap_or(16)
 }
 
 /// Largest dynamic shared memory per block on sm_90.
 const MAX_SMEM: usize = 227 * 1024;
 
-/// Value-tile width of the tensor-core state pass: `DELTASERVE_TC_BV` (16, 32 or 64) when set
-/// and it fits in shared memory; else the widest that fits and still gives `ctas_per_tile ×
-/// V/BV` CTAs enough to cover the `sms` multiprocessors (few long sequences want narrow tiles
-/// for parallelism, many want wide ones for less recomputation); else the narrowest that fits.
-fn tc_value_tile(k: usize, v: usize, lo: bool, ctas_per_tile: usize, sms: usize) -> usize {
-    let fits = |bv: usize| tc_state_smem(k, bv, lo) <= MAX_SMEM;
+/// Value-tile width of the state pass, from `widths` (widest first): `DELTASERVE_TC_BV` when
+/// set, offered and its shared memory (`smem(bv)`) fits; else the widest that fits and still
+/// gives `ctas_per_tile × V/BV` CTAs enough to cover the `sms` multiprocessors (few long
+/// sequences want narrow tiles for parallelism, many want wide ones for less recomputation);
+/// else the narrowest that fits.
+fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_per_tile: usize, sms: usize) -> usize {
+    let fits = |bv: usize| smem(bv) <= MAX_SMEM;
     // Read once per process, not on every prefill call.
     static WANTED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_TC_BV").ok().and_then(|v| v.parse::<usize>().ok()));
-    if let Some(bv @ (16 | 32 | 64)) = wanted {
-        if fits(bv) {
-            return bv;
-        }
+    if let Some(bv) = wanted.filter(|bv| widths.contains(bv) && fits(*bv)) {
+        return bv;
     }
-    let fitting: Vec<usize> = [64, 32, 16].into_iter().filter(|&bv| fits(bv)).collect();
-    fitting.iter().copied().find(|&bv| ctas_per_tile * v.div_ceil(bv) >= sms).or(fitting.last().copied()).unwrap_or(16)
+    let fitting: Vec<usize> = widths.iter().copied().filter(|&bv| fits(bv)).collect();
+    let last = widths.last().copied().unwrap_or(16);
+    fitting.iter().copied().find(|&bv| ctas_per_tile * v.div_ceil(bv) >= sms).or(fitting.last().copied()).unwrap_or(last)
 }
 
 /// Chunked prefill on the tensor cores (fp32 accumulation and state) of packed sequences:
@@ -484,10 +515,6 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
     let (crow_d, clen_d) = (indices(&dev, &crow)?, indices(&dev, &clen)?);
     let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
-    // Every row of W, U, P and G is written by the first launch before the second reads it.
-    let mut w = unsafe { dev.alloc::<f32>(rows * hv * k) }?;
-    let mut u = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
-    let mut p = unsafe { dev.alloc::<f32>(rows * hv * CHUNK) }?;
     let mut gc = unsafe { dev.alloc::<f32>(rows * hv) }?;
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
@@ -497,12 +524,24 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
     let sms = dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize;
-    let bv = tc_value_tile(k, v, lo, slots.len() * hv, sms);
-    let state = dev.get_or_load_custom_func(&format!("chunk_tc_state_{suffix}_bv{bv}"), "chunk_state", ptx::CHUNK_STATE)?;
-    let state_smem = tc_state_smem(k, bv, lo);
+    // f32 inputs: the split-operand wmma state pass; bf16: the mma.sync one (state in registers).
+    let (state, bv, state_smem) = if lo {
+        let bv = value_tile(&[64, 32, 16], |bv| tc_state_smem(k, bv), v, slots.len() * hv, sms);
+        let f = dev.get_or_load_custom_func(&format!("chunk_tc_state_f32_bv{bv}"), "chunk_state", ptx::CHUNK_STATE)?;
+        (f, bv, tc_state_smem(k, bv))
+    } else {
+        let bv = value_tile(&[64, 32], |bv| mma_state_smem(k, bv), v, slots.len() * hv, sms);
+        let name = format!("chunk_mma_state_k{}_bv{bv}", mma_row_tiles(k));
+        (dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?, bv, mma_state_smem(k, bv))
+    };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
+    // W, U and P are kept in the inputs' type (bf16 for bf16 inputs, as fla keeps them).
     macro_rules! launch {
-        ($ty:ty) => {
+        ($ty:ty) => {{
+            // Every row of W, U, P and G is written by the first launch before the second reads it.
+            let mut w = unsafe { dev.alloc::<$ty>(rows * hv * k) }?;
+            let mut u = unsafe { dev.alloc::<$ty>(rows * hv * v) }?;
+            let mut p = unsafe { dev.alloc::<$ty>(rows * hv * CHUNK) }?;
             with_view!(q, qv, $ty, {
                 with_view!(kk, kv, $ty, {
                     with_view!(vv, vv_, $ty, {
@@ -528,7 +567,7 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
                     })
                 })
             })
-        };
+        }};
     }
     if lo {
         launch!(f32)

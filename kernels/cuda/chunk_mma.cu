@@ -1,0 +1,276 @@
+// Launch 2 of the chunked prefill for bf16 inputs (fla's precision), on raw mma.sync
+// m16n8k16 with the state in registers. One CTA (8 warps) per (sequence, value head, BV-column
+// tile) walks the sequence's chunks in order:
+//   X = W S, Y = Q S                      (warps 0–3: W rows, warps 4–7: Q rows, 16 each)
+//   V' = U − X,  V'_d = e^{G_last − G} ⊙ V'   (bf16 into shared memory, as fla rounds them)
+//   O = scale (e^G ⊙ Y + P V')            (warps 4–7, from their Y registers)
+//   S ← e^{G_last} S + Kᵀ V'_d            (every warp, on its own rows of S)
+// S stays in fp32 accumulator registers; a bf16 copy in shared memory feeds the next chunk's
+// X and Y. Chunk inputs arrive by cp.async in two groups into single buffers, each refilled as
+// soon as it is consumed: W and Q (needed first) after X and Y; K, P, U and G at the end, their
+// wait deferred until after X and Y. The next chunk's rows are prefetched into L2 a chunk
+// ahead, and with two CTAs per SM one CTA's loads overlap the other's work.
+//
+// KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
+// tile shapes and loops are compile-time).
+#include "tc_common.cuh"
+
+// Four 8×8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm4_t(unsigned (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+// d += a b (m16n8k16, bf16 operands, fp32 accumulators).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+template <int KT, int BV>
+__device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ W,
+                                const bf16* __restrict__ U, const bf16* __restrict__ P, const float* __restrict__ Gin,
+                                float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
+                                float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  constexpr int SB = BV + 8, NB = BV / 8;
+  // Rows of S per warp: KT ≥ 8 gives each warp KT/8 whole row tiles; KT = 4 splits each row
+  // tile's columns between 8/KT warps.
+  constexpr int RPW = KT > 8 ? KT / 8 : 1;
+  constexpr int CS = KT < 8 ? 8 / KT : 1;
+  constexpr int NBW = NB / CS;
+  static_assert(NBW % 2 == 0, "S column groups come in pairs of n8 tiles");
+  constexpr int K16 = KT * 16, KP = K16 + 8;
+  Smem sm{smem_raw};
+  bf16* Wt = sm.take<bf16>(CH * KP);
+  bf16* Qt = sm.take<bf16>(CH * KP);
+  bf16* Kt = sm.take<bf16>(CH * KP);
+  bf16* Pt = sm.take<bf16>(CH * TP);
+  bf16* Sb = sm.take<bf16>(K16 * SB);
+  bf16* Vp = sm.take<bf16>(CH * SB);
+  bf16* Vd = sm.take<bf16>(CH * SB);
+  bf16* Ut = sm.take<bf16>(CH * SB);
+  float* G = sm.take<float>(CH);
+
+  const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * BV;
+  const int hk = hv / (HV / H);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+  const int vw = min(BV, V - v0);
+  float* Sg = states + ((size_t)slots[seq] * HV + hv) * K * V + v0;
+
+  // This warp's part of S: row tiles srt[r], n8 tiles sn0 .. sn0 + NBW.
+  float s[RPW][NBW][4];
+  int srt[RPW];
+  const int sn0 = (warp % CS) * NBW;
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) srt[r] = KT >= 8 ? warp + 8 * r : warp / CS;
+  // Writes the bf16 copy of this warp's part of S.
+  auto publish_s = [&]() {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+#pragma unroll
+      for (int j = 0; j < NBW; ++j) {
+        const int row = srt[r] * 16 + g8, col = (sn0 + j) * 8 + 2 * t4;
+        *reinterpret_cast<unsigned*>(Sb + row * SB + col) = pack_bf16(s[r][j][0], s[r][j][1]);
+        *reinterpret_cast<unsigned*>(Sb + (row + 8) * SB + col) = pack_bf16(s[r][j][2], s[r][j][3]);
+      }
+    }
+  };
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int j = 0; j < NBW; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = srt[r] * 16 + g8 + (e >> 1) * 8, col = (sn0 + j) * 8 + 2 * t4 + (e & 1);
+        s[r][j][e] = (row < K && col < vw) ? Sg[(size_t)row * V + col] : 0.0f;
+      }
+  publish_s();
+
+  const int t_begin = cu[seq], t_end = cu[seq + 1];
+  auto load_wq = [&](int t0, int L) {
+    tile_async<CH, K16>(Wt, KP, W + ((size_t)t0 * HV + hv) * K, (size_t)HV * K, L, K);
+    tile_async<CH, K16>(Qt, KP, q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+  };
+  auto load_kpug = [&](int t0, int L) {
+    tile_async<CH, K16>(Kt, KP, k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    tile_async<CH, CH>(Pt, TP, P + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
+    tile_async<CH, BV>(Ut, SB, U + ((size_t)t0 * HV + hv) * V + v0, (size_t)HV * V, L, vw);
+    if (tid < CH) cp_async4(G + tid, Gin + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
+  };
+  if (t_begin < t_end) {
+    load_wq(t_begin, min(CH, t_end - t_begin));
+    cp_async_commit();
+    load_kpug(t_begin, min(CH, t_end - t_begin));
+    cp_async_commit();
+  }
+  const int m = warp >> 2, rt = warp & 3;  // m = 0: X = W S, m = 1: Y = Q S; rt: 16-row band
+  for (int t0 = t_begin; t0 < t_end; t0 += CH) {
+    const int L = min(CH, t_end - t0);
+    const bool more = t0 + CH < t_end;
+    const int L1 = more ? min(CH, t_end - (t0 + CH)) : 0;
+    cp_async_wait<1>();  // W and Q; K, P, U and G may still be in flight
+    __syncthreads();
+    if (more) {
+      const size_t r1 = t0 + CH;
+      prefetch_l2<2 * K16>(W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
+      prefetch_l2<2 * K16>(q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+      prefetch_l2<2 * K16>(k + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+      prefetch_l2<2 * CH>(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+      prefetch_l2<2 * BV>(U + (r1 * HV + hv) * V + v0, (size_t)HV * V * 2, L1, vw * 2);
+    }
+
+    float acc[NB][4];
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    {
+      const bf16* a_base = (m ? Qt : Wt) + (rt * 16 + (lane & 15)) * KP + (lane >> 4) * 8;
+      const bf16* b_base = Sb + (lane & 15) * SB + (lane >> 4) * 8;
+#pragma unroll 2
+      for (int kk = 0; kk < KT; ++kk) {
+        unsigned a[4];
+        ldsm4(a, a_base + kk * 16);
+#pragma unroll
+        for (int jp = 0; jp < NB / 2; ++jp) {
+          unsigned b[4];
+          ldsm4_t(b, b_base + kk * 16 * SB + jp * 16);
+          mma_bf16(acc[2 * jp], a, b[0], b[1]);
+          mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // K, P, U and G are in; W, Q and the bf16 S are consumed
+    if (more) {
+      load_wq(t0 + CH, L1);
+      cp_async_commit();
+    }
+
+    const float g_last = G[CH - 1];
+    if (m == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rt * 16 + g8 + 8 * h;
+        const float d = __expf(g_last - G[r]);
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+          const float2 uf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Ut + r * SB + j * 8 + 2 * t4));
+          // As fla: V' and the decayed V' are each rounded to bf16 from fp32.
+          const float va = uf.x - acc[j][2 * h], vb = uf.y - acc[j][2 * h + 1];
+          const int col = j * 8 + 2 * t4;
+          *reinterpret_cast<unsigned*>(Vp + r * SB + col) = pack_bf16(va, vb);
+          *reinterpret_cast<unsigned*>(Vd + r * SB + col) = pack_bf16(va * d, vb * d);
+        }
+      }
+    }
+    __syncthreads();
+
+    if (m == 1) {
+      // O = scale (e^G ⊙ Y + P V'); P is lower triangular, so k-steps stop at the band.
+      const float e0 = __expf(G[rt * 16 + g8]), e1 = __expf(G[rt * 16 + g8 + 8]);
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        acc[j][0] *= e0, acc[j][1] *= e0, acc[j][2] *= e1, acc[j][3] *= e1;
+      }
+      for (int kk = 0; kk <= rt; ++kk) {
+        unsigned a[4];
+        ldsm4(a, Pt + (rt * 16 + (lane & 15)) * TP + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int jp = 0; jp < NB / 2; ++jp) {
+          unsigned b[4];
+          ldsm4_t(b, Vp + (kk * 16 + (lane & 15)) * SB + jp * 16 + (lane >> 4) * 8);
+          mma_bf16(acc[2 * jp], a, b[0], b[1]);
+          mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = rt * 16 + g8 + 8 * h;
+        if (r >= L) continue;
+        float* dst = o + ((size_t)(t0 + r) * HV + hv) * V + v0;
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+          const int col = j * 8 + 2 * t4;
+          const float a = scale * acc[j][2 * h], b = scale * acc[j][2 * h + 1];
+          if (V % 2 == 0 && col + 1 < vw) {
+            *reinterpret_cast<float2*>(dst + col) = make_float2(a, b);
+          } else {
+            if (col < vw) dst[col] = a;
+            if (col + 1 < vw) dst[col + 1] = b;
+          }
+        }
+      }
+    }
+
+    // S ← e^{G_last} S + Kᵀ V'_d: A = Kᵀ (ldmatrix.trans of the row-major K tile), B = V'_d.
+    const float el = __expf(g_last);
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+#pragma unroll
+      for (int j = 0; j < NBW; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][j][e] *= el;
+      const int mx = lane >> 3;
+      const bf16* a_base = Kt + ((mx >> 1) * 8 + (lane & 7)) * KP + srt[r] * 16 + (mx & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < CH / 16; ++kk) {
+        unsigned a[4];
+        ldsm4_t(a, a_base + kk * 16 * KP);
+#pragma unroll
+        for (int jp = 0; jp < NBW / 2; ++jp) {
+          unsigned b[4];
+          ldsm4_t(b, Vd + (kk * 16 + (lane & 15)) * SB + (sn0 + 2 * jp) * 8 + (lane >> 4) * 8);
+          mma_bf16(s[r][2 * jp], a, b[0], b[1]);
+          mma_bf16(s[r][2 * jp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    publish_s();
+    __syncthreads();  // K, P, U, G and V' consumed; the bf16 S is complete
+    if (more) {
+      load_kpug(t0 + CH, L1);
+      cp_async_commit();
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int j = 0; j < NBW; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = srt[r] * 16 + g8 + (e >> 1) * 8, col = (sn0 + j) * 8 + 2 * t4 + (e & 1);
+        if (row < K && col < vw) Sg[(size_t)row * V + col] = s[r][j][e];
+      }
+}
+
+// Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread); one at KT = 16.
+#define MMA_ENTRY(KT, BV, MINB)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
+      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* W, const bf16* U, const bf16* P,      \
+                                     const float* G, float* states, const int* cu, const int* slots, float* o, int H, \
+                                     int HV, int K, int V, float scale) {                                           \
+    chunk_mma_state<KT, BV>(q, k, W, U, P, G, states, cu, slots, o, H, HV, K, V, scale);                            \
+  }
+MMA_ENTRY(4, 32, 2)
+MMA_ENTRY(4, 64, 2)
+MMA_ENTRY(8, 32, 2)
+MMA_ENTRY(8, 64, 2)
+MMA_ENTRY(16, 32, 1)
+MMA_ENTRY(16, 64, 1)
