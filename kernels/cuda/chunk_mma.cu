@@ -2,12 +2,14 @@
 // m16n8k16 with the state in registers. One CTA (8 warps) per (sequence, value head, BV-column
 // tile) walks the sequence's chunks in order:
 //   X = W S, Y = Q S                      (warps 0–3: W rows, warps 4–7: Q rows, 16 each)
-//   V' = U − X,  V'_d = e^{G_last − G} ⊙ V'   (bf16 into shared memory, as fla rounds them)
+//   V' = T2 V − X                         (warps 0–3, from their X registers; bf16 into shared
+//                                          memory, as fla rounds it; U = T2 V is never stored)
 //   O = scale (e^G ⊙ Y + P V')            (warps 4–7, from their Y registers)
-//   S ← e^{G_last} S + Kᵀ V'_d            (every warp, on its own rows of S)
+//   S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V'   (every warp, on its own rows of S; the
+//                                          decay scales the Kᵀ fragments in registers)
 // S stays in fp32 accumulator registers; a bf16 copy in shared memory feeds the next chunk's
 // X and Y. Chunk inputs arrive by cp.async in two groups into single buffers, each refilled as
-// soon as it is consumed: W and Q (needed first) after X and Y; K, P, U and G at the end, their
+// soon as it is consumed: W and Q (needed first) after X and Y; K, P, T2, V and G at the end, their
 // wait deferred until after X and Y. The next chunk's rows are prefetched into L2 a chunk
 // ahead, and with two CTAs per SM one CTA's loads overlap the other's work.
 //
@@ -41,9 +43,31 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// acc (16 rows, NB·8 columns) += A B over nk k-steps of 16: A row-major from the band's first
+// row (pitch lda), B row-major from its first row (pitch ldb).
+template <int NB>
+__device__ __forceinline__ void band_mma(float (&acc)[NB][4], const bf16* a, int lda, const bf16* b, int ldb, int nk) {
+  const int lane = threadIdx.x & 31;
+  a += (lane & 15) * lda + (lane >> 4) * 8;
+  b += (lane & 15) * ldb + (lane >> 4) * 8;
+#pragma unroll 2
+  for (int kk = 0; kk < nk; ++kk) {
+    unsigned af[4];
+    ldsm4(af, a + kk * 16);
+#pragma unroll
+    for (int jp = 0; jp < NB / 2; ++jp) {
+      unsigned bf[4];
+      ldsm4_t(bf, b + kk * 16 * ldb + jp * 16);
+      mma_bf16(acc[2 * jp], af, bf[0], bf[1]);
+      mma_bf16(acc[2 * jp + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
 template <int KT, int BV>
-__device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ W,
-                                const bf16* __restrict__ U, const bf16* __restrict__ P, const float* __restrict__ Gin,
+__device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                const bf16* __restrict__ W, const bf16* __restrict__ T2, const bf16* __restrict__ P,
+                                const float* __restrict__ Gin,
                                 float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
                                 float* __restrict__ o, int H, int HV, int K, int V, float scale) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -61,9 +85,9 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   bf16* Kt = sm.take<bf16>(CH * KP);
   bf16* Pt = sm.take<bf16>(CH * TP);
   bf16* Sb = sm.take<bf16>(K16 * SB);
+  bf16* T2t = sm.take<bf16>(CH * TP);
+  bf16* Vt = sm.take<bf16>(CH * SB);
   bf16* Vp = sm.take<bf16>(CH * SB);
-  bf16* Vd = sm.take<bf16>(CH * SB);
-  bf16* Ut = sm.take<bf16>(CH * SB);
   float* G = sm.take<float>(CH);
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * BV;
@@ -90,15 +114,25 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       }
     }
   };
+  // Visits this warp's S entries with their row and column in the tile; inside K × vw only.
+  auto for_s = [&](auto f) {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+      for (int j = 0; j < NBW; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = srt[r] * 16 + g8 + (e >> 1) * 8, col = (sn0 + j) * 8 + 2 * t4 + (e & 1);
+          if (row < K && col < vw) f(s[r][j][e], Sg + (size_t)row * V + col);
+        }
+  };
 #pragma unroll
   for (int r = 0; r < RPW; ++r)
 #pragma unroll
     for (int j = 0; j < NBW; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = srt[r] * 16 + g8 + (e >> 1) * 8, col = (sn0 + j) * 8 + 2 * t4 + (e & 1);
-        s[r][j][e] = (row < K && col < vw) ? Sg[(size_t)row * V + col] : 0.0f;
-      }
+      for (int e = 0; e < 4; ++e) s[r][j][e] = 0.0f;
+  for_s([](float& x, const float* g) { x = *g; });
   publish_s();
 
   const int t_begin = cu[seq], t_end = cu[seq + 1];
@@ -109,7 +143,8 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   auto load_kpug = [&](int t0, int L) {
     tile_async<CH, K16>(Kt, KP, k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
     tile_async<CH, CH>(Pt, TP, P + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
-    tile_async<CH, BV>(Ut, SB, U + ((size_t)t0 * HV + hv) * V + v0, (size_t)HV * V, L, vw);
+    tile_async<CH, CH>(T2t, TP, T2 + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
+    tile_async<CH, BV>(Vt, SB, v + ((size_t)t0 * HV + hv) * V + v0, (size_t)HV * V, L, vw);
     if (tid < CH) cp_async4(G + tid, Gin + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
   };
   if (t_begin < t_end) {
@@ -123,7 +158,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     const int L = min(CH, t_end - t0);
     const bool more = t0 + CH < t_end;
     const int L1 = more ? min(CH, t_end - (t0 + CH)) : 0;
-    cp_async_wait<1>();  // W and Q; K, P, U and G may still be in flight
+    cp_async_wait<1>();  // W and Q; K, P, T2, V and G may still be in flight
     __syncthreads();
     if (more) {
       const size_t r1 = t0 + CH;
@@ -131,7 +166,8 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       prefetch_l2<2 * K16>(q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
       prefetch_l2<2 * K16>(k + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
       prefetch_l2<2 * CH>(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
-      prefetch_l2<2 * BV>(U + (r1 * HV + hv) * V + v0, (size_t)HV * V * 2, L1, vw * 2);
+      prefetch_l2<2 * CH>(T2 + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+      prefetch_l2<2 * BV>(v + (r1 * HV + hv) * V + v0, (size_t)HV * V * 2, L1, vw * 2);
     }
 
     float acc[NB][4];
@@ -139,24 +175,9 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     for (int j = 0; j < NB; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    {
-      const bf16* a_base = (m ? Qt : Wt) + (rt * 16 + (lane & 15)) * KP + (lane >> 4) * 8;
-      const bf16* b_base = Sb + (lane & 15) * SB + (lane >> 4) * 8;
-#pragma unroll 2
-      for (int kk = 0; kk < KT; ++kk) {
-        unsigned a[4];
-        ldsm4(a, a_base + kk * 16);
-#pragma unroll
-        for (int jp = 0; jp < NB / 2; ++jp) {
-          unsigned b[4];
-          ldsm4_t(b, b_base + kk * 16 * SB + jp * 16);
-          mma_bf16(acc[2 * jp], a, b[0], b[1]);
-          mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
-        }
-      }
-    }
+    band_mma<NB>(acc, (m ? Qt : Wt) + rt * 16 * KP, KP, Sb, SB, KT);
     cp_async_wait<0>();
-    __syncthreads();  // K, P, U and G are in; W, Q and the bf16 S are consumed
+    __syncthreads();  // K, P, T2, V and G are in; W, Q and the bf16 S are consumed
     if (more) {
       load_wq(t0 + CH, L1);
       cp_async_commit();
@@ -164,19 +185,18 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
 
     const float g_last = G[CH - 1];
     if (m == 0) {
+      // V' = T2 V − X (T2 lower triangular: k-steps up to the band).
+#pragma unroll
+      for (int j = 0; j < NB; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = -acc[j][e];
+      band_mma<NB>(acc, T2t + rt * 16 * TP, TP, Vt, SB, rt + 1);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = rt * 16 + g8 + 8 * h;
-        const float d = __expf(g_last - G[r]);
 #pragma unroll
-        for (int j = 0; j < NB; ++j) {
-          const float2 uf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Ut + r * SB + j * 8 + 2 * t4));
-          // As fla: V' and the decayed V' are each rounded to bf16 from fp32.
-          const float va = uf.x - acc[j][2 * h], vb = uf.y - acc[j][2 * h + 1];
-          const int col = j * 8 + 2 * t4;
-          *reinterpret_cast<unsigned*>(Vp + r * SB + col) = pack_bf16(va, vb);
-          *reinterpret_cast<unsigned*>(Vd + r * SB + col) = pack_bf16(va * d, vb * d);
-        }
+        for (int j = 0; j < NB; ++j)
+          *reinterpret_cast<unsigned*>(Vp + r * SB + j * 8 + 2 * t4) = pack_bf16(acc[j][2 * h], acc[j][2 * h + 1]);
       }
     }
     __syncthreads();
@@ -188,17 +208,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       for (int j = 0; j < NB; ++j) {
         acc[j][0] *= e0, acc[j][1] *= e0, acc[j][2] *= e1, acc[j][3] *= e1;
       }
-      for (int kk = 0; kk <= rt; ++kk) {
-        unsigned a[4];
-        ldsm4(a, Pt + (rt * 16 + (lane & 15)) * TP + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int jp = 0; jp < NB / 2; ++jp) {
-          unsigned b[4];
-          ldsm4_t(b, Vp + (kk * 16 + (lane & 15)) * SB + jp * 16 + (lane >> 4) * 8);
-          mma_bf16(acc[2 * jp], a, b[0], b[1]);
-          mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
-        }
-      }
+      band_mma<NB>(acc, Pt + rt * 16 * TP, TP, Vp, SB, rt + 1);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = rt * 16 + g8 + 8 * h;
@@ -218,8 +228,17 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       }
     }
 
-    // S ← e^{G_last} S + Kᵀ V'_d: A = Kᵀ (ldmatrix.trans of the row-major K tile), B = V'_d.
+    // S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V': A = Kᵀ (ldmatrix.trans of the row-major K
+    // tile), each column t scaled by its decay in registers; B = V'.
     const float el = __expf(g_last);
+    __nv_bfloat162 dk[CH / 16][2];  // decays of columns 2·t4 (+1) and 8 + 2·t4 (+1) per k-step
+#pragma unroll
+    for (int kk = 0; kk < CH / 16; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = kk * 16 + 8 * h + 2 * t4;
+        dk[kk][h] = __floats2bfloat162_rn(__expf(g_last - G[t]), __expf(g_last - G[t + 1]));
+      }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
 #pragma unroll
@@ -232,41 +251,40 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       for (int kk = 0; kk < CH / 16; ++kk) {
         unsigned a[4];
         ldsm4_t(a, a_base + kk * 16 * KP);
+        // a0, a1 hold columns 2·t4 (+1) of the k-step; a2, a3 columns 8 + 2·t4 (+1).
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a[e]);
+          x = __hmul2(x, dk[kk][e >> 1]);
+          a[e] = *reinterpret_cast<unsigned*>(&x);
+        }
 #pragma unroll
         for (int jp = 0; jp < NBW / 2; ++jp) {
           unsigned b[4];
-          ldsm4_t(b, Vd + (kk * 16 + (lane & 15)) * SB + (sn0 + 2 * jp) * 8 + (lane >> 4) * 8);
+          ldsm4_t(b, Vp + (kk * 16 + (lane & 15)) * SB + (sn0 + 2 * jp) * 8 + (lane >> 4) * 8);
           mma_bf16(s[r][2 * jp], a, b[0], b[1]);
           mma_bf16(s[r][2 * jp + 1], a, b[2], b[3]);
         }
       }
     }
     publish_s();
-    __syncthreads();  // K, P, U, G and V' consumed; the bf16 S is complete
+    __syncthreads();  // K, P, T2, V, G and V' consumed; the bf16 S is complete
     if (more) {
       load_kpug(t0 + CH, L1);
       cp_async_commit();
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < RPW; ++r)
-#pragma unroll
-    for (int j = 0; j < NBW; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = srt[r] * 16 + g8 + (e >> 1) * 8, col = (sn0 + j) * 8 + 2 * t4 + (e & 1);
-        if (row < K && col < vw) Sg[(size_t)row * V + col] = s[r][j][e];
-      }
+  for_s([](float& x, float* g) { *g = x; });
 }
 
 // Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread); one at KT = 16.
 #define MMA_ENTRY(KT, BV, MINB)                                                                                      \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
-      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* W, const bf16* U, const bf16* P,      \
-                                     const float* G, float* states, const int* cu, const int* slots, float* o, int H, \
-                                     int HV, int K, int V, float scale) {                                           \
-    chunk_mma_state<KT, BV>(q, k, W, U, P, G, states, cu, slots, o, H, HV, K, V, scale);                            \
+      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, const bf16* W, const bf16* T2,     \
+                                     const bf16* P, const float* G, float* states, const int* cu, const int* slots,  \
+                                     float* o, int H, int HV, int K, int V, float scale) {                          \
+    chunk_mma_state<KT, BV>(q, k, v, W, T2, P, G, states, cu, slots, o, H, HV, K, V, scale);                        \
   }
 MMA_ENTRY(4, 32, 2)
 MMA_ENTRY(4, 64, 2)

@@ -3,7 +3,8 @@
 // cumulative log-decay and A[i,j] = β_i (k_i·k_j) e^{G_i−G_j} (j < i):
 //
 // 1. chunk_tc_prep (this file), every (chunk, value head) at once: T = (I + A)⁻¹ and
-//      W = T diag(β e^G) K,   U = T diag(β) V,   P[i,j] = (q_i·k_j) e^{G_i−G_j} (j ≤ i).
+//      W = T diag(β e^G) K,   U = T diag(β) V,   P[i,j] = (q_i·k_j) e^{G_i−G_j} (j ≤ i);
+//    with bf16 inputs T2 = T diag(β) goes out in U's place and the state pass forms U = T2 V.
 //    T is inverted in fp32 by 16×16 blocks: the diagonal blocks by elimination in registers,
 //    then the block rows below from the blocks above them.
 // 2. one CTA per (sequence, value head, value tile), chunks in order, the state carried
@@ -29,8 +30,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr bool LO = Split<TI>::value;
   const int K16 = round16(K), KP = K16 + 8;
-  // V blocks reuse the q tiles once Q Kᵀ is done.
-  const int qsize = max(CH * KP, CH * TP);
+  // With f32 inputs V blocks reuse the q tile once Q Kᵀ is done.
+  const int qsize = LO ? max(CH * KP, CH * TP) : CH * KP;
   Smem sm{smem_raw};
   bf16* Kh = sm.take<bf16>(CH * KP);
   bf16* Kl = LO ? sm.take<bf16>(CH * KP) : nullptr;
@@ -40,9 +41,11 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   bf16* Vl = Ql;
   float* Af = sm.take<float>(CH * AP);
   float* Tf = sm.take<float>(CH * AP);
-  bf16* T1h = sm.take<bf16>(CH * TP);
+  // With bf16 inputs T1 overwrites T once it is read and T2 goes straight out (three CTAs per
+  // SM instead of two at K = 128); split operands need tiles of their own.
+  bf16* T1h = LO ? sm.take<bf16>(CH * TP) : reinterpret_cast<bf16*>(Tf);
   bf16* T1l = LO ? sm.take<bf16>(CH * TP) : nullptr;
-  bf16* T2h = sm.take<bf16>(CH * TP);
+  bf16* T2h = LO ? sm.take<bf16>(CH * TP) : nullptr;
   bf16* T2l = LO ? sm.take<bf16>(CH * TP) : nullptr;
   float* G = sm.take<float>(CH);
   float* Bt = sm.take<float>(CH);
@@ -53,20 +56,10 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   const int L = clen[c];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Scratch without buffers of its own: the block inverse's partial products live in T1h until
-  // T1 is written, and the warps' staging tiles in Af's first 8 KB once T is done. With bf16
-  // inputs the V blocks arrive by cp.async, double-buffered: even blocks in the q tile, odd
-  // ones in Af's last 9 KB.
-  float* Xs = reinterpret_cast<float*>(T1h);
+  // T1 is written (in the q tile, free after Q Kᵀ, with bf16 inputs), and the warps' staging
+  // tiles in Af once T is done.
+  float* Xs = LO ? reinterpret_cast<float*>(T1h) : reinterpret_cast<float*>(Qh);
   float* stage = Af + warp * 256;
-  bf16* const Vodd = reinterpret_cast<bf16*>(Af + 8 * 256);
-  auto vbuf = [&](int vb) { return (!LO && (vb & 1)) ? Vodd : Vh; };
-  auto load_v_async = [&](int vb) {
-    if constexpr (!LO) {
-      const int v0 = vb * 64;
-      tile_async<CH, 64>(vbuf(vb), TP, v + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, min(64, V - v0));
-      cp_async_commit();
-    }
-  };
 
   if constexpr (LO) {
     for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Kh, Kl, KP));
@@ -112,7 +105,6 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     wmma::store_matrix_sync((m ? Tf : Af) + rt * 16 * AP + ct * 16, acc, AP, wmma::mem_row_major);
   }
   __syncthreads();
-  load_v_async(0);  // the q tile is free: V's first block loads during the inverse
 
   // Decays and masks (exp only where j ≤ i); P goes out now, Tf is reused for T.
   for (int e = tid; e < CH * CH; e += THREADS) {
@@ -164,11 +156,32 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     }
     __syncthreads();
   }
-  for (int e = tid; e < CH * CH; e += THREADS) {
-    const int i = e / CH, j = e % CH;
-    const float t = j <= i ? Tf[i * AP + j] * Bt[j] : 0.0f;
-    put(t * __expf(G[j]), T1h, T1l, i * TP + j);
-    put(t, T2h, T2l, i * TP + j);
+  if constexpr (LO) {
+    for (int e = tid; e < CH * CH; e += THREADS) {
+      const int i = e / CH, j = e % CH;
+      const float t = j <= i ? Tf[i * AP + j] * Bt[j] : 0.0f;
+      put(t * __expf(G[j]), T1h, T1l, i * TP + j);
+      put(t, T2h, T2l, i * TP + j);
+    }
+  } else {
+    // T1 overwrites T: read all of this thread's values first. T2 goes out (bf16 [rows, HV,
+    // 64], in U's place): the state pass forms U = T2 V itself.
+    constexpr int PER = CH * CH / THREADS;
+    const int j = tid % CH, i0 = tid / CH;
+    const float bj = Bt[j], ebj = Bt[j] * __expf(G[j]);
+    float t[PER];
+#pragma unroll
+    for (int n = 0; n < PER; ++n) {
+      const int i = i0 + n * (THREADS / CH);
+      t[n] = j <= i ? Tf[i * AP + j] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < PER; ++n) {
+      const int i = i0 + n * (THREADS / CH);
+      T1h[i * TP + j] = __float2bfloat16(t[n] * ebj);
+      if (i < L) store_as(U + ((row0 + i) * HV + hv) * CH + j, t[n] * bj);
+    }
   }
   __syncthreads();
 
@@ -182,27 +195,23 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
                               LO ? Kl + kk * 16 * KP + ct * 16 : nullptr, KP);
     store_tile(stage, acc, W + (row0 * HV + hv) * K, (size_t)HV * K, L, rt * 16, ct * 16, K);
   }
-  // U = T2 V, 64 value columns at a time.
-  for (int vb = 0; vb * 64 < V; ++vb) {
-    const int v0 = vb * 64, w = min(64, V - v0);
-    bf16* Vb = vbuf(vb);
-    if constexpr (LO) {
+  // U = T2 V, 64 value columns at a time (f32 inputs; bf16 ones leave it to the state pass).
+  if constexpr (LO) {
+    for (int v0 = 0; v0 < V; v0 += 64) {
+      const int w = min(64, V - v0);
       __syncthreads();
       for_rows8(v + (row0 * HV + hv) * V + v0, (size_t)HV * V, CH, L, w, 64, to_tile(Vh, Vl, TP));
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    if (v0 + 64 < V) load_v_async(vb + 1);  // into the buffer block vb − 1 used
-    for (int t = warp; t < 16; t += 8) {
-      const int rt = t / 4, ct = t % 4;
-      if (ct * 16 >= w) continue;
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk <= rt; ++kk)
-        mma_split<FragA, FragB>(acc, T2h + rt * 16 * TP + kk * 16, LO ? T2l + rt * 16 * TP + kk * 16 : nullptr, TP,
-                                Vb + kk * 16 * TP + ct * 16, LO ? Vl + kk * 16 * TP + ct * 16 : nullptr, TP);
-      store_tile(stage, acc, U + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, rt * 16, ct * 16, w);
+      __syncthreads();
+      for (int t = warp; t < 16; t += 8) {
+        const int rt = t / 4, ct = t % 4;
+        if (ct * 16 >= w) continue;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk <= rt; ++kk)
+          mma_split<FragA, FragB>(acc, T2h + rt * 16 * TP + kk * 16, T2l + rt * 16 * TP + kk * 16, TP, Vh + kk * 16 * TP + ct * 16,
+                                  Vl + kk * 16 * TP + ct * 16, TP);
+        store_tile(stage, acc, U + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, rt * 16, ct * 16, w);
+      }
     }
   }
 }

@@ -56,11 +56,11 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
     if (t0 + CH < t_end) {
       const size_t r1 = row0 + CH;
       const int L1 = min(CH, t_end - (t0 + CH));
-      prefetch_rows_l2(W + (r1 * HV + hv) * K, (size_t)HV * K * 4, L1, K * 4);
-      prefetch_rows_l2(q + (r1 * H + hk) * K, (size_t)H * K * sizeof(TI), L1, K * (int)sizeof(TI));
-      prefetch_rows_l2(k + (r1 * H + hk) * K, (size_t)H * K * sizeof(TI), L1, K * (int)sizeof(TI));
-      prefetch_rows_l2(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 4, L1, CH * 4);
-      prefetch_rows_l2(U + (r1 * HV + hv) * V + v0, (size_t)HV * V * 4, L1, vw * 4);
+      prefetch_l2<4 * 256>(W + (r1 * HV + hv) * K, (size_t)HV * K * 4, L1, K * 4);
+      prefetch_l2<4 * 256>(q + (r1 * H + hk) * K, (size_t)H * K * sizeof(TI), L1, K * (int)sizeof(TI));
+      prefetch_l2<4 * 256>(k + (r1 * H + hk) * K, (size_t)H * K * sizeof(TI), L1, K * (int)sizeof(TI));
+      prefetch_l2<4 * CH>(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 4, L1, CH * 4);
+      prefetch_l2<4 * BV>(U + (r1 * HV + hv) * V + v0, (size_t)HV * V * 4, L1, vw * 4);
     }
     __syncthreads();
 

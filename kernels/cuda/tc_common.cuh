@@ -11,7 +11,7 @@ typedef __nv_bfloat16 bf16;
 
 #define CH 64
 #define THREADS 256
-#define AP 68  // fp32 [64, 64] tiles, padded
+#define AP 72  // fp32 [64, 64] tiles, padded (two bf16 [64, TP] tiles fit in one)
 #define TP 72  // bf16 [64, 64] tiles, padded
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragA;
@@ -271,12 +271,4 @@ __device__ __forceinline__ void prefetch_l2(const void* base, size_t stride, int
   }
 }
 
-// Asks L2 to fetch L rows of `bytes` bytes each, `stride` bytes apart (one prefetch per
-// 128-byte line, spread over the block's threads).
-__device__ __forceinline__ void prefetch_rows_l2(const void* base, size_t stride, int L, int bytes) {
-  const int lines = (bytes + 127) / 128;
-  for (int i = threadIdx.x; i < L * lines; i += THREADS) {
-    const char* p = reinterpret_cast<const char*>(base) + (i / lines) * stride + (i % lines) * 128;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-  }
-}
+

@@ -32,20 +32,52 @@ struct Args {
 /// Copy bandwidth of the H100 in anchors.md, bytes/s.
 const COPY_BW: f64 = 3010e9;
 
-fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+/// Median of `reps` timings (ms) of `time_one`, after three warm-up calls of `f`.
+fn median_of(
+    reps: usize,
+    f: &mut impl FnMut() -> anyhow::Result<()>,
+    mut time_one: impl FnMut(&mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64>,
+) -> anyhow::Result<f64> {
     for _ in 0..3 {
         f()?;
     }
-    dev.synchronize()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
+    let mut times = (0..reps).map(|_| time_one(f)).collect::<anyhow::Result<Vec<f64>>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Median wall-clock time of `f` in ms, the host synchronising after each call.
+fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    median_of(reps, &mut f, |f| {
+        dev.synchronize()?;
         let t0 = Instant::now();
         f()?;
         dev.synchronize()?;
-        times.push(t0.elapsed().as_secs_f64() * 1e3);
+        Ok(t0.elapsed().as_secs_f64() * 1e3)
+    })
+}
+
+/// Median GPU time of `f` in ms between CUDA events recorded on the device's stream around each
+/// call, as triton's `do_bench` times fla for anchors.md: the host's synchronisation after each
+/// call is not counted (it is in [`median_ms`], which the whole-model table keeps).
+fn median_gpu_ms(dev: &Device, reps: usize, f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = dev {
+        return median_event_ms(cuda, reps, f);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    median_ms(dev, reps, f)
+}
+
+#[cfg(feature = "cuda")]
+fn median_event_ms(cuda: &candle_core::CudaDevice, reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let stream = cuda.cuda_stream();
+    median_of(reps, &mut f, |f| {
+        let start = stream.record_event(Some(CU_EVENT_DEFAULT))?;
+        f()?;
+        let end = stream.record_event(Some(CU_EVENT_DEFAULT))?;
+        Ok(start.elapsed_ms(&end)? as f64)
+    })
 }
 
 /// Random mixer inputs for `rows` tokens on `dev`: q, k unit rows, β ∈ (0, 1), g ≤ 0.
@@ -60,7 +92,7 @@ fn inputs(dev: &Device, rows: usize, h: usize, k: usize, v: usize) -> anyhow::Re
 }
 
 fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
-    println!("\n## Prefill mixer (chunked, {reps} reps, median; fla = chunk_gated_delta_rule, anchors.md)\n");
+    println!("\n## Prefill mixer (chunked, {reps} reps, median of CUDA-event times; fla = chunk_gated_delta_rule, anchors.md)\n");
     println!("Both on the tensor cores: bf16 q/k/v as fla's inputs; f32 q/k/v split into bf16 hi + lo (the engine's path).\n");
     println!("| B | T | H | K | V | bf16 ms | tokens/s | fla ms | vs fla | f32 ms |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
@@ -75,7 +107,7 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let mut time = |dtype: DType| -> anyhow::Result<f64> {
             let (q, kk, vv) = (q.to_dtype(dtype)?, kk.to_dtype(dtype)?, vv.to_dtype(dtype)?);
             let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
-            median_ms(dev, reps, || {
+            median_gpu_ms(dev, reps, || {
                 gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked)?;
                 Ok(())
             })
@@ -94,7 +126,7 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
 }
 
 fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
-    println!("\n## Decode mixer step (H=16, K=128, V=256; one token per slot; {reps} reps, median)\n");
+    println!("\n## Decode mixer step (H=16, K=128, V=256; one token per slot; {reps} reps, median of CUDA-event times)\n");
     println!("| B | µs per step | state traffic GB/s | % of copy bandwidth | fla µs | fla GB/s |");
     println!("|---|---|---|---|---|---|");
     let (h, k, v) = (16, 128, 256);
@@ -109,7 +141,7 @@ fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         uniq.sort_unstable();
         uniq.dedup();
         let slots = if uniq.len() == b { slots } else { (0..b).collect() };
-        let ms = median_ms(dev, reps, || {
+        let ms = median_gpu_ms(dev, reps, || {
             gated_delta_step(x, &mut states, &slots)?;
             Ok(())
         })?;

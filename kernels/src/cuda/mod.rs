@@ -418,16 +418,19 @@ fn tc_smem(parts: &[usize]) -> usize {
     parts.iter().map(|b| b.div_ceil(128) * 128).sum()
 }
 
-/// `chunk_tc_prep`: K and Q tiles (V blocks reuse Q's), A and T (fp32), T1 and T2, G and β;
-/// the bf16 tiles have lo halves when `lo` (f32 inputs).
+/// `chunk_tc_prep`: K and Q tiles, A and T (fp32), G and β. With `lo` (f32 inputs) every bf16
+/// tile has a lo half, V blocks reuse the q tiles and T1, T2 have tiles of their own; with bf16
+/// inputs T1 overwrites T and T2 goes straight to global memory.
 fn tc_prep_smem(k: usize, lo: bool) -> usize {
     let kp = k.div_ceil(16) * 16 + 8;
-    let (tile16, tile32) = (2 * CHUNK * 72, 4 * CHUNK * 68);
-    let (kt, qt) = (2 * CHUNK * kp, (2 * CHUNK * kp).max(tile16));
-    let halves = if lo { 2 } else { 1 };
-    let mut parts = vec![tile32, tile32, 4 * CHUNK, 4 * CHUNK];
-    for t in [kt, qt, tile16, tile16] {
-        parts.extend(std::iter::repeat_n(t, halves));
+    let (tile16, tile32) = (2 * CHUNK * 72, 4 * CHUNK * 72);
+    let kt = 2 * CHUNK * kp;
+    let mut parts = vec![tile32, tile32, 4 * CHUNK, 4 * CHUNK, kt];
+    if lo {
+        let qt = kt.max(tile16);
+        parts.extend([kt, qt, qt, tile16, tile16, tile16, tile16]);
+    } else {
+        parts.push(kt);
     }
     tc_smem(&parts)
 }
@@ -445,13 +448,13 @@ fn tc_state_smem(k: usize, bv: usize) -> usize {
     tc_smem(&parts)
 }
 
-/// `chunk_mma_state` (bf16 inputs): W, Q and K tiles (K padded to the kernel's 16·KT), P, the bf16 S, V', decayed V' and U (all
-/// bf16), and G.
+/// `chunk_mma_state` (bf16 inputs): W, Q and K tiles (K padded to the kernel's 16·KT), P, the
+/// bf16 S, T2, V and V' (all bf16), and G.
 fn mma_state_smem(k: usize, bv: usize) -> usize {
     let k16 = 16 * mma_row_tiles(k);
     let kt = 2 * CHUNK * (k16 + 8);
     let sb = 2 * (bv + 8);
-    tc_smem(&[kt, kt, kt, 2 * CHUNK * 72, k16 * sb, CHUNK * sb, CHUNK * sb, CHUNK * sb, 4 * CHUNK])
+    tc_smem(&[kt, kt, kt, 2 * CHUNK * 72, k16 * sb, 2 * CHUNK * 72, CHUNK * sb, CHUNK * sb, 4 * CHUNK])
 }
 
 /// 16-row tiles of K `chunk_mma_state` is instantiated for: the smallest of 4, 8, 16 that holds K.
@@ -535,12 +538,14 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
         (dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?, bv, mma_state_smem(k, bv))
     };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
-    // W, U and P are kept in the inputs' type (bf16 for bf16 inputs, as fla keeps them).
+    // W, U (bf16: T2 in its place) and P are kept in the inputs' type (bf16 for bf16 inputs, as
+    // fla keeps them).
+    let u_cols = if lo { v } else { CHUNK };
     macro_rules! launch {
         ($ty:ty) => {{
             // Every row of W, U, P and G is written by the first launch before the second reads it.
             let mut w = unsafe { dev.alloc::<$ty>(rows * hv * k) }?;
-            let mut u = unsafe { dev.alloc::<$ty>(rows * hv * v) }?;
+            let mut u = unsafe { dev.alloc::<$ty>(rows * hv * u_cols) }?;
             let mut p = unsafe { dev.alloc::<$ty>(rows * hv * CHUNK) }?;
             with_view!(q, qv, $ty, {
                 with_view!(kk, kv, $ty, {
@@ -557,7 +562,11 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
                                 unsafe { l.launch(grid(crow.len(), hv, 1, 256, smem as u32)) }.w()?;
                             });
                             let mut l = state.builder();
-                            l.arg(&qv).arg(&kv).arg(&w).arg(&u).arg(&p).arg(&gc).arg(&mut states.data).arg(&cu).arg(&sl).arg(&mut o);
+                            l.arg(&qv).arg(&kv);
+                            if !lo {
+                                l.arg(&vv_);
+                            }
+                            l.arg(&w).arg(&u).arg(&p).arg(&gc).arg(&mut states.data).arg(&cu).arg(&sl).arg(&mut o);
                             for i in &ints {
                                 l.arg(i);
                             }
