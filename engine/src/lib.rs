@@ -39,12 +39,15 @@ pub struct LoadOptions {
     pub device: Device,
     /// Scan every tensor for NaN/inf at load.
     pub check_weights: bool,
+    /// How prompts are prefilled: [`PrefillAlgo::Chunked`] (near-fp32 mixer matmuls) or
+    /// [`PrefillAlgo::ChunkedBf16`] (fla's bf16 precision, faster on the GPU).
+    pub prefill_algo: PrefillAlgo,
 }
 
 impl LoadOptions {
-    /// f32 on the CPU, no weight scan.
+    /// f32 on the CPU, no weight scan, near-fp32 chunked prefill.
     pub fn cpu(model: impl Into<String>) -> Self {
-        Self { model: model.into(), dtype: DType::F32, device: Device::Cpu, check_weights: false }
+        Self { model: model.into(), dtype: DType::F32, device: Device::Cpu, check_weights: false, prefill_algo: PrefillAlgo::Chunked }
     }
 }
 
@@ -54,6 +57,7 @@ pub struct Engine {
     model: CausalLm,
     tokenizer: Arc<Tokenizer>,
     model_dir: PathBuf,
+    prefill_algo: PrefillAlgo,
 }
 
 /// Parses a dtype name as given on the command line (`f32`, `bf16`, `f16`).
@@ -119,8 +123,8 @@ impl Engine {
                 cfg.common.vocab_size
             )));
         }
-        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, "model loaded");
-        Ok(Self { model, tokenizer: Arc::new(tokenizer), model_dir: dir })
+        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, "model loaded");
+        Ok(Self { model, tokenizer: Arc::new(tokenizer), model_dir: dir, prefill_algo: opts.prefill_algo })
     }
 
     /// The model configuration.
@@ -153,15 +157,16 @@ impl Engine {
         StatePool::new_on(self.config(), slots, self.model.device())
     }
 
-    /// Chunked prefill of `tokens` into `slot` (continuing from its state).
+    /// Chunked prefill of `tokens` into `slot` (continuing from its state), at the precision
+    /// the engine was loaded with.
     pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits) -> Result<Tensor> {
-        self.model.prefill(pool, slot, tokens, logits, PrefillAlgo::Chunked)
+        self.model.prefill(pool, slot, tokens, logits, self.prefill_algo)
     }
 
     /// Prefills several sequences together (see [`CausalLm::prefill_many`]); returns the f32
     /// logits after each one's last token, `[S, vocab]`.
     pub fn prefill_many(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])]) -> Result<Tensor> {
-        self.model.prefill_many(pool, batch, PrefillAlgo::Chunked)
+        self.model.prefill_many(pool, batch, self.prefill_algo)
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.

@@ -179,11 +179,14 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % 32000).collect();
     let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
-    let ms = median_ms(dev, 5, || {
-        model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::Chunked)?;
-        Ok(())
-    })?;
-    println!("prefill B=1, T={t}: {ms:.1} ms = {:.1} k tokens/s (HF transformers + fla: 40.9 k tokens/s)\n", t as f64 / ms);
+    for (algo, what) in [(PrefillAlgo::Chunked, "near-fp32 mixer"), (PrefillAlgo::ChunkedBf16, "bf16 mixer, `--mixer-precision bf16`")] {
+        let ms = median_ms(dev, 5, || {
+            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+            Ok(())
+        })?;
+        println!("prefill B=1, T={t} ({what}): {ms:.1} ms = {:.1} k tokens/s (HF transformers + fla: 40.9 k tokens/s)", t as f64 / ms);
+    }
+    println!();
     pool.release(slot)?;
     println!("| batch | ms per step | tokens/s | roofline tokens/s | % of roofline |");
     println!("|---|---|---|---|---|");
