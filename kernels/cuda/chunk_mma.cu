@@ -9,9 +9,9 @@
 //                                          decay scales the Kᵀ fragments in registers)
 // S stays in fp32 accumulator registers; a bf16 copy in shared memory feeds the next chunk's
 // X and Y. Chunk inputs arrive by cp.async in two groups into single buffers, each refilled as
-// soon as it is consumed: W and Q (needed first) after X and Y; K, P, T2, V and G at the end, their
-// wait deferred until after X and Y. The next chunk's rows are prefetched into L2 a chunk
-// ahead, and with two CTAs per SM one CTA's loads overlap the other's work.
+// soon as it is consumed: W and Q (needed first) after X and Y; K, P, T2, V and G at the end,
+// their wait deferred until after X and Y. The next chunk's rows are prefetched into L2 a
+// chunk ahead, and with two CTAs per SM one CTA's loads overlap the other's work.
 //
 // KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
 // tile shapes and loops are compile-time).

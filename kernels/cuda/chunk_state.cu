@@ -1,5 +1,6 @@
 // Launch 2 of the tensor-core chunked prefill for f32 inputs (see chunk_prep.cu; bf16 inputs
-// take chunk_mma.cu): one CTA per (sequence, value head, BV-column tile) walks the sequence's chunks in order, carrying S in shared memory:
+// take chunk_mma.cu): one CTA per (sequence, value head, BV-column tile) walks the sequence's
+// chunks in order, carrying S in shared memory:
 //   V' = U − W S,   O = scale (e^G ⊙ Q S + P V'),   S ← e^{G_last} S + (e^{G_last−G} ⊙ K)ᵀ V'.
 // The next chunk's rows are prefetched into L2 while the current one computes, so the loads
 // that open each chunk wait on L2 rather than DRAM.
