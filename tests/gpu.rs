@@ -9,8 +9,8 @@ use deltaserve_engine::{Engine, LoadOptions, Logits};
 use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, MixerInputs, PrefillAlgo};
 use deltaserve_kernels::SlotBuffer;
 use deltaserve_tests::{
-    check_greedy, check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, rel_err, shared_dir,
-    values,
+    check_greedy, check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, prune_half, rel_err,
+    shared_dir, values,
 };
 use rand::{Rng, SeedableRng};
 
@@ -324,7 +324,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
 /// and every data-driven method prunes on the GPU into a checkpoint that loads, keeping (nearly)
 /// the channels the CPU keeps.
 fn gpu_pruning_calibration_matches_the_cpu(dev: &Device) {
-    use deltaserve_pruning::{calibrate::taylor_sums, prune, Method, PruneOptions};
+    use deltaserve_pruning::{calibrate::taylor_sums, Method};
     let root = deltaserve_tests::tests_dir().join("..");
     let text: String = ["README.md", "engine/src/config.rs", "kernels/src/cpu/gated_delta.rs"]
         .iter()
@@ -352,20 +352,8 @@ fn gpu_pruning_calibration_matches_the_cpu(dev: &Device) {
         assert!(worst <= F32_TOL, "compact/{name}: {worst:.3e}");
         for method in [Method::Swanda, Method::Grad, Method::Drrqr] {
             let run = |device: Device| {
-                let out = tempfile::tempdir().unwrap();
-                let opts = PruneOptions {
-                    method,
-                    ratio: 0.5,
-                    input: dir.clone(),
-                    output: out.path().to_path_buf(),
-                    calibration: Some(calib.clone()),
-                    samples: Some(4),
-                    seq_len: 128,
-                    seed: 7,
-                    progress: false,
-                    device,
-                };
-                (prune(&opts).unwrap_or_else(|e| panic!("compact/{name} {method:?}: {e}")), out)
+                let (r, out) = prune_half(method, &dir, &calib, 7, device);
+                (r.unwrap_or_else(|e| panic!("compact/{name} {method:?}: {e}")), out)
             };
             let ((rg, out), (rc, _)) = (run(dev.clone()), run(Device::Cpu));
             let (mut same, mut total) = (0usize, 0usize);

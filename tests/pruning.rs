@@ -10,7 +10,7 @@ use deltaserve_engine::weights::Checkpoint;
 use deltaserve_engine::{read_config, Logits, PrefillAlgo, StatePool};
 use deltaserve_pruning::write::write_checkpoint;
 use deltaserve_pruning::{kept_dim, load_model, prune, Method, PruneOptions};
-use deltaserve_tests::{compact_dir, rel_err, shared_dir, values};
+use deltaserve_tests::{compact_dir, prune_half, rel_err, shared_dir, values};
 
 const MODELS: [&str; 3] = ["gdn", "gdn-gva", "gdp"];
 
@@ -180,20 +180,8 @@ fn every_method_runs_on_the_fixtures_and_is_deterministic() {
     for (name, dir) in dirs {
         for method in [Method::Rand, Method::L1, Method::Swanda, Method::Grad, Method::Drrqr] {
             let run = |seed: u64| {
-                let out = tempfile::tempdir().unwrap();
-                let r = prune(&PruneOptions {
-                    method,
-                    ratio: 0.5,
-                    input: dir.clone(),
-                    output: out.path().to_path_buf(),
-                    calibration: Some(calib.clone()),
-                    samples: Some(4),
-                    seq_len: 128,
-                    seed,
-                    progress: false,
-                    device: candle_core::Device::Cpu,
-                })
-                .unwrap_or_else(|e| panic!("{name} {method:?}: {e}"));
+                let (r, out) = prune_half(method, &dir, &calib, seed, candle_core::Device::Cpu);
+                let r = r.unwrap_or_else(|e| panic!("{name} {method:?}: {e}"));
                 let bytes = std::fs::read(out.path().join("model.safetensors")).unwrap();
                 (r, bytes)
             };

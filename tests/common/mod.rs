@@ -188,3 +188,29 @@ pub fn packed_model_prefill_error(model: &deltaserve_engine::CausalLm, seed: u64
     }
     worst
 }
+
+/// Prunes `input` with `method` at ratio 0.5, calibrating (where the method does) on four
+/// 128-token windows of `calibration`, on `device`, into a fresh temporary directory; returns
+/// the result and the directory (kept alive by the caller).
+pub fn prune_half(
+    method: deltaserve_pruning::Method,
+    input: &Path,
+    calibration: &Path,
+    seed: u64,
+    device: Device,
+) -> (Result<deltaserve_pruning::Report, deltaserve_pruning::PruneError>, tempfile::TempDir) {
+    let out = tempfile::tempdir().unwrap();
+    let opts = deltaserve_pruning::PruneOptions {
+        method,
+        ratio: 0.5,
+        input: input.to_path_buf(),
+        output: out.path().to_path_buf(),
+        calibration: Some(calibration.to_path_buf()),
+        samples: Some(4),
+        seq_len: 128,
+        seed,
+        progress: false,
+        device,
+    };
+    (deltaserve_pruning::prune(&opts), out)
+}
