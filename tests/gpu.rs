@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 7] = [
+const TESTS: [GpuTest; 8] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
@@ -25,6 +25,7 @@ const TESTS: [GpuTest; 7] = [
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
+    ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
 ];
 
 fn main() {
@@ -101,6 +102,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 device: deltaserve_engine::parse_device(device).unwrap(),
                 check_weights: false,
                 prefill_algo,
+                cuda_graphs: true,
             };
             Engine::load(&opts).unwrap()
         };
@@ -311,6 +313,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
                 device: deltaserve_engine::parse_device("cuda").unwrap(),
                 check_weights: false,
                 prefill_algo: PrefillAlgo::Chunked,
+                cuda_graphs: true,
             };
             let engine = Engine::load(&opts).unwrap();
             let e = packed_model_prefill_error(engine.model(), 23);
@@ -365,6 +368,64 @@ fn gpu_pruning_calibration_matches_the_cpu(dev: &Device) {
             println!("compact/{name} {method:?} on the GPU: kept channels agree with the CPU's {:.1}%", 100.0 * agree);
             assert!(agree >= 0.9, "compact/{name} {method:?}: {agree}");
             assert!(deltaserve_engine::Engine::load(&LoadOptions::cpu(out.path().to_string_lossy())).is_ok());
+        }
+    }
+}
+
+/// Decode steps replayed from CUDA graphs equal eager decode steps: the same logits and the same
+/// states, while the batch size changes (first eager, then captured, then replayed) and the
+/// slots of one size change between replays (order, membership, more than the 64 slots a
+/// kernel takes by value).
+fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
+    for (name, dir, _, _) in model_fixtures("gpu_decode_graphs_equal_eager_decode") {
+        for dtype in [DType::F32, BF16] {
+            let model = Engine::load(&LoadOptions { dtype, device: dev.clone(), ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap();
+            let model = model.model();
+            let pools = 72;
+            let mut graphs = deltaserve_engine::StatePool::new_on(model.config(), pools, dev).unwrap();
+            let mut eager = graphs.clone();
+            graphs.set_cuda_graphs(true);
+            eager.set_cuda_graphs(false);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+            let vocab = model.config().common.vocab_size as u32;
+            let slots: Vec<_> = (0..pools).map(|_| graphs.allocate().unwrap()).collect();
+            for &s in &slots {
+                assert_eq!(eager.allocate(), Some(s));
+                let prompt: Vec<u32> = (0..rng.random_range(1..40)).map(|_| rng.random_range(0..vocab)).collect();
+                model.prefill(&mut graphs, s, &prompt, Logits::Last, PrefillAlgo::Chunked).unwrap();
+                model.prefill(&mut eager, s, &prompt, Logits::Last, PrefillAlgo::Chunked).unwrap();
+            }
+            // Sizes 3, 1, 3, 3, 70, 3, 70, 70, 1, 1: each size eager, captured, then replayed
+            // with other slots in another order.
+            let mut worst: f64 = 0.0;
+            for (step, &b) in [3usize, 1, 3, 3, 70, 3, 70, 70, 1, 1].iter().enumerate() {
+                let mut order = slots.clone();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.random_range(0..=i));
+                }
+                let batch: Vec<_> = order[..b].iter().map(|&s| (s, rng.random_range(0..vocab))).collect();
+                let lg = values(&model.decode(&mut graphs, &batch).unwrap());
+                let le = values(&model.decode(&mut eager, &batch).unwrap());
+                let e = rel_err(&lg, &le);
+                worst = worst.max(e);
+                assert!(e <= 1e-6, "{name} {dtype:?} step {step} (B={b}): logits rel err {e:.3e}");
+            }
+            for l in 0..model.config().common.num_hidden_layers {
+                for &s in &slots {
+                    let (g, e) = (graphs.layer(l), eager.layer(l));
+                    let de =
+                        rel_err(&g.recurrent_state.slot_to_vec(s.index()).unwrap(), &e.recurrent_state.slot_to_vec(s.index()).unwrap());
+                    let dc = rel_err(&g.conv_state.slot_to_vec(s.index()).unwrap(), &e.conv_state.slot_to_vec(s.index()).unwrap());
+                    worst = worst.max(de).max(dc);
+                    assert!(de <= 1e-6 && dc <= 1e-6, "{name} {dtype:?} layer {l} slot {s}: states {de:.3e} / {dc:.3e}");
+                }
+            }
+            let captured = graphs.cuda_graph_batches();
+            println!("{name} {dtype:?}: graph vs eager decode, worst rel err {worst:.2e}; captured batch sizes {captured:?}");
+            let mut sorted = captured.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![1, 3, 70], "{name} {dtype:?}: every size seen twice is captured");
+            assert!(eager.cuda_graph_batches().is_empty());
         }
     }
 }

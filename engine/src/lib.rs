@@ -6,6 +6,8 @@
 //! slots by one token each, and [`sampling`] turns logits into tokens. No HTTP, no async.
 
 pub mod config;
+#[cfg(feature = "cuda")]
+mod decode_graph;
 pub mod error;
 pub mod hub;
 pub mod inventory;
@@ -42,12 +44,22 @@ pub struct LoadOptions {
     /// How prompts are prefilled: [`PrefillAlgo::Chunked`] (near-fp32 mixer matmuls) or
     /// [`PrefillAlgo::ChunkedBf16`] (fla's bf16 precision, faster on the GPU).
     pub prefill_algo: PrefillAlgo,
+    /// Run GPU decode steps as CUDA graphs (one capture per batch size, then one launch a
+    /// step); no effect on the CPU.
+    pub cuda_graphs: bool,
 }
 
 impl LoadOptions {
     /// f32 on the CPU, no weight scan, near-fp32 chunked prefill.
     pub fn cpu(model: impl Into<String>) -> Self {
-        Self { model: model.into(), dtype: DType::F32, device: Device::Cpu, check_weights: false, prefill_algo: PrefillAlgo::Chunked }
+        Self {
+            model: model.into(),
+            dtype: DType::F32,
+            device: Device::Cpu,
+            check_weights: false,
+            prefill_algo: PrefillAlgo::Chunked,
+            cuda_graphs: true,
+        }
     }
 }
 
@@ -58,6 +70,7 @@ pub struct Engine {
     tokenizer: Arc<Tokenizer>,
     model_dir: PathBuf,
     prefill_algo: PrefillAlgo,
+    cuda_graphs: bool,
 }
 
 /// Parses a dtype name as given on the command line (`f32`, `bf16`, `f16`).
@@ -124,7 +137,7 @@ impl Engine {
             )));
         }
         tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, "model loaded");
-        Ok(Self { model, tokenizer: Arc::new(tokenizer), model_dir: dir, prefill_algo: opts.prefill_algo })
+        Ok(Self { model, tokenizer: Arc::new(tokenizer), model_dir: dir, prefill_algo: opts.prefill_algo, cuda_graphs: opts.cuda_graphs })
     }
 
     /// The model configuration.
@@ -154,7 +167,9 @@ impl Engine {
 
     /// A state pool of `slots` sequences for this model.
     pub fn new_pool(&self, slots: usize) -> Result<StatePool> {
-        StatePool::new_on(self.config(), slots, self.model.device())
+        let mut pool = StatePool::new_on(self.config(), slots, self.model.device())?;
+        pool.set_cuda_graphs(self.cuda_graphs);
+        Ok(pool)
     }
 
     /// Chunked prefill of `tokens` into `slot` (continuing from its state), at the precision

@@ -46,6 +46,9 @@ pub struct StatePool {
     layers: Vec<LayerState>,
     in_use: Vec<bool>,
     free: Vec<usize>,
+    /// Captured decode steps that write this pool's buffers (on by default for a GPU pool).
+    #[cfg(feature = "cuda")]
+    pub(crate) graphs: crate::decode_graph::DecodeGraphs,
 }
 
 impl StatePool {
@@ -58,7 +61,9 @@ impl StatePool {
     /// Allocates the pool on `device` (GPU memory for CUDA, where kernels update slots in place).
     pub fn new_on(cfg: &ModelConfig, slots: usize, device: &Device) -> Result<Self> {
         let layers = Self::layers(cfg, |per_slot| SlotBuffer::zeros_on(slots, per_slot, device))?;
-        Ok(Self::from_layers(layers, slots))
+        let mut pool = Self::from_layers(layers, slots);
+        pool.set_cuda_graphs(device.is_cuda());
+        Ok(pool)
     }
 
     /// Every layer's conv and recurrent state buffers, made by `zeros(values per slot)`.
@@ -72,7 +77,30 @@ impl StatePool {
 
     fn from_layers(layers: Vec<LayerState>, slots: usize) -> Self {
         // Lowest index first, so slot order is predictable in logs.
-        Self { layers, in_use: vec![false; slots], free: (0..slots).rev().collect() }
+        Self {
+            layers,
+            in_use: vec![false; slots],
+            free: (0..slots).rev().collect(),
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
+        }
+    }
+
+    /// Whether decode steps on the GPU run as CUDA graphs (captured once per batch size, then
+    /// replayed; see `decode_graph`). Off drops the captured graphs. Without the `cuda` feature,
+    /// or for a host pool, there is nothing to capture and this changes nothing.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        #[cfg(feature = "cuda")]
+        self.graphs.set_enabled(on && !self.layers.first().is_some_and(|l| l.recurrent_state.is_host()));
+    }
+
+    /// The batch sizes with a captured decode graph (empty without graphs).
+    pub fn cuda_graph_batches(&self) -> Vec<usize> {
+        #[cfg(feature = "cuda")]
+        return self.graphs.captured();
+        #[cfg(not(feature = "cuda"))]
+        Vec::new()
     }
 
     /// Total slots.

@@ -13,12 +13,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Decode steps take the first INLINE_SLOTS slot indices by value (no upload for small batches)
-// and the rest from device memory.
+// Decode steps take up to INLINE_SLOTS slot indices by value (no upload for small batches), or
+// all of them from device memory when `rest` is set (larger batches, CUDA graphs).
 #define INLINE_SLOTS 64
 struct SlotList {
   int s[INLINE_SLOTS];
 };
 __device__ __forceinline__ int slot_of(const SlotList& inl, const int* __restrict__ rest, int b) {
-  return b < INLINE_SLOTS ? inl.s[b] : rest[b];
+  return rest ? rest[b] : inl.s[b];
 }

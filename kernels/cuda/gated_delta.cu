@@ -4,117 +4,176 @@
 // chunk_mma.cu or chunk_state.cu.)
 #include "common.cuh"
 
-
-// Four consecutive floats at p (columns col.. of a row of width V): one 16-byte access when
-// `vec` (V % 4 == 0 and aligned data), else element by element within the row.
-__device__ __forceinline__ float4 load4(const float* p, int col, int V, bool vec) {
-  if (vec) return col < V ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  return make_float4(col < V ? p[0] : 0.0f, col + 1 < V ? p[1] : 0.0f, col + 2 < V ? p[2] : 0.0f, col + 3 < V ? p[3] : 0.0f);
-}
-__device__ __forceinline__ void store4(float* p, float4 x, int col, int V, bool vec) {
-  if (vec) {
-    if (col < V) *reinterpret_cast<float4*>(p) = x;
-    return;
+// CW consecutive floats at p (columns col.. of a row of width V): one 8- or 16-byte access when
+// VEC (V % 4 == 0 and aligned data), else element by element within the row.
+template <int CW, bool VEC>
+__device__ __forceinline__ void load_cols(float (&d)[CW], const float* p, int col, int V) {
+  if constexpr (VEC && CW == 4) {
+    const float4 x = col < V ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
+  } else if constexpr (VEC && CW == 2) {
+    const float2 x = col < V ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
+    d[0] = x.x, d[1] = x.y;
+  } else {
+#pragma unroll
+    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? p[c] : 0.0f;
   }
-  if (col < V) p[0] = x.x;
-  if (col + 1 < V) p[1] = x.y;
-  if (col + 2 < V) p[2] = x.z;
-  if (col + 3 < V) p[3] = x.w;
+}
+template <int CW, bool VEC>
+__device__ __forceinline__ void store_cols(float* p, const float (&x)[CW], int col, int V) {
+  if constexpr (VEC && CW == 4) {
+    if (col < V) *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  } else if constexpr (VEC && CW == 2) {
+    if (col < V) *reinterpret_cast<float2*>(p) = make_float2(x[0], x[1]);
+  } else {
+#pragma unroll
+    for (int c = 0; c < CW; ++c)
+      if (col + c < V) p[c] = x[c];
+  }
 }
 
-// Σ_r s[r] · x[r0 + r] over this warp's state rows.
-template <int RMAX>
-__device__ __forceinline__ float4 rows_dot(const float4* s, const float* x, int R, int r0, int K) {
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+// This warp's partial Σ_r s[r] · x[r0 + r] over its state rows, into red[warp][·][lane].
+template <int NW, int RMAX, int CW>
+__device__ __forceinline__ void rows_dot(float (*red)[CW][32], const float (&s)[RMAX][CW], const float* x, int R, int r0,
+                                         int K, int warp, int lane) {
+  float acc[CW] = {};
 #pragma unroll
   for (int r = 0; r < RMAX; ++r)
     if (r < R && r0 + r < K) {
       const float xr = x[r0 + r];
-      acc.x += s[r].x * xr, acc.y += s[r].y * xr, acc.z += s[r].z * xr, acc.w += s[r].w * xr;
+#pragma unroll
+      for (int c = 0; c < CW; ++c) acc[c] += s[r][c] * xr;
     }
-  return acc;
+#pragma unroll
+  for (int c = 0; c < CW; ++c) red[warp][c][lane] = acc[c];
 }
 
 // The warps' partial sums for this lane's columns.
-template <int NW>
-__device__ __forceinline__ float4 sum_warps(const float4 (*red)[32], int lane) {
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+template <int NW, int CW>
+__device__ __forceinline__ void sum_warps(float (&acc)[CW], const float (*red)[CW][32], int lane) {
 #pragma unroll
-  for (int w = 0; w < NW; ++w) acc.x += red[w][lane].x, acc.y += red[w][lane].y, acc.z += red[w][lane].z, acc.w += red[w][lane].w;
-  return acc;
+  for (int c = 0; c < CW; ++c) acc[c] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < NW; ++w)
+#pragma unroll
+    for (int c = 0; c < CW; ++c) acc[c] += red[w][c][lane];
 }
 
-// One decode step for B sequences. Grid (ceil(V/128), HV, B), block 32·NW: lane owns 4
+// One decode step for B sequences. Grid (ceil(V/(32·CW)), HV, B), block 32·NW: lane owns CW
 // adjacent value columns, warp w keeps state rows [w·R, (w+1)·R) in registers, R = ceil(K/NW)
-// ≤ RMAX; each state element is read once and written once. Many warps with few rows each keep
-// registers low, so several CTAs share an SM and their loads and stores overlap.
+// ≤ RMAX; each state element is read once and written once.
+//
+// One block-wide reduction per householder step: the output needs no pass over the final
+// state, because with S_j = d_j S_{j-1} + k_j u_jᵀ (d_0 = e^g, later d_j = 1)
+//   o = scale · S_nᵀ q = scale · (e^g S_0ᵀ q + Σ_j u_j (k_j · q)),
+// and S_0ᵀ q is reduced together with S_0ᵀ k_0. The state stores then follow the last
+// reduction directly.
 // q [B, H, K]; k [B·n, H, K]; v [B·n, HV, V]; beta [B·n, HV]; g [B, HV] or null (applied
 // before each token's first step); o [B, HV, V].
-template <int NW, int RMAX, bool VEC>
-__device__ void gdr_decode(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                            const float* __restrict__ beta, const float* __restrict__ g, float* __restrict__ states,
-                            const SlotList& slots, const int* __restrict__ more_slots, float* __restrict__ o, int H,
-                            int HV, int K, int V, int n, float scale) {
-  constexpr bool vec = VEC;
-  __shared__ float kk[256], qq[256];
-  __shared__ float4 red[NW][32];
-  const int hv = blockIdx.y, b = blockIdx.z;
+// Shared memory of one CTA.
+template <int NW, int CW>
+struct DecodeSmem {
+  float kk[256], qq[256];
+  float red_k[NW][CW][32], red_q[NW][CW][32];
+};
+
+// Value tile `tile` of head hv of sequence b.
+template <int NW, int RMAX, int CW, bool VEC>
+__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const float* __restrict__ q,
+                            const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ beta,
+                            const float* __restrict__ g, float* __restrict__ states, const SlotList& slots,
+                            const int* __restrict__ more_slots, float* __restrict__ o, int H, int HV, int K, int V, int n,
+                            float scale) {
+  float* kk = sm.kk;
+  float* qq = sm.qq;
+  auto red_k = sm.red_k;
+  auto red_q = sm.red_q;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int col = blockIdx.x * 128 + lane * 4;
+  const int col = (tile * 32 + lane) * CW;
   const int hk = hv / (HV / H);
   const int R = (K + NW - 1) / NW, r0 = warp * R;
   float* S = states + ((size_t)slot_of(slots, more_slots, b) * HV + hv) * K * V;
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 s[RMAX];
+  float s[RMAX][CW];
 #pragma unroll
-  for (int r = 0; r < RMAX; ++r) s[r] = (r < R && r0 + r < K) ? load4(S + (size_t)(r0 + r) * V + col, col, V, vec) : zero;
+  for (int r = 0; r < RMAX; ++r) {
+    if (r < R && r0 + r < K) {
+      load_cols<CW, VEC>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
+    }
+  }
   for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = q[((size_t)b * H + hk) * K + i];
+  const float decay = g ? __expf(g[(size_t)b * HV + hv]) : 1.0f;
+  float out[CW] = {};
   for (int j = 0; j < n; ++j) {
     const size_t row = (size_t)b * n + j;
-    __syncthreads();
+    if (j > 0) __syncthreads();  // every warp is done with the last step's kk and red_k
     for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = k[(row * H + hk) * K + i];
     __syncthreads();
-    const float decay = (j == 0 && g) ? __expf(g[(size_t)b * HV + hv]) : 1.0f;
-    red[warp][lane] = rows_dot<RMAX>(s, kk, R, r0, K);
-    __syncthreads();
-    const float4 kv = sum_warps<NW>(red, lane);
-    const float4 vv = load4(v + (row * HV + hv) * V + col, col, V, vec);
+    rows_dot<NW, RMAX, CW>(red_k, s, kk, R, r0, K, warp, lane);
+    if (j == 0) rows_dot<NW, RMAX, CW>(red_q, s, qq, R, r0, K, warp, lane);
+    float kq = 0.0f;
+    for (int i = lane; i < K; i += 32) kq += kk[i] * qq[i];
+    kq = warp_sum(kq);
+    float vv[CW];
+    load_cols<CW, VEC>(vv, v + (row * HV + hv) * V + col, col, V);
     const float bt = beta[row * HV + hv];
-    const float4 u = make_float4(bt * (vv.x - decay * kv.x), bt * (vv.y - decay * kv.y), bt * (vv.z - decay * kv.z),
-                                 bt * (vv.w - decay * kv.w));
+    const float d = j == 0 ? decay : 1.0f;
+    __syncthreads();
+    float kv[CW], u[CW];
+    sum_warps<NW, CW>(kv, red_k, lane);
+#pragma unroll
+    for (int c = 0; c < CW; ++c) u[c] = bt * (vv[c] - d * kv[c]);
+    if (warp == 0) {
+      if (j == 0) {
+        float sq[CW];
+        sum_warps<NW, CW>(sq, red_q, lane);
+#pragma unroll
+        for (int c = 0; c < CW; ++c) out[c] = decay * sq[c];
+      }
+#pragma unroll
+      for (int c = 0; c < CW; ++c) out[c] += u[c] * kq;
+    }
 #pragma unroll
     for (int r = 0; r < RMAX; ++r)
       if (r < R && r0 + r < K) {
         const float kr = kk[r0 + r];
-        s[r].x = decay * s[r].x + kr * u.x, s[r].y = decay * s[r].y + kr * u.y;
-        s[r].z = decay * s[r].z + kr * u.z, s[r].w = decay * s[r].w + kr * u.w;
+#pragma unroll
+        for (int c = 0; c < CW; ++c) s[r][c] = d * s[r][c] + kr * u[c];
       }
   }
-  const float4 part = rows_dot<RMAX>(s, qq, R, r0, K);
-  __syncthreads();
-  red[warp][lane] = part;
-  __syncthreads();
   if (warp == 0) {
-    const float4 acc = sum_warps<NW>(red, lane);
-    store4(o + ((size_t)b * HV + hv) * V + col, make_float4(scale * acc.x, scale * acc.y, scale * acc.z, scale * acc.w), col, V, vec);
+#pragma unroll
+    for (int c = 0; c < CW; ++c) out[c] *= scale;
+    store_cols<CW, VEC>(o + ((size_t)b * HV + hv) * V + col, out, col, V);
   }
 #pragma unroll
   for (int r = 0; r < RMAX; ++r)
-    if (r < R && r0 + r < K) store4(S + (size_t)(r0 + r) * V + col, s[r], col, V, vec);
+    if (r < R && r0 + r < K) store_cols<CW, VEC>(S + (size_t)(r0 + r) * V + col, s[r], col, V);
 }
 
-// gdr_decode_f32_w{NW}_r{RMAX}_v4 (16-byte accesses) and _v1 (element by element); at most 64
-// registers a thread, so that 1024 threads (two CTAs of 16 warps) fit on an SM.
-#define DECODE_ENTRY(NW, RM, VEC, SUFFIX)                                                                             \
-  extern "C" __global__ void __launch_bounds__(NW * 32, 1024 / (NW * 32)) gdr_decode_f32_w##NW##_r##RM##_##SUFFIX( \
-      const float* q, const float* k, const float* v, const float* beta, const float* g, float* states,               \
-      SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {             \
-    gdr_decode<NW, RM, VEC>(q, k, v, beta, g, states, slots, more_slots, o, H, HV, K, V, n, scale);                   \
+// gdr_decode_f32_w{NW}_r{RMAX}_c{CW}_b{MINB}_vec (8/16-byte accesses) and _scalar (element by
+// element): NW warps, up to RMAX state rows a warp, CW columns a lane, at least MINB blocks an
+// SM (which caps the registers a thread at 65536 / (32·NW·MINB)). Grid (ceil(V/(32·CW)), HV,
+// B), one value tile of one head of one sequence a CTA.
+#define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX)                                                                    \
+  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) gdr_decode_f32_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX( \
+      const float* q, const float* k, const float* v, const float* beta, const float* g, float* states,                \
+      SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {              \
+    __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
+    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, q, k, v, beta, g, states, slots, more_slots, o, \
+                                H, HV, K, V, n, scale);                                                                \
   }
-#define DECODE_ENTRIES(NW, RM)         \
-  DECODE_ENTRY(NW, RM, true, v4)       \
-  DECODE_ENTRY(NW, RM, false, v1)
-DECODE_ENTRIES(8, 4)
-DECODE_ENTRIES(8, 8)
-DECODE_ENTRIES(16, 8)
-DECODE_ENTRIES(32, 8)
+#define DECODE_ENTRIES(NW, RM, CW, MINB)            \
+  DECODE_ENTRY(NW, RM, CW, MINB, true, vec)         \
+  DECODE_ENTRY(NW, RM, CW, MINB, false, scalar)
+// The shapes mod.rs picks by K (vec and scalar).
+DECODE_ENTRIES(8, 4, 4, 4)
+DECODE_ENTRIES(8, 8, 4, 4)
+DECODE_ENTRIES(16, 8, 4, 2)
+DECODE_ENTRIES(32, 8, 4, 1)
+// Alternatives for K ≤ 128 that the benchmark can pick (DELTASERVE_DECODE_KERNEL).
+DECODE_ENTRY(8, 16, 4, 2, true, vec)
+DECODE_ENTRY(16, 8, 4, 1, true, vec)
+DECODE_ENTRY(8, 16, 4, 1, true, vec)

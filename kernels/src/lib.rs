@@ -13,7 +13,7 @@ mod slots;
 
 pub use cpu::conv::ConvActivation;
 pub use cpu::norm::GateActivation;
-pub use slots::SlotBuffer;
+pub use slots::{SlotBuffer, StepSlots};
 
 /// Errors raised by the kernels.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use crate::cpu::{conv, gated_delta as gd, norm, prep};
-use crate::{ConvActivation, GateActivation, KernelError, Result, SlotBuffer};
+use crate::{ConvActivation, GateActivation, KernelError, Result, SlotBuffer, StepSlots};
 
 /// Reads a tensor as contiguous f32 values on the CPU, refusing other devices.
 fn cpu_f32(op: &'static str, t: &Tensor) -> Result<Vec<f32>> {
@@ -90,8 +90,17 @@ fn check_packing(op: &'static str, rows: usize, cu_seqlens: &[usize], slots: &[u
 
 /// One decode step of the causal conv for `B` sequences: `x` `[B, C]`, the conv states of
 /// `slots` (one per row, `[C, W]` each) shift in place. Returns `[B, C]` f32.
-pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slots: &[usize], act: ConvActivation) -> Result<Tensor> {
+pub fn conv_step<'s>(
+    x: &Tensor,
+    weight: &Tensor,
+    states: &mut SlotBuffer,
+    slots: impl Into<StepSlots<'s>>,
+    act: ConvActivation,
+) -> Result<Tensor> {
     const OP: &str = "conv_step";
+    let step = slots.into();
+    step.check(OP)?;
+    let slots = step.host;
     let (b, c) = dims2(OP, "x", x)?;
     let (_, w) = dims2(OP, "weight", weight)?;
     expect_dims(OP, "weight", weight, &[c, w])?;
@@ -107,7 +116,7 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slots: &[
     states.check_distinct(slots)?;
     #[cfg(feature = "cuda")]
     if let Some(d) = states.device_slots() {
-        return crate::cuda::conv_step(x, weight, d, slots, act == ConvActivation::Silu);
+        return crate::cuda::conv_step(x, weight, d, step, act == ConvActivation::Silu);
     }
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; b * c];
@@ -441,15 +450,18 @@ fn prefill_host(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Res
 
 /// One decode step for `B` sequences (`T = B` rows, one token each), each reading and
 /// writing the recurrent state of its slot in place. Returns `o` `[B, HV, V]` f32.
-pub fn gated_delta_step(x: MixerInputs<'_>, states: &mut SlotBuffer, slots: &[usize]) -> Result<Tensor> {
+pub fn gated_delta_step<'s>(x: MixerInputs<'_>, states: &mut SlotBuffer, slots: impl Into<StepSlots<'s>>) -> Result<Tensor> {
     const OP: &str = "gated_delta_step";
+    let step = slots.into();
+    step.check(OP)?;
+    let slots = step.host;
     let (rows, d) = x.dims(OP)?;
     check_rows(OP, rows, slots)?;
     check_state(OP, d, states.per_slot())?;
     states.check_distinct(slots)?;
     #[cfg(feature = "cuda")]
     if let Some(dev) = states.device_slots() {
-        return crate::cuda::gated_delta_step(&x, dev, slots);
+        return crate::cuda::gated_delta_step(&x, dev, step);
     }
     let f = x.flatten(OP)?;
     let n = x.n.max(1);

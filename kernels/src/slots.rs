@@ -1,9 +1,55 @@
 //! A fixed number of equally sized per-sequence state slots in one allocation, in host memory
 //! or (with the `cuda` feature) in GPU memory, where the kernels update slots in place.
 
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
 
 use crate::{KernelError, Result};
+
+/// The slots of one decode step, row `b` advancing `host[b]`. A CUDA graph that replays the
+/// step also passes a device copy (`device`, `[B]` i32): the kernels then read the slots from
+/// there, so one captured launch serves whatever slots the next replay writes into it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSlots<'a> {
+    /// The slot indices, checked on the host.
+    pub host: &'a [usize],
+    /// The same indices in device memory, `[B]` i32, or `None`.
+    pub device: Option<&'a Tensor>,
+}
+
+impl<'a> From<&'a [usize]> for StepSlots<'a> {
+    fn from(host: &'a [usize]) -> Self {
+        Self { host, device: None }
+    }
+}
+
+impl<'a, const N: usize> From<&'a [usize; N]> for StepSlots<'a> {
+    fn from(host: &'a [usize; N]) -> Self {
+        Self { host, device: None }
+    }
+}
+
+impl<'a> From<&'a Vec<usize>> for StepSlots<'a> {
+    fn from(host: &'a Vec<usize>) -> Self {
+        Self { host, device: None }
+    }
+}
+
+impl StepSlots<'_> {
+    /// Checks that the device copy, if any, is `[B]` i32 for `B` host indices.
+    pub(crate) fn check(&self, op: &'static str) -> Result<()> {
+        if let Some(d) = self.device {
+            if d.dims() != [self.host.len()] || d.dtype() != DType::I32 {
+                return Err(KernelError::Shape {
+                    op,
+                    input: "device slots",
+                    expected: format!("[{}] i32 (got {:?})", self.host.len(), d.dtype()),
+                    actual: d.dims().to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Where the slots live.
 #[derive(Debug, Clone)]

@@ -27,6 +27,10 @@ struct Args {
     /// Timed repetitions per point (the median is reported).
     #[arg(long, default_value_t = 20)]
     reps: usize,
+    /// Only the decode mixer table (for comparing decode kernel shapes, picked with
+    /// `DELTASERVE_DECODE_KERNEL=w16_r8_c2_b3` and the like).
+    #[arg(long)]
+    decode_only: bool,
 }
 
 /// Copy bandwidth of the H100 in anchors.md, bytes/s.
@@ -188,18 +192,23 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     }
     println!();
     pool.release(slot)?;
-    println!("| batch | ms per step | tokens/s | roofline tokens/s | % of roofline |");
-    println!("|---|---|---|---|---|");
+    println!("| batch | CUDA graph | ms per step | tokens/s | roofline tokens/s | % of roofline |");
+    println!("|---|---|---|---|---|---|");
     for b in [1usize, 16, 64] {
         let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
-        let ms = median_ms(dev, args.reps, || {
-            model.decode(&mut pool, &batch)?;
-            Ok(())
-        })?;
         let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / COPY_BW * 1e3;
-        let tps = b as f64 / ms * 1e3;
-        println!("| {b} | {ms:.2} | {tps:.0} | {:.0} | {:.0}% |", b as f64 / roof_ms * 1e3, 100.0 * roof_ms / ms);
+        for graphs in [false, true] {
+            pool.set_cuda_graphs(graphs);
+            // median_ms warms up first: the eager run and the capture happen there.
+            let ms = median_ms(dev, args.reps, || {
+                model.decode(&mut pool, &batch)?;
+                Ok(())
+            })?;
+            let tps = b as f64 / ms * 1e3;
+            let mode = if graphs { "yes" } else { "no" };
+            println!("| {b} | {mode} | {ms:.2} | {tps:.0} | {:.0} | {:.0}% |", b as f64 / roof_ms * 1e3, 100.0 * roof_ms / ms);
+        }
         for s in slots {
             pool.release(s)?;
         }
@@ -214,6 +223,9 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let dev = deltaserve_engine::parse_device("cuda")?;
+    if args.decode_only {
+        return decode_table(&dev, args.reps);
+    }
     prefill_table(&dev, args.reps)?;
     decode_table(&dev, args.reps)?;
     if !args.skip_model {

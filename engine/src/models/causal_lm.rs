@@ -4,11 +4,12 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::PrefillAlgo;
+use deltaserve_kernels::StepSlots;
 
 use super::autodiff::{self, QkProj};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
-use super::mixer::{linear, Packed};
+use super::mixer::{linear, FusedInput, Packed};
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::state::{SlotId, StatePool};
@@ -33,11 +34,12 @@ impl RmsNorm {
     }
 }
 
-/// `GatedMLP` with `swish`: `down_proj(silu(gate_proj x) · up_proj x)`.
+/// `GatedMLP` with `swish`: `down_proj(silu(gate_proj x) · up_proj x)`, with `gate_proj` and
+/// `up_proj` run as one GEMM (one launch, and one pass over x, per step).
 #[derive(Debug, Clone)]
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// `[gate | up]`.
+    gate_up: FusedInput,
     down_proj: Linear,
 }
 
@@ -51,11 +53,13 @@ impl Mlp {
         } else {
             (linear(w, i, d, "gate_proj.weight")?, linear(w, i, d, "up_proj.weight")?)
         };
-        Ok(Self { gate_proj, up_proj, down_proj: linear(w, d, i, "down_proj.weight")? })
+        let (gate_up, _) = FusedInput::new(&[&gate_proj, &up_proj])?;
+        Ok(Self { gate_up, down_proj: linear(w, d, i, "down_proj.weight")? })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = (candle_nn::ops::silu(&self.gate_proj.forward(x)?)? * self.up_proj.forward(x)?)?;
+        let y = self.gate_up.forward(x)?;
+        let h = (candle_nn::ops::silu(&y.part(0)?)? * y.part(1)?)?;
         Ok(self.down_proj.forward(&h)?)
     }
 }
@@ -92,7 +96,7 @@ pub trait Capture {
 /// How a block's mixer consumes its input.
 enum Phase<'a> {
     Prefill { seqs: Packed<'a>, algo: PrefillAlgo, capture: Option<&'a dyn Capture> },
-    Decode { slots: &'a [usize] },
+    Decode { slots: StepSlots<'a> },
 }
 
 impl Block {
@@ -110,11 +114,11 @@ impl Block {
             (Mixer::GatedDeltaNet(m), Phase::Prefill { seqs, algo, capture }) => {
                 m.prefill(&x, state, seqs, *algo, capture.map(|c| (c, layer)))?
             }
-            (Mixer::GatedDeltaNet(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
+            (Mixer::GatedDeltaNet(m), Phase::Decode { slots }) => m.decode(&x, state, *slots)?,
             (Mixer::GatedDeltaProduct(m), Phase::Prefill { seqs, algo, capture }) => {
                 m.prefill(&x, state, seqs, *algo, capture.map(|c| (c, layer)))?
             }
-            (Mixer::GatedDeltaProduct(m), Phase::Decode { slots }) => m.decode(&x, state, slots)?,
+            (Mixer::GatedDeltaProduct(m), Phase::Decode { slots }) => m.decode(&x, state, *slots)?,
         };
         let r = (a.to_dtype(DType::F32)? + h)?;
         let x = self.mlp_norm.forward_f32(&r)?.to_dtype(act)?;
@@ -225,8 +229,12 @@ impl CausalLm {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
-        let ids = Tensor::new(tokens, &self.device)?;
-        Ok(self.embeddings.index_select(&ids, 0)?.to_dtype(DType::F32)?)
+        self.embed_ids(&Tensor::new(tokens, &self.device)?)
+    }
+
+    /// The fp32 embeddings of token ids `[N]` already on the device.
+    fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(self.embeddings.index_select(ids, 0)?.to_dtype(DType::F32)?)
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
@@ -356,11 +364,27 @@ impl CausalLm {
         for (s, _) in batch {
             pool.check(*s)?;
         }
+        let mut distinct = slots.clone();
+        distinct.sort_unstable();
+        if let Some(w) = distinct.windows(2).find(|w| w[0] == w[1]) {
+            return Err(EngineError::Invalid { field: "batch", expected: "distinct slots".into(), actual: format!("slot {} twice", w[0]) });
+        }
         let tokens: Vec<u32> = batch.iter().map(|(_, t)| *t).collect();
         self.check_tokens(&tokens)?;
         let _span = tracing::debug_span!("decode", batch = batch.len()).entered();
-        let phase = Phase::Decode { slots: &slots };
-        let mut h = self.embed(&tokens)?;
+        #[cfg(feature = "cuda")]
+        if let (Device::Cuda(dev), true) = (&self.device, pool.graphs.enabled()) {
+            return crate::decode_graph::decode(self, dev, pool, &tokens, &slots);
+        }
+        let ids = Tensor::new(tokens.as_slice(), &self.device)?;
+        self.decode_step(pool, &ids, StepSlots::from(&slots))
+    }
+
+    /// The decode forward for token ids `[B]` on the device (validated by the caller), row `b`
+    /// advancing `slots.host[b]`. Returns `[B, vocab]` f32 logits.
+    pub(crate) fn decode_step(&self, pool: &mut StatePool, ids: &Tensor, slots: StepSlots<'_>) -> Result<Tensor> {
+        let phase = Phase::Decode { slots };
+        let mut h = self.embed_ids(ids)?;
         for b in &self.layers {
             h = b.forward(&h, self.dtype, pool, &phase)?;
         }

@@ -8,6 +8,7 @@
 use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, PrefillAlgo};
+use deltaserve_kernels::StepSlots;
 
 use super::autodiff::{self, QkProj};
 use super::causal_lm::Capture;
@@ -236,8 +237,8 @@ impl GatedDeltaProduct {
         QkProj { q: self.q_proj.weight().clone(), k: self.k_proj.weight().clone() }
     }
 
-    /// One decode step: row `b` of `x` `[B, D]` advances `slots[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: &[usize]) -> Result<Tensor> {
+    /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
+    pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let y = self.input.forward(x)?;
         let c = self.conv.step(&y.span(Q, B)?, &mut state.conv_state, slots)?;
         let p = self.prepare(&y, &c)?;

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Tensor, D};
 use candle_nn::{Linear, Module};
-use deltaserve_kernels::{ops, ConvActivation, GateActivation, SlotBuffer};
+use deltaserve_kernels::{ops, ConvActivation, GateActivation, SlotBuffer, StepSlots};
 
 use super::autodiff;
 use crate::error::Result;
@@ -114,7 +114,7 @@ impl ShortConv {
     }
 
     /// One decode step over `x` `[B, C]` for `slots`. Returns `[B, C]` f32.
-    pub fn step(&self, x: &Tensor, states: &mut SlotBuffer, slots: &[usize]) -> Result<Tensor> {
+    pub fn step(&self, x: &Tensor, states: &mut SlotBuffer, slots: StepSlots<'_>) -> Result<Tensor> {
         match &self.weight {
             Some(wt) => Ok(ops::conv_step(x, wt, states, slots, ConvActivation::Silu)?),
             None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),

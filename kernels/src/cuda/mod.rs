@@ -2,13 +2,13 @@
 //! loaded through candle's custom-module cache). Inputs are converted to contiguous f32;
 //! states are updated in place in a [`DeviceSlots`] allocation, by slot index.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, DType, Shape, Storage, Tensor};
 
 use crate::ops::MixerInputs;
-use crate::{KernelError, Result};
+use crate::{KernelError, Result, StepSlots};
 
 mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
@@ -127,32 +127,82 @@ struct SlotList {
 // SAFETY: plain `#[repr(C)]` integers, laid out as the kernels' `struct SlotList`.
 unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for SlotList {}
 
-/// A decode step's slots: the first [`INLINE_SLOTS`] by value, all of them uploaded only when
-/// there are more (small batches then need no host-to-device copy).
+/// A decode step's slots: the first [`INLINE_SLOTS`] by value when the batch is small (no
+/// host-to-device copy), else all of them through device memory: uploaded here, or the
+/// caller's device copy (a CUDA graph's, which the next replay rewrites).
 struct DecodeSlots {
     inline: SlotList,
-    more: Option<CudaSlice<i32>>,
-    null: u64,
+    uploaded: Option<CudaSlice<i32>>,
+    /// The device list's address, 0 when the slots are inline.
+    ptr: u64,
 }
 
 impl DecodeSlots {
-    fn new(dev: &CudaDevice, slots: &[usize]) -> Result<Self> {
+    fn new(dev: &CudaDevice, slots: StepSlots<'_>) -> Result<Self> {
         let mut inline = SlotList { s: [0; INLINE_SLOTS] };
-        for (d, &s) in inline.s.iter_mut().zip(slots) {
+        if let Some(t) = slots.device {
+            return Ok(Self { inline, uploaded: None, ptr: device_address::<i32>(t)? });
+        }
+        for (d, &s) in inline.s.iter_mut().zip(slots.host) {
             *d = s as i32;
         }
-        let more = if slots.len() > INLINE_SLOTS { Some(indices(dev, slots)?) } else { None };
-        Ok(Self { inline, more, null: 0 })
+        let uploaded = if slots.host.len() > INLINE_SLOTS { Some(indices(dev, slots.host)?) } else { None };
+        Ok(Self { inline, uploaded, ptr: 0 })
     }
 
     /// Pushes the two kernel arguments (`SlotList slots, const int* more_slots`).
     fn push<'a>(&'a self, l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>) {
         l.arg(&self.inline);
-        match &self.more {
+        match &self.uploaded {
             Some(m) => l.arg(m),
-            None => l.arg(&self.null),
+            None => l.arg(&self.ptr),
         };
     }
+}
+
+/// The device address of a contiguous CUDA tensor's first element. The caller keeps the tensor
+/// alive for as long as a kernel may read through the address.
+fn device_address<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
+    t: &Tensor,
+) -> Result<u64> {
+    if !t.is_contiguous() {
+        return Err(KernelError::Shape {
+            op: "device_address",
+            input: "tensor",
+            expected: "a contiguous tensor".into(),
+            actual: t.dims().to_vec(),
+        });
+    }
+    let (guard, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*guard else {
+        return Err(KernelError::UnsupportedDevice { op: "device_address", device: "non-cuda storage".into() });
+    };
+    let slice = cs.as_cuda_slice::<T>()?;
+    let (ptr, _sync) = slice.device_ptr(slice.stream());
+    Ok(ptr + (layout.start_offset() * std::mem::size_of::<T>()) as u64)
+}
+
+/// Overwrites a contiguous CUDA tensor's elements with `values` (as many), in stream order.
+/// For buffers a CUDA graph reads at fixed addresses (its inputs between replays); the caller
+/// owns the tensor and lets no other tensor share its storage.
+pub fn write_from_host<T>(t: &Tensor, values: &[T]) -> Result<()>
+where
+    T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+{
+    if t.elem_count() != values.len() {
+        return Err(KernelError::Shape {
+            op: "write_from_host",
+            input: "tensor",
+            expected: format!("{} elements", values.len()),
+            actual: t.dims().to_vec(),
+        });
+    }
+    let dev = cuda_dev(t, "write_from_host")?;
+    let dst = device_address::<T>(t)?;
+    // SAFETY: dst spans `values.len()` elements of T (checked above) in memory that `t` keeps
+    // alive; a pageable source is staged before the call returns.
+    unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(dst, values, dev.cuda_stream().cu_stream()) }.w()?;
+    Ok(())
 }
 
 fn grid(x: usize, y: usize, z: usize, block: u32, smem: u32) -> LaunchConfig {
@@ -189,7 +239,7 @@ pub fn conv_prefill(
 }
 
 /// One conv step: row `b` of `x` `[B, C]` shifts into the conv state of `slots[b]`.
-pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: &[usize], silu: bool) -> Result<Tensor> {
+pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: StepSlots<'_>, silu: bool) -> Result<Tensor> {
     let dev = cuda_dev(x, "conv_step")?;
     let (rows, c) = x.dims2()?;
     let w = weight.dim(1)?;
@@ -370,9 +420,54 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
     }
 }
 
+/// A decode kernel's shape (`gdr_decode_f32_w{warps}_r{rows}_c{cols}_b{min_blocks}` in
+/// gated_delta.cu): `warps` warps of `rows` state rows each (warps · rows ≥ K), `cols` value
+/// columns a lane, and at least `min_blocks` blocks an SM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DecodeShape {
+    warps: usize,
+    rows: usize,
+    cols: usize,
+    min_blocks: usize,
+}
+
+impl DecodeShape {
+    /// The shapes compiled for every K range (vec and scalar); few rows a warp keeps
+    /// registers low, so more warps are in flight on an SM.
+    const BY_K: [(usize, DecodeShape); 4] = [
+        (32, DecodeShape { warps: 8, rows: 4, cols: 4, min_blocks: 4 }),
+        (64, DecodeShape { warps: 8, rows: 8, cols: 4, min_blocks: 4 }),
+        (128, DecodeShape { warps: 16, rows: 8, cols: 4, min_blocks: 2 }),
+        (256, DecodeShape { warps: 32, rows: 8, cols: 4, min_blocks: 1 }),
+    ];
+
+    /// The shape for key head dim `k` (≤ 256, checked by the caller), or the one named by
+    /// `DELTASERVE_DECODE_KERNEL` (e.g. `w16_r8_c2_b3`, for benchmarks: only vec variants
+    /// of a few shapes are compiled) when it covers `k`.
+    fn for_key_dim(k: usize) -> Self {
+        static WANTED: std::sync::OnceLock<Option<DecodeShape>> = std::sync::OnceLock::new();
+        let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_DECODE_KERNEL").ok().and_then(|s| Self::parse(&s)));
+        if let Some(w) = wanted.filter(|w| w.warps * w.rows >= k) {
+            return w;
+        }
+        Self::BY_K.iter().find(|(max_k, _)| k <= *max_k).map_or(Self::BY_K[3].1, |(_, s)| *s)
+    }
+
+    /// Parses `w{warps}_r{rows}_c{cols}_b{min_blocks}`.
+    fn parse(s: &str) -> Option<Self> {
+        let mut it = s.split('_');
+        let mut field = |p: char| it.next()?.strip_prefix(p)?.parse::<usize>().ok();
+        Some(Self { warps: field('w')?, rows: field('r')?, cols: field('c')?, min_blocks: field('b')? })
+    }
+
+    fn name(&self) -> String {
+        format!("w{}_r{}_c{}_b{}", self.warps, self.rows, self.cols, self.min_blocks)
+    }
+}
+
 /// One decode step for `B = slots.len()` sequences, `x.n` householder steps each, reading and
 /// writing the states of `slots` in place. Returns `o` `[B, HV, V]` f32.
-pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[usize]) -> Result<Tensor> {
+pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: StepSlots<'_>) -> Result<Tensor> {
     let dev = cuda_dev(x.q, "gated_delta_step")?;
     let (b, h, k) = x.q.dims3()?;
     let (_, hv, v) = x.v.dims3()?;
@@ -380,17 +475,10 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: &[
     // 16-byte state and value accesses when V allows (and v's data is, or will be copied to,
     // an aligned buffer); element by element otherwise.
     let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
-    let access = if v.is_multiple_of(4) && aligned { "v4" } else { "v1" };
-    // (warps, rows per warp ≥ K / warps): few rows each keeps registers low (more warps in
-    // flight per SM).
-    let (warps, rows) = match k {
-        0..=32 => (8, 4),
-        33..=64 => (8, 8),
-        65..=128 => (16, 8),
-        _ => (32, 8),
-    };
-    let name = format!("gdr_decode_f32_w{warps}_r{rows}_{access}");
-    let cfg = grid(v.div_ceil(128), hv, b, 32 * warps, 0);
+    let access = if v.is_multiple_of(4) && aligned { "vec" } else { "scalar" };
+    let shape = DecodeShape::for_key_dim(k);
+    let name = format!("gdr_decode_f32_{}_{access}", shape.name());
+    let cfg = grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0);
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;

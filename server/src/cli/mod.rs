@@ -45,6 +45,10 @@ pub struct ModelArgs {
     /// the GPU) or bf16 (q, k, v rounded to bf16: fla's precision, about 5x faster on the GPU).
     #[arg(long, env = "DELTASERVE_MIXER_PRECISION", value_enum, default_value_t = MixerPrecision::Fp32)]
     pub mixer_precision: MixerPrecision,
+    /// Run GPU decode steps eagerly instead of as CUDA graphs (one capture per batch size, then
+    /// one launch a step). For debugging and comparison; no effect on the CPU.
+    #[arg(long, env = "DELTASERVE_NO_CUDA_GRAPHS")]
+    pub no_cuda_graphs: bool,
 }
 
 /// `--mixer-precision`.
@@ -69,6 +73,7 @@ impl ModelArgs {
                 MixerPrecision::Fp32 => PrefillAlgo::Chunked,
                 MixerPrecision::Bf16 => PrefillAlgo::ChunkedBf16,
             },
+            cuda_graphs: !self.no_cuda_graphs,
         };
         Ok(Engine::load(&opts)?)
     }

@@ -1,0 +1,176 @@
+//! CUDA graphs of the batched decode step.
+//!
+//! A decode step is about twenty small launches a layer; at small batches the host's work per
+//! launch (candle's allocation and argument packing, the launch itself) takes longer than the
+//! GPU's. So each batch size's step is captured once into a CUDA graph and then replayed: one
+//! launch a step. The graph reads token ids and slot indices from fixed device buffers that
+//! each replay first overwrites (the kernels read slots from device memory, so one capture
+//! serves any slots), and leaves the logits in a fixed buffer that is copied out.
+//!
+//! A batch size runs eagerly the first time it is seen, which also fills candle's cache of
+//! layout parameters (a capture can upload nothing), is captured the second time, and replays
+//! from then on. A capture that fails leaves that size eager, with a warning. The cache lives
+//! in the [`StatePool`](crate::StatePool) whose buffers the graphs write, so it dies with them.
+
+use std::collections::HashSet;
+
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+use candle_core::{CudaDevice, DType, Device, Tensor};
+use deltaserve_kernels::StepSlots;
+
+use crate::error::Result;
+use crate::models::CausalLm;
+use crate::state::StatePool;
+
+/// Captured batch sizes kept at once (least recently used first out).
+const MAX_GRAPHS: usize = 64;
+
+/// One captured batch size.
+struct Entry {
+    batch: usize,
+    graph: CudaGraph,
+    /// `[B]` u32, read by the graph's embedding lookup.
+    tokens: Tensor,
+    /// `[B]` i32, read by the conv and recurrent decode kernels.
+    slots: Tensor,
+    /// `[B, vocab]` f32, written by the graph's last node.
+    logits: Tensor,
+    /// Keeps the weights the graph reads alive as long as the graph.
+    _model: CausalLm,
+}
+
+// SAFETY: a CudaGraph is a pair of driver handles that the cache uses from one thread at a time
+// (the pool is `&mut` for every decode); the handles themselves are not tied to a thread.
+unsafe impl Send for Entry {}
+
+/// The decode graphs of one state pool.
+#[derive(Default)]
+pub struct DecodeGraphs {
+    enabled: bool,
+    /// Most recently used last.
+    entries: Vec<Entry>,
+    /// Batch sizes run once eagerly (ready to capture).
+    warm: HashSet<usize>,
+    /// Batch sizes whose capture failed (stay eager).
+    failed: HashSet<usize>,
+}
+
+impl std::fmt::Debug for DecodeGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sizes: Vec<usize> = self.entries.iter().map(|e| e.batch).collect();
+        f.debug_struct("DecodeGraphs").field("enabled", &self.enabled).field("captured", &sizes).finish()
+    }
+}
+
+/// A clone starts empty: its graphs would write the original pool's buffers.
+impl Clone for DecodeGraphs {
+    fn clone(&self) -> Self {
+        Self { enabled: self.enabled, ..Self::default() }
+    }
+}
+
+impl DecodeGraphs {
+    /// Whether decode steps are captured and replayed.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Turns graphs on or off; off drops the captured ones.
+    pub fn set_enabled(&mut self, on: bool) {
+        if !on {
+            *self = Self::default();
+        }
+        self.enabled = on;
+    }
+
+    /// Batch sizes with a captured graph.
+    pub fn captured(&self) -> Vec<usize> {
+        self.entries.iter().map(|e| e.batch).collect()
+    }
+}
+
+/// Uploads host values as a new `[n]` tensor of `dtype` on `dev`, outside any capture.
+fn upload<T: candle_core::WithDType>(values: &[T], dev: &Device) -> Result<Tensor> {
+    Ok(Tensor::new(values, dev)?)
+}
+
+/// One decode step through the pool's graphs: replays the graph of `tokens.len()` when there
+/// is one, captures it when the size ran before, else runs eagerly. `slots` are checked by the
+/// caller (in range, in use, distinct). Returns `[B, vocab]` f32 logits, owned by the caller.
+pub(crate) fn decode(model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, tokens: &[u32], slots: &[usize]) -> Result<Tensor> {
+    let b = tokens.len();
+    let slot_ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+    if let Some(i) = pool.graphs.entries.iter().position(|e| e.batch == b) {
+        let entry = pool.graphs.entries.remove(i);
+        let out = replay(&entry, tokens, &slot_ids);
+        pool.graphs.entries.push(entry);
+        return out;
+    }
+    let device = Device::Cuda(dev.clone());
+    let ids = upload(tokens, &device)?;
+    if !pool.graphs.warm.contains(&b) || pool.graphs.failed.contains(&b) {
+        // The eager run fills candle's parameter cache for the capture to come.
+        let _cache = dev.enable_cuda_graph_htod_cache();
+        let logits = model.decode_step(pool, &ids, StepSlots::from(slots))?;
+        pool.graphs.warm.insert(b);
+        return Ok(logits);
+    }
+    let dev_slots = upload(&slot_ids, &device)?;
+    let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
+    match capture(model, dev, pool, &ids, &dev_slots, &logits, slots) {
+        Ok(graph) => {
+            tracing::debug!(batch = b, "captured a decode graph");
+            let entry = Entry { batch: b, graph, tokens: ids, slots: dev_slots, logits, _model: model.clone() };
+            if pool.graphs.entries.len() >= MAX_GRAPHS {
+                pool.graphs.entries.remove(0);
+            }
+            // The capture ran nothing: this step's work is the first replay (inputs in place).
+            entry.graph.launch().map_err(candle_core::Error::wrap)?;
+            let out = entry.logits.copy()?;
+            pool.graphs.entries.push(entry);
+            Ok(out)
+        }
+        Err(e) => {
+            tracing::warn!(batch = b, error = %e, "decode graph capture failed; this batch size stays eager");
+            pool.graphs.failed.insert(b);
+            let _cache = dev.enable_cuda_graph_htod_cache();
+            model.decode_step(pool, &ids, StepSlots::from(slots))
+        }
+    }
+}
+
+/// Records one decode step into a graph; nothing runs. The step reads `ids` and `dev_slots`
+/// and copies its logits into `logits`.
+fn capture(
+    model: &CausalLm,
+    dev: &CudaDevice,
+    pool: &mut StatePool,
+    ids: &Tensor,
+    dev_slots: &Tensor,
+    logits: &Tensor,
+    slots: &[usize],
+) -> Result<CudaGraph> {
+    let stream = dev.cuda_stream();
+    let _cache = dev.enable_cuda_graph_htod_cache();
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
+    let recorded = (|| -> Result<()> {
+        let step = model.decode_step(pool, ids, StepSlots { host: slots, device: Some(dev_slots) })?;
+        logits.slice_set(&step, 0, 0)?;
+        Ok(())
+    })();
+    // End the capture whatever happened, so the stream leaves capture mode.
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
+    recorded?;
+    let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg("empty decode graph".into()))?;
+    graph.upload().map_err(candle_core::Error::wrap)?;
+    Ok(graph)
+}
+
+/// Writes this step's tokens and slots into the graph's inputs, launches it, and copies the
+/// logits out (the next replay overwrites the graph's buffer).
+fn replay(entry: &Entry, tokens: &[u32], slots: &[i32]) -> Result<Tensor> {
+    deltaserve_kernels::cuda::write_from_host(&entry.tokens, tokens)?;
+    deltaserve_kernels::cuda::write_from_host(&entry.slots, slots)?;
+    entry.graph.launch().map_err(candle_core::Error::wrap)?;
+    Ok(entry.logits.copy()?)
+}
