@@ -32,6 +32,35 @@ impl RmsNorm {
     fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
     }
+
+    /// Completes the residual stream (`r = h + delta`, fp32) and normalises it into the compute
+    /// dtype `act`: returns `(r, norm(r) as act)`. One fused kernel on a GPU.
+    fn add_forward(&self, res: &Residual, act: DType) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if res.h.device().is_cuda() {
+            return Ok(deltaserve_kernels::cuda::add_rms_norm(&res.h, res.delta.as_ref(), &self.weight, self.eps, act)?);
+        }
+        let r = match &res.delta {
+            Some(d) => (d.to_dtype(DType::F32)? + &res.h)?,
+            None => res.h.clone(),
+        };
+        let x = self.forward_f32(&r)?.to_dtype(act)?;
+        Ok((r, x))
+    }
+}
+
+/// The fp32 residual stream `h + delta`, the last sub-block's output `delta` (compute dtype)
+/// not yet added: the add runs fused with the next norm.
+struct Residual {
+    h: Tensor,
+    delta: Option<Tensor>,
+}
+
+impl Residual {
+    /// The same rows of `h` and `delta`, picked by `f`.
+    fn rows(&self, f: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<Self> {
+        Ok(Self { h: f(&self.h)?, delta: self.delta.as_ref().map(&f).transpose()? })
+    }
 }
 
 /// `GatedMLP` with `swish`: `down_proj(silu(gate_proj x) · up_proj x)`, with `gate_proj` and
@@ -102,9 +131,9 @@ enum Phase<'a> {
 impl Block {
     /// `h` is the fp32 residual stream; norms run in fp32 and their outputs are rounded to the
     /// compute dtype `act` for the projections.
-    fn forward(&self, h: &Tensor, act: DType, pool: &mut StatePool, phase: &Phase<'_>) -> Result<Tensor> {
+    fn forward(&self, res: &Residual, act: DType, pool: &mut StatePool, phase: &Phase<'_>) -> Result<Residual> {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
-        let x = self.attn_norm.forward_f32(h)?.to_dtype(act)?;
+        let (h, x) = self.attn_norm.add_forward(res, act)?;
         let state = pool.layer_mut(self.layer_idx);
         if let Phase::Prefill { capture: Some(c), .. } = phase {
             c.mixer_input(self.layer_idx, &x);
@@ -120,9 +149,8 @@ impl Block {
             }
             (Mixer::GatedDeltaProduct(m), Phase::Decode { slots }) => m.decode(&x, state, *slots)?,
         };
-        let r = (a.to_dtype(DType::F32)? + h)?;
-        let x = self.mlp_norm.forward_f32(&r)?.to_dtype(act)?;
-        Ok((r + self.mlp.forward(&x)?.to_dtype(DType::F32)?)?)
+        let (r, x) = self.mlp_norm.add_forward(&Residual { h, delta: Some(a) }, act)?;
+        Ok(Residual { h: r, delta: Some(self.mlp.forward(&x)?) })
     }
 }
 
@@ -237,9 +265,18 @@ impl CausalLm {
         Ok(self.embeddings.index_select(ids, 0)?.to_dtype(DType::F32)?)
     }
 
-    fn head(&self, h: &Tensor) -> Result<Tensor> {
-        let h = self.norm.forward_f32(h)?.to_dtype(self.dtype)?;
-        Ok(self.lm_head.forward(&h)?.to_dtype(DType::F32)?)
+    fn head(&self, res: &Residual) -> Result<Tensor> {
+        let (_, x) = self.norm.add_forward(res, self.dtype)?;
+        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+    }
+
+    /// The blocks over the fp32 embeddings `h`.
+    fn blocks(&self, h: Tensor, pool: &mut StatePool, phase: &Phase<'_>) -> Result<Residual> {
+        let mut res = Residual { h, delta: None };
+        for b in &self.layers {
+            res = b.forward(&res, self.dtype, pool, phase)?;
+        }
+        Ok(res)
     }
 
     /// Runs `tokens` through the model from `slot`'s current state (empty or an earlier
@@ -266,13 +303,10 @@ impl CausalLm {
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
         let (cu, slots) = ([0, tokens.len()], [slot.index()]);
         let phase = Phase::Prefill { seqs: Packed { cu: &cu, slots: &slots }, algo, capture };
-        let mut h = self.embed(tokens)?;
-        for b in &self.layers {
-            h = b.forward(&h, self.dtype, pool, &phase)?;
-        }
+        let res = self.blocks(self.embed(tokens)?, pool, &phase)?;
         match logits {
-            Logits::All => self.head(&h),
-            Logits::Last => Ok(self.head(&h.narrow(0, tokens.len() - 1, 1)?)?.squeeze(0)?),
+            Logits::All => self.head(&res),
+            Logits::Last => Ok(self.head(&res.rows(|t| t.narrow(0, tokens.len() - 1, 1))?)?.squeeze(0)?),
         }
     }
 
@@ -302,13 +336,10 @@ impl CausalLm {
         let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = cu[cu.len() - 1]).entered();
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let phase = Phase::Prefill { seqs: Packed { cu: &cu, slots: &slots }, algo, capture: None };
-        let mut h = self.embed(&all)?;
-        for b in &self.layers {
-            h = b.forward(&h, self.dtype, pool, &phase)?;
-        }
+        let res = self.blocks(self.embed(&all)?, pool, &phase)?;
         let last: Vec<u32> = cu[1..].iter().map(|&c| (c - 1) as u32).collect();
         let last = Tensor::new(last.as_slice(), &self.device)?;
-        self.head(&h.index_select(&last, 0)?)
+        self.head(&res.rows(|t| t.index_select(&last, 0))?)
     }
 
     /// Every layer's `q_proj` / `k_proj` weights, in layer order.
@@ -384,10 +415,7 @@ impl CausalLm {
     /// advancing `slots.host[b]`. Returns `[B, vocab]` f32 logits.
     pub(crate) fn decode_step(&self, pool: &mut StatePool, ids: &Tensor, slots: StepSlots<'_>) -> Result<Tensor> {
         let phase = Phase::Decode { slots };
-        let mut h = self.embed_ids(ids)?;
-        for b in &self.layers {
-            h = b.forward(&h, self.dtype, pool, &phase)?;
-        }
-        self.head(&h)
+        let res = self.blocks(self.embed_ids(ids)?, pool, &phase)?;
+        self.head(&res)
     }
 }

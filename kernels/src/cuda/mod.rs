@@ -105,7 +105,7 @@ macro_rules! with_view {
     }};
 }
 
-fn wrap(dev: &CudaDevice, data: CudaSlice<f32>, shape: impl Into<Shape>) -> Tensor {
+fn wrap<T: candle_core::cuda_backend::CudaDType>(dev: &CudaDevice, data: CudaSlice<T>, shape: impl Into<Shape>) -> Tensor {
     Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(data, dev.clone())), shape, BackpropOp::none(), false)
 }
 
@@ -367,6 +367,66 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
         })
     });
     Ok(wrap(&dev, y, x.shape().clone()))
+}
+
+/// The seam between pre-norm sub-blocks in one launch: `r = h + delta` (fp32) and
+/// `x = r / sqrt(mean(r²) + eps) · weight` rounded to `dtype`, for `h` `[N, D]` f32, `delta`
+/// `[N, D]` in `dtype` (or none) and `weight` `[D]`. Returns `(r, x)`. Inputs in other layouts
+/// or dtypes take the same math in candle's ops.
+pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f32, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let dev = cuda_dev(h, "add_rms_norm")?;
+    let (rows, d) = h.dims2()?;
+    let name = match dtype {
+        DType::F32 => "add_rms_norm_f32",
+        DType::BF16 => "add_rms_norm_bf16",
+        DType::F16 => "add_rms_norm_f16",
+        _ => "",
+    };
+    let fits = |t: &Tensor| t.is_contiguous() && t.dims() == [rows, d] && t.dtype() == dtype;
+    if name.is_empty() || h.dtype() != DType::F32 || !h.is_contiguous() || !delta.is_none_or(fits) {
+        let r = match delta {
+            Some(x) => (x.to_dtype(DType::F32)? + h)?,
+            None => h.clone(),
+        };
+        let ms = (r.sqr()?.mean_keepdim(1)? + eps as f64)?;
+        let x = r.broadcast_div(&ms.sqrt()?)?.broadcast_mul(&weight.to_dtype(DType::F32)?)?.to_dtype(dtype)?;
+        return Ok((r, x));
+    }
+    let w = f32c(weight)?;
+    // SAFETY (both): the kernel writes every element of r and x.
+    let x = match dtype {
+        DType::BF16 => wrap(&dev, unsafe { dev.alloc::<half::bf16>(rows * d) }?, (rows, d)),
+        DType::F16 => wrap(&dev, unsafe { dev.alloc::<half::f16>(rows * d) }?, (rows, d)),
+        _ => wrap(&dev, unsafe { dev.alloc::<f32>(rows * d) }?, (rows, d)),
+    };
+    let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
+    let f = dev.get_or_load_custom_func(name, "norm", ptx::NORM)?;
+    let cfg = grid(rows, 1, 1, 256, 0);
+    let di = d as i32;
+    let (x_ptr, delta_ptr) = (device_address_any(&x)?, delta.map(device_address_any).transpose()?.unwrap_or(0));
+    with_view!(h, hv, {
+        with_view!(w, wv, {
+            let mut l = f.builder();
+            l.arg(&hv).arg(&delta_ptr).arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
+            unsafe { l.launch(cfg) }.w()?;
+        })
+    });
+    Ok((wrap(&dev, r, (rows, d)), x))
+}
+
+/// [`device_address`] for f32, bf16 and f16 tensors.
+fn device_address_any(t: &Tensor) -> Result<u64> {
+    match t.dtype() {
+        DType::F32 => device_address::<f32>(t),
+        DType::BF16 => device_address::<half::bf16>(t),
+        DType::F16 => device_address::<half::f16>(t),
+        other => Err(KernelError::Shape {
+            op: "device_address",
+            input: "tensor",
+            expected: format!("f32, bf16 or f16, not {other:?}"),
+            actual: t.dims().to_vec(),
+        }),
+    }
 }
 
 fn check_head_dim(op: &'static str, k: usize) -> Result<()> {
