@@ -1,0 +1,158 @@
+//! Launchers of the decode steps: the conv state shift and the gated delta rule over B slots.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, DType, Tensor};
+
+use super::{check_head_dim, cuda_dev, device_address, f32c, grid, indices, ptx, push_gate, wrap, DeviceSlots, GatePtr};
+use crate::ops::MixerInputs;
+use crate::{KernelError, Result, StepSlots};
+
+/// Slot indices a decode kernel takes by value (`SlotList` in common.cuh); longer batches pass
+/// the rest through device memory.
+const INLINE_SLOTS: usize = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SlotList {
+    s: [i32; INLINE_SLOTS],
+}
+
+// SAFETY: plain `#[repr(C)]` integers, laid out as the kernels' `struct SlotList`.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for SlotList {}
+
+/// A decode step's slots: the first [`INLINE_SLOTS`] by value when the batch is small (no
+/// host-to-device copy), else all of them through device memory: uploaded here, or the
+/// caller's device copy (a CUDA graph's, which the next replay rewrites).
+struct DecodeSlots {
+    inline: SlotList,
+    uploaded: Option<CudaSlice<i32>>,
+    /// The device list's address, 0 when the slots are inline.
+    ptr: u64,
+}
+
+impl DecodeSlots {
+    fn new(dev: &CudaDevice, slots: StepSlots<'_>) -> Result<Self> {
+        let mut inline = SlotList { s: [0; INLINE_SLOTS] };
+        if let Some(t) = slots.device {
+            return Ok(Self { inline, uploaded: None, ptr: device_address::<i32>(t)? });
+        }
+        for (d, &s) in inline.s.iter_mut().zip(slots.host) {
+            *d = s as i32;
+        }
+        let uploaded = if slots.host.len() > INLINE_SLOTS { Some(indices(dev, slots.host)?) } else { None };
+        Ok(Self { inline, uploaded, ptr: 0 })
+    }
+
+    /// Pushes the two kernel arguments (`SlotList slots, const int* more_slots`).
+    fn push<'a>(&'a self, l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>) {
+        l.arg(&self.inline);
+        match &self.uploaded {
+            Some(m) => l.arg(m),
+            None => l.arg(&self.ptr),
+        };
+    }
+}
+
+/// One conv step: row `b` of `x` `[B, C]` shifts into the conv state of `slots[b]`.
+pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: StepSlots<'_>, silu: bool) -> Result<Tensor> {
+    let dev = cuda_dev(x, "conv_step")?;
+    let (rows, c) = x.dims2()?;
+    let w = weight.dim(1)?;
+    let (x, weight) = (f32c(x)?, f32c(weight)?);
+    let sl = DecodeSlots::new(&dev, slots)?;
+    // SAFETY: the kernel writes every element of y.
+    let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
+    let f = dev.get_or_load_custom_func("conv_step_f32", "conv", ptx::CONV)?;
+    let (ci, wi, si) = (c as i32, w as i32, silu as i32);
+    with_view!(x, xv, {
+        with_view!(weight, wv, {
+            let mut b = f.builder();
+            b.arg(&xv).arg(&wv).arg(&mut states.data);
+            sl.push(&mut b);
+            b.arg(&mut y).arg(&ci).arg(&wi).arg(&si);
+            unsafe { b.launch(grid(c.div_ceil(128), rows, 1, 128, 0)) }.w()?;
+        })
+    });
+    Ok(wrap(&dev, y, (rows, c)))
+}
+
+/// A decode kernel's shape (`gdr_decode_f32_w{warps}_r{rows}_c{cols}_b{min_blocks}` in
+/// gated_delta.cu): `warps` warps of `rows` state rows each (warps · rows ≥ K), `cols` value
+/// columns a lane, and at least `min_blocks` blocks an SM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DecodeShape {
+    warps: usize,
+    rows: usize,
+    cols: usize,
+    min_blocks: usize,
+}
+
+impl DecodeShape {
+    /// The shapes compiled for every K range (vec and scalar); few rows a warp keeps
+    /// registers low, so more warps are in flight on an SM.
+    const BY_K: [(usize, DecodeShape); 4] = [
+        (32, DecodeShape { warps: 8, rows: 4, cols: 4, min_blocks: 4 }),
+        (64, DecodeShape { warps: 8, rows: 8, cols: 4, min_blocks: 4 }),
+        (128, DecodeShape { warps: 16, rows: 8, cols: 4, min_blocks: 2 }),
+        (256, DecodeShape { warps: 32, rows: 8, cols: 4, min_blocks: 1 }),
+    ];
+
+    /// The shape for key head dim `k` (≤ 256, checked by the caller), or the one named by
+    /// `DELTASERVE_DECODE_KERNEL` (e.g. `w16_r8_c2_b3`, for benchmarks: only vec variants
+    /// of a few shapes are compiled) when it covers `k`.
+    fn for_key_dim(k: usize) -> Self {
+        static WANTED: std::sync::OnceLock<Option<DecodeShape>> = std::sync::OnceLock::new();
+        let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_DECODE_KERNEL").ok().and_then(|s| Self::parse(&s)));
+        if let Some(w) = wanted.filter(|w| w.warps * w.rows >= k) {
+            return w;
+        }
+        Self::BY_K.iter().find(|(max_k, _)| k <= *max_k).map_or(Self::BY_K[3].1, |(_, s)| *s)
+    }
+
+    /// Parses `w{warps}_r{rows}_c{cols}_b{min_blocks}`.
+    fn parse(s: &str) -> Option<Self> {
+        let mut it = s.split('_');
+        let mut field = |p: char| it.next()?.strip_prefix(p)?.parse::<usize>().ok();
+        Some(Self { warps: field('w')?, rows: field('r')?, cols: field('c')?, min_blocks: field('b')? })
+    }
+
+    fn name(&self) -> String {
+        format!("w{}_r{}_c{}_b{}", self.warps, self.rows, self.cols, self.min_blocks)
+    }
+}
+
+/// One decode step for `B = slots.len()` sequences, `x.n` householder steps each, reading and
+/// writing the states of `slots` in place. Returns `o` `[B, HV, V]` f32.
+pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: StepSlots<'_>) -> Result<Tensor> {
+    let dev = cuda_dev(x.q, "gated_delta_step")?;
+    let (b, h, k) = x.q.dims3()?;
+    let (_, hv, v) = x.v.dims3()?;
+    check_head_dim("gated_delta_step", k)?;
+    // 16-byte state and value accesses when V allows (and v's data is, or will be copied to,
+    // an aligned buffer); element by element otherwise.
+    let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
+    let access = if v.is_multiple_of(4) && aligned { "vec" } else { "scalar" };
+    let shape = DecodeShape::for_key_dim(k);
+    let name = format!("gdr_decode_f32_{}_{access}", shape.name());
+    let cfg = grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0);
+    let sl = DecodeSlots::new(&dev, slots)?;
+    // SAFETY: the kernel writes every element of o.
+    let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
+    let f = dev.get_or_load_custom_func(&name, "gated_delta", ptx::GATED_DELTA)?;
+    let ints = [h as i32, hv as i32, k as i32, v as i32, x.n.max(1) as i32];
+    with_mixer_views!(x, qv, kv, vv, bv, gp, {
+        let mut l = f.builder();
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&bv);
+        push_gate(&mut l, &gp);
+        l.arg(&mut states.data);
+        sl.push(&mut l);
+        l.arg(&mut o);
+        for i in &ints {
+            l.arg(i);
+        }
+        l.arg(&x.scale);
+        unsafe { l.launch(cfg) }.w()?;
+    });
+    Ok(wrap(&dev, o, (b, hv, v)))
+}
