@@ -89,11 +89,6 @@ impl DecodeGraphs {
     }
 }
 
-/// Uploads host values as a new `[n]` tensor of `dtype` on `dev`, outside any capture.
-fn upload<T: candle_core::WithDType>(values: &[T], dev: &Device) -> Result<Tensor> {
-    Ok(Tensor::new(values, dev)?)
-}
-
 /// One decode step through the pool's graphs: replays the graph of `tokens.len()` when there
 /// is one, captures it when the size ran before, else runs eagerly. `slots` are checked by the
 /// caller (in range, in use, distinct). Returns `[B, vocab]` f32 logits, owned by the caller.
@@ -107,7 +102,7 @@ pub(crate) fn decode(model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, t
         return out;
     }
     let device = Device::Cuda(dev.clone());
-    let ids = upload(tokens, &device)?;
+    let ids = Tensor::new(tokens, &device)?;
     if !pool.graphs.warm.contains(&b) || pool.graphs.failed.contains(&b) {
         // The eager run fills candle's parameter cache for the capture to come.
         let _cache = dev.enable_cuda_graph_htod_cache();
@@ -115,7 +110,7 @@ pub(crate) fn decode(model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, t
         pool.graphs.warm.insert(b);
         return Ok(logits);
     }
-    let dev_slots = upload(&slot_ids, &device)?;
+    let dev_slots = Tensor::new(slot_ids.as_slice(), &device)?;
     let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
     match capture(model, dev, pool, &ids, &dev_slots, &logits, slots) {
         Ok(graph) => {

@@ -34,11 +34,14 @@ impl RmsNorm {
     }
 
     /// Completes the residual stream (`r = h + delta`, fp32) and normalises it into the compute
-    /// dtype `act`: returns `(r, norm(r) as act)`. One fused kernel on a GPU.
+    /// dtype `act`: returns `(r, norm(r) as act)`. One fused kernel on a GPU (for contiguous
+    /// inputs, as the blocks' are).
     fn add_forward(&self, res: &Residual, act: DType) -> Result<(Tensor, Tensor)> {
         #[cfg(feature = "cuda")]
         if res.h.device().is_cuda() {
-            return Ok(deltaserve_kernels::cuda::add_rms_norm(&res.h, res.delta.as_ref(), &self.weight, self.eps, act)?);
+            if let Some(out) = deltaserve_kernels::cuda::add_rms_norm(&res.h, res.delta.as_ref(), &self.weight, self.eps, act)? {
+                return Ok(out);
+            }
         }
         let r = match &res.delta {
             Some(d) => (d.to_dtype(DType::F32)? + &res.h)?,

@@ -1,4 +1,5 @@
-//! Launchers of the decode steps: the conv state shift and the gated delta rule over B slots.
+//! Launcher of the decode step of the gated delta rule over B slots, and the slot lists that
+//! the decode kernels (this one and the conv step) take.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
@@ -6,7 +7,7 @@ use candle_core::{CudaDevice, DType, Tensor};
 
 use super::{check_head_dim, cuda_dev, device_address, f32c, grid, indices, ptx, push_gate, wrap, DeviceSlots, GatePtr};
 use crate::ops::MixerInputs;
-use crate::{KernelError, Result, StepSlots};
+use crate::{Result, StepSlots};
 
 /// Slot indices a decode kernel takes by value (`SlotList` in common.cuh); longer batches pass
 /// the rest through device memory.
@@ -24,7 +25,7 @@ unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for SlotList {
 /// A decode step's slots: the first [`INLINE_SLOTS`] by value when the batch is small (no
 /// host-to-device copy), else all of them through device memory: uploaded here, or the
 /// caller's device copy (a CUDA graph's, which the next replay rewrites).
-struct DecodeSlots {
+pub(super) struct DecodeSlots {
     inline: SlotList,
     uploaded: Option<CudaSlice<i32>>,
     /// The device list's address, 0 when the slots are inline.
@@ -32,7 +33,7 @@ struct DecodeSlots {
 }
 
 impl DecodeSlots {
-    fn new(dev: &CudaDevice, slots: StepSlots<'_>) -> Result<Self> {
+    pub(super) fn new(dev: &CudaDevice, slots: StepSlots<'_>) -> Result<Self> {
         let mut inline = SlotList { s: [0; INLINE_SLOTS] };
         if let Some(t) = slots.device {
             return Ok(Self { inline, uploaded: None, ptr: device_address::<i32>(t)? });
@@ -45,36 +46,13 @@ impl DecodeSlots {
     }
 
     /// Pushes the two kernel arguments (`SlotList slots, const int* more_slots`).
-    fn push<'a>(&'a self, l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>) {
+    pub(super) fn push<'a>(&'a self, l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>) {
         l.arg(&self.inline);
         match &self.uploaded {
             Some(m) => l.arg(m),
             None => l.arg(&self.ptr),
         };
     }
-}
-
-/// One conv step: row `b` of `x` `[B, C]` shifts into the conv state of `slots[b]`.
-pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: StepSlots<'_>, silu: bool) -> Result<Tensor> {
-    let dev = cuda_dev(x, "conv_step")?;
-    let (rows, c) = x.dims2()?;
-    let w = weight.dim(1)?;
-    let (x, weight) = (f32c(x)?, f32c(weight)?);
-    let sl = DecodeSlots::new(&dev, slots)?;
-    // SAFETY: the kernel writes every element of y.
-    let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
-    let f = dev.get_or_load_custom_func("conv_step_f32", "conv", ptx::CONV)?;
-    let (ci, wi, si) = (c as i32, w as i32, silu as i32);
-    with_view!(x, xv, {
-        with_view!(weight, wv, {
-            let mut b = f.builder();
-            b.arg(&xv).arg(&wv).arg(&mut states.data);
-            sl.push(&mut b);
-            b.arg(&mut y).arg(&ci).arg(&wi).arg(&si);
-            unsafe { b.launch(grid(c.div_ceil(128), rows, 1, 128, 0)) }.w()?;
-        })
-    });
-    Ok(wrap(&dev, y, (rows, c)))
 }
 
 /// A decode kernel's shape (`gdr_decode_f32_w{warps}_r{rows}_c{cols}_b{min_blocks}` in

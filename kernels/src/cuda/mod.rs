@@ -97,7 +97,7 @@ macro_rules! with_view {
     ($t:expr, $v:ident, $ty:ty, $body:block) => {{
         let (guard, layout) = $t.storage_and_layout();
         let candle_core::Storage::Cuda(cs) = &*guard else {
-            return Err(KernelError::UnsupportedDevice { op: "cuda view", device: "non-cuda storage".into() });
+            return Err($crate::KernelError::UnsupportedDevice { op: "cuda view", device: "non-cuda storage".into() });
         };
         let $v: candle_core::cuda_backend::cudarc::driver::CudaView<'_, $ty> = cs.as_cuda_slice::<$ty>()?.slice(layout.start_offset()..);
         $body
@@ -213,10 +213,12 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
     }
 }
 
+mod conv;
 mod decode;
 mod prefill;
 mod rows;
 
-pub use decode::{conv_step, gated_delta_step};
-pub use prefill::{conv_prefill, gated_delta_chunk_tc};
+pub use conv::{conv_prefill, conv_step};
+pub use decode::gated_delta_step;
+pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, GateInputs, Prepared};

@@ -1,4 +1,4 @@
-//! Launchers of the prefill: the packed causal conv and the chunked gated delta rule on the tensor cores.
+//! Launcher of the prefill's chunked gated delta rule on the tensor cores.
 
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
@@ -6,36 +6,7 @@ use candle_core::{DType, Tensor};
 
 use super::{check_head_dim, cuda_dev, f32c, grid, indices, ptx, push_gate, wrap, DeviceSlots, GatePtr, CHUNK};
 use crate::ops::MixerInputs;
-use crate::{KernelError, Result};
-
-/// Causal conv + SiLU over packed sequences `x` `[Σ T, C]`: sequence `s` owns rows
-/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`. Returns `[Σ T, C]` f32.
-pub fn conv_prefill(
-    x: &Tensor,
-    weight: &Tensor,
-    states: &mut DeviceSlots,
-    cu_seqlens: &[usize],
-    slots: &[usize],
-    silu: bool,
-) -> Result<Tensor> {
-    let dev = cuda_dev(x, "conv_prefill")?;
-    let (rows, c) = x.dims2()?;
-    let w = weight.dim(1)?;
-    let (x, weight) = (f32c(x)?, f32c(weight)?);
-    let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
-    // SAFETY: cu_seqlens covers every row (checked by ops), and the kernel writes each.
-    let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
-    let f = dev.get_or_load_custom_func("conv_prefill_f32", "conv", ptx::CONV)?;
-    let (ci, wi, si) = (c as i32, w as i32, silu as i32);
-    with_view!(x, xv, {
-        with_view!(weight, wv, {
-            let mut b = f.builder();
-            b.arg(&xv).arg(&wv).arg(&mut states.data).arg(&cu).arg(&sl).arg(&mut y).arg(&ci).arg(&wi).arg(&si);
-            unsafe { b.launch(grid(c.div_ceil(128), slots.len(), 1, 128, 0)) }.w()?;
-        })
-    });
-    Ok(wrap(&dev, y, (rows, c)))
-}
+use crate::Result;
 
 /// Shared memory of the tensor-core kernels, in bytes (each buffer rounded up to 128 bytes, as
 /// the kernels' allocator does).

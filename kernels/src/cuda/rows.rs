@@ -117,26 +117,20 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
 
 /// The seam between pre-norm sub-blocks in one launch: `r = h + delta` (fp32) and
 /// `x = r / sqrt(mean(r²) + eps) · weight` rounded to `dtype`, for `h` `[N, D]` f32, `delta`
-/// `[N, D]` in `dtype` (or none) and `weight` `[D]`. Returns `(r, x)`. Inputs in other layouts
-/// or dtypes take the same math in candle's ops.
-pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f32, dtype: DType) -> Result<(Tensor, Tensor)> {
+/// `[N, D]` in `dtype` (or none) and `weight` `[D]`. Returns `(r, x)`, or `None` when the inputs'
+/// layouts or dtypes are not the kernel's (the caller then runs the same math in tensor ops).
+pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f32, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
     let dev = cuda_dev(h, "add_rms_norm")?;
     let (rows, d) = h.dims2()?;
     let name = match dtype {
         DType::F32 => "add_rms_norm_f32",
         DType::BF16 => "add_rms_norm_bf16",
         DType::F16 => "add_rms_norm_f16",
-        _ => "",
+        _ => return Ok(None),
     };
     let fits = |t: &Tensor| t.is_contiguous() && t.dims() == [rows, d] && t.dtype() == dtype;
-    if name.is_empty() || h.dtype() != DType::F32 || !h.is_contiguous() || !delta.is_none_or(fits) {
-        let r = match delta {
-            Some(x) => (x.to_dtype(DType::F32)? + h)?,
-            None => h.clone(),
-        };
-        let ms = (r.sqr()?.mean_keepdim(1)? + eps as f64)?;
-        let x = r.broadcast_div(&ms.sqrt()?)?.broadcast_mul(&weight.to_dtype(DType::F32)?)?.to_dtype(dtype)?;
-        return Ok((r, x));
+    if h.dtype() != DType::F32 || !h.is_contiguous() || !delta.is_none_or(fits) {
+        return Ok(None);
     }
     let w = f32c(weight)?;
     // SAFETY (both): the kernel writes every element of r and x.
@@ -157,7 +151,7 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
             unsafe { l.launch(cfg) }.w()?;
         })
     });
-    Ok((wrap(&dev, r, (rows, d)), x))
+    Ok(Some((wrap(&dev, r, (rows, d)), x)))
 }
 
 /// [`device_address`] for f32, bf16 and f16 tensors.
