@@ -202,9 +202,15 @@ fn cat(cases: &[&Case]) -> Case {
 const SHAPES: [(usize, usize, usize, usize, usize); 5] =
     [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256), (1, 2, 2, 40, 50)];
 
+/// Shapes wide enough (5 sequences × 8 value heads × 4 tiles of 64 columns ≥ the H100's 132
+/// SMs) that the packed bf16 state pass takes 64-column value tiles while each sequence alone
+/// takes 32: packed == alone then also holds the two tilings, and at K ≤ 64 the double-buffered
+/// loads, to each other (the alone runs are checked against the CPU elsewhere).
+const WIDE_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(1, 4, 8, 64, 256), (1, 8, 8, 128, 256)];
+
 fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for ((n, h, hv, kd, vd), dtype) in SHAPES.into_iter().flat_map(|s| [(s, DType::F32), (s, BF16)]) {
+    for ((n, h, hv, kd, vd), dtype) in SHAPES.into_iter().chain(WIDE_SHAPES).flat_map(|s| [(s, DType::F32), (s, BF16)]) {
         let lens = [65usize, 1, 130, 64, 7];
         let slots = [3usize, 0, 4, 1, 2];
         let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(dtype)).collect();

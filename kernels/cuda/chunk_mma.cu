@@ -3,15 +3,19 @@
 // tile) walks the sequence's chunks in order:
 //   X = W S, Y = Q S                      (warps 0–3: W rows, warps 4–7: Q rows, 16 each)
 //   V' = T2 V − X                         (warps 0–3, from their X registers; bf16 into shared
-//                                          memory, as fla rounds it; U = T2 V is never stored)
+//                                          memory, as fla rounds it; U = T2 V is never stored;
+//                                          meanwhile warps 4–7 compute the chunk's decays once)
 //   O = scale (e^G ⊙ Y + P V')            (warps 4–7, from their Y registers)
 //   S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V'   (every warp, on its own rows of S; the
 //                                          decay scales the Kᵀ fragments in registers)
 // S stays in fp32 accumulator registers; a bf16 copy in shared memory feeds the next chunk's
-// X and Y. Chunk inputs arrive by cp.async in two groups into single buffers, each refilled as
-// soon as it is consumed: W and Q (needed first) after X and Y; K, P, T2, V and G at the end,
-// their wait deferred until after X and Y. The next chunk's rows are prefetched into L2 a
-// chunk ahead, and with two CTAs per SM one CTA's loads overlap the other's work.
+// X and Y. Chunk inputs arrive by cp.async in two groups: W and Q (needed first) into single
+// buffers, refilled after X and Y; K, P, T2, V and G either into single buffers refilled at
+// the chunk's end, their wait deferred until after X and Y, or (K ≤ 64, where shared memory
+// allows it at two CTAs per SM) double-buffered and issued a whole chunk ahead. The rows the
+// next loads will want are prefetched into L2 a chunk ahead (the tiles every value tile reads
+// by one CTA of the head only), and with two CTAs per SM one CTA's loads overlap the other's
+// work.
 //
 // KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
 // tile shapes and loops are compile-time).
@@ -82,13 +86,25 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   Smem sm{smem_raw};
   bf16* Wt = sm.take<bf16>(CH * KP);
   bf16* Qt = sm.take<bf16>(CH * KP);
-  bf16* Kt = sm.take<bf16>(CH * KP);
-  bf16* Pt = sm.take<bf16>(CH * TP);
+  bf16* K0 = sm.take<bf16>(CH * KP);
+  bf16* P0 = sm.take<bf16>(CH * TP);
   bf16* Sb = sm.take<bf16>(K16 * SB);
-  bf16* T2t = sm.take<bf16>(CH * TP);
-  bf16* Vt = sm.take<bf16>(CH * SB);
+  bf16* T20 = sm.take<bf16>(CH * TP);
+  bf16* V0 = sm.take<bf16>(CH * SB);
   bf16* Vp = sm.take<bf16>(CH * SB);
-  float* G = sm.take<float>(CH);
+  // The chunk's decays e^{G_last − G} and e^G (computed once per chunk), then its G.
+  float* Dk = sm.take<float>(3 * CH);
+  float* Eg = Dk + CH;
+  float* G0 = Dk + 2 * CH;
+  // With K ≤ 64 the tiles are small enough for two CTAs per SM to double-buffer the second
+  // load group (K, P, T2, V, G): the next chunk's copy starts a whole chunk ahead, at the top of
+  // this one, instead of after this chunk's state update.
+  constexpr bool DB = KT <= 4;
+  bf16* K1 = DB ? sm.take<bf16>(CH * KP) : K0;
+  bf16* P1 = DB ? sm.take<bf16>(CH * TP) : P0;
+  bf16* T21 = DB ? sm.take<bf16>(CH * TP) : T20;
+  bf16* V1 = DB ? sm.take<bf16>(CH * SB) : V0;
+  float* G1 = DB ? sm.take<float>(CH) : G0;
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * BV;
   const int hk = hv / (HV / H);
@@ -140,34 +156,49 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     tile_async<CH, K16>(Wt, KP, W + ((size_t)t0 * HV + hv) * K, (size_t)HV * K, L, K);
     tile_async<CH, K16>(Qt, KP, q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
   };
-  auto load_kpug = [&](int t0, int L) {
-    tile_async<CH, K16>(Kt, KP, k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
-    tile_async<CH, CH>(Pt, TP, P + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
-    tile_async<CH, CH>(T2t, TP, T2 + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
-    tile_async<CH, BV>(Vt, SB, v + ((size_t)t0 * HV + hv) * V + v0, (size_t)HV * V, L, vw);
-    if (tid < CH) cp_async4(G + tid, Gin + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
+  auto load_kpug = [&](int t0, int L, int buf) {
+    tile_async<CH, K16>((buf ? K1 : K0), KP, k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    tile_async<CH, CH>((buf ? P1 : P0), TP, P + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
+    tile_async<CH, CH>((buf ? T21 : T20), TP, T2 + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
+    tile_async<CH, BV>((buf ? V1 : V0), SB, v + ((size_t)t0 * HV + hv) * V + v0, (size_t)HV * V, L, vw);
+    if (tid < CH) cp_async4((buf ? G1 : G0) + tid, Gin + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
   };
   if (t_begin < t_end) {
     load_wq(t_begin, min(CH, t_end - t_begin));
     cp_async_commit();
-    load_kpug(t_begin, min(CH, t_end - t_begin));
+    load_kpug(t_begin, min(CH, t_end - t_begin), 0);
     cp_async_commit();
   }
   const int m = warp >> 2, rt = warp & 3;  // m = 0: X = W S, m = 1: Y = Q S; rt: 16-row band
-  for (int t0 = t_begin; t0 < t_end; t0 += CH) {
+  for (int t0 = t_begin, buf = 0; t0 < t_end; t0 += CH, buf ^= DB) {
     const int L = min(CH, t_end - t0);
     const bool more = t0 + CH < t_end;
     const int L1 = more ? min(CH, t_end - (t0 + CH)) : 0;
-    cp_async_wait<1>();  // W and Q; K, P, T2, V and G may still be in flight
+    const bf16 *Kt = (buf ? K1 : K0), *Pt = (buf ? P1 : P0), *T2t = (buf ? T21 : T20), *Vt = (buf ? V1 : V0);
+    const float* G = (buf ? G1 : G0);
+    if constexpr (DB) {
+      cp_async_wait<0>();  // this chunk's W and Q, and its second group (issued a chunk ago)
+    } else {
+      cp_async_wait<1>();  // W and Q; K, P, T2, V and G may still be in flight
+    }
     __syncthreads();
     if (more) {
       const size_t r1 = t0 + CH;
-      prefetch_l2<2 * K16>(W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
-      prefetch_l2<2 * K16>(q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
-      prefetch_l2<2 * K16>(k + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
-      prefetch_l2<2 * CH>(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
-      prefetch_l2<2 * CH>(T2 + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
-      prefetch_l2<2 * BV>(v + (r1 * HV + hv) * V + v0, (size_t)HV * V * 2, L1, vw * 2);
+      if constexpr (DB) {
+        // The other buffer's chunk finished before the barrier above.
+        load_kpug(t0 + CH, L1, buf ^ 1);
+        cp_async_commit();
+      }
+      if (blockIdx.x == 0) {  // the tiles every value tile reads: one CTA asks for them
+        prefetch_l2<2 * K16>(W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
+        prefetch_l2<2 * K16>(q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+        if constexpr (!DB) {
+          prefetch_l2<2 * K16>(k + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+          prefetch_l2<2 * CH>(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+          prefetch_l2<2 * CH>(T2 + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+        }
+      }
+      if constexpr (!DB) prefetch_l2<2 * BV>(v + (r1 * HV + hv) * V + v0, (size_t)HV * V * 2, L1, vw * 2);
     }
 
     float acc[NB][4];
@@ -176,7 +207,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     band_mma<NB>(acc, (m ? Qt : Wt) + rt * 16 * KP, KP, Sb, SB, KT);
-    cp_async_wait<0>();
+    if constexpr (!DB) cp_async_wait<0>();
     __syncthreads();  // K, P, T2, V and G are in; W, Q and the bf16 S are consumed
     if (more) {
       load_wq(t0 + CH, L1);
@@ -198,12 +229,17 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
         for (int j = 0; j < NB; ++j)
           *reinterpret_cast<unsigned*>(Vp + r * SB + j * 8 + 2 * t4) = pack_bf16(acc[j][2 * h], acc[j][2 * h + 1]);
       }
+    } else {
+      // Meanwhile the Y warps work out the chunk's decays, once for every warp.
+      const int t = tid - 128;
+      if (t < CH) Dk[t] = __expf(g_last - G[t]);
+      else Eg[t - CH] = __expf(G[t - CH]);
     }
     __syncthreads();
 
     if (m == 1) {
       // O = scale (e^G ⊙ Y + P V'); P is lower triangular, so k-steps stop at the band.
-      const float e0 = __expf(G[rt * 16 + g8]), e1 = __expf(G[rt * 16 + g8 + 8]);
+      const float e0 = Eg[rt * 16 + g8], e1 = Eg[rt * 16 + g8 + 8];
 #pragma unroll
       for (int j = 0; j < NB; ++j) {
         acc[j][0] *= e0, acc[j][1] *= e0, acc[j][2] *= e1, acc[j][3] *= e1;
@@ -230,14 +266,14 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
 
     // S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V': A = Kᵀ (ldmatrix.trans of the row-major K
     // tile), each column t scaled by its decay in registers; B = V'.
-    const float el = __expf(g_last);
+    const float el = Eg[CH - 1];
     __nv_bfloat162 dk[CH / 16][2];  // decays of columns 2·t4 (+1) and 8 + 2·t4 (+1) per k-step
 #pragma unroll
     for (int kk = 0; kk < CH / 16; ++kk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int t = kk * 16 + 8 * h + 2 * t4;
-        dk[kk][h] = __floats2bfloat162_rn(__expf(g_last - G[t]), __expf(g_last - G[t + 1]));
+        dk[kk][h] = __floats2bfloat162_rn(Dk[t], Dk[t + 1]);
       }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
@@ -269,8 +305,8 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     }
     publish_s();
     __syncthreads();  // K, P, T2, V, G and V' consumed; the bf16 S is complete
-    if (more) {
-      load_kpug(t0 + CH, L1);
+    if (!DB && more) {
+      load_kpug(t0 + CH, L1, 0);
       cp_async_commit();
     }
   }
@@ -278,7 +314,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   for_s([](float& x, float* g) { *g = x; });
 }
 
-// Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread); one at KT = 16.
+// Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread), one at KT = 16.
 #define MMA_ENTRY(KT, BV, MINB)                                                                                      \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
       chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, const bf16* W, const bf16* T2,     \

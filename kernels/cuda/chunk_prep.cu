@@ -6,7 +6,7 @@
 //      W = T diag(β e^G) K,   U = T diag(β) V,   P[i,j] = (q_i·k_j) e^{G_i−G_j} (j ≤ i);
 //    with bf16 inputs T2 = T diag(β) goes out in U's place and the state pass forms U = T2 V.
 //    T is inverted in fp32 by 16×16 blocks: the diagonal blocks by elimination in registers,
-//    then the block rows below from the blocks above them.
+//    then the blocks below it from the two 32×32 halves (three dependent products).
 // 2. one CTA per (sequence, value head, value tile), chunks in order, the state carried
 //    through them: V' = U − W S, O = scale (e^G ⊙ Q S + P V'), S ← e^{G_last} S + Kᵀ
 //    (e^{G_last−G} ⊙ V'). chunk_state.cu (wmma, split operands) for f32 inputs, chunk_mma.cu
@@ -55,10 +55,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   const size_t row0 = crow[c];
   const int L = clen[c];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // Scratch without buffers of its own: the block inverse's partial products live in T1h until
-  // T1 is written (in the q tile, free after Q Kᵀ, with bf16 inputs), and the warps' staging
-  // tiles in Af once T is done.
-  float* Xs = LO ? reinterpret_cast<float*>(T1h) : reinterpret_cast<float*>(Qh);
+  // The warps' staging tiles live in Af once T is done (no buffer of their own).
   float* stage = Af + warp * 256;
 
   if constexpr (LO) {
@@ -106,12 +103,22 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   }
   __syncthreads();
 
-  // Decays and masks (exp only where j ≤ i); P goes out now, Tf is reused for T.
-  for (int e = tid; e < CH * CH; e += THREADS) {
-    const int i = e / CH, j = e % CH;
-    const float d = j <= i ? __expf(G[i] - G[j]) : 0.0f;
-    Af[i * AP + j] = j < i ? Bt[i] * Af[i * AP + j] * d : 0.0f;
-    if (i < L) store_as(P + ((row0 + i) * HV + hv) * CH + j, j <= i ? Tf[i * AP + j] * d : 0.0f);
+  // Decays and masks (exp only where j ≤ i), eight columns a thread at a time; P goes out now,
+  // Tf is reused for T.
+  for (int e = tid; e < CH * CH / 8; e += THREADS) {
+    const int i = e / (CH / 8), j0 = (e % (CH / 8)) * 8;
+    float* a = Af + i * AP + j0;
+    const float* qk = Tf + i * AP + j0;
+    const float gi = G[i], bi = Bt[i];
+    float pa[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const int j = j0 + c;
+      const float d = j <= i ? __expf(gi - G[j]) : 0.0f;
+      a[c] = j < i ? bi * a[c] * d : 0.0f;
+      pa[c] = j <= i ? qk[c] * d : 0.0f;  // upper tiles of Q Kᵀ were never computed
+    }
+    if (i < L) store8(P + ((row0 + i) * HV + hv) * CH + j0, pa);
   }
   __syncthreads();
 
@@ -134,28 +141,47 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     for (int e = 0; e < 8; ++e) Tf[(b0 + r0 + e) * AP + b0 + col] = t[e];
   }
   __syncthreads();
-  // Block rows 1..3: T_ij = −T_ii Σ_{m=j}^{i−1} A_im T_mj for j < i, warp j for block j, each
-  // product on the tensor cores in 3×TF32 (near fp32).
-  for (int bi = 1; bi < 4; ++bi) {
-    const int bj = warp;
-    if (bj < bi) {
-      FragC32 acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int m = bj; m < bi; ++m)
-        mma_3xtf32(acc, Af + bi * 16 * AP + m * 16, Tf + m * 16 * AP + bj * 16, AP);
-      wmma::store_matrix_sync(Xs + bj * 256, acc, 16, wmma::mem_row_major);
-    }
-    __syncthreads();
-    if (bj < bi) {
-      FragC32 acc;
-      wmma::fill_fragment(acc, 0.0f);
-      mma_3xtf32(acc, Tf + bi * 16 * AP + bi * 16, AP, Xs + bj * 256, 16);
+  // The blocks below the diagonal from the two 32×32 halves, T = [[T₁, 0], [−T₂ A₂₁ T₁, T₂]],
+  // T₁ = [[T00, 0], [T10, T11]], T₂ = [[T22, 0], [T32, T33]]: three dependent products on the
+  // critical path (row by row it would be six). Each product runs on the tensor cores in
+  // 3×TF32 (near fp32); intermediate products go to the upper blocks of Af, which nothing reads.
+  auto blk = [](float* m, int i, int j) { return m + i * 16 * AP + j * 16; };
+  const auto negate = [](FragC32& f) {
 #pragma unroll
-      for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
-      wmma::store_matrix_sync(Tf + bi * 16 * AP + bj * 16, acc, AP, wmma::mem_row_major);
-    }
-    __syncthreads();
+    for (int e = 0; e < f.num_elements; ++e) f.x[e] = -f.x[e];
+  };
+  if (warp < 2) {
+    // T10 = −T11 A10 T00 (warp 0) and T32 = −T33 A32 T22 (warp 1).
+    const int i = 2 * warp + 1;
+    FragC32 x, t;
+    wmma::fill_fragment(x, 0.0f);
+    mma_3xtf32(x, blk(Af, i, i - 1), blk(Tf, i - 1, i - 1), AP);
+    wmma::store_matrix_sync(blk(Af, i - 1, i), x, AP, wmma::mem_row_major);
+    __syncwarp();  // this warp's own scratch block: no block-wide barrier
+    wmma::fill_fragment(t, 0.0f);
+    mma_3xtf32(t, blk(Tf, i, i), blk(Af, i - 1, i), AP);
+    negate(t);
+    wmma::store_matrix_sync(blk(Tf, i, i - 1), t, AP, wmma::mem_row_major);
   }
+  __syncthreads();
+  const int bi = 2 + warp / 2, bj = warp % 2;  // warps 0–3: block (bi, bj) of the lower half
+  if (warp < 4) {
+    // X = A₂₁ T₁, block X_ij stored at (j, i).
+    FragC32 x;
+    wmma::fill_fragment(x, 0.0f);
+    for (int m = bj; m < 2; ++m) mma_3xtf32(x, blk(Af, bi, m), blk(Tf, m, bj), AP);
+    wmma::store_matrix_sync(blk(Af, bj, bi), x, AP, wmma::mem_row_major);
+  }
+  __syncthreads();
+  if (warp < 4) {
+    // T_ij = −Σ_{m=2..i} T_im X_mj.
+    FragC32 t;
+    wmma::fill_fragment(t, 0.0f);
+    for (int m = 2; m <= bi; ++m) mma_3xtf32(t, blk(Tf, bi, m), blk(Af, bj, m), AP);
+    negate(t);
+    wmma::store_matrix_sync(blk(Tf, bi, bj), t, AP, wmma::mem_row_major);
+  }
+  __syncthreads();
   if constexpr (LO) {
     for (int e = tid; e < CH * CH; e += THREADS) {
       const int i = e / CH, j = e % CH;
@@ -165,22 +191,28 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     }
   } else {
     // T1 overwrites T: read all of this thread's values first. T2 goes out (bf16 [rows, HV,
-    // 64], in U's place): the state pass forms U = T2 V itself.
-    constexpr int PER = CH * CH / THREADS;
-    const int j = tid % CH, i0 = tid / CH;
-    const float bj = Bt[j], ebj = Bt[j] * __expf(G[j]);
-    float t[PER];
+    // 64], in U's place): the state pass forms U = T2 V itself. Eight columns a group.
+    constexpr int PER = CH * CH / 8 / THREADS;
+    const int j0 = (tid % (CH / 8)) * 8, i0 = tid / (CH / 8);
+    float t[PER][8];
 #pragma unroll
     for (int n = 0; n < PER; ++n) {
-      const int i = i0 + n * (THREADS / CH);
-      t[n] = j <= i ? Tf[i * AP + j] : 0.0f;
+      const int i = i0 + n * (THREADS * 8 / CH);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) t[n][c] = j0 + c <= i ? Tf[i * AP + j0 + c] : 0.0f;
     }
     __syncthreads();
+    float bj[8], ebj[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) bj[c] = Bt[j0 + c], ebj[c] = bj[c] * __expf(G[j0 + c]);
 #pragma unroll
     for (int n = 0; n < PER; ++n) {
-      const int i = i0 + n * (THREADS / CH);
-      T1h[i * TP + j] = __float2bfloat16(t[n] * ebj);
-      if (i < L) store_as(U + ((row0 + i) * HV + hv) * CH + j, t[n] * bj);
+      const int i = i0 + n * (THREADS * 8 / CH);
+      float t1[8], t2[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) t1[c] = t[n][c] * ebj[c], t2[c] = t[n][c] * bj[c];
+      store8(T1h + i * TP + j0, t1);
+      if (i < L) store8(U + ((row0 + i) * HV + hv) * CH + j0, t2);
     }
   }
   __syncthreads();

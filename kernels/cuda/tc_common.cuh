@@ -241,13 +241,31 @@ __device__ __forceinline__ void tile_async(bf16* dst, int ld, const bf16* src, s
   const int W16 = W16C > 0 ? W16C : w16;
   const int GPR = W16 / 8, N = R * GPR;
   if (W % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    if constexpr (W16C > 0 && THREADS % (W16C / 8) == 0) {
+      // Compile-time width: each thread keeps one column group and walks its rows RS apart,
+      // so a copy costs a pointer add instead of an index division and a 64-bit multiply.
+      constexpr int G = W16C / 8, RS = THREADS / G, ITEMS = (R + RS - 1) / RS;
+      const int c = (threadIdx.x % G) * 8, r0 = threadIdx.x / G;
+      const bool cok = c < W;
+      const bf16* p = src + (size_t)r0 * stride + c;
+      const size_t step = (size_t)RS * stride;
+      bf16* d = dst + r0 * ld + c;
+#pragma unroll
+      for (int j = 0; j < ITEMS; ++j) {
+        const int r = r0 + j * RS;
+        const bool ok = cok && r < L;
+        if (R % RS == 0 || r < R) cp_async16(d + j * RS * ld, ok ? p : src, ok);
+        p += step;
+      }
+    } else {
 #pragma unroll 4
-    for (int i0 = 0; i0 < N; i0 += THREADS) {
-      const int i = i0 + threadIdx.x;
-      if (i0 + THREADS <= N || i < N) {
-        const int r = i / GPR, c = (i % GPR) * 8;
-        const bool ok = r < L && c < W;
-        cp_async16(dst + r * ld + c, ok ? src + r * stride + c : src, ok);
+      for (int i0 = 0; i0 < N; i0 += THREADS) {
+        const int i = i0 + threadIdx.x;
+        if (i0 + THREADS <= N || i < N) {
+          const int r = i / GPR, c = (i % GPR) * 8;
+          const bool ok = r < L && c < W;
+          cp_async16(dst + r * ld + c, ok ? src + r * stride + c : src, ok);
+        }
       }
     }
   } else {

@@ -1,12 +1,12 @@
 //! Launchers of the causal conv1d + SiLU: over packed prompts (prefill) and one step for B
 //! slots (decode), both updating the slots' conv states in place.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::Tensor;
 
 use super::decode::DecodeSlots;
-use super::{cuda_dev, f32c, grid, indices, ptx, wrap, DeviceSlots};
+use super::{cuda_dev, f32c, grid, index_tables, ptx, wrap, DeviceSlots};
 use crate::{Result, StepSlots};
 
 /// Causal conv + SiLU over packed sequences `x` `[Σ T, C]`: sequence `s` owns rows
@@ -20,7 +20,8 @@ pub fn conv_prefill(
     silu: bool,
 ) -> Result<Tensor> {
     let dev = cuda_dev(x, "conv_prefill")?;
-    let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
+    let (tables, [o_cu, o_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
+    let (cu, sl) = (tables.slice(o_cu..o_cu + cu_seqlens.len()), tables.slice(o_sl..o_sl + slots.len()));
     // cu_seqlens covers every row (checked by ops): the kernel writes each.
     launch("conv_prefill_f32", x, weight, states, silu, slots.len(), ConvSlots::Packed { cu: &cu, slots: &sl })
 }
@@ -35,7 +36,7 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: S
 /// The slot arguments of the two conv kernels.
 enum ConvSlots<'a> {
     /// `cu_seqlens`, `slots` (prefill).
-    Packed { cu: &'a CudaSlice<i32>, slots: &'a CudaSlice<i32> },
+    Packed { cu: &'a CudaView<'a, i32>, slots: &'a CudaView<'a, i32> },
     /// `SlotList slots, const int* more_slots` (decode).
     Step(&'a DecodeSlots),
 }

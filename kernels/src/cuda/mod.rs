@@ -109,8 +109,19 @@ fn wrap<T: candle_core::cuda_backend::CudaDType>(dev: &CudaDevice, data: CudaSli
 }
 
 fn indices(dev: &CudaDevice, xs: &[usize]) -> Result<CudaSlice<i32>> {
-    let v: Vec<i32> = xs.iter().map(|&x| x as i32).collect();
-    Ok(dev.cuda_stream().clone_htod(&v).w()?)
+    Ok(index_tables(dev, [xs])?.0)
+}
+
+/// Several index tables in one upload (each host-to-device copy is a gap in the stream, so a
+/// prefill pays one, not four): the buffer and each table's offset in it.
+fn index_tables<const N: usize>(dev: &CudaDevice, tables: [&[usize]; N]) -> Result<(CudaSlice<i32>, [usize; N])> {
+    let mut offsets = [0; N];
+    let mut v: Vec<i32> = Vec::with_capacity(tables.iter().map(|t| t.len()).sum());
+    for (t, off) in tables.iter().zip(&mut offsets) {
+        *off = v.len();
+        v.extend(t.iter().map(|&x| x as i32));
+    }
+    Ok((dev.cuda_stream().clone_htod(&v).w()?, offsets))
 }
 
 /// The device address of a contiguous CUDA tensor's first element. The caller keeps the tensor

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, f32c, grid, indices, ptx, push_gate, wrap, DeviceSlots, GatePtr, CHUNK};
+use super::{check_head_dim, cuda_dev, f32c, grid, index_tables, ptx, push_gate, wrap, DeviceSlots, GatePtr, CHUNK};
 use crate::ops::MixerInputs;
 use crate::Result;
 
@@ -45,12 +45,18 @@ fn tc_state_smem(k: usize, bv: usize) -> usize {
 }
 
 /// `chunk_mma_state` (bf16 inputs): W, Q and K tiles (K padded to the kernel's 16·KT), P, the
-/// bf16 S, T2, V and V' (all bf16), and G.
+/// bf16 S, T2, V and V' (all bf16), G and the chunk's two decay vectors; with K ≤ 64 (KT = 4)
+/// a second K, P, T2, V and G for the double-buffered load group.
 fn mma_state_smem(k: usize, bv: usize) -> usize {
-    let k16 = 16 * mma_row_tiles(k);
+    let kt_tiles = mma_row_tiles(k);
+    let k16 = 16 * kt_tiles;
     let kt = 2 * CHUNK * (k16 + 8);
     let sb = 2 * (bv + 8);
-    tc_smem(&[kt, kt, kt, 2 * CHUNK * 72, k16 * sb, 2 * CHUNK * 72, CHUNK * sb, CHUNK * sb, 4 * CHUNK])
+    let mut parts = vec![kt, kt, kt, 2 * CHUNK * 72, k16 * sb, 2 * CHUNK * 72, CHUNK * sb, CHUNK * sb, 12 * CHUNK];
+    if kt_tiles <= 4 {
+        parts.extend([kt, 2 * CHUNK * 72, 2 * CHUNK * 72, CHUNK * sb, 4 * CHUNK]);
+    }
+    tc_smem(&parts)
 }
 
 /// 16-row tiles of K `chunk_mma_state` is instantiated for: the smallest of 4, 8, 16 that holds K.
@@ -112,8 +118,11 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     }
     // SAFETY: the state pass writes every row of every chunk.
     let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
-    let (crow_d, clen_d) = (indices(&dev, &crow)?, indices(&dev, &clen)?);
-    let (cu, sl) = (indices(&dev, cu_seqlens)?, indices(&dev, slots)?);
+    let (tables, [o_crow, o_clen, o_cu, o_sl]) = index_tables(&dev, [&crow, &clen, cu_seqlens, slots])?;
+    let crow_d = tables.slice(o_crow..o_crow + crow.len());
+    let clen_d = tables.slice(o_clen..o_clen + clen.len());
+    let cu = tables.slice(o_cu..o_cu + cu_seqlens.len());
+    let sl = tables.slice(o_sl..o_sl + slots.len());
     let mut gc = unsafe { dev.alloc::<f32>(rows * hv) }?;
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
@@ -130,8 +139,9 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
         (f, bv, tc_state_smem(k, bv))
     } else {
         let bv = value_tile(&[64, 32], |bv| mma_state_smem(k, bv), v, slots.len() * hv, sms);
-        let name = format!("chunk_mma_state_k{}_bv{bv}", mma_row_tiles(k));
-        (dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?, bv, mma_state_smem(k, bv))
+        let kt = mma_row_tiles(k);
+        let f = dev.get_or_load_custom_func(&format!("chunk_mma_state_k{kt}_bv{bv}"), "chunk_mma", ptx::CHUNK_MMA)?;
+        (f, bv, mma_state_smem(k, bv))
     };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // W, U (bf16: T2 in its place) and P are kept in the inputs' type (bf16 for bf16 inputs, as
