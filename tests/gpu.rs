@@ -198,9 +198,10 @@ fn cat(cases: &[&Case]) -> Case {
 
 /// Shapes: plain, GVA (HV = 2H) and a Gated DeltaProduct with n = 2; K and V include a pruned
 /// head dim (48), the largest (256) and odd sizes (K = 40, V = 50: scalar loads and the
-/// one-column-per-lane decode kernel).
-const SHAPES: [(usize, usize, usize, usize, usize); 5] =
-    [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256), (1, 2, 2, 40, 50)];
+/// one-column-per-lane decode kernel); the last is the benchmarks' K = 128, V = 256 with GVA
+/// and GDP.
+const SHAPES: [(usize, usize, usize, usize, usize); 6] =
+    [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256), (1, 2, 2, 40, 50), (2, 2, 4, 128, 256)];
 
 /// Shapes wide enough (5 sequences × 8 value heads × 4 tiles of 64 columns ≥ the H100's 132
 /// SMs) that the packed bf16 state pass takes 64-column value tiles while each sequence alone

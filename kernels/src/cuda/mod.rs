@@ -108,6 +108,12 @@ fn wrap<T: candle_core::cuda_backend::CudaDType>(dev: &CudaDevice, data: CudaSli
     Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(data, dev.clone())), shape, BackpropOp::none(), false)
 }
 
+/// The device's multiprocessor count.
+fn sm_count(dev: &CudaDevice) -> Result<usize> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
+    Ok(dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize)
+}
+
 fn indices(dev: &CudaDevice, xs: &[usize]) -> Result<CudaSlice<i32>> {
     Ok(index_tables(dev, [xs])?.0)
 }

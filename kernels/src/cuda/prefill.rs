@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, f32c, grid, index_tables, ptx, push_gate, wrap, DeviceSlots, GatePtr, CHUNK};
+use super::{check_head_dim, cuda_dev, f32c, grid, index_tables, ptx, push_gate, sm_count, wrap, DeviceSlots, GatePtr, CHUNK};
 use crate::ops::MixerInputs;
 use crate::Result;
 
@@ -130,8 +130,7 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     let prep = dev.get_or_load_custom_func(&format!("chunk_tc_prep_{suffix}"), "chunk_prep", ptx::CHUNK_PREP)?;
     let smem = tc_prep_smem(k, lo);
     prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
-    let sms = dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize;
+    let sms = sm_count(&dev)?;
     // f32 inputs: the split-operand wmma state pass; bf16: the mma.sync one (state in registers).
     let (state, bv, state_smem) = if lo {
         let bv = value_tile(&[64, 32, 16], |bv| tc_state_smem(k, bv), v, slots.len() * hv, sms);
