@@ -28,7 +28,7 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     reps: usize,
     /// Only the decode mixer table (for comparing decode kernel shapes, picked with
-    /// `DELTASERVE_DECODE_KERNEL=w16_r8_c2_b3` and the like).
+    /// `DELTASERVE_DECODE_KERNEL=w8_r16_c4_b2` and the other shapes gated_delta.cu compiles).
     #[arg(long)]
     decode_only: bool,
 }

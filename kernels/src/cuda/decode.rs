@@ -77,8 +77,9 @@ impl DecodeShape {
     ];
 
     /// The shape for key head dim `k` (≤ 256, checked by the caller), or the one named by
-    /// `DELTASERVE_DECODE_KERNEL` (e.g. `w16_r8_c2_b3`, for benchmarks: only vec variants
-    /// of a few shapes are compiled) when it covers `k`.
+    /// `DELTASERVE_DECODE_KERNEL` (for benchmarks, e.g. `w8_r16_c4_b2`: a shape of the
+    /// `DECODE_ENTR*` lists in gated_delta.cu, vec variant; others fail to load) when it covers
+    /// `k`.
     fn for_key_dim(k: usize) -> Self {
         static WANTED: std::sync::OnceLock<Option<DecodeShape>> = std::sync::OnceLock::new();
         let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_DECODE_KERNEL").ok().and_then(|s| Self::parse(&s)));
