@@ -17,8 +17,9 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 8] = [
+const TESTS: [GpuTest; 9] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
+    ("gpu_conv_and_swiglu_match_cpu", gpu_conv_and_swiglu_match_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
@@ -89,6 +90,80 @@ fn gpu_ops_match_reference(dev: &Device) {
             let (kernel, tol) = if dtype == BF16 { ("bf16 q/k/v", BF16_TOL) } else { ("f32 q/k/v", F32_TOL) };
             println!("GPU {} {case} ({kernel}): o rel err {eo:.2e}, ht rel err {eh:.2e}", file.display());
             assert!(eo <= tol && eh <= tol, "{case} {kernel}: o {eo:.3e}, ht {eh:.3e}");
+        }
+    }
+}
+
+/// The conv kernels read a column slice of a wider f32, bf16 or f16 tensor in place and equal
+/// the CPU's conv on the same values, outputs and the conv states of every slot. The packed
+/// prefill's sequences cover every case of its 16- and 32-row tiles: empty, shorter than the
+/// width W (older inputs from the previous state), exactly W, one tile, crossing tiles, and
+/// several starting inside one tile; C = 200 leaves a partial block; the slice starts where the
+/// four-channel kernel can take it and where only the one-channel one can; W = 4 (compiled in)
+/// and W = 3 (a run-time width). Then a decode step in shuffled slot order. SwiGLU on column
+/// slices equals silu(gate) · up computed in f32 and rounded once.
+fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
+    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, swiglu};
+    use deltaserve_kernels::ConvActivation;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut rand = |shape: (usize, usize)| {
+        let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    };
+    let (c, pool) = (200usize, 11usize);
+    let lens = [33usize, 0, 1, 3, 70, 4, 31, 32, 2];
+    let mut cu = vec![0usize];
+    for l in lens {
+        cu.push(cu[cu.len() - 1] + l);
+    }
+    let rows = cu[lens.len()];
+    // Distinct slots, not in order, two of the pool's untouched.
+    let slots: Vec<usize> = (0..lens.len()).map(|i| (i * 5 + 2) % pool).collect();
+    let (x_wide, step_wide) = (rand((rows, c + 24)), rand((lens.len(), c + 24)));
+    let weights = [rand((c, 4)), rand((c, 3))];
+    let inits: Vec<Vec<Tensor>> = weights.iter().map(|wt| (0..pool).map(|_| rand(wt.dims2().unwrap())).collect()).collect();
+    let step_slots: Vec<usize> = slots.iter().rev().copied().collect();
+    // Column offset 8: rows aligned for the four-channel kernel; 3: the one-channel kernel.
+    let layouts = [DType::F32, BF16, DType::F16].into_iter().flat_map(|d| [(d, 8), (d, 3)]);
+    for ((dtype, offset), (weight, init)) in layouts.flat_map(|l| weights.iter().zip(&inits).map(move |wi| (l, wi))) {
+        let w = weight.dim(1).unwrap();
+        for act in [ConvActivation::Silu, ConvActivation::Identity] {
+            let run = |device: &Device| {
+                let mut states = SlotBuffer::zeros_on(pool, c * w, device).unwrap();
+                for (i, s) in init.iter().enumerate() {
+                    states.write_slot(i, &values(s)).unwrap();
+                }
+                let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(device).unwrap();
+                let (xw, sw, wt) = (on(&x_wide), on(&step_wide), weight.to_device(device).unwrap());
+                let y = conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act).unwrap();
+                let prefill_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
+                let ys = conv_step(&sw.narrow(1, offset, c).unwrap(), &wt, &mut states, &step_slots, act).unwrap();
+                let step_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
+                (values(&y), prefill_states, values(&ys), step_states)
+            };
+            let (gpu, cpu) = (run(dev), run(&Device::Cpu));
+            let (ey, es) = (rel_err(&gpu.0, &cpu.0), rel_err(&gpu.2, &cpu.2));
+            println!("GPU conv {dtype:?} offset {offset} W={w} {act:?}: prefill rel err {ey:.2e}, step rel err {es:.2e}");
+            assert!(ey <= 1e-6 && es <= 1e-6, "conv {dtype:?} offset {offset} W={w} {act:?}: prefill {ey:.3e}, step {es:.3e}");
+            // States hold raw inputs: copies, equal bit for bit.
+            assert_eq!(gpu.1, cpu.1, "conv states after the prefill, {dtype:?} W={w}");
+            assert_eq!(gpu.3, cpu.3, "conv states after the step, {dtype:?} W={w}");
+        }
+    }
+    // I = 256 (up at column 264): 16-byte accesses for every dtype; I = 300: bf16 and f16 take
+    // the element-wise kernel.
+    for i in [256usize, 300] {
+        let gate_up = rand((rows, 2 * i + 8));
+        for (dtype, tol) in [(DType::F32, 1e-6), (BF16, 1e-3), (DType::F16, 1e-3)] {
+            let gu = gate_up.to_dtype(dtype).unwrap();
+            let (g, u) = (gu.narrow(1, 0, i).unwrap(), gu.narrow(1, i + 8, i).unwrap());
+            let got = swiglu(&g.to_device(dev).unwrap(), &u.to_device(dev).unwrap()).unwrap();
+            assert_eq!((got.dims(), got.dtype()), (&[rows, i][..], dtype), "swiglu output shape and dtype");
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = (f(&g).silu().unwrap() * f(&u)).unwrap().to_dtype(dtype).unwrap();
+            let e = rel_err(&values(&got), &values(&want));
+            println!("GPU swiglu {dtype:?} I={i}: rel err {e:.2e} vs f32 math rounded once");
+            assert!(e <= tol, "swiglu {dtype:?} I={i}: {e:.3e}");
         }
     }
 }

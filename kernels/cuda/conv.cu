@@ -1,55 +1,147 @@
 // Causal depthwise conv1d + SiLU over [q | k | v] projections (model-spec.md §1.3 step 2).
-// Layouts: x, y [rows, C] token-major f32; weight [C, W] (tap W-1 multiplies the current
-// token); conv state per slot [C, W], the last W raw inputs, oldest first.
+// Layouts: x [rows, C] token-major in the activation dtype T, row stride ldx (a column slice
+// of the fused input projection is read in place); y [rows, C] f32 contiguous; weight [C, W]
+// f32 (tap W-1 multiplies the current token); conv state per slot [C, W] f32, the last W raw
+// inputs, oldest first. Accumulation is fp32.
 #include "common.cuh"
+#include "dtype.cuh"
 
 #define MAX_W 8
 
-// Prefill of S packed sequences: sequence s owns rows [cu_seqlens[s], cu_seqlens[s+1]) and
-// slot slots[s]. One thread per (channel, sequence) walks the sequence with a register window,
-// so the conv state is read once and written once.
-extern "C" __global__ void conv_prefill_f32(const float* __restrict__ x, const float* __restrict__ weight,
-                                            float* __restrict__ states, const int* __restrict__ cu_seqlens,
-                                            const int* __restrict__ slots, float* __restrict__ y, int C, int W,
-                                            int silu) {
+// The sequence holding packed row r: the last s with cu[s] <= r (so cu[s+1] > r).
+__device__ __forceinline__ int seq_of_row(const int* __restrict__ cu, int S, int r) {
+  int lo = 0, hi = S - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Prefill outputs of S packed sequences: sequence s owns rows [cu[s], cu[s+1]) and continues
+// the conv state of slot slots[s]. Grid (ceil(C/(CH·blockDim)), ceil(rows/ROWS)): a thread
+// takes CH adjacent channels (one 8- or 16-byte access a row when CH > 1: the launcher checks
+// C, ldx and the alignment) over ROWS rows, whose loads it issues together. States are only
+// read here (conv_state_* writes them, after every read of the old ones). WC: the width when
+// fixed at compile time (0: W ≤ MAX_W at run time). A fixed width turns the window's shifts
+// into register renames; with a run-time one every element pays MAX_W compares and selects,
+// which made the kernel instruction-bound.
+template <typename T, int CH, int ROWS, int WC>
+__device__ void conv_prefill(const T* __restrict__ x, long ldx, const float* __restrict__ weight,
+                             const float* __restrict__ states, const int* __restrict__ cu,
+                             const int* __restrict__ slots, int S, float* __restrict__ y, int rows, int C, int W_,
+                             int silu) {
+  constexpr int MW = WC ? WC : MAX_W;
+  const int W = WC ? WC : W_;
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * CH;
+  const int r0 = blockIdx.y * ROWS;
+  if (c0 >= C || r0 >= rows) return;
+  const int n = min(ROWS, rows - r0);
+  float xs[ROWS][CH];
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j) {
+    if (j < n) load_vec<CH>(xs[j], x + (size_t)(r0 + j) * ldx + c0);
+  }
+  float w[CH][MW];
+#pragma unroll
+  for (int k = 0; k < CH; ++k)
+#pragma unroll
+    for (int i = 0; i < MW; ++i) w[k][i] = i < W ? weight[(c0 + k) * W + i] : 0.0f;
+  int s = seq_of_row(cu, S, r0);
+  int next = cu[s + 1];  // the first row of the next sequence
+  // win[k][i] = input of row t-(W-1)+i while computing row t. Rows before the sequence's first
+  // come from its slot's state (row cu[s]-j is state entry W-j); rows before r0 of the same
+  // sequence from x.
+  float win[CH][MW];
+  {
+    const int t0 = cu[s];
+    const float* st = states + (size_t)slots[s] * C * W + (size_t)c0 * W;
+#pragma unroll
+    for (int i = 0; i < MW - 1; ++i) {
+      const int tau = r0 - (W - 1) + i;
+      if (i < W - 1) {
+        if (tau >= t0) {
+          float v[CH];
+          load_vec<CH>(v, x + (size_t)tau * ldx + c0);
+#pragma unroll
+          for (int k = 0; k < CH; ++k) win[k][i] = v[k];
+        } else {
+#pragma unroll
+          for (int k = 0; k < CH; ++k) win[k][i] = st[k * W + W - (t0 - tau)];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < ROWS; ++j) {
+    if (j < n) {
+      const int t = r0 + j;
+      if (t >= next) {
+        // A new sequence starts at row t: its earlier inputs are all in its state.
+        do ++s;
+        while (t >= cu[s + 1]);
+        next = cu[s + 1];
+        const float* st = states + (size_t)slots[s] * C * W + (size_t)c0 * W;
+#pragma unroll
+        for (int k = 0; k < CH; ++k)
+#pragma unroll
+          for (int i = 0; i < MW - 1; ++i)
+            if (i < W - 1) win[k][i] = st[k * W + i + 1];
+      }
+      float out[CH];
+#pragma unroll
+      for (int k = 0; k < CH; ++k) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MW; ++i) {
+          if (i == W - 1) win[k][i] = xs[j][k];  // compile-time indices keep win in registers
+          if (i < W) acc += w[k][i] * win[k][i];
+        }
+        out[k] = silu ? ds_silu(acc) : acc;
+#pragma unroll
+        for (int i = 0; i < MW - 1; ++i)
+          if (i < W - 1) win[k][i] = win[k][i + 1];
+      }
+      store_vec<CH>(y + (size_t)t * C + c0, out);
+    }
+  }
+}
+
+// The conv states after the prefill: slot slots[s] keeps the last W inputs of sequence s,
+// taking the older ones from its previous state when the sequence is shorter than W. Grid
+// (ceil(C/blockDim), S).
+template <typename T>
+__device__ void conv_state(const T* __restrict__ x, long ldx, float* __restrict__ states, const int* __restrict__ cu,
+                           const int* __restrict__ slots, int C, int W) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   const int s = blockIdx.y;
   if (ch >= C) return;
+  const int t0 = cu[s], t1 = cu[s + 1], len = t1 - t0;
   float* st = states + (size_t)slots[s] * C * W + (size_t)ch * W;
-  float win[MAX_W], w[MAX_W];
+  float next[MAX_W];
 #pragma unroll
   for (int i = 0; i < MAX_W; ++i) {
-    win[i] = i < W ? st[i] : 0.0f;
-    w[i] = i < W ? weight[ch * W + i] : 0.0f;
-  }
-  const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
-  for (int t = t0; t < t1; ++t) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < MAX_W - 1; ++i)
-      if (i < W - 1) win[i] = win[i + 1];
-    const float xt = x[(size_t)t * C + ch];
-#pragma unroll
-    for (int i = 0; i < MAX_W; ++i) {
-      if (i == W - 1) win[i] = xt;
-      if (i < W) acc += w[i] * win[i];
+    if (i < W) {
+      const int tau = t1 - W + i;
+      next[i] = tau >= t0 ? to_f32(x[(size_t)tau * ldx + ch]) : st[len + i];
     }
-    y[(size_t)t * C + ch] = silu ? ds_silu(acc) : acc;
   }
 #pragma unroll
   for (int i = 0; i < MAX_W; ++i)
-    if (i < W) st[i] = win[i];
+    if (i < W) st[i] = next[i];
 }
 
 // One decode step for B sequences: row b shifts x[b] into the state of slot b in place.
-extern "C" __global__ void conv_step_f32(const float* __restrict__ x, const float* __restrict__ weight,
-                                         float* __restrict__ states, SlotList slots, const int* __restrict__ more_slots,
-                                         float* __restrict__ y, int C, int W, int silu) {
+template <typename T>
+__device__ void conv_step(const T* __restrict__ x, long ldx, const float* __restrict__ weight,
+                          float* __restrict__ states, const SlotList& slots, const int* __restrict__ more_slots,
+                          float* __restrict__ y, int C, int W, int silu) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   const int b = blockIdx.y;
   if (ch >= C) return;
   float* st = states + (size_t)slot_of(slots, more_slots, b) * C * W + (size_t)ch * W;
-  const float xt = x[(size_t)b * C + ch];
+  const float xt = to_f32(x[(size_t)b * ldx + ch]);
   float acc = 0.0f;
   for (int i = 0; i < W; ++i) {
     const float v = i + 1 < W ? st[i + 1] : xt;
@@ -58,3 +150,29 @@ extern "C" __global__ void conv_step_f32(const float* __restrict__ x, const floa
   }
   y[(size_t)b * C + ch] = silu ? ds_silu(acc) : acc;
 }
+
+// conv_prefill_{dtype}: a channel a thread over 32 rows; _x4: four channels over 16 rows;
+// _w4: conv width 4 (fla's default) fixed at compile time.
+#define CONV_PREFILL_ENTRY(T, NAME, CH, ROWS, WC)                                                                  \
+  extern "C" __global__ void conv_prefill_##NAME(const T* x, long ldx, const float* weight, const float* states,   \
+                                                 const int* cu, const int* slots, int S, float* y, int rows, int C, \
+                                                 int W, int silu) {                                                \
+    conv_prefill<T, CH, ROWS, WC>(x, ldx, weight, states, cu, slots, S, y, rows, C, W, silu);                      \
+  }
+#define CONV_ENTRIES(T, NAME)                                                                                        \
+  CONV_PREFILL_ENTRY(T, NAME, 1, 32, 0)                                                                              \
+  CONV_PREFILL_ENTRY(T, NAME##_w4, 1, 32, 4)                                                                         \
+  CONV_PREFILL_ENTRY(T, NAME##_x4, 4, 16, 0)                                                                         \
+  CONV_PREFILL_ENTRY(T, NAME##_x4_w4, 4, 16, 4)                                                                      \
+  extern "C" __global__ void conv_state_##NAME(const T* x, long ldx, float* states, const int* cu, const int* slots, \
+                                               int C, int W) {                                                       \
+    conv_state<T>(x, ldx, states, cu, slots, C, W);                                                                  \
+  }                                                                                                                  \
+  extern "C" __global__ void conv_step_##NAME(const T* x, long ldx, const float* weight, float* states,              \
+                                              SlotList slots, const int* more_slots, float* y, int C, int W,         \
+                                              int silu) {                                                            \
+    conv_step<T>(x, ldx, weight, states, slots, more_slots, y, C, W, silu);                                          \
+  }
+CONV_ENTRIES(float, f32)
+CONV_ENTRIES(__nv_bfloat16, bf16)
+CONV_ENTRIES(__half, f16)

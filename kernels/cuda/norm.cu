@@ -1,12 +1,8 @@
 // RMSNorms: the mixer output's fused gated norm (model-spec.md §1.3 step 9), fp32:
 // y = x / sqrt(mean(x²) + eps) · w · act(z), act = swish (z·sigmoid z) or sigmoid; and the
 // blocks' residual add + norm (below).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <type_traits>
-
 #include "common.cuh"
+#include "dtype.cuh"
 
 // x, z, y [rows, D]; one warp per row.
 extern "C" __global__ void gated_rms_norm_f32(const float* __restrict__ x, const float* __restrict__ z,
@@ -33,25 +29,6 @@ extern "C" __global__ void gated_rms_norm_f32(const float* __restrict__ x, const
 // of 256 threads per row:
 //   r = h + delta (fp32; delta in the compute dtype T, or null), x = r / sqrt(mean(r²) + eps) · w
 // rounded to T. h, r [rows, D] f32; delta, x [rows, D] T; w [D] f32.
-template <typename T>
-__device__ __forceinline__ float to_f32(T v) {
-  return static_cast<float>(v);
-}
-template <>
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T from_f32(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else return v;
-}
-
 template <typename T>
 __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ w,
                              float* __restrict__ r, T* __restrict__ x, int D, float eps) {

@@ -248,6 +248,20 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     Ok(Tensor::from_vec(v, x.shape(), x.device())?)
 }
 
+/// SwiGLU `silu(gate) · up` for `gate`, `up` `[N, I]`, in their dtype. On the GPU one kernel
+/// reads column slices of a fused projection in place and rounds once from fp32 (fla's fused
+/// `swiglu`); the CPU runs candle's `silu` and multiply.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    const OP: &str = "swiglu";
+    let (n, i) = dims2(OP, "gate", gate)?;
+    expect_dims(OP, "up", up, &[n, i])?;
+    #[cfg(feature = "cuda")]
+    if gate.device().is_cuda() {
+        return crate::cuda::swiglu(gate, up);
+    }
+    Ok((gate.silu()? * up.to_dtype(gate.dtype())?)?)
+}
+
 /// Which algorithm runs a multi-token prefill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillAlgo {

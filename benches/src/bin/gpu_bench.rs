@@ -31,6 +31,13 @@ struct Args {
     /// `DELTASERVE_DECODE_KERNEL=w8_r16_c4_b2` and the other shapes gated_delta.cu compiles).
     #[arg(long)]
     decode_only: bool,
+    /// Load the whole model and run one prefill of each mixer precision and one batch-1 decode step between
+    /// cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`; no tables.
+    #[arg(long)]
+    profile_prefill: bool,
+    /// Only the whole-model section.
+    #[arg(long)]
+    model_only: bool,
 }
 
 /// Copy bandwidth of the H100 in anchors.md, bytes/s.
@@ -61,22 +68,50 @@ fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> anyhow::Result<()
     })
 }
 
+/// How a GPU timing starts: what the GPU is doing when the start event is recorded.
+#[derive(Debug, Clone, Copy)]
+enum Timing {
+    /// As triton's `do_bench` times fla for anchors.md: each call follows a 256 MB memset
+    /// that evicts the L2 cache, and the GPU is still busy with it while the host issues the
+    /// start event and the call, so the figure is the GPU's time for the call alone.
+    DoBench,
+    /// The GPU idles before each call: the host's time to issue the call's launches (after
+    /// the start event reaches the GPU) is counted too.
+    IdleGpu,
+}
+
 /// Median GPU time of `f` in ms between CUDA events recorded on the device's stream around each
-/// call, as triton's `do_bench` times fla for anchors.md: the host's synchronisation after each
-/// call is not counted (it is in [`median_ms`], which the whole-model table keeps).
-fn median_gpu_ms(dev: &Device, reps: usize, f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+/// call, started as `timing` says; the host's synchronisation after each call is not counted
+/// (it is in [`median_ms`], which the whole-model table keeps).
+fn median_gpu_ms(dev: &Device, reps: usize, timing: Timing, f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(cuda) = dev {
-        return median_event_ms(cuda, reps, f);
+        return median_event_ms(cuda, reps, timing, f);
     }
+    let _ = timing;
     median_ms(dev, reps, f)
 }
 
 #[cfg(feature = "cuda")]
-fn median_event_ms(cuda: &candle_core::CudaDevice, reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+fn median_event_ms(
+    cuda: &candle_core::CudaDevice,
+    reps: usize,
+    timing: Timing,
+    mut f: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
     let stream = cuda.cuda_stream();
+    // do_bench's cache buffer: 256 MB, five times the H100's 50 MB L2.
+    let mut flush = match timing {
+        Timing::DoBench => Some(stream.alloc_zeros::<u32>(64 << 20)?),
+        Timing::IdleGpu => None,
+    };
     median_of(reps, &mut f, |f| {
+        if let Some(buf) = flush.as_mut() {
+            stream.memset_zeros(buf)?;
+        } else {
+            stream.synchronize()?;
+        }
         let start = stream.record_event(Some(CU_EVENT_DEFAULT))?;
         f()?;
         let end = stream.record_event(Some(CU_EVENT_DEFAULT))?;
@@ -97,9 +132,10 @@ fn inputs(dev: &Device, rows: usize, h: usize, k: usize, v: usize) -> anyhow::Re
 
 fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     println!("\n## Prefill mixer (chunked, {reps} reps, median of CUDA-event times; fla = chunk_gated_delta_rule, anchors.md)\n");
-    println!("Both on the tensor cores: bf16 q/k/v as fla's inputs; f32 q/k/v split into bf16 hi + lo (the engine's path).\n");
-    println!("| B | T | H | K | V | bf16 ms | tokens/s | fla ms | vs fla | f32 ms |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("Both on the tensor cores: bf16 q/k/v as fla's inputs; f32 q/k/v split into bf16 hi + lo (the engine's path).");
+    println!("Timed as do_bench times fla (L2 evicted, GPU busy before each call); the idle column starts each call on an idle GPU.\n");
+    println!("| B | T | H | K | V | bf16 ms | tokens/s | fla ms | vs fla | bf16 ms, GPU idle | f32 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let shapes =
         [(1, 4096, 16, 128, 256, 1.453), (8, 2048, 16, 128, 256, 1.381), (8, 2048, 16, 64, 256, 1.183), (4, 8192, 16, 128, 256, 1.871)];
     let mut k_times = Vec::new();
@@ -108,17 +144,18 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let mut states = SlotBuffer::zeros_on(b, h * k * v, dev)?;
         let cu: Vec<usize> = (0..=b).map(|i| i * t).collect();
         let slots: Vec<usize> = (0..b).collect();
-        let mut time = |dtype: DType| -> anyhow::Result<f64> {
+        let mut time = |dtype: DType, timing: Timing| -> anyhow::Result<f64> {
             let (q, kk, vv) = (q.to_dtype(dtype)?, kk.to_dtype(dtype)?, vv.to_dtype(dtype)?);
             let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
-            median_gpu_ms(dev, reps, || {
+            median_gpu_ms(dev, reps, timing, || {
                 gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked)?;
                 Ok(())
             })
         };
-        let (ms, ms32) = (time(DType::BF16)?, time(DType::F32)?);
+        let (ms, idle) = (time(DType::BF16, Timing::DoBench)?, time(DType::BF16, Timing::IdleGpu)?);
+        let ms32 = time(DType::F32, Timing::DoBench)?;
         let tps = (b * t) as f64 / ms * 1e3;
-        println!("| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {fla:.3} | {:.2}× | {ms32:.2} |", tps / 1e6, fla / ms);
+        println!("| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {fla:.3} | {:.2}× | {idle:.3} | {ms32:.2} |", tps / 1e6, fla / ms);
         if b == 8 && t == 2048 {
             k_times.push((k, ms));
         }
@@ -131,8 +168,10 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
 
 fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     println!("\n## Decode mixer step (H=16, K=128, V=256; one token per slot; {reps} reps, median of CUDA-event times)\n");
-    println!("| B | µs per step | state traffic GB/s | % of copy bandwidth | fla µs | fla GB/s |");
-    println!("|---|---|---|---|---|---|");
+    println!("Timed as do_bench times fla (L2 evicted, GPU busy before each call); the idle columns start each call on an idle GPU,");
+    println!("so they count the host's time to issue the launch as well.\n");
+    println!("| B | µs per step | state traffic GB/s | % of copy bandwidth | µs, GPU idle | %, GPU idle | fla µs | fla GB/s |");
+    println!("|---|---|---|---|---|---|---|---|");
     let (h, k, v) = (16, 128, 256);
     for (b, fla_ms, fla_bw) in [(1usize, 0.103, 41.0), (8, 0.099, 339.0), (64, 0.119, 2256.0), (256, 0.445, 2412.0)] {
         let [q, kk, vv, beta, g] = inputs(dev, b, h, k, v)?;
@@ -145,13 +184,24 @@ fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         uniq.sort_unstable();
         uniq.dedup();
         let slots = if uniq.len() == b { slots } else { (0..b).collect() };
-        let ms = median_gpu_ms(dev, reps, || {
-            gated_delta_step(x, &mut states, &slots)?;
-            Ok(())
-        })?;
+        let mut time = |timing| {
+            median_gpu_ms(dev, reps, timing, || {
+                gated_delta_step(x, &mut states, &slots)?;
+                Ok(())
+            })
+        };
+        let (ms, idle) = (time(Timing::DoBench)?, time(Timing::IdleGpu)?);
         let bytes = (b * h * k * v * 4 * 2) as f64;
+        let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / COPY_BW;
         let bw = bytes / (ms * 1e-3) / 1e9;
-        println!("| {b} | {:.1} | {bw:.0} | {:.0}% | {:.0} | {fla_bw:.0} |", ms * 1e3, 100.0 * bw * 1e9 / COPY_BW, fla_ms * 1e3);
+        println!(
+            "| {b} | {:.1} | {bw:.0} | {:.0}% | {:.1} | {:.0}% | {:.0} | {fla_bw:.0} |",
+            ms * 1e3,
+            pct(ms),
+            idle * 1e3,
+            pct(idle),
+            fla_ms * 1e3
+        );
     }
     Ok(())
 }
@@ -183,6 +233,28 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % 32000).collect();
     let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+    #[cfg(feature = "cuda")]
+    if args.profile_prefill {
+        use candle_core::cuda_backend::cudarc::driver::profiler_start;
+        use candle_core::cuda_backend::cudarc::driver::profiler_stop;
+        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+            dev.synchronize()?;
+            profiler_start()?;
+            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+            dev.synchronize()?;
+            profiler_stop()?;
+        }
+        pool.set_cuda_graphs(false);
+        let batch = [(slot, 7u32)];
+        model.decode(&mut pool, &batch)?;
+        dev.synchronize()?;
+        profiler_start()?;
+        model.decode(&mut pool, &batch)?;
+        dev.synchronize()?;
+        profiler_stop()?;
+        return Ok(());
+    }
     for (algo, what) in [(PrefillAlgo::Chunked, "near-fp32 mixer"), (PrefillAlgo::ChunkedBf16, "bf16 mixer, `--mixer-precision bf16`")] {
         let ms = median_ms(dev, 5, || {
             model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
@@ -225,6 +297,9 @@ fn main() -> anyhow::Result<()> {
     let dev = deltaserve_engine::parse_device("cuda")?;
     if args.decode_only {
         return decode_table(&dev, args.reps);
+    }
+    if args.profile_prefill || args.model_only {
+        return model_table(&dev, &args);
     }
     prefill_table(&dev, args.reps)?;
     decode_table(&dev, args.reps)?;

@@ -91,7 +91,14 @@ impl Mlp {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.gate_up.forward(x)?;
-        let h = (candle_nn::ops::silu(&y.part(0)?)? * y.part(1)?)?;
+        let h = deltaserve_kernels::ops::swiglu(&y.part(0)?, &y.part(1)?)?;
+        Ok(self.down_proj.forward(&h)?)
+    }
+
+    /// [`Self::forward`] in differentiable tensor ops (the GPU's fused SwiGLU has no backward).
+    fn forward_autodiff(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.gate_up.forward(x)?;
+        let h = (y.part(0)?.silu()? * y.part(1)?)?;
         Ok(self.down_proj.forward(&h)?)
     }
 }
@@ -167,7 +174,7 @@ impl Block {
         };
         let r = (h + a)?;
         let x = autodiff::rms_norm(&r, &self.mlp_norm.weight, self.mlp_norm.eps)?;
-        Ok((&r + self.mlp.forward(&x)?)?)
+        Ok((&r + self.mlp.forward_autodiff(&x)?)?)
     }
 
     fn qk_proj(&self) -> QkProj {

@@ -1,16 +1,27 @@
 //! Launchers of the causal conv1d + SiLU: over packed prompts (prefill) and one step for B
-//! slots (decode), both updating the slots' conv states in place.
+//! slots (decode), both updating the slots' conv states in place. Inputs are read where they lie
+//! (a column slice of the fused projection, f32, bf16 or f16); outputs are contiguous f32.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaView, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::Tensor;
 
 use super::decode::DecodeSlots;
-use super::{cuda_dev, f32c, grid, index_tables, ptx, wrap, DeviceSlots};
-use crate::{Result, StepSlots};
+use super::{cuda_dev, f32c, grid, index_tables, ptx, wrap, DeviceSlots, RowsArg};
+use crate::{KernelError, Result, StepSlots};
+
+/// Rows a thread of `conv_prefill_*` walks, with one channel a thread and (`_x4`) four.
+const CONV_ROWS: [usize; 2] = [32, 16];
+/// Threads a block of the conv kernels, one channel each.
+const BLOCK: usize = 128;
+/// The largest y dimension of a launch grid.
+const MAX_GRID_Y: usize = 65535;
 
 /// Causal conv + SiLU over packed sequences `x` `[Σ T, C]`: sequence `s` owns rows
 /// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`. Returns `[Σ T, C]` f32.
+///
+/// Two launches: the outputs, parallel over channels and row tiles, reading the old states;
+/// then the new states (the last W inputs of each sequence).
 pub fn conv_prefill(
     x: &Tensor,
     weight: &Tensor,
@@ -20,60 +31,72 @@ pub fn conv_prefill(
     silu: bool,
 ) -> Result<Tensor> {
     let dev = cuda_dev(x, "conv_prefill")?;
-    let (tables, [o_cu, o_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
-    let (cu, sl) = (tables.slice(o_cu..o_cu + cu_seqlens.len()), tables.slice(o_sl..o_sl + slots.len()));
-    // cu_seqlens covers every row (checked by ops): the kernel writes each.
-    launch("conv_prefill_f32", x, weight, states, silu, slots.len(), ConvSlots::Packed { cu: &cu, slots: &sl })
-}
-
-/// One conv step: row `b` of `x` `[B, C]` shifts into the conv state of `slots[b]`.
-pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: StepSlots<'_>, silu: bool) -> Result<Tensor> {
-    let dev = cuda_dev(x, "conv_step")?;
-    let sl = DecodeSlots::new(&dev, slots)?;
-    launch("conv_step_f32", x, weight, states, silu, slots.host.len(), ConvSlots::Step(&sl))
-}
-
-/// The slot arguments of the two conv kernels.
-enum ConvSlots<'a> {
-    /// `cu_seqlens`, `slots` (prefill).
-    Packed { cu: &'a CudaView<'a, i32>, slots: &'a CudaView<'a, i32> },
-    /// `SlotList slots, const int* more_slots` (decode).
-    Step(&'a DecodeSlots),
-}
-
-/// Launches conv kernel `name` over `x` `[rows, C]` with grid (C/128, `grid_y`):
-/// `(x, weight, states, <slot arguments>, y, C, W, silu)`. Returns y `[rows, C]` f32, every
-/// element of which the kernels write.
-fn launch(
-    name: &str,
-    x: &Tensor,
-    weight: &Tensor,
-    states: &mut DeviceSlots,
-    silu: bool,
-    grid_y: usize,
-    slot_args: ConvSlots<'_>,
-) -> Result<Tensor> {
-    let dev = cuda_dev(x, "conv")?;
     let (rows, c) = x.dims2()?;
     let w = weight.dim(1)?;
-    let (x, weight) = (f32c(x)?, f32c(weight)?);
-    // SAFETY: the kernels write every element of y.
+    for (input, n, max) in [("x", rows, MAX_GRID_Y * CONV_ROWS[1]), ("cu_seqlens", slots.len(), MAX_GRID_Y)] {
+        if n > max {
+            return Err(KernelError::Shape {
+                op: "conv_prefill",
+                input,
+                expected: format!("at most {max} rows or sequences"),
+                actual: vec![n],
+            });
+        }
+    }
+    // SAFETY: the kernel writes every element of y (cu_seqlens covers every row, checked by ops).
     let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
-    let f = dev.get_or_load_custom_func(name, "conv", ptx::CONV)?;
-    let (ci, wi, si) = (c as i32, w as i32, silu as i32);
-    with_view!(x, xv, {
-        with_view!(weight, wv, {
-            let mut b = f.builder();
-            b.arg(&xv).arg(&wv).arg(&mut states.data);
-            match &slot_args {
-                ConvSlots::Packed { cu, slots } => {
-                    b.arg(*cu).arg(*slots);
-                }
-                ConvSlots::Step(sl) => sl.push(&mut b),
-            }
-            b.arg(&mut y).arg(&ci).arg(&wi).arg(&si);
-            unsafe { b.launch(grid(c.div_ceil(128), grid_y, 1, 128, 0)) }.w()?;
-        })
+    if rows == 0 || c == 0 {
+        return Ok(wrap(&dev, y, (rows, c)));
+    }
+    let xa = RowsArg::new(x)?;
+    let weight = f32c(weight)?;
+    let (tables, [o_cu, o_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
+    let (cu, sl) = (tables.slice(o_cu..o_cu + cu_seqlens.len()), tables.slice(o_sl..o_sl + slots.len()));
+    // Four channels a thread (8- or 16-byte loads) when the rows allow it.
+    let (x4, tile) = if xa.vectorisable(4, c) { ("_x4", CONV_ROWS[1]) } else { ("", CONV_ROWS[0]) };
+    let ch = if x4.is_empty() { 1 } else { 4 };
+    // fla's default width 4 has kernels with the width compiled in (see conv.cu).
+    let w4 = if w == 4 { "_w4" } else { "" };
+    let outputs = dev.get_or_load_custom_func(&format!("conv_prefill_{}{x4}{w4}", xa.suffix), "conv", ptx::CONV)?;
+    let new_states = dev.get_or_load_custom_func(&format!("conv_state_{}", xa.suffix), "conv", ptx::CONV)?;
+    let (si, ri, ci, wi, act) = (slots.len() as i32, rows as i32, c as i32, w as i32, silu as i32);
+    with_view!(weight, wv, {
+        let mut b = outputs.builder();
+        b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(&states.data).arg(&cu).arg(&sl).arg(&si);
+        b.arg(&mut y).arg(&ri).arg(&ci).arg(&wi).arg(&act);
+        unsafe { b.launch(grid(c.div_ceil(ch * BLOCK), rows.div_ceil(tile), 1, BLOCK as u32, 0)) }.w()?;
+        let mut b = new_states.builder();
+        b.arg(&xa.ptr).arg(&xa.ld).arg(&mut states.data).arg(&cu).arg(&sl).arg(&ci).arg(&wi);
+        unsafe { b.launch(grid(c.div_ceil(BLOCK), slots.len(), 1, BLOCK as u32, 0)) }.w()?;
     });
     Ok(wrap(&dev, y, (rows, c)))
+}
+
+/// One conv step: row `b` of `x` `[B, C]` shifts into the conv state of `slots[b]`. Returns
+/// `[B, C]` f32.
+pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: StepSlots<'_>, silu: bool) -> Result<Tensor> {
+    let dev = cuda_dev(x, "conv_step")?;
+    let (b, c) = x.dims2()?;
+    let w = weight.dim(1)?;
+    if b > MAX_GRID_Y {
+        return Err(KernelError::Shape { op: "conv_step", input: "x", expected: format!("at most {MAX_GRID_Y} rows"), actual: vec![b, c] });
+    }
+    // SAFETY: the kernel writes every element of y.
+    let mut y = unsafe { dev.alloc::<f32>(b * c) }?;
+    if b == 0 || c == 0 {
+        return Ok(wrap(&dev, y, (b, c)));
+    }
+    let sl = DecodeSlots::new(&dev, slots)?;
+    let xa = RowsArg::new(x)?;
+    let weight = f32c(weight)?;
+    let f = dev.get_or_load_custom_func(&format!("conv_step_{}", xa.suffix), "conv", ptx::CONV)?;
+    let (ci, wi, act) = (c as i32, w as i32, silu as i32);
+    with_view!(weight, wv, {
+        let mut l = f.builder();
+        l.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(&mut states.data);
+        sl.push(&mut l);
+        l.arg(&mut y).arg(&ci).arg(&wi).arg(&act);
+        unsafe { l.launch(grid(c.div_ceil(BLOCK), b, 1, BLOCK as u32, 0)) }.w()?;
+    });
+    Ok(wrap(&dev, y, (b, c)))
 }

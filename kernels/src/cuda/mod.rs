@@ -143,6 +143,13 @@ fn device_address<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_ba
             actual: t.dims().to_vec(),
         });
     }
+    first_element_address::<T>(t)
+}
+
+/// The device address of a CUDA tensor's first element, whatever its strides.
+fn first_element_address<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
+    t: &Tensor,
+) -> Result<u64> {
     let (guard, layout) = t.storage_and_layout();
     let candle_core::Storage::Cuda(cs) = &*guard else {
         return Err(KernelError::UnsupportedDevice { op: "device_address", device: "non-cuda storage".into() });
@@ -150,6 +157,62 @@ fn device_address<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_ba
     let slice = cs.as_cuda_slice::<T>()?;
     let (ptr, _sync) = slice.device_ptr(slice.stream());
     Ok(ptr + (layout.start_offset() * std::mem::size_of::<T>()) as u64)
+}
+
+/// [`first_element_address`] for f32, bf16 and f16 tensors.
+fn first_element_address_any(t: &Tensor) -> Result<u64> {
+    match t.dtype() {
+        DType::F32 => first_element_address::<f32>(t),
+        DType::BF16 => first_element_address::<half::bf16>(t),
+        DType::F16 => first_element_address::<half::f16>(t),
+        other => Err(KernelError::Shape {
+            op: "device_address",
+            input: "tensor",
+            expected: format!("f32, bf16 or f16, not {other:?}"),
+            actual: t.dims().to_vec(),
+        }),
+    }
+}
+
+/// A rank-2 input that a kernel reads row by row where it lies: a column slice of a wider
+/// tensor (one part of a fused projection) needs no copy. Other layouts are made contiguous
+/// first and dtypes other than f32, bf16 and f16 converted to f32.
+struct RowsArg {
+    /// The tensor read (the copy, when one was made): alive until the launch is queued, and
+    /// candle frees device memory in stream order after that.
+    _t: Tensor,
+    /// Address of element [0, 0].
+    ptr: u64,
+    /// Row stride in elements (`long` in the kernels).
+    ld: i64,
+    /// The kernel-name suffix of its dtype.
+    suffix: &'static str,
+    /// Bytes an element.
+    elem_bytes: usize,
+}
+
+impl RowsArg {
+    fn new(t: &Tensor) -> Result<Self> {
+        let (_, cols) = t.dims2()?;
+        let t = match t.dtype() {
+            DType::F32 | DType::BF16 | DType::F16 => t.clone(),
+            _ => t.to_dtype(DType::F32)?,
+        };
+        let t = if t.stride()[1] == 1 || cols <= 1 { t } else { t.contiguous()? };
+        let ld = if t.dim(0)? <= 1 { cols } else { t.stride()[0] };
+        let suffix = match t.dtype() {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            _ => "f32",
+        };
+        Ok(Self { ptr: first_element_address_any(&t)?, ld: ld as i64, suffix, elem_bytes: t.dtype().size_in_bytes(), _t: t })
+    }
+
+    /// Whether every row of `cols` columns splits into aligned groups of `n` elements (one
+    /// vector access each).
+    fn vectorisable(&self, n: usize, cols: usize) -> bool {
+        cols.is_multiple_of(n) && (self.ld as usize).is_multiple_of(n) && self.ptr.is_multiple_of((n * self.elem_bytes) as u64)
+    }
 }
 
 /// Overwrites a contiguous CUDA tensor's elements with `values` (as many), in stream order.
@@ -238,4 +301,4 @@ mod rows;
 pub use conv::{conv_prefill, conv_step};
 pub use decode::gated_delta_step;
 pub use prefill::gated_delta_chunk_tc;
-pub use rows::{add_rms_norm, gated_rms_norm, prep, GateInputs, Prepared};
+pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs, Prepared};

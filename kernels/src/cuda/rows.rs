@@ -4,8 +4,8 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, device_address, f32c, grid, ptx, wrap};
-use crate::{KernelError, Result};
+use super::{cuda_dev, f32c, first_element_address_any, grid, ptx, wrap, RowsArg};
+use crate::Result;
 
 /// The gate's inputs: raw `a` `[N, HV]`, `A_log` and `dt_bias` `[HV]`.
 pub struct GateInputs<'a> {
@@ -143,7 +143,7 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
     let f = dev.get_or_load_custom_func(name, "norm", ptx::NORM)?;
     let cfg = grid(rows, 1, 1, 256, 0);
     let di = d as i32;
-    let (x_ptr, delta_ptr) = (device_address_any(&x)?, delta.map(device_address_any).transpose()?.unwrap_or(0));
+    let (x_ptr, delta_ptr) = (first_element_address_any(&x)?, delta.map(first_element_address_any).transpose()?.unwrap_or(0));
     with_view!(h, hv, {
         with_view!(w, wv, {
             let mut l = f.builder();
@@ -154,17 +154,34 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
     Ok(Some((wrap(&dev, r, (rows, d)), x)))
 }
 
-/// [`device_address`] for f32, bf16 and f16 tensors.
-fn device_address_any(t: &Tensor) -> Result<u64> {
-    match t.dtype() {
-        DType::F32 => device_address::<f32>(t),
-        DType::BF16 => device_address::<half::bf16>(t),
-        DType::F16 => device_address::<half::f16>(t),
-        other => Err(KernelError::Shape {
-            op: "device_address",
-            input: "tensor",
-            expected: format!("f32, bf16 or f16, not {other:?}"),
-            actual: t.dims().to_vec(),
-        }),
+/// SwiGLU `silu(gate) · up` for `gate`, `up` `[N, I]` (column slices of a fused projection are
+/// read in place), in fp32 rounded once to their dtype. Returns `[N, I]` contiguous.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let dev = cuda_dev(gate, "swiglu")?;
+    let (rows, i) = gate.dims2()?;
+    let dtype = gate.dtype();
+    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        // A dtype the kernel lacks: the same math in tensor ops.
+        return Ok((gate.silu()? * up.to_dtype(dtype)?)?);
     }
+    let (g, u) = (RowsArg::new(gate)?, RowsArg::new(&up.to_dtype(dtype)?)?);
+    // SAFETY (all three): the kernel writes every element.
+    let out = match dtype {
+        DType::BF16 => wrap(&dev, unsafe { dev.alloc::<half::bf16>(rows * i) }?, (rows, i)),
+        DType::F16 => wrap(&dev, unsafe { dev.alloc::<half::f16>(rows * i) }?, (rows, i)),
+        _ => wrap(&dev, unsafe { dev.alloc::<f32>(rows * i) }?, (rows, i)),
+    };
+    if rows == 0 || i == 0 {
+        return Ok(out);
+    }
+    // 16 bytes a thread when both inputs' rows allow it (the output is contiguous and fresh).
+    let n = 16 / g.elem_bytes;
+    let (vec, per_thread) = if g.vectorisable(n, i) && u.vectorisable(n, i) { ("_vec", n) } else { ("", 1) };
+    let f = dev.get_or_load_custom_func(&format!("swiglu_{}{vec}", g.suffix), "swiglu", ptx::SWIGLU)?;
+    let out_ptr = first_element_address_any(&out)?;
+    let (ri, ii) = (rows as i32, i as i32);
+    let mut l = f.builder();
+    l.arg(&g.ptr).arg(&g.ld).arg(&u.ptr).arg(&u.ld).arg(&out_ptr).arg(&ri).arg(&ii);
+    unsafe { l.launch(grid(i.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }.w()?;
+    Ok(out)
 }
