@@ -17,9 +17,10 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 9] = [
+const TESTS: [GpuTest; 10] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", gpu_conv_and_swiglu_match_cpu),
+    ("gpu_small_batch_linear_matches_cpu", gpu_small_batch_linear_matches_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
@@ -165,6 +166,50 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
             println!("GPU swiglu {dtype:?} I={i}: rel err {e:.2e} vs f32 math rounded once");
             assert!(e <= tol, "swiglu {dtype:?} I={i}: {e:.3e}");
         }
+    }
+}
+
+/// The small-batch projection kernel (decode steps' GEMVs) equals x Wᵀ computed in f32 on the
+/// CPU from the same rounded values and rounded once, for every B it takes (1..=8), x contiguous
+/// and as a column slice, a small odd N and a model-sized one; and it declines what it does not
+/// take (B = 9, K not a multiple of 8, f32), leaving those to the GEMM.
+fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
+    use deltaserve_kernels::ops::small_batch_linear;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut rand = |shape: (usize, usize)| {
+        let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    };
+    for (n, k) in [(37usize, 264usize), (2050, 2048)] {
+        let (w, x_wide) = (rand((n, k)), rand((8, k + 16)));
+        for (dtype, tol) in [(BF16, 4e-3), (DType::F16, 5e-4)] {
+            let (wd, xd) = (w.to_dtype(dtype).unwrap(), x_wide.to_dtype(dtype).unwrap());
+            let wg = wd.to_device(dev).unwrap();
+            for b in 1..=8 {
+                for offset in [0, 8] {
+                    let x = xd.narrow(0, 0, b).unwrap().narrow(1, offset, k).unwrap();
+                    let x = if offset == 0 { x.contiguous().unwrap() } else { x };
+                    let got = small_batch_linear(&x.to_device(dev).unwrap(), &wg).unwrap().expect("the kernel takes this input");
+                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                    let want = f(&x).matmul(&f(&wd).t().unwrap()).unwrap().to_dtype(dtype).unwrap();
+                    assert_eq!((got.dims(), got.dtype()), (&[b, n][..], dtype));
+                    let e = rel_err(&values(&got), &values(&want));
+                    assert!(e <= tol, "gemv {dtype:?} B={b} N={n} K={k} offset {offset}: {e:.3e}");
+                    if b == 8 && offset == 8 {
+                        println!("GPU small-batch linear {dtype:?} N={n} K={k}: rel err {e:.2e} (B=8, x a column slice)");
+                    }
+                }
+            }
+        }
+    }
+    let on = |t: Tensor, d: DType| t.to_dtype(d).unwrap().to_device(dev).unwrap();
+    let declined = [
+        (on(rand((9, 64)), BF16), on(rand((16, 64)), BF16)),
+        (on(rand((2, 100)), BF16), on(rand((16, 100)), BF16)),
+        (on(rand((2, 64)), DType::F32), on(rand((16, 64)), DType::F32)),
+    ];
+    for (x, w) in &declined {
+        assert!(small_batch_linear(x, w).unwrap().is_none(), "x {:?} {:?} should be left to the GEMM", x.dims(), x.dtype());
     }
 }
 

@@ -262,6 +262,24 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok((gate.silu()? * up.to_dtype(gate.dtype())?)?)
 }
 
+/// `x Wᵀ` for `x` `[B, K]` and `w` `[N, K]` when B is small: on the GPU, for B ≤ 8 and bf16
+/// or f16 inputs, one kernel that streams `w` once (a decode step's projections, where cuBLAS's
+/// GEMV kernels stream the weights at 35–80% of copy bandwidth). `None` where that kernel does
+/// not apply (the CPU, larger B, other dtypes or layouts), or when `DELTASERVE_SMALL_BATCH_GEMV=0`
+/// turns it off (for comparisons): the caller runs its GEMM.
+pub fn small_batch_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && w.device().is_cuda() {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0")) {
+            return Ok(None);
+        }
+        return crate::cuda::gemv(x, w);
+    }
+    let _ = (x, w);
+    Ok(None)
+}
+
 /// Which algorithm runs a multi-token prefill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillAlgo {

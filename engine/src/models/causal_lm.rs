@@ -9,7 +9,7 @@ use deltaserve_kernels::StepSlots;
 use super::autodiff::{self, QkProj};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
-use super::mixer::{linear, FusedInput, Packed};
+use super::mixer::{linear, project, FusedInput, Packed};
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::state::{SlotId, StatePool};
@@ -92,7 +92,7 @@ impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.gate_up.forward(x)?;
         let h = deltaserve_kernels::ops::swiglu(&y.part(0)?, &y.part(1)?)?;
-        Ok(self.down_proj.forward(&h)?)
+        project(&self.down_proj, &h)
     }
 
     /// [`Self::forward`] in differentiable tensor ops (the GPU's fused SwiGLU has no backward).
@@ -277,7 +277,7 @@ impl CausalLm {
 
     fn head(&self, res: &Residual) -> Result<Tensor> {
         let (_, x) = self.norm.add_forward(res, self.dtype)?;
-        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+        Ok(project(&self.lm_head, &x)?.to_dtype(DType::F32)?)
     }
 
     /// The blocks over the fp32 embeddings `h`.

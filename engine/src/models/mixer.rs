@@ -15,6 +15,17 @@ pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Res
     Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
 }
 
+/// `l`'s forward for inference: a decode step's few rows go through the small-batch kernel
+/// where it applies (GPU, bf16/f16), everything else through candle's GEMM.
+pub fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
+    if l.bias().is_none() {
+        if let Some(y) = deltaserve_kernels::ops::small_batch_linear(x, l.weight())? {
+            return Ok(y);
+        }
+    }
+    Ok(l.forward(x)?)
+}
+
 /// A mixer's input projections run as one GEMM: their weights stacked by rows. Each part stays
 /// reachable as its own `Linear` over a view of the stacked weight (no copy), for the
 /// differentiable forward and pruning.
@@ -57,7 +68,7 @@ impl FusedInput {
 
     /// `x` `[N, D]` through every part at once.
     pub fn forward(&self, x: &Tensor) -> Result<FusedOutput<'_>> {
-        Ok(FusedOutput { y: self.weight.forward(x)?, offsets: &self.offsets })
+        Ok(FusedOutput { y: project(&self.weight, x)?, offsets: &self.offsets })
     }
 }
 
@@ -181,7 +192,7 @@ impl OutputHead {
         };
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
         let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(dtype)?;
-        Ok(self.o_proj.forward(&y)?)
+        project(&self.o_proj, &y)
     }
 }
 

@@ -295,10 +295,12 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
 
 mod conv;
 mod decode;
+mod gemv;
 mod prefill;
 mod rows;
 
 pub use conv::{conv_prefill, conv_step};
 pub use decode::gated_delta_step;
+pub use gemv::{gemv, GEMV_MAX_ROWS};
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs, Prepared};
