@@ -1,6 +1,8 @@
 //! Launchers for the CUDA kernels of `kernels/cuda/*.cu` (compiled to PTX by build.rs and
-//! loaded through candle's custom-module cache). Inputs are converted to contiguous f32;
-//! states are updated in place in a [`DeviceSlots`] allocation, by slot index.
+//! loaded through candle's custom-module cache). The mixer's inputs are converted to
+//! contiguous f32; the conv, SwiGLU and small-batch GEMV read their activations where they lie
+//! (`RowsArg`: column slices of a fused projection, f32/bf16/f16). States are updated in place
+//! in a [`DeviceSlots`] allocation, by slot index.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
