@@ -31,8 +31,9 @@ struct Args {
     /// `DELTASERVE_DECODE_KERNEL=w8_r16_c4_b2` and the other shapes gated_delta.cu compiles).
     #[arg(long)]
     decode_only: bool,
-    /// Load the whole model and run one prefill of each mixer precision and one batch-1 decode step between
-    /// cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`; no tables.
+    /// Load the whole model and run one prefill of each mixer precision and one batch-1 decode
+    /// step between cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`; no
+    /// tables.
     #[arg(long)]
     profile_prefill: bool,
     /// Only the whole-model section.

@@ -95,9 +95,10 @@ impl Mlp {
         project(&self.down_proj, &h)
     }
 
-    /// [`Self::forward`] in differentiable tensor ops (the GPU's fused SwiGLU has no backward).
+    /// [`Self::forward`] in differentiable tensor ops (the GPU's fused SwiGLU and small-batch
+    /// projection have no backward).
     fn forward_autodiff(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.gate_up.forward(x)?;
+        let y = self.gate_up.forward_autodiff(x)?;
         let h = (y.part(0)?.silu()? * y.part(1)?)?;
         Ok(self.down_proj.forward(&h)?)
     }

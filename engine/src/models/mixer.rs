@@ -70,6 +70,12 @@ impl FusedInput {
     pub fn forward(&self, x: &Tensor) -> Result<FusedOutput<'_>> {
         Ok(FusedOutput { y: project(&self.weight, x)?, offsets: &self.offsets })
     }
+
+    /// [`Self::forward`] through candle's GEMM only (differentiable; the small-batch kernel has
+    /// no backward).
+    pub fn forward_autodiff(&self, x: &Tensor) -> Result<FusedOutput<'_>> {
+        Ok(FusedOutput { y: self.weight.forward(x)?, offsets: &self.offsets })
+    }
 }
 
 /// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and

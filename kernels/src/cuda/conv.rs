@@ -50,11 +50,10 @@ pub fn conv_prefill(
     }
     let xa = RowsArg::new(x)?;
     let weight = f32c(weight)?;
-    let (tables, [o_cu, o_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
-    let (cu, sl) = (tables.slice(o_cu..o_cu + cu_seqlens.len()), tables.slice(o_sl..o_sl + slots.len()));
+    let (tables, [r_cu, r_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
+    let (cu, sl) = (tables.slice(r_cu), tables.slice(r_sl));
     // Four channels a thread (8- or 16-byte loads) when the rows allow it.
-    let (x4, tile) = if xa.vectorisable(4, c) { ("_x4", CONV_ROWS[1]) } else { ("", CONV_ROWS[0]) };
-    let ch = if x4.is_empty() { 1 } else { 4 };
+    let (x4, ch, tile) = if xa.vectorisable(4, c) { ("_x4", 4, CONV_ROWS[1]) } else { ("", 1, CONV_ROWS[0]) };
     // fla's default width 4 has kernels with the width compiled in (see conv.cu).
     let w4 = if w == 4 { "_w4" } else { "" };
     let outputs = dev.get_or_load_custom_func(&format!("conv_prefill_{}{x4}{w4}", xa.suffix), "conv", ptx::CONV)?;

@@ -4,11 +4,11 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, first_element_address_any, grid, ptx, wrap, RowsArg};
+use super::{alloc_rows, cuda_dev, first_element_address_any, grid, ptx, RowsArg};
 use crate::Result;
 
 /// Most rows of x the kernels take (`gemv_{dtype}_b1` .. `_b8` in gemv.cu).
-pub const GEMV_MAX_ROWS: usize = 8;
+const GEMV_MAX_ROWS: usize = 8;
 /// Output rows a warp computes (`GEMV_ROWS`), warps a block.
 const ROWS_PER_WARP: usize = 2;
 const WARPS: usize = 8;
@@ -31,11 +31,7 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let dev = cuda_dev(x, "gemv")?;
-    // SAFETY (both): the kernel writes every element of y.
-    let y = match x.dtype() {
-        DType::F16 => wrap(&dev, unsafe { dev.alloc::<half::f16>(b * n) }?, (b, n)),
-        _ => wrap(&dev, unsafe { dev.alloc::<half::bf16>(b * n) }?, (b, n)),
-    };
+    let y = alloc_rows(&dev, x.dtype(), b, n)?;
     let f = dev.get_or_load_custom_func(&format!("gemv_{suffix}_b{b}"), "gemv", ptx::GEMV)?;
     let y_ptr = first_element_address_any(&y)?;
     let (ni, ki) = (n as i32, k as i32);

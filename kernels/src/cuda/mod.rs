@@ -110,6 +110,18 @@ fn wrap<T: candle_core::cuda_backend::CudaDType>(dev: &CudaDevice, data: CudaSli
     Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(data, dev.clone())), shape, BackpropOp::none(), false)
 }
 
+/// An uninitialised `[rows, cols]` tensor in `dtype` (f32 for any dtype but bf16 and f16), for
+/// a kernel that writes every element.
+fn alloc_rows(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Result<Tensor> {
+    let n = rows * cols;
+    // SAFETY (all three): the caller's kernel writes every element before anything reads it.
+    Ok(match dtype {
+        DType::BF16 => wrap(dev, unsafe { dev.alloc::<half::bf16>(n) }?, (rows, cols)),
+        DType::F16 => wrap(dev, unsafe { dev.alloc::<half::f16>(n) }?, (rows, cols)),
+        _ => wrap(dev, unsafe { dev.alloc::<f32>(n) }?, (rows, cols)),
+    })
+}
+
 /// The device's multiprocessor count.
 fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
@@ -121,15 +133,16 @@ fn indices(dev: &CudaDevice, xs: &[usize]) -> Result<CudaSlice<i32>> {
 }
 
 /// Several index tables in one upload (each host-to-device copy is a gap in the stream, so a
-/// prefill pays one, not four): the buffer and each table's offset in it.
-fn index_tables<const N: usize>(dev: &CudaDevice, tables: [&[usize]; N]) -> Result<(CudaSlice<i32>, [usize; N])> {
-    let mut offsets = [0; N];
+/// prefill pays one, not four): the buffer and each table's range in it.
+fn index_tables<const N: usize>(dev: &CudaDevice, tables: [&[usize]; N]) -> Result<(CudaSlice<i32>, [std::ops::Range<usize>; N])> {
+    let mut ranges = [(); N].map(|_| 0..0);
     let mut v: Vec<i32> = Vec::with_capacity(tables.iter().map(|t| t.len()).sum());
-    for (t, off) in tables.iter().zip(&mut offsets) {
-        *off = v.len();
+    for (t, range) in tables.iter().zip(&mut ranges) {
+        let start = v.len();
         v.extend(t.iter().map(|&x| x as i32));
+        *range = start..v.len();
     }
-    Ok((dev.cuda_stream().clone_htod(&v).w()?, offsets))
+    Ok((dev.cuda_stream().clone_htod(&v).w()?, ranges))
 }
 
 /// The device address of a contiguous CUDA tensor's first element. The caller keeps the tensor
@@ -303,6 +316,6 @@ mod rows;
 
 pub use conv::{conv_prefill, conv_step};
 pub use decode::gated_delta_step;
-pub use gemv::{gemv, GEMV_MAX_ROWS};
+pub use gemv::gemv;
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs, Prepared};

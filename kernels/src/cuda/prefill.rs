@@ -118,11 +118,8 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     }
     // SAFETY: the state pass writes every row of every chunk.
     let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
-    let (tables, [o_crow, o_clen, o_cu, o_sl]) = index_tables(&dev, [&crow, &clen, cu_seqlens, slots])?;
-    let crow_d = tables.slice(o_crow..o_crow + crow.len());
-    let clen_d = tables.slice(o_clen..o_clen + clen.len());
-    let cu = tables.slice(o_cu..o_cu + cu_seqlens.len());
-    let sl = tables.slice(o_sl..o_sl + slots.len());
+    let (tables, [r_crow, r_clen, r_cu, r_sl]) = index_tables(&dev, [&crow, &clen, cu_seqlens, slots])?;
+    let (crow_d, clen_d, cu, sl) = (tables.slice(r_crow), tables.slice(r_clen), tables.slice(r_cu), tables.slice(r_sl));
     let mut gc = unsafe { dev.alloc::<f32>(rows * hv) }?;
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, f32c, first_element_address_any, grid, ptx, wrap, RowsArg};
+use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, grid, ptx, wrap, RowsArg};
 use crate::Result;
 
 /// The gate's inputs: raw `a` `[N, HV]`, `A_log` and `dt_bias` `[HV]`.
@@ -133,12 +133,8 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
         return Ok(None);
     }
     let w = f32c(weight)?;
-    // SAFETY (both): the kernel writes every element of r and x.
-    let x = match dtype {
-        DType::BF16 => wrap(&dev, unsafe { dev.alloc::<half::bf16>(rows * d) }?, (rows, d)),
-        DType::F16 => wrap(&dev, unsafe { dev.alloc::<half::f16>(rows * d) }?, (rows, d)),
-        _ => wrap(&dev, unsafe { dev.alloc::<f32>(rows * d) }?, (rows, d)),
-    };
+    let x = alloc_rows(&dev, dtype, rows, d)?;
+    // SAFETY: the kernel writes every element of r.
     let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
     let f = dev.get_or_load_custom_func(name, "norm", ptx::NORM)?;
     let cfg = grid(rows, 1, 1, 256, 0);
@@ -165,12 +161,7 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         return Ok((gate.silu()? * up.to_dtype(dtype)?)?);
     }
     let (g, u) = (RowsArg::new(gate)?, RowsArg::new(&up.to_dtype(dtype)?)?);
-    // SAFETY (all three): the kernel writes every element.
-    let out = match dtype {
-        DType::BF16 => wrap(&dev, unsafe { dev.alloc::<half::bf16>(rows * i) }?, (rows, i)),
-        DType::F16 => wrap(&dev, unsafe { dev.alloc::<half::f16>(rows * i) }?, (rows, i)),
-        _ => wrap(&dev, unsafe { dev.alloc::<f32>(rows * i) }?, (rows, i)),
-    };
+    let out = alloc_rows(&dev, dtype, rows, i)?;
     if rows == 0 || i == 0 {
         return Ok(out);
     }
