@@ -43,15 +43,18 @@ fn alerts_and_dashboard_use_only_exported_metrics() {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
-    let mut addr = None;
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-            if let Some(a) = v["fields"]["address"].as_str() {
-                addr = Some(a.to_owned());
-                break;
+    // Keep reading the log after the address: the test is about metrics, not about a closed pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                if let Some(a) = v["fields"]["address"].as_str() {
+                    let _ = tx.send(a.to_owned());
+                }
             }
         }
-    }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(120)).ok();
     let addr = addr.expect("server address");
     // A liveness deadline, generous for loaded 2-core CI machines (the server loads in well under a second when idle).
     let deadline = Instant::now() + Duration::from_secs(120);

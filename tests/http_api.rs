@@ -30,6 +30,12 @@ fn model_dir() -> String {
 
 /// Starts the server with extra flags and waits until `/ready` answers 200.
 async fn start(extra: &[&str]) -> Server {
+    start_with(extra, true).await
+}
+
+/// As [`start`]; with `keep_log == false` the read end of the server's stderr is closed as soon
+/// as the address is logged, so every later log line fails to write.
+async fn start_with(extra: &[&str], keep_log: bool) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
         .args(["--log-json", "serve", "--model", &model_dir(), "--host", "127.0.0.1", "--port", "0"])
         .args(extra)
@@ -48,6 +54,9 @@ async fn start(extra: &[&str]) -> Server {
                     if let Some(a) = v["fields"]["address"].as_str() {
                         let _ = tx.send(a.to_owned());
                         sent = true;
+                        if !keep_log {
+                            return;
+                        }
                     }
                 }
             }
@@ -512,6 +521,28 @@ async fn sigterm_drains_in_flight_streams_then_exits_zero() {
     }
     assert!(rest.trim_end().ends_with("data: [DONE]"), "stream did not finish");
     assert!(rest.contains("\"finish_reason\":\"length\""), "stream cut short");
+    let status = srv.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    srv.child = Command::new("true").spawn().unwrap();
+}
+
+/// A log pipe whose reader goes away (a crashed log shipper, `deltaserve serve | head`) costs
+/// log lines, never requests: refused and served requests both log, and SIGTERM still drains.
+#[tokio::test]
+async fn closed_log_stream_does_not_stop_the_server() {
+    let mut srv = start_with(&[], false).await;
+    for _ in 0..3 {
+        // Refusals log at info, so each of these writes to the closed pipe.
+        let (st, v) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 0})).await;
+        assert_eq!((st, v["error"]["param"].as_str()), (400, Some("max_tokens")), "{v}");
+    }
+    let (st, v) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 3, "ignore_eos": true})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    let m = srv.client.get(format!("{}/metrics", srv.base)).send().await.unwrap().text().await.unwrap();
+    assert!(m.contains("deltaserve:state_slots_total"), "{m}");
+    let pid = srv.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let status = srv.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
     srv.child = Command::new("true").spawn().unwrap();

@@ -42,7 +42,10 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let sub = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A closed log stream (a pipe whose reader went away) must not take the server down:
+    // tracing-subscriber reports a failed write with `eprintln!`, which panics when stderr is
+    // the very thing that failed, so lost log lines are dropped silently instead.
+    let sub = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
     if cli.log_json {
         sub.json().init();
     } else {
