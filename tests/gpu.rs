@@ -17,9 +17,10 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 10] = [
+const TESTS: [GpuTest; 11] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", gpu_conv_and_swiglu_match_cpu),
+    ("gpu_prep_and_gated_norm_match_cpu", gpu_prep_and_gated_norm_match_cpu),
     ("gpu_small_batch_linear_matches_cpu", gpu_small_batch_linear_matches_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
@@ -169,18 +170,81 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
     }
 }
 
+/// The prep kernel reads β's and the gate's inputs, and the gated norm its gate, in place as
+/// column slices of one projection in f32, bf16 or f16, and the norm writes each output dtype:
+/// both equal the CPU ops on the same values. A gate of another shape is refused.
+fn gpu_prep_and_gated_norm_match_cpu(dev: &Device) {
+    use deltaserve_kernels::ops::{gated_rms_norm, prepare, QkLayout};
+    use deltaserve_kernels::GateActivation;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let mut rand = |shape: (usize, usize), lo: f32, hi: f32| {
+        let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(lo..hi)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    };
+    let (n, h, k, hv, vd) = (37usize, 2usize, 64usize, 4usize, 96usize);
+    // conv: [q | k | v]; proj: 5 other columns, then a, b and the output gate z.
+    let conv = rand((n, 2 * h * k + hv * vd), -1.0, 1.0);
+    let proj = rand((n, 5 + 2 * hv + hv * vd), -3.0, 3.0);
+    let o = rand((n * hv, vd), -1.0, 1.0).reshape((n, hv, vd)).unwrap();
+    let (a_log, dt_bias) = (rand((1, hv), -1.0, 1.0).flatten_all().unwrap(), rand((1, hv), -1.0, 1.0).flatten_all().unwrap());
+    let o_norm = rand((1, vd), 0.5, 1.5).flatten_all().unwrap();
+    let layout = QkLayout { q_heads: h, k_heads: h, head_dim: k };
+    for dtype in [DType::F32, BF16, DType::F16] {
+        for neg in [false, true] {
+            let run = |device: &Device| {
+                let on = |t: &Tensor| t.to_device(device).unwrap();
+                let p = on(&proj.to_dtype(dtype).unwrap());
+                let (a, b) = (p.narrow(1, 5, hv).unwrap(), p.narrow(1, 5 + hv, hv).unwrap());
+                let r = prepare(&on(&conv), layout, &b, neg, Some((&a, &on(&a_log), &on(&dt_bias)))).unwrap();
+                [r.q, r.k, r.beta, r.g.unwrap()].map(|t| values(&t))
+            };
+            let (gpu, cpu) = (run(dev), run(&Device::Cpu));
+            for (name, (g, c)) in ["q", "k", "beta", "g"].iter().zip(gpu.iter().zip(&cpu)) {
+                let e = rel_err(g, c);
+                println!("GPU prep {dtype:?} neg_eigval={neg} {name}: rel err {e:.2e}");
+                assert!(e <= 1e-5, "prep {dtype:?} {name}: {e:.3e}");
+            }
+        }
+        for (act, out) in
+            [GateActivation::Swish, GateActivation::Sigmoid].into_iter().flat_map(|a| [(a, DType::F32), (a, BF16), (a, DType::F16)])
+        {
+            let run = |device: &Device, as_slice: bool| {
+                let on = |t: &Tensor| t.to_device(device).unwrap();
+                let z = on(&proj.to_dtype(dtype).unwrap()).narrow(1, 5 + 2 * hv, hv * vd).unwrap();
+                let z = if as_slice { z } else { z.contiguous().unwrap().reshape((n, hv, vd)).unwrap() };
+                let y = gated_rms_norm(&on(&o), Some(&z), &on(&o_norm), 1e-5, act, out).unwrap();
+                assert_eq!((y.dims(), y.dtype()), (&[n, hv, vd][..], out), "gated norm output shape and dtype");
+                values(&y)
+            };
+            let cpu = run(&Device::Cpu, false);
+            let tol = if out == DType::F32 { 1e-5 } else { 1e-3 };
+            for as_slice in [true, false] {
+                let e = rel_err(&run(dev, as_slice), &cpu);
+                println!("GPU gated norm z {dtype:?} (slice: {as_slice}) {act:?} -> {out:?}: rel err {e:.2e}");
+                assert!(e <= tol, "gated norm z {dtype:?} {act:?} -> {out:?}: {e:.3e}");
+            }
+        }
+    }
+    let bad_z = proj.to_device(dev).unwrap().narrow(1, 0, hv * vd - 1).unwrap();
+    let on = |t: &Tensor| t.to_device(dev).unwrap();
+    assert!(gated_rms_norm(&on(&o), Some(&bad_z), &on(&o_norm), 1e-5, GateActivation::Swish, BF16).is_err(), "a gate of the wrong width");
+}
+
 /// The small-batch projection kernel (decode steps' GEMVs) equals x Wᵀ computed in f32 on the
 /// CPU from the same rounded values and rounded once, for every B it takes (1..=8), x contiguous
-/// and as a column slice, a small odd N and a model-sized one; and it declines what it does not
-/// take (B = 9, K not a multiple of 8, f32), leaving those to the GEMM.
+/// and as a column slice, a small odd N, a model-sized one and one whose K is split eight ways;
+/// and it declines what it does not take (B = 9, K not a multiple of 8, f32), leaving those to
+/// the GEMM. Its SwiGLU variant (the MLP's down projection) equals the SwiGLU kernel followed by
+/// it, bit for bit.
 fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::small_batch_linear;
+    use deltaserve_kernels::ops::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let mut rand = |shape: (usize, usize)| {
         let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     };
-    for (n, k) in [(37usize, 264usize), (2050, 2048)] {
+    // K split over 1 (N = 37), 2 or 4 (N = 2050, B > 4 or ≤ 4) and 8 (N = 200) warps a row pair.
+    for (n, k) in [(37usize, 264usize), (2050, 2048), (200, 4096)] {
         let (w, x_wide) = (rand((n, k)), rand((8, k + 16)));
         for (dtype, tol) in [(BF16, 4e-3), (DType::F16, 5e-4)] {
             let (wd, xd) = (w.to_dtype(dtype).unwrap(), x_wide.to_dtype(dtype).unwrap());
@@ -210,6 +274,32 @@ fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
     ];
     for (x, w) in &declined {
         assert!(small_batch_linear(x, w).unwrap().is_none(), "x {:?} {:?} should be left to the GEMM", x.dims(), x.dtype());
+    }
+    // The MLP's down projection with SwiGLU formed in the kernel: bit for bit the SwiGLU kernel
+    // followed by the projection kernel, for the B it fuses, from the halves of one [gate | up]
+    // row; larger B is left to the two steps.
+    let (i, d) = (5632usize, 40usize);
+    let (w, gu) = (rand((d, i)), rand((8, 2 * i + 8)));
+    for dtype in [BF16, DType::F16] {
+        let (wg, gug) = (on(w.clone(), dtype), on(gu.clone(), dtype));
+        for b in 1..=8 {
+            let rows = gug.narrow(0, 0, b).unwrap();
+            let (gate, up) = (rows.narrow(1, 0, i).unwrap(), rows.narrow(1, i + 8, i).unwrap());
+            let fused = small_batch_swiglu_linear(&gate, &up, &wg).unwrap();
+            if b > SWIGLU_LINEAR_MAX_ROWS {
+                assert!(fused.is_none(), "B={b} is left to SwiGLU then the projection");
+                continue;
+            }
+            let fused = fused.expect("the kernel takes the halves of one projection");
+            let apart = small_batch_linear(&swiglu(&gate, &up).unwrap(), &wg).unwrap().unwrap();
+            assert_eq!((fused.dims(), fused.dtype()), (&[b, d][..], dtype));
+            assert_eq!(values(&fused), values(&apart), "fused SwiGLU + projection {dtype:?} B={b}");
+        }
+        println!("GPU small-batch SwiGLU + projection {dtype:?} I={i}: equal bit for bit to SwiGLU then the projection (B = 1..{SWIGLU_LINEAR_MAX_ROWS})");
+        // Halves with different row strides stay with the two-step path.
+        let other = on(rand((2, i)), dtype);
+        let gate = gug.narrow(0, 0, 2).unwrap().narrow(1, 0, i).unwrap();
+        assert!(small_batch_swiglu_linear(&gate, &other, &wg).unwrap().is_none(), "gate and up with different strides");
     }
 }
 
@@ -363,14 +453,17 @@ fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
 
 fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for (n, h, hv, kd, vd) in SHAPES {
-        let b = 6;
+    // Batches of 6, 12 and 40: the kernel takes 1, 2 or 4 value columns a lane as the step's
+    // CTAs fill fewer or more of the SMs, so each shape meets several of those kernels.
+    for ((n, h, hv, kd, vd), b) in SHAPES.into_iter().flat_map(|s| [(s, 6), (s, 12), (s, 40)]) {
         let per = hv * kd * vd;
         let step = random_case(&mut rng, b, n, h, hv, kd, vd);
         let gpu_step = step.on(dev);
         let h0: Vec<Vec<f32>> = (0..b).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
-        let slots = [5usize, 2, 7, 0, 3, 6];
-        let mut batch = SlotBuffer::zeros_on(8, per, dev).unwrap();
+        // Distinct slots out of order (5 is prime to the pool size), two of the pool untouched.
+        let pool = b + 2;
+        let slots: Vec<usize> = (0..b).map(|i| (i * 5 + 2) % pool).collect();
+        let mut batch = SlotBuffer::zeros_on(pool, per, dev).unwrap();
         for (i, &s) in slots.iter().enumerate() {
             batch.write_slot(s, &h0[i]).unwrap();
         }
@@ -392,7 +485,7 @@ fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
             worst = worst.max(rel_err(&values(&o.narrow(0, i, 1).unwrap()), &values(&oi)));
             worst = worst.max(rel_err(&batch.slot_to_vec(slots[i]).unwrap(), &cpu.slot_to_vec(0).unwrap()));
         }
-        println!("decode batch vs each alone on the CPU (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
+        println!("decode batch of {b} vs each alone on the CPU (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
         assert!(worst <= 1e-5, "batched decode differs: {worst:.3e}");
     }
 }

@@ -1,6 +1,6 @@
 //! CUDA graphs of the batched decode step.
 //!
-//! A decode step is about twenty small launches a layer; at small batches the host's work per
+//! A decode step is ten or eleven small launches a layer; at small batches the host's work per
 //! launch (candle's allocation and argument packing, the launch itself) takes longer than the
 //! GPU's. So each batch size's step is captured once into a CUDA graph and then replayed: one
 //! launch a step. The graph reads token ids and slot indices from fixed device buffers that

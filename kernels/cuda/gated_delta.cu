@@ -168,11 +168,16 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
 #define DECODE_ENTRIES(NW, RM, CW, MINB)            \
   DECODE_ENTRY(NW, RM, CW, MINB, true, vec)         \
   DECODE_ENTRY(NW, RM, CW, MINB, false, scalar)
-// The shapes mod.rs picks by K (vec and scalar).
-DECODE_ENTRIES(8, 4, 4, 4)
-DECODE_ENTRIES(8, 8, 4, 4)
-DECODE_ENTRIES(16, 8, 4, 2)
-DECODE_ENTRIES(32, 8, 4, 1)
+// The shapes decode.rs picks by K (vec and scalar), each with 4, 2 or 1 columns a lane: fewer
+// columns give small batches more CTAs (B·HV·V/(32·CW)) to spread over the SMs.
+#define DECODE_SHAPE(NW, RM, MINB)  \
+  DECODE_ENTRIES(NW, RM, 4, MINB) \
+  DECODE_ENTRIES(NW, RM, 2, MINB) \
+  DECODE_ENTRIES(NW, RM, 1, MINB)
+DECODE_SHAPE(8, 4, 4)
+DECODE_SHAPE(8, 8, 4)
+DECODE_SHAPE(16, 8, 2)
+DECODE_SHAPE(32, 8, 1)
 // Alternatives for K ≤ 128 that the benchmark can pick (DELTASERVE_DECODE_KERNEL).
 DECODE_ENTRY(8, 16, 4, 2, true, vec)
 DECODE_ENTRY(16, 8, 4, 1, true, vec)

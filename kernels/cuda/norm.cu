@@ -4,40 +4,74 @@
 #include "common.cuh"
 #include "dtype.cuh"
 
-// x, z, y [rows, D]; one warp per row.
-extern "C" __global__ void gated_rms_norm_f32(const float* __restrict__ x, const float* __restrict__ z,
-                                              const float* __restrict__ w, float* __restrict__ y, int rows, int D,
-                                              float eps, int act_sigmoid) {
+// x [rows, D] f32, y [rows, D] in TY; one warp per row. z (TZ, or null) holds `heads` rows of
+// x in each of its rows (row stride ldz): row r's gate is z[(r / heads)·ldz + (r % heads)·D ..],
+// so a column slice of the input projection is read in place.
+template <typename TZ, typename TY>
+__device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict__ z, long ldz, int heads,
+                               const float* __restrict__ w, TY* __restrict__ y, int rows, int D, float eps,
+                               int act_sigmoid) {
   const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float* xr = x + (size_t)row * D;
+  const TZ* zr = z ? z + (size_t)(row / heads) * ldz + (size_t)(row % heads) * D : nullptr;
   float ss = 0.0f;
   for (int i = lane; i < D; i += 32) ss += xr[i] * xr[i];
   const float inv = rsqrtf(warp_sum(ss) / D + eps);
   for (int i = lane; i < D; i += 32) {
     float v = xr[i] * inv * w[i];
-    if (z) {
-      const float zi = z[(size_t)row * D + i];
+    if (zr) {
+      const float zi = to_f32(zr[i]);
       v *= act_sigmoid ? ds_sigmoid(zi) : ds_silu(zi);
     }
-    y[(size_t)row * D + i] = v;
+    y[(size_t)row * D + i] = from_f32<TY>(v);
   }
 }
+
+// gated_rms_norm_{z dtype}_{y dtype}.
+#define GATED_NORM(TZ, ZN, TY, YN)                                                                                    \
+  extern "C" __global__ void gated_rms_norm_##ZN##_##YN(const float* x, const TZ* z, long ldz, int heads,             \
+                                                        const float* w, TY* y, int rows, int D, float eps,            \
+                                                        int act_sigmoid) {                                            \
+    gated_rms_norm<TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                        \
+  }
+#define GATED_NORMS(TZ, ZN)                 \
+  GATED_NORM(TZ, ZN, float, f32)            \
+  GATED_NORM(TZ, ZN, __nv_bfloat16, bf16)   \
+  GATED_NORM(TZ, ZN, __half, f16)
+GATED_NORMS(float, f32)
+GATED_NORMS(__nv_bfloat16, bf16)
+GATED_NORMS(__half, f16)
 
 // The seam between two pre-norm sub-blocks (fla's fused add + RMSNorm, §1.3 "Block"), one CTA
 // of 256 threads per row:
 //   r = h + delta (fp32; delta in the compute dtype T, or null), x = r / sqrt(mean(r²) + eps) · w
-// rounded to T. h, r [rows, D] f32; delta, x [rows, D] T; w [D] f32.
-template <typename T>
+// rounded to T. h, r [rows, D] f32; delta, x [rows, D] T; w [D] f32. Each thread keeps its first
+// PER elements of r (i = tid, tid + 256, ...) in registers while the block sums; any beyond
+// (D > 256·PER) it reads back.
+template <typename T, int PER>
 __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ w,
                              float* __restrict__ r, T* __restrict__ x, int D, float eps) {
   __shared__ float part[8];
   const size_t row = blockIdx.x;
   const float* hr = h + row * D;
   float* rr = r + row * D;
+  const int stride = blockDim.x;
+  float kept[PER];
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+  // The first PER elements unrolled (their loads in flight together), any further ones after.
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    const int i = threadIdx.x + e * stride;
+    kept[e] = 0.0f;
+    if (i < D) {
+      kept[e] = hr[i] + (delta ? to_f32(delta[row * D + i]) : 0.0f);
+      rr[i] = kept[e];
+      ss += kept[e] * kept[e];
+    }
+  }
+  for (int i = threadIdx.x + PER * stride; i < D; i += stride) {
     const float v = hr[i] + (delta ? to_f32(delta[row * D + i]) : 0.0f);
     rr[i] = v;
     ss += v * v;
@@ -48,14 +82,19 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
   float total = 0.0f;
   for (int i = 0; i < (int)(blockDim.x >> 5); ++i) total += part[i];
   const float inv = rsqrtf(total / D + eps);
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    const int i = threadIdx.x + e * stride;
+    if (i < D) x[row * D + i] = from_f32<T>(kept[e] * inv * w[i]);
+  }
   // Each thread reads back only the r elements it wrote itself.
-  for (int i = threadIdx.x; i < D; i += blockDim.x) x[row * D + i] = from_f32<T>(rr[i] * inv * w[i]);
+  for (int i = threadIdx.x + PER * stride; i < D; i += stride) x[row * D + i] = from_f32<T>(rr[i] * inv * w[i]);
 }
 
 #define ADD_RMS_NORM(T, NAME)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME(const float* h, const T* delta, const float* w, \
                                                                         float* r, T* x, int D, float eps) {         \
-    add_rms_norm<T>(h, delta, w, r, x, D, eps);                                                                    \
+    add_rms_norm<T, 16>(h, delta, w, r, x, D, eps);                                                                    \
   }
 ADD_RMS_NORM(float, f32)
 ADD_RMS_NORM(__nv_bfloat16, bf16)

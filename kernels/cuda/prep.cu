@@ -3,14 +3,17 @@
 // g = −exp(A_log)·softplus(a + dt_bias). GVA needs no copy: the mixer kernels map value head
 // j to q/k head j / (HV/H).
 #include "common.cuh"
+#include "dtype.cuh"
 
-// conv [N, ldc]: q heads at columns [0, qh·K), k heads at [k_off, k_off + kh·K).
-// Outputs q [N, qh, K], k [N, kh, K], beta [N, nb], g [N, ng] (ng = 0: no gate).
-extern "C" __global__ void prep_f32(const float* __restrict__ conv, int ldc, int qh, int kh, int K, int k_off,
-                                    float* __restrict__ q, float* __restrict__ k, const float* __restrict__ b,
-                                    float* __restrict__ beta, int nb, float beta_mult, const float* __restrict__ a,
-                                    const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                    float* __restrict__ g, int ng) {
+// conv [N, ldc] f32: q heads at columns [0, qh·K), k heads at [k_off, k_off + kh·K).
+// b [N, nb] and a [N, ng] in T with row strides ldb, lda (column slices of the fused input
+// projection, read in place). Outputs q [N, qh, K], k [N, kh, K], beta [N, nb], g [N, ng]
+// (ng = 0: no gate), f32.
+template <typename T>
+__device__ void prep(const float* __restrict__ conv, int ldc, int qh, int kh, int K, int k_off, float* __restrict__ q,
+                     float* __restrict__ k, const T* __restrict__ b, long ldb, float* __restrict__ beta, int nb,
+                     float beta_mult, const T* __restrict__ a, long lda, const float* __restrict__ a_log,
+                     const float* __restrict__ dt_bias, float* __restrict__ g, int ng) {
   const int row = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const float* src = conv + (size_t)row * ldc;
@@ -23,7 +26,20 @@ extern "C" __global__ void prep_f32(const float* __restrict__ conv, int ldc, int
     const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
     for (int i = lane; i < K; i += 32) out[i] = in[i] * inv;
   }
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) beta[(size_t)row * nb + i] = beta_mult * ds_sigmoid(b[(size_t)row * nb + i]);
+  for (int i = threadIdx.x; i < nb; i += blockDim.x)
+    beta[(size_t)row * nb + i] = beta_mult * ds_sigmoid(to_f32(b[(size_t)row * ldb + i]));
   for (int i = threadIdx.x; i < ng; i += blockDim.x)
-    g[(size_t)row * ng + i] = -__expf(a_log[i]) * ds_softplus(a[(size_t)row * ng + i] + dt_bias[i]);
+    g[(size_t)row * ng + i] = -__expf(a_log[i]) * ds_softplus(to_f32(a[(size_t)row * lda + i]) + dt_bias[i]);
 }
+
+// prep_{dtype of a and b}.
+#define PREP_ENTRY(T, NAME)                                                                                           \
+  extern "C" __global__ void prep_##NAME(const float* conv, int ldc, int qh, int kh, int K, int k_off, float* q,      \
+                                         float* k, const T* b, long ldb, float* beta, int nb, float beta_mult,        \
+                                         const T* a, long lda, const float* a_log, const float* dt_bias, float* g,    \
+                                         int ng) {                                                                    \
+    prep<T>(conv, ldc, qh, kh, K, k_off, q, k, b, ldb, beta, nb, beta_mult, a, lda, a_log, dt_bias, g, ng);          \
+  }
+PREP_ENTRY(float, f32)
+PREP_ENTRY(__nv_bfloat16, bf16)
+PREP_ENTRY(__half, f16)

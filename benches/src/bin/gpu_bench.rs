@@ -5,6 +5,7 @@
 //!
 //! - prefill mixer: `chunk_gated_delta_rule` shapes, B sequences packed in one launch;
 //! - decode mixer step: one token for each of B slots, state traffic in GB/s;
+//! - decode MLP down projection: SwiGLU and the small-batch projection, apart and fused;
 //! - whole model: a random 1.3B-shape Gated DeltaNet (bf16), prefill T=4096 and decode at
 //!   batch 1/16/64 against the decode roofline (weights + state read and written once per step).
 
@@ -39,6 +40,9 @@ struct Args {
     /// Only the whole-model section.
     #[arg(long)]
     model_only: bool,
+    /// Only the decode-step MLP table (SwiGLU and down projection: two kernels or one).
+    #[arg(long)]
+    mlp_only: bool,
 }
 
 /// Copy bandwidth of the H100 in anchors.md, bytes/s.
@@ -207,6 +211,42 @@ fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A decode step's MLP down projection at the 1.3B shape (I=5632 → D=2048, bf16) for small
+/// batches: the SwiGLU kernel then the small-batch projection, against the one kernel that
+/// forms SwiGLU as it streams the weight (which the engine uses up to
+/// `SWIGLU_LINEAR_MAX_ROWS` rows).
+#[cfg(feature = "cuda")]
+fn mlp_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_kernels::cuda::gemv_swiglu;
+    use deltaserve_kernels::ops::{small_batch_linear, swiglu};
+    println!("\n## Decode MLP down projection (I=5632 -> D=2048, bf16; {reps} reps, median of CUDA-event times, do_bench method)\n");
+    println!("| B | SwiGLU + projection µs | weight GB/s | fused µs | weight GB/s | fused speed-up |");
+    println!("|---|---|---|---|---|---|");
+    let (i, d) = (5632usize, 2048usize);
+    let w = Tensor::randn(0f32, 0.02, (d, i), dev)?.to_dtype(DType::BF16)?;
+    let gbs = |ms: f64| (d * i * 2) as f64 / (ms * 1e-3) / 1e9;
+    for b in [1usize, 2, 4, 8] {
+        let gu = Tensor::randn(0f32, 1.0, (b, 2 * i), dev)?.to_dtype(DType::BF16)?;
+        let (gate, up) = (gu.narrow(1, 0, i)?, gu.narrow(1, i, i)?);
+        let apart = median_gpu_ms(dev, reps, Timing::DoBench, || {
+            let h = swiglu(&gate, &up)?;
+            small_batch_linear(&h, &w)?.ok_or_else(|| anyhow::anyhow!("small-batch projection declined"))?;
+            Ok(())
+        })?;
+        let fused = median_gpu_ms(dev, reps, Timing::DoBench, || {
+            gemv_swiglu(&gate, &up, &w)?.ok_or_else(|| anyhow::anyhow!("fused projection declined"))?;
+            Ok(())
+        })?;
+        println!("| {b} | {:.1} | {:.0} | {:.1} | {:.0} | {:.2}x |", apart * 1e3, gbs(apart), fused * 1e3, gbs(fused), apart / fused);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn mlp_table(_dev: &Device, _reps: usize) -> anyhow::Result<()> {
+    Ok(())
+}
+
 fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     let dir = &args.model_dir;
     if !dir.join("model.safetensors").exists() {
@@ -299,11 +339,15 @@ fn main() -> anyhow::Result<()> {
     if args.decode_only {
         return decode_table(&dev, args.reps);
     }
+    if args.mlp_only {
+        return mlp_table(&dev, args.reps);
+    }
     if args.profile_prefill || args.model_only {
         return model_table(&dev, &args);
     }
     prefill_table(&dev, args.reps)?;
     decode_table(&dev, args.reps)?;
+    mlp_table(&dev, args.reps)?;
     if !args.skip_model {
         model_table(&dev, &args)?;
     }

@@ -91,8 +91,12 @@ impl Mlp {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.gate_up.forward(x)?;
-        let h = deltaserve_kernels::ops::swiglu(&y.part(0)?, &y.part(1)?)?;
-        project(&self.down_proj, &h)
+        let (gate, up) = (y.part(0)?, y.part(1)?);
+        // A decode step's few rows: SwiGLU formed inside the down projection's kernel.
+        if let Some(out) = deltaserve_kernels::ops::small_batch_swiglu_linear(&gate, &up, self.down_proj.weight())? {
+            return Ok(out);
+        }
+        project(&self.down_proj, &deltaserve_kernels::ops::swiglu(&gate, &up)?)
     }
 
     /// [`Self::forward`] in differentiable tensor ops (the GPU's fused SwiGLU and small-batch

@@ -2,7 +2,7 @@
 //! Delta Rule", ICLR 2025, arXiv:2412.06464), as implemented by flash-linear-attention's
 //! `fla/layers/gated_deltanet.py`. Math: model-spec.md §1.3; weights: §1.2; GVA: §1.4.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::StepSlots;
@@ -102,8 +102,9 @@ impl GatedDeltaNet {
         let n = conv_out.dim(0)?;
         let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
         let v = conv_out.narrow(1, 2 * h * k, hv * vd)?.reshape((n, hv, vd))?;
-        // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7).
-        let a = y.part(A)?.to_dtype(DType::F32)?;
+        // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7),
+        // read in place.
+        let a = y.part(A)?;
         let layout = ops::QkLayout { q_heads: h, k_heads: h, head_dim: k };
         let p = ops::prepare(conv_out, layout, &y.part(B)?, self.allow_neg_eigval, Some((&a, &self.a_log, &self.dt_bias)))?;
         let g = p.g.ok_or_else(|| crate::error::EngineError::Invalid {

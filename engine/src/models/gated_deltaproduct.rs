@@ -5,7 +5,7 @@
 //! §2.3), with the gate on each token's first step and q on its last. Weights: §2.2; legacy
 //! per-step lists: §2.4.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::StepSlots;
@@ -165,7 +165,7 @@ impl GatedDeltaProduct {
         // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
         // take it in fp32 from the same projection (one rounding fewer).
         let a = match &self.forget {
-            Some(_) => Some(y.part(self.a_part)?.to_dtype(DType::F32)?),
+            Some(_) => Some(y.part(self.a_part)?),
             None => None,
         };
         let gate_in = match (&self.forget, &a) {

@@ -186,19 +186,11 @@ impl OutputHead {
     /// projection `y` (`g_proj`'s output) when the layer has an output gate.
     pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Tensor> {
         let n = o.dim(0)?;
-        let z = match self.g_proj {
-            Some(_) => {
-                // The norm computes in f32: one cast (which also makes the column view contiguous)
-                // rather than a copy and then a cast.
-                let z = y.part(g_part)?;
-                let z = if z.dtype() == DType::F32 { z.contiguous()? } else { z.to_dtype(DType::F32)? };
-                Some(z.reshape((n, self.num_v_heads, self.head_v_dim))?)
-            }
-            None => None,
-        };
-        let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act)?;
-        let y = y.reshape((n, self.num_v_heads * self.head_v_dim))?.to_dtype(dtype)?;
-        project(&self.o_proj, &y)
+        // The gate `[N, HV·Vd]` as it sits in the fused projection: the GPU norm reads it in
+        // place and writes `dtype` directly (no f32 copy of z, no cast of the output).
+        let z = self.g_proj.as_ref().map(|_| y.part(g_part)).transpose()?;
+        let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act, dtype)?;
+        project(&self.o_proj, &y.reshape((n, self.num_v_heads * self.head_v_dim))?)
     }
 }
 

@@ -5,7 +5,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, device_address, f32c, grid, indices, ptx, push_gate, wrap, DeviceSlots, GatePtr};
+use super::{check_head_dim, cuda_dev, device_address, f32c, grid, indices, ptx, push_gate, sm_count, wrap, DeviceSlots, GatePtr};
 use crate::ops::MixerInputs;
 use crate::{Result, StepSlots};
 
@@ -67,8 +67,8 @@ struct DecodeShape {
 }
 
 impl DecodeShape {
-    /// The shapes compiled for every K range (vec and scalar); few rows a warp keeps
-    /// registers low, so more warps are in flight on an SM.
+    /// The shapes compiled for every K range (vec and scalar, with 4, 2 or 1 columns a lane);
+    /// few rows a warp keeps registers low, so more warps are in flight on an SM.
     const BY_K: [(usize, DecodeShape); 4] = [
         (32, DecodeShape { warps: 8, rows: 4, cols: 4, min_blocks: 4 }),
         (64, DecodeShape { warps: 8, rows: 8, cols: 4, min_blocks: 4 }),
@@ -76,17 +76,17 @@ impl DecodeShape {
         (256, DecodeShape { warps: 32, rows: 8, cols: 4, min_blocks: 1 }),
     ];
 
-    /// The shape for key head dim `k` (≤ 256, checked by the caller), or the one named by
-    /// `DELTASERVE_DECODE_KERNEL` (for benchmarks, e.g. `w8_r16_c4_b2`: a shape of the
-    /// `DECODE_ENTR*` lists in gated_delta.cu, vec variant; others fail to load) when it covers
-    /// `k`.
+    /// The shape for key head dim `k` (≤ 256, checked by the caller), four columns a lane.
     fn for_key_dim(k: usize) -> Self {
-        static WANTED: std::sync::OnceLock<Option<DecodeShape>> = std::sync::OnceLock::new();
-        let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_DECODE_KERNEL").ok().and_then(|s| Self::parse(&s)));
-        if let Some(w) = wanted.filter(|w| w.warps * w.rows >= k) {
-            return w;
-        }
         Self::BY_K.iter().find(|(max_k, _)| k <= *max_k).map_or(Self::BY_K[3].1, |(_, s)| *s)
+    }
+
+    /// The shape `DELTASERVE_DECODE_KERNEL` names, if any (for benchmarks, e.g. `w8_r16_c4_b2`:
+    /// a shape of the `DECODE_ENTR*` lists in gated_delta.cu, vec variant; others fail to load).
+    /// It replaces the choice by K and batch wherever it covers K.
+    fn wanted() -> Option<Self> {
+        static WANTED: std::sync::OnceLock<Option<DecodeShape>> = std::sync::OnceLock::new();
+        *WANTED.get_or_init(|| std::env::var("DELTASERVE_DECODE_KERNEL").ok().and_then(|s| Self::parse(&s)))
     }
 
     /// Parses `w{warps}_r{rows}_c{cols}_b{min_blocks}`.
@@ -94,6 +94,20 @@ impl DecodeShape {
         let mut it = s.split('_');
         let mut field = |p: char| it.next()?.strip_prefix(p)?.parse::<usize>().ok();
         Some(Self { warps: field('w')?, rows: field('r')?, cols: field('c')?, min_blocks: field('b')? })
+    }
+
+    /// Columns a lane for a step of `ctas_at_4` CTAs with four columns a lane: four (the
+    /// widest accesses, fewest CTAs) while that fills every SM, else two or one, so that small
+    /// batches spread their state over more SMs.
+    fn with_cols_for(self, ctas_at_4: usize, sms: usize) -> Self {
+        let cols = if ctas_at_4 >= sms {
+            4
+        } else if 2 * ctas_at_4 >= sms {
+            2
+        } else {
+            1
+        };
+        Self { cols, ..self }
     }
 
     fn name(&self) -> String {
@@ -112,7 +126,10 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
     // an aligned buffer); element by element otherwise.
     let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
     let access = if v.is_multiple_of(4) && aligned { "vec" } else { "scalar" };
-    let shape = DecodeShape::for_key_dim(k);
+    let shape = match DecodeShape::wanted().filter(|w| w.warps * w.rows >= k) {
+        Some(w) => w,
+        None => DecodeShape::for_key_dim(k).with_cols_for(b * hv * v.div_ceil(32 * 4), sm_count(&dev)?),
+    };
     let name = format!("gdr_decode_f32_{}_{access}", shape.name());
     let cfg = grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0);
     let sl = DecodeSlots::new(&dev, slots)?;

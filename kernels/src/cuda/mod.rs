@@ -125,7 +125,19 @@ fn alloc_rows(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Resul
 /// The device's multiprocessor count.
 fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
-    Ok(dev.cuda_stream().context().attribute(SM_COUNT).w()?.max(1) as usize)
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    // Asked of the driver once per device ordinal: eager decode steps pick their kernel by it.
+    static KNOWN: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+    let ctx = dev.cuda_stream().context().clone();
+    let known = KNOWN.get(ctx.ordinal());
+    if let Some(n) = known.map(|k| k.load(Relaxed)).filter(|&n| n > 0) {
+        return Ok(n);
+    }
+    let n = ctx.attribute(SM_COUNT).w()?.max(1) as usize;
+    if let Some(k) = known {
+        k.store(n, Relaxed);
+    }
+    Ok(n)
 }
 
 fn indices(dev: &CudaDevice, xs: &[usize]) -> Result<CudaSlice<i32>> {
@@ -316,6 +328,6 @@ mod rows;
 
 pub use conv::{conv_prefill, conv_step};
 pub use decode::gated_delta_step;
-pub use gemv::gemv;
+pub use gemv::{gemv, gemv_swiglu};
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs, Prepared};

@@ -30,7 +30,8 @@ pub struct Prepared {
 }
 
 /// One fused pass over conv output rows `[N, C]`: L2-normalises the q heads (columns from 0)
-/// and the k heads (right after them), β = `beta_mult`·sigmoid(`b`), and the gate.
+/// and the k heads (right after them), β = `beta_mult`·sigmoid(`b`), and the gate. `b` and the
+/// gate's `a` are read in place in their dtype (column slices of the input projection).
 pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: f32, gate: Option<GateInputs<'_>>) -> Result<Prepared> {
     let (qh, kh, k) = (layout.q_heads, layout.k_heads, layout.head_dim);
     let k_off = qh * k;
@@ -38,42 +39,34 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
     let (n, ldc) = conv.dims2()?;
     let nb = b.dim(1)?;
     let conv = f32c(conv)?;
-    let b = f32c(b)?;
-    let (a, al, db, ng) = match &gate {
-        Some(g) => (Some(f32c(g.a)?), Some(f32c(g.a_log)?), Some(f32c(g.dt_bias)?), g.a.dim(1)?),
+    // a and b share one kernel type: both as they are when their dtypes agree, else both f32.
+    let same = gate.as_ref().is_none_or(|g| g.a.dtype() == b.dtype());
+    let as_kernel = |t: &Tensor| if same { RowsArg::new(t) } else { RowsArg::new(&t.to_dtype(DType::F32)?) };
+    let bv = as_kernel(b)?;
+    let (av, al, db, ng) = match &gate {
+        Some(g) => (Some(as_kernel(g.a)?), Some(f32c(g.a_log)?), Some(f32c(g.dt_bias)?), g.a.dim(1)?),
         None => (None, None, None, 0),
     };
     // SAFETY: the kernel writes every element of q, k, beta and (when ng > 0) g.
     let (mut q, mut kk, mut beta, mut g) = unsafe {
         (dev.alloc::<f32>(n * qh * k)?, dev.alloc::<f32>(n * kh * k)?, dev.alloc::<f32>(n * nb)?, dev.alloc::<f32>((n * ng).max(1))?)
     };
-    let f = dev.get_or_load_custom_func("prep_f32", "prep", ptx::PREP)?;
+    let f = dev.get_or_load_custom_func(&format!("prep_{}", bv.suffix), "prep", ptx::PREP)?;
     let ints = [ldc as i32, qh as i32, kh as i32, k as i32, k_off as i32, nb as i32, ng as i32];
-    let cfg = grid(n, 1, 1, 128, 0);
+    let (a_ptr, a_ld) = av.as_ref().map_or((0, 0), |a| (a.ptr, a.ld));
+    let (al_ptr, db_ptr) = (
+        al.as_ref().map(first_element_address_any).transpose()?.unwrap_or(0),
+        db.as_ref().map(first_element_address_any).transpose()?.unwrap_or(0),
+    );
     with_view!(conv, cv, {
-        with_view!(b, bv, {
-            match (&a, &al, &db) {
-                (Some(a), Some(al), Some(db)) => with_view!(a, av, {
-                    with_view!(al, alv, {
-                        with_view!(db, dbv, {
-                            let mut l = f.builder();
-                            l.arg(&cv).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
-                            l.arg(&mut q).arg(&mut kk).arg(&bv).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
-                            l.arg(&av).arg(&alv).arg(&dbv).arg(&mut g).arg(&ints[6]);
-                            unsafe { l.launch(cfg) }.w()?;
-                        })
-                    })
-                }),
-                _ => {
-                    let null = 0u64;
-                    let mut l = f.builder();
-                    l.arg(&cv).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
-                    l.arg(&mut q).arg(&mut kk).arg(&bv).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
-                    l.arg(&null).arg(&null).arg(&null).arg(&mut g).arg(&ints[6]);
-                    unsafe { l.launch(cfg) }.w()?;
-                }
-            }
-        })
+        let mut l = f.builder();
+        l.arg(&cv).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
+        l.arg(&mut q).arg(&mut kk).arg(&bv.ptr).arg(&bv.ld).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
+        l.arg(&a_ptr).arg(&a_ld).arg(&al_ptr).arg(&db_ptr).arg(&mut g).arg(&ints[6]);
+        // A warp per q/k head (up to 32 warps): a decode step's one row is then one pass of
+        // its heads in parallel, not several heads a warp one after another.
+        let threads = (32 * (qh + kh)).clamp(64, 1024) as u32;
+        unsafe { l.launch(grid(n, 1, 1, threads, 0)) }.w()?;
     });
     Ok(Prepared {
         q: wrap(&dev, q, (n, qh, k)),
@@ -83,36 +76,42 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
     })
 }
 
-/// Gated RMSNorm over the last dim of `x` `[.., D]`; `act_sigmoid` picks sigmoid over swish.
-pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32, act_sigmoid: bool) -> Result<Tensor> {
+/// Gated RMSNorm over the last dim `D` of `x` `[.., D]` (f32), rounded once to `dtype` (f32,
+/// bf16 or f16; any other dtype gets f32). `z` is `x`'s shape, or `[N, H·D]` with `N·H` rows of
+/// `x` (a column slice of the input projection, read in place in its dtype). `act_sigmoid`
+/// picks sigmoid over swish.
+pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32, act_sigmoid: bool, dtype: DType) -> Result<Tensor> {
     let dev = cuda_dev(x, "gated_rms_norm")?;
     let d = x.dim(candle_core::D::Minus1)?;
     let rows = x.elem_count() / d.max(1);
     let x = f32c(x)?;
     let w = f32c(weight)?;
-    let z = z.map(f32c).transpose()?;
-    // SAFETY: the kernel writes every element of y.
-    let mut y = unsafe { dev.alloc::<f32>(rows * d) }?;
-    let f = dev.get_or_load_custom_func("gated_rms_norm_f32", "norm", ptx::NORM)?;
-    let (ri, di, ai) = (rows as i32, d as i32, act_sigmoid as i32);
-    let cfg = grid(rows.div_ceil(4), 1, 1, 128, 0);
+    // z as [rows / heads, heads · D] rows: a 2-D slice as it is, any other shape contiguous
+    // (ops::gated_rms_norm checked the shapes).
+    let (z, heads) = match z {
+        Some(z) if z.rank() == 2 && d > 0 && z.dim(1)?.is_multiple_of(d) => (Some(RowsArg::new(z)?), z.dim(1)? / d),
+        Some(z) => (Some(RowsArg::new(&z.contiguous()?.reshape((rows, d))?)?), 1),
+        None => (None, 1),
+    };
+    let y = alloc_rows(&dev, dtype, rows, d)?;
+    let y_suffix = match y.dtype() {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "f32",
+    };
+    let z_suffix = z.as_ref().map_or("f32", |z| z.suffix);
+    let f = dev.get_or_load_custom_func(&format!("gated_rms_norm_{z_suffix}_{y_suffix}"), "norm", ptx::NORM)?;
+    let (ri, di, hi, ai) = (rows as i32, d as i32, heads as i32, act_sigmoid as i32);
+    let (z_ptr, z_ld) = z.as_ref().map_or((0, 0), |z| (z.ptr, z.ld));
+    let y_ptr = first_element_address_any(&y)?;
     with_view!(x, xv, {
         with_view!(w, wv, {
             let mut l = f.builder();
-            match &z {
-                Some(z) => with_view!(z, zv, {
-                    l.arg(&xv).arg(&zv).arg(&wv).arg(&mut y).arg(&ri).arg(&di).arg(&eps).arg(&ai);
-                    unsafe { l.launch(cfg) }.w()?;
-                }),
-                None => {
-                    let null = 0u64;
-                    l.arg(&xv).arg(&null).arg(&wv).arg(&mut y).arg(&ri).arg(&di).arg(&eps).arg(&ai);
-                    unsafe { l.launch(cfg) }.w()?;
-                }
-            }
+            l.arg(&xv).arg(&z_ptr).arg(&z_ld).arg(&hi).arg(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai);
+            unsafe { l.launch(grid(rows.div_ceil(4), 1, 1, 128, 0)) }.w()?;
         })
     });
-    Ok(wrap(&dev, y, x.shape().clone()))
+    Ok(y.reshape(x.shape())?)
 }
 
 /// The seam between pre-norm sub-blocks in one launch: `r = h + delta` (fp32) and
