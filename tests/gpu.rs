@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 11] = [
+const TESTS: [GpuTest; 12] = [
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", gpu_conv_and_swiglu_match_cpu),
     ("gpu_prep_and_gated_norm_match_cpu", gpu_prep_and_gated_norm_match_cpu),
@@ -25,6 +25,7 @@ const TESTS: [GpuTest; 11] = [
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
+    ("gpu_raw_decode_step_equals_prepare_then_step", gpu_raw_decode_step_equals_prepare_then_step),
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
@@ -487,6 +488,74 @@ fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
         }
         println!("decode batch of {b} vs each alone on the CPU (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
         assert!(worst <= 1e-5, "batched decode differs: {worst:.3e}");
+    }
+}
+
+/// The decode step on the conv output and projection as they are (q/k l2norm, β and the gate
+/// formed inside the step's kernel) equals `prepare` then the step (`StepFusion::Apart`, the
+/// prep kernel then the step's), bit for bit on the GPU and
+/// to 1e-5 against the CPU: Gated DeltaNet with GVA and Gated DeltaProduct (n = 2, 3), K = 64,
+/// 100 and 256, β and the gate's inputs as f32, bf16 and f16 column slices, with and without a
+/// forget gate and negative eigenvalues, batches of 1, 6 and 40 (one, two and four value
+/// columns a lane), shuffled slots, v's rows aligned for 16-byte accesses or not.
+fn gpu_raw_decode_step_equals_prepare_then_step(dev: &Device) {
+    use deltaserve_kernels::ops::{gated_delta_step_raw, QkLayout, RawStepInputs, StepFusion};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    // (n, H, HV, K, V, gate, allow_neg_eigval, dtype of b and a)
+    let cases = [
+        (1usize, 2usize, 4usize, 64usize, 128usize, true, false, BF16),
+        (1, 1, 2, 256, 96, true, true, DType::F32),
+        (2, 2, 2, 100, 64, true, true, DType::F16),
+        (3, 2, 2, 64, 32, false, false, BF16),
+    ];
+    for ((n, h, hv, kd, vd, gated, neg, dtype), b) in cases.into_iter().flat_map(|c| [(c, 1usize), (c, 6), (c, 40)]) {
+        let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {
+            let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(lo..hi)).collect();
+            Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+        };
+        // v's rows 16-byte aligned (the vector kernel), except for n = 3 (the scalar one).
+        let v_offset = (h + n * h) * kd + if n == 3 { 3 } else { 4 };
+        let conv = rand(b, v_offset + n * hv * vd + 4, -1.0, 1.0);
+        // proj: 3 other columns, then b (n·HV), then a (HV).
+        let proj = rand(b, 3 + n * hv + hv, -3.0, 3.0).to_dtype(dtype).unwrap();
+        let (a_log, dt_bias) = (rand(1, hv, -1.0, 1.0).flatten_all().unwrap(), rand(1, hv, -1.0, 1.0).flatten_all().unwrap());
+        let per = hv * kd * vd;
+        let pool = b + 2;
+        let slots: Vec<usize> = (0..b).map(|i| (i * 5 + 2) % pool).collect();
+        let init: Vec<Vec<f32>> = (0..pool).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let layout = QkLayout { q_heads: h, k_heads: n * h, head_dim: kd };
+        let scale = (kd as f32).powf(-0.5);
+        let run = |device: &Device, fusion: StepFusion| {
+            let on = |t: &Tensor| t.to_device(device).unwrap();
+            let (c, p, al, db) = (on(&conv), on(&proj), on(&a_log), on(&dt_bias));
+            let (bb, a) = (p.narrow(1, 3, n * hv).unwrap(), p.narrow(1, 3 + n * hv, hv).unwrap());
+            let mut states = SlotBuffer::zeros_on(pool, per, device).unwrap();
+            for (i, s) in init.iter().enumerate() {
+                states.write_slot(i, s).unwrap();
+            }
+            let raw = RawStepInputs {
+                conv_out: &c,
+                layout,
+                v_offset,
+                v_heads: hv,
+                v_dim: vd,
+                b: &bb,
+                allow_neg_eigval: neg,
+                gate_in: gated.then_some((&a, &al, &db)),
+                n,
+                scale,
+            };
+            let o = gated_delta_step_raw(raw, &mut states, &slots, fusion).unwrap();
+            (values(&o), (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect::<Vec<_>>())
+        };
+        let (raw, apart, cpu) = (run(dev, StepFusion::Fused), run(dev, StepFusion::Apart), run(&Device::Cpu, StepFusion::Auto));
+        assert_eq!(raw.0, apart.0, "raw step o != prepare + step (n={n} H={h} HV={hv} K={kd} V={vd} B={b} {dtype:?})");
+        assert_eq!(raw.1, apart.1, "raw step states != prepare + step (n={n} H={h} HV={hv} K={kd} V={vd} B={b})");
+        let e = rel_err(&raw.0, &cpu.0).max(rel_err(&raw.1.concat(), &cpu.1.concat()));
+        println!(
+            "raw decode step n={n} H={h} HV={hv} K={kd} V={vd} B={b} {dtype:?} gate={gated} neg={neg}: == prepare + step; vs CPU {e:.2e}"
+        );
+        assert!(e <= 1e-5, "raw step vs CPU: {e:.3e}");
     }
 }
 

@@ -2,7 +2,10 @@
 // per slot, K-major. GVA: value head j reads q/k head j / (HV/H). Gated DeltaProduct's n
 // householder steps per token run inside the kernel. (Prefill: chunk_prep.cu, then
 // chunk_mma.cu or chunk_state.cu.)
+#include <cstddef>
+
 #include "common.cuh"
+#include "dtype.cuh"
 
 // CW consecutive floats at p (columns col.. of a row of width V): one 8- or 16-byte access when
 // VEC (V % 4 == 0 and aligned data), else element by element within the row.
@@ -59,6 +62,92 @@ __device__ __forceinline__ void sum_warps(float (&acc)[CW], const float (*red)[C
     for (int c = 0; c < CW; ++c) acc[c] += red[w][c][lane];
 }
 
+// The decode step's inputs, prepared: q [B, H, K] and k [B·n, H, K] L2-normalised, v
+// [B·n, HV, V], beta [B·n, HV], g [B, HV] log-decay or null (applied before each token's first
+// step); all f32, contiguous. Row `row` = b·n + j is step j of token b.
+struct Prepped {
+  const float *q, *k, *v, *beta, *g;
+  int H, HV;
+  // q's head hk of token b into qq, by the whole block.
+  __device__ void load_q(float* qq, int b, int hk, int K, int /*warp*/, int /*lane*/) const {
+    for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = q[((size_t)b * H + hk) * K + i];
+  }
+  // k's head hk of step j of token b into kk, by the whole block.
+  __device__ void load_k(float* kk, int b, int j, int n, int hk, int K) const {
+    const size_t row = (size_t)b * n + j;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = k[(row * H + hk) * K + i];
+  }
+  // q and k arrive normalised.
+  __device__ void normalise(float*, float*, bool, int, int, int) const {}
+  __device__ const float* v_row(int b, int j, int n, int hv, int V) const { return v + (((size_t)b * n + j) * HV + hv) * V; }
+  __device__ float beta_of(int b, int j, int n, int hv) const { return beta[((size_t)b * n + j) * HV + hv]; }
+  __device__ float decay_of(int b, int hv) const { return g ? __expf(g[(size_t)b * HV + hv]) : 1.0f; }
+};
+
+// An activation-dtype element (code 0: f32, 1: bf16, 2: f16) as f32.
+__device__ __forceinline__ float act_at(const void* p, int code, size_t i) {
+  if (code == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (code == 2) return __half2float(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// The inputs as the conv and the input projection leave them, prepared on the way in, as the
+// prep kernel (prep.cu) would (the same arithmetic, so the results agree bit for bit): the conv
+// output rows [B, ldc] f32 hold q's H heads from column 0, the n·H k heads (step-major) from
+// k_off and v's n·HV heads (step-major) from v_off; β = beta_mult·sigmoid(b) with b [B, n·HV]
+// (row stride ldb), the gate −exp(A_log)·softplus(a + dt_bias) with a [B, HV] (row stride lda;
+// null: no gate), b and a in the activation dtype (codes as act_at). The launcher passes it by
+// value; decode.rs's RawArgs mirrors its layout field for field.
+struct Raw {
+  const float* conv;
+  long ldc;
+  int k_off, v_off;
+  const void* b;
+  long ldb;
+  int b_code;
+  float beta_mult;
+  const void* a;
+  long lda;
+  int a_code;
+  const float *a_log, *dt_bias;
+  int H, HV;
+  // The heads' raw values, by the whole block (normalise() finishes them).
+  __device__ void load_q(float* qq, int b, int hk, int K, int /*warp*/, int /*lane*/) const {
+    const float* src = conv + (size_t)b * ldc + (size_t)hk * K;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = src[i];
+  }
+  __device__ void load_k(float* kk, int b, int j, int /*n*/, int hk, int K) const {
+    const float* src = conv + (size_t)b * ldc + k_off + ((size_t)j * H + hk) * K;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = src[i];
+  }
+  // One warp L2-normalises a head in shared memory (prep.cu's loop: lane-strided sum, warp sum,
+  // the same products).
+  __device__ static void l2_in_place(float* x, int K, int lane) {
+    float ss = 0.0f;
+    for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
+    const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
+    for (int i = lane; i < K; i += 32) x[i] *= inv;
+  }
+  // After the loads' barrier: warp 1 normalises k and, on the first step, warp 0 q; then a
+  // barrier of its own.
+  __device__ void normalise(float* qq, float* kk, bool first, int K, int warp, int lane) const {
+    if (warp == 0 && first) l2_in_place(qq, K, lane);
+    if (warp == 1) l2_in_place(kk, K, lane);
+    __syncthreads();
+  }
+  __device__ const float* v_row(int b, int j, int /*n*/, int hv, int V) const {
+    return conv + (size_t)b * ldc + v_off + ((size_t)j * HV + hv) * V;
+  }
+  __device__ float beta_of(int b, int j, int /*n*/, int hv) const {
+    return beta_mult * ds_sigmoid(act_at(this->b, b_code, (size_t)b * ldb + (size_t)j * HV + hv));
+  }
+  __device__ float decay_of(int b, int hv) const {
+    if (!a) return 1.0f;
+    const float g = -__expf(a_log[hv]) * ds_softplus(act_at(a, a_code, (size_t)b * lda + hv) + dt_bias[hv]);
+    return __expf(g);
+  }
+};
+
 // One decode step for B sequences. Grid (ceil(V/(32·CW)), HV, B), block 32·NW: lane owns CW
 // adjacent value columns, warp w keeps state rows [w·R, (w+1)·R) in registers, R = ceil(K/NW)
 // ≤ RMAX; each state element is read once and written once.
@@ -68,8 +157,7 @@ __device__ __forceinline__ void sum_warps(float (&acc)[CW], const float (*red)[C
 //   o = scale · S_nᵀ q = scale · (e^g S_0ᵀ q + Σ_j u_j (k_j · q)),
 // and S_0ᵀ q is reduced together with S_0ᵀ k_0. The state stores then follow the last
 // reduction directly.
-// q [B, H, K]; k [B·n, H, K]; v [B·n, HV, V]; beta [B·n, HV]; g [B, HV] or null (applied
-// before each token's first step); o [B, HV, V].
+// Inputs through In (Prepped or Raw); o [B, HV, V].
 // Shared memory of one CTA.
 template <int NW, int CW>
 struct DecodeSmem {
@@ -78,10 +166,9 @@ struct DecodeSmem {
 };
 
 // Value tile `tile` of head hv of sequence b.
-template <int NW, int RMAX, int CW, bool VEC>
-__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const float* __restrict__ q,
-                            const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ beta,
-                            const float* __restrict__ g, float* __restrict__ states, const SlotList& slots,
+template <int NW, int RMAX, int CW, bool VEC, typename In>
+__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, float* __restrict__ states,
+                           const SlotList& slots,
                             const int* __restrict__ more_slots, float* __restrict__ o, int H, int HV, int K, int V, int n,
                             float scale) {
   float* kk = sm.kk;
@@ -103,22 +190,22 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
       for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
     }
   }
-  for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = q[((size_t)b * H + hk) * K + i];
-  const float decay = g ? __expf(g[(size_t)b * HV + hv]) : 1.0f;
+  in.load_q(qq, b, hk, K, warp, lane);
+  const float decay = in.decay_of(b, hv);
   float out[CW] = {};
   for (int j = 0; j < n; ++j) {
-    const size_t row = (size_t)b * n + j;
     if (j > 0) __syncthreads();  // every warp is done with the last step's kk and red_k
-    for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = k[(row * H + hk) * K + i];
+    in.load_k(kk, b, j, n, hk, K);
     __syncthreads();
+    in.normalise(qq, kk, j == 0, K, warp, lane);
     rows_dot<NW, RMAX, CW>(red_k, s, kk, R, r0, K, warp, lane);
     if (j == 0) rows_dot<NW, RMAX, CW>(red_q, s, qq, R, r0, K, warp, lane);
     float kq = 0.0f;
     for (int i = lane; i < K; i += 32) kq += kk[i] * qq[i];
     kq = warp_sum(kq);
     float vv[CW];
-    load_cols<CW, VEC>(vv, v + (row * HV + hv) * V + col, col, V);
-    const float bt = beta[row * HV + hv];
+    load_cols<CW, VEC>(vv, in.v_row(b, j, n, hv, V) + col, col, V);
+    const float bt = in.beta_of(b, j, n, hv);
     const float d = j == 0 ? decay : 1.0f;
     __syncthreads();
     float kv[CW], u[CW];
@@ -162,14 +249,32 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
       const float* q, const float* k, const float* v, const float* beta, const float* g, float* states,                \
       SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {              \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
-    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, q, k, v, beta, g, states, slots, more_slots, o, \
-                                H, HV, K, V, n, scale);                                                                \
+    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states,     \
+                                slots, more_slots, o, H, HV, K, V, n, scale);                                          \
+  }
+// decode.rs's RawArgs has the same fields at the same offsets.
+static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, a_log) == 72 && offsetof(Raw, HV) == 92,
+              "struct Raw must match RawArgs in decode.rs");
+
+// gdr_decode_raw_w{NW}_r{RMAX}_c{CW}_b{MINB}_{vec,scalar}: the same step on Raw inputs, passed
+// as one __grid_constant__ struct: its fields are read from the parameter bank where used, so
+// they hold no registers next to the state's (as locals they spilled under the register cap).
+#define DECODE_RAW_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX)                                                                \
+  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) gdr_decode_raw_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX( \
+      const __grid_constant__ Raw in, float* states, SlotList slots, const int* more_slots, float* o, int K, int V,    \
+      int n, float scale) {                                                                                            \
+    __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
+    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slots, more_slots, o, in.H, in.HV, \
+                                K, V, n, scale);                                                                       \
   }
 #define DECODE_ENTRIES(NW, RM, CW, MINB)            \
   DECODE_ENTRY(NW, RM, CW, MINB, true, vec)         \
-  DECODE_ENTRY(NW, RM, CW, MINB, false, scalar)
-// The shapes decode.rs picks by K (vec and scalar), each with 4, 2 or 1 columns a lane: fewer
-// columns give small batches more CTAs (B·HV·V/(32·CW)) to spread over the SMs.
+  DECODE_ENTRY(NW, RM, CW, MINB, false, scalar)     \
+  DECODE_RAW_ENTRY(NW, RM, CW, MINB, true, vec)     \
+  DECODE_RAW_ENTRY(NW, RM, CW, MINB, false, scalar)
+// The shapes decode.rs picks by K (vec and scalar, prepared and raw inputs), each with 4, 2 or
+// 1 columns a lane: fewer columns give small batches more CTAs (B·HV·V/(32·CW)) to spread over
+// the SMs.
 #define DECODE_SHAPE(NW, RM, MINB)  \
   DECODE_ENTRIES(NW, RM, 4, MINB) \
   DECODE_ENTRIES(NW, RM, 2, MINB) \

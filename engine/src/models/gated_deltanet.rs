@@ -159,8 +159,22 @@ impl GatedDeltaNet {
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let y = self.input.forward(x)?;
         let c = self.conv.step(&y.span(Q, A)?, &mut state.conv_state, slots)?;
-        let p = self.prepare(&y, &c)?;
-        let o = ops::gated_delta_step(p.inputs(1, self.scale), &mut state.recurrent_state, slots)?;
+        let (h, k) = (self.num_heads, self.head_k_dim);
+        let a = y.part(A)?;
+        let raw = ops::RawStepInputs {
+            conv_out: &c,
+            layout: ops::QkLayout { q_heads: h, k_heads: h, head_dim: k },
+            v_offset: 2 * h * k,
+            v_heads: self.num_v_heads,
+            v_dim: self.head_v_dim,
+            b: &y.part(B)?,
+            allow_neg_eigval: self.allow_neg_eigval,
+            gate_in: Some((&a, &self.a_log, &self.dt_bias)),
+            n: 1,
+            scale: self.scale,
+        };
+        // On a GPU, small batches do prepare's work (steps 4, 6, 7) inside the step's kernel.
+        let o = ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?;
         self.out.forward(&o, &y, G, x.dtype())
     }
 }

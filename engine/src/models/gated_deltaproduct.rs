@@ -241,8 +241,22 @@ impl GatedDeltaProduct {
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let y = self.input.forward(x)?;
         let c = self.conv.step(&y.span(Q, B)?, &mut state.conv_state, slots)?;
-        let p = self.prepare(&y, &c)?;
-        let o = ops::gated_delta_step(p.inputs(self.num_householder, self.scale), &mut state.recurrent_state, slots)?;
+        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
+        let a = self.forget.as_ref().map(|_| y.part(self.a_part)).transpose()?;
+        let raw = ops::RawStepInputs {
+            conv_out: &c,
+            layout: ops::QkLayout { q_heads: h, k_heads: n * h, head_dim: k },
+            v_offset: h * k + n * h * k,
+            v_heads: h,
+            v_dim: vd,
+            b: &y.part(B)?,
+            allow_neg_eigval: self.allow_neg_eigval,
+            gate_in: self.forget.as_ref().zip(a.as_ref()).map(|(f, a)| (a, &f.a_log, &f.dt_bias)),
+            n,
+            scale: self.scale,
+        };
+        // On a GPU, small batches do prepare's work inside the step's kernel (§2.3 steps 2–6, 7).
+        let o = ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?;
         self.out.forward(&o, &y, self.g_part, x.dtype())
     }
 }

@@ -1,12 +1,15 @@
 //! Launcher of the decode step of the gated delta rule over B slots, and the slot lists that
 //! the decode kernels (this one and the conv step) take.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, device_address, f32c, grid, indices, ptx, push_gate, sm_count, wrap, DeviceSlots, GatePtr};
-use crate::ops::MixerInputs;
+use super::{
+    check_head_dim, cuda_dev, device_address, f32c, first_element_address_any, grid, indices, ptx, push_gate, sm_count, wrap, DeviceSlots,
+    GatePtr, RowsArg,
+};
+use crate::ops::{MixerInputs, RawStepInputs};
 use crate::{Result, StepSlots};
 
 /// Slot indices a decode kernel takes by value (`SlotList` in common.cuh); longer batches pass
@@ -126,29 +129,135 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
     // an aligned buffer); element by element otherwise.
     let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
     let access = if v.is_multiple_of(4) && aligned { "vec" } else { "scalar" };
-    let shape = match DecodeShape::wanted().filter(|w| w.warps * w.rows >= k) {
-        Some(w) => w,
-        None => DecodeShape::for_key_dim(k).with_cols_for(b * hv * v.div_ceil(32 * 4), sm_count(&dev)?),
-    };
-    let name = format!("gdr_decode_f32_{}_{access}", shape.name());
-    let cfg = grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0);
+    let (shape, cfg) = step_kernel(&dev, k, b, hv, v)?;
+    let f = dev.get_or_load_custom_func(&format!("gdr_decode_f32_{}_{access}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
-    let f = dev.get_or_load_custom_func(&name, "gated_delta", ptx::GATED_DELTA)?;
     let ints = [h as i32, hv as i32, k as i32, v as i32, x.n.max(1) as i32];
     with_mixer_views!(x, qv, kv, vv, bv, gp, {
         let mut l = f.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&bv);
         push_gate(&mut l, &gp);
-        l.arg(&mut states.data);
-        sl.push(&mut l);
-        l.arg(&mut o);
-        for i in &ints {
-            l.arg(i);
-        }
-        l.arg(&x.scale);
-        unsafe { l.launch(cfg) }.w()?;
+        launch_with_state(l, &mut states.data, &sl, &mut o, &ints, &x.scale, cfg)?;
     });
+    Ok(wrap(&dev, o, (b, hv, v)))
+}
+
+/// The step kernel's shape for key dim `k` and `b` rows of `hv` heads of width `v` (by K and
+/// batch, or as `DELTASERVE_DECODE_KERNEL` says), and its grid.
+fn step_kernel(dev: &CudaDevice, k: usize, b: usize, hv: usize, v: usize) -> Result<(DecodeShape, LaunchConfig)> {
+    let shape = match DecodeShape::wanted().filter(|w| w.warps * w.rows >= k) {
+        Some(w) => w,
+        None => DecodeShape::for_key_dim(k).with_cols_for(b * hv * v.div_ceil(32 * 4), sm_count(dev)?),
+    };
+    Ok((shape, grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0)))
+}
+
+/// Pushes the arguments every step kernel ends with (states, slots, o, `ints`, scale) after
+/// the inputs already in `l`, and launches.
+fn launch_with_state<'a>(
+    mut l: LaunchArgs<'a>,
+    states: &'a mut CudaSlice<f32>,
+    sl: &'a DecodeSlots,
+    o: &'a mut CudaSlice<f32>,
+    ints: &'a [i32],
+    scale: &'a f32,
+    cfg: LaunchConfig,
+) -> Result<()> {
+    l.arg(states);
+    sl.push(&mut l);
+    l.arg(o);
+    for i in ints {
+        l.arg(i);
+    }
+    l.arg(scale);
+    unsafe { l.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// The raw decode kernels' first argument, field for field `struct Raw` in gated_delta.cu
+/// (passed by value as a `__grid_constant__` parameter).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawArgs {
+    conv: u64,
+    ldc: i64,
+    k_off: i32,
+    v_off: i32,
+    b: u64,
+    ldb: i64,
+    b_code: i32,
+    beta_mult: f32,
+    a: u64,
+    lda: i64,
+    a_code: i32,
+    /// The C++ struct's padding before the next pointer, spelled out.
+    _pad: i32,
+    a_log: u64,
+    dt_bias: u64,
+    h: i32,
+    hv: i32,
+}
+
+// gated_delta.cu asserts the same size and offsets for `struct Raw`.
+const _: () = assert!(std::mem::size_of::<RawArgs>() == 96 && std::mem::offset_of!(RawArgs, a_log) == 72);
+
+// SAFETY: plain `#[repr(C)]` integers and floats, laid out as the kernels' `struct Raw`.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for RawArgs {}
+
+/// A decode step on the inputs as the conv and the input projection leave them
+/// ([`crate::ops::gated_delta_step_raw`], which checked the shapes): q and k normalised and β
+/// and the gate formed inside the step's kernel, v, b and a read in place. Returns `o`
+/// `[B, HV, V]` f32.
+pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slots: StepSlots<'_>) -> Result<Tensor> {
+    let dev = cuda_dev(x.conv_out, "gated_delta_step_raw")?;
+    let b = x.conv_out.dim(0)?;
+    let (h, k, n) = (x.layout.q_heads, x.layout.head_dim, x.n.max(1));
+    let (hv, v) = (x.v_heads, x.v_dim);
+    check_head_dim("gated_delta_step_raw", k)?;
+    let conv = RowsArg::new(&f32c(x.conv_out)?)?;
+    let braw = RowsArg::new(x.b)?;
+    let gate = x.gate_in.map(|(a, a_log, dt_bias)| -> Result<_> { Ok((RowsArg::new(a)?, f32c(a_log)?, f32c(dt_bias)?)) }).transpose()?;
+    // 16-byte state and value accesses when every v row starts 16-byte aligned.
+    let aligned = conv.vectorisable(4, v) && x.v_offset.is_multiple_of(4);
+    let access = if aligned { "vec" } else { "scalar" };
+    let (shape, cfg) = step_kernel(&dev, k, b, hv, v)?;
+    let f = dev.get_or_load_custom_func(&format!("gdr_decode_raw_{}_{access}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
+    let sl = DecodeSlots::new(&dev, slots)?;
+    // SAFETY: the kernel writes every element of o.
+    let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
+    let code = |r: &RowsArg| match r.suffix {
+        "bf16" => 1i32,
+        "f16" => 2,
+        _ => 0,
+    };
+    let (a, lda, a_code) = gate.as_ref().map_or((0, 0, 0), |(a, _, _)| (a.ptr, a.ld, code(a)));
+    let (a_log, dt_bias) = match &gate {
+        Some((_, al, db)) => (first_element_address_any(al)?, first_element_address_any(db)?),
+        None => (0, 0),
+    };
+    let args = RawArgs {
+        conv: conv.ptr,
+        ldc: conv.ld,
+        k_off: (h * k) as i32,
+        v_off: x.v_offset as i32,
+        b: braw.ptr,
+        ldb: braw.ld,
+        b_code: code(&braw),
+        beta_mult: if x.allow_neg_eigval { 2.0 } else { 1.0 },
+        a,
+        lda,
+        a_code,
+        _pad: 0,
+        a_log,
+        dt_bias,
+        h: h as i32,
+        hv: hv as i32,
+    };
+    let ints = [k as i32, v as i32, n as i32];
+    let mut l = f.builder();
+    l.arg(&args);
+    launch_with_state(l, &mut states.data, &sl, &mut o, &ints, &x.scale, cfg)?;
     Ok(wrap(&dev, o, (b, hv, v)))
 }
