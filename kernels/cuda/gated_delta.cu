@@ -69,7 +69,7 @@ struct Prepped {
   const float *q, *k, *v, *beta, *g;
   int H, HV;
   // q's head hk of token b into qq, by the whole block.
-  __device__ void load_q(float* qq, int b, int hk, int K, int /*warp*/, int /*lane*/) const {
+  __device__ void load_q(float* qq, int b, int hk, int K) const {
     for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = q[((size_t)b * H + hk) * K + i];
   }
   // k's head hk of step j of token b into kk, by the whole block.
@@ -111,8 +111,9 @@ struct Raw {
   int a_code;
   const float *a_log, *dt_bias;
   int H, HV;
-  // The heads' raw values, by the whole block (normalise() finishes them).
-  __device__ void load_q(float* qq, int b, int hk, int K, int /*warp*/, int /*lane*/) const {
+  // The heads' raw values, by the whole block (normalise() finishes them). H here is the q/k
+  // head count; k's heads of step j follow those of step j − 1.
+  __device__ void load_q(float* qq, int b, int hk, int K) const {
     const float* src = conv + (size_t)b * ldc + (size_t)hk * K;
     for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = src[i];
   }
@@ -168,9 +169,8 @@ struct DecodeSmem {
 // Value tile `tile` of head hv of sequence b.
 template <int NW, int RMAX, int CW, bool VEC, typename In>
 __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, float* __restrict__ states,
-                           const SlotList& slots,
-                            const int* __restrict__ more_slots, float* __restrict__ o, int H, int HV, int K, int V, int n,
-                            float scale) {
+                           const SlotList& slots, const int* __restrict__ more_slots, float* __restrict__ o, int H, int HV,
+                           int K, int V, int n, float scale) {
   float* kk = sm.kk;
   float* qq = sm.qq;
   auto red_k = sm.red_k;
@@ -190,7 +190,7 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
       for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
     }
   }
-  in.load_q(qq, b, hk, K, warp, lane);
+  in.load_q(qq, b, hk, K);
   const float decay = in.decay_of(b, hv);
   float out[CW] = {};
   for (int j = 0; j < n; ++j) {
