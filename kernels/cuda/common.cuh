@@ -16,6 +16,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The mixer's per-token inputs (model-spec.md §1.3 steps 4, 6, 7), shared by the prep kernel
+// and the fused decode step so that the two agree bit for bit. One warp L2-normalises a K-wide
+// head: lane-strided squares, a warp sum, x / sqrt(Σx² + 1e-6) (out may be in).
+__device__ __forceinline__ void l2_head(float* out, const float* in, int K, int lane) {
+  float ss = 0.0f;
+  for (int i = lane; i < K; i += 32) ss += in[i] * in[i];
+  const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
+  for (int i = lane; i < K; i += 32) out[i] = in[i] * inv;
+}
+// β = mult · sigmoid(b) (mult 2 with allow_neg_eigval).
+__device__ __forceinline__ float ds_beta(float mult, float b) { return mult * ds_sigmoid(b); }
+// The fp32 log-decay g = −exp(A_log) · softplus(a + dt_bias).
+__device__ __forceinline__ float ds_log_decay(float a, float a_log, float dt_bias) {
+  return -__expf(a_log) * ds_softplus(a + dt_bias);
+}
+
 // Decode steps take up to INLINE_SLOTS slot indices by value (no upload for small batches), or
 // all of them from device memory when `rest` is set (larger batches, CUDA graphs).
 #define INLINE_SLOTS 64

@@ -121,31 +121,22 @@ struct Raw {
     const float* src = conv + (size_t)b * ldc + k_off + ((size_t)j * H + hk) * K;
     for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = src[i];
   }
-  // One warp L2-normalises a head in shared memory (prep.cu's loop: lane-strided sum, warp sum,
-  // the same products).
-  __device__ static void l2_in_place(float* x, int K, int lane) {
-    float ss = 0.0f;
-    for (int i = lane; i < K; i += 32) ss += x[i] * x[i];
-    const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
-    for (int i = lane; i < K; i += 32) x[i] *= inv;
-  }
   // After the loads' barrier: warp 1 normalises k and, on the first step, warp 0 q; then a
   // barrier of its own.
   __device__ void normalise(float* qq, float* kk, bool first, int K, int warp, int lane) const {
-    if (warp == 0 && first) l2_in_place(qq, K, lane);
-    if (warp == 1) l2_in_place(kk, K, lane);
+    if (warp == 0 && first) l2_head(qq, qq, K, lane);
+    if (warp == 1) l2_head(kk, kk, K, lane);
     __syncthreads();
   }
   __device__ const float* v_row(int b, int j, int /*n*/, int hv, int V) const {
     return conv + (size_t)b * ldc + v_off + ((size_t)j * HV + hv) * V;
   }
   __device__ float beta_of(int b, int j, int /*n*/, int hv) const {
-    return beta_mult * ds_sigmoid(act_at(this->b, b_code, (size_t)b * ldb + (size_t)j * HV + hv));
+    return ds_beta(beta_mult, act_at(this->b, b_code, (size_t)b * ldb + (size_t)j * HV + hv));
   }
   __device__ float decay_of(int b, int hv) const {
     if (!a) return 1.0f;
-    const float g = -__expf(a_log[hv]) * ds_softplus(act_at(a, a_code, (size_t)b * lda + hv) + dt_bias[hv]);
-    return __expf(g);
+    return __expf(ds_log_decay(act_at(a, a_code, (size_t)b * lda + hv), a_log[hv], dt_bias[hv]));
   }
 };
 

@@ -21,15 +21,11 @@ __device__ void prep(const float* __restrict__ conv, int ldc, int qh, int kh, in
     const bool is_q = seg < qh;
     const float* in = is_q ? src + seg * K : src + k_off + (seg - qh) * K;
     float* out = is_q ? q + ((size_t)row * qh + seg) * K : k + ((size_t)row * kh + seg - qh) * K;
-    float ss = 0.0f;
-    for (int i = lane; i < K; i += 32) ss += in[i] * in[i];
-    const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
-    for (int i = lane; i < K; i += 32) out[i] = in[i] * inv;
+    l2_head(out, in, K, lane);
   }
-  for (int i = threadIdx.x; i < nb; i += blockDim.x)
-    beta[(size_t)row * nb + i] = beta_mult * ds_sigmoid(to_f32(b[(size_t)row * ldb + i]));
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) beta[(size_t)row * nb + i] = ds_beta(beta_mult, to_f32(b[(size_t)row * ldb + i]));
   for (int i = threadIdx.x; i < ng; i += blockDim.x)
-    g[(size_t)row * ng + i] = -__expf(a_log[i]) * ds_softplus(to_f32(a[(size_t)row * lda + i]) + dt_bias[i]);
+    g[(size_t)row * ng + i] = ds_log_decay(to_f32(a[(size_t)row * lda + i]), a_log[i], dt_bias[i]);
 }
 
 // prep_{dtype of a and b}.

@@ -349,11 +349,7 @@ pub fn gated_delta_step_raw<'s>(
     };
     #[cfg(feature = "cuda")]
     if fused && states.device_slots().is_some() {
-        step.check(OP)?;
-        check_rows(OP, bsz, step.host)?;
-        let d = gd::Dims { t: bsz, h: l.q_heads, hv: x.v_heads, k: l.head_dim, v: x.v_dim };
-        check_state(OP, d, states.per_slot())?;
-        states.check_distinct(step.host)?;
+        check_step(OP, &step, bsz, gd::Dims { t: bsz, h: l.q_heads, hv: x.v_heads, k: l.head_dim, v: x.v_dim }, states)?;
         if let Some(dev) = states.device_slots() {
             return crate::cuda::gated_delta_step_raw(&x, dev, step);
         }
@@ -505,6 +501,15 @@ impl MixerInputs<'_> {
     }
 }
 
+/// A decode step's slots against its `rows` and the pool: one distinct slot a row, and states of
+/// `d`'s shape.
+fn check_step(op: &'static str, step: &StepSlots<'_>, rows: usize, d: gd::Dims, states: &SlotBuffer) -> Result<()> {
+    step.check(op)?;
+    check_rows(op, rows, step.host)?;
+    check_state(op, d, states.per_slot())?;
+    states.check_distinct(step.host)
+}
+
 fn check_state(op: &'static str, d: gd::Dims, per_slot: usize) -> Result<()> {
     if per_slot != d.hv * d.k * d.v {
         return Err(KernelError::Shape { op, input: "state", expected: format!("[{}, {}, {}]", d.hv, d.k, d.v), actual: vec![per_slot] });
@@ -619,12 +624,9 @@ fn prefill_host(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Res
 pub fn gated_delta_step<'s>(x: MixerInputs<'_>, states: &mut SlotBuffer, slots: impl Into<StepSlots<'s>>) -> Result<Tensor> {
     const OP: &str = "gated_delta_step";
     let step = slots.into();
-    step.check(OP)?;
     let slots = step.host;
     let (rows, d) = x.dims(OP)?;
-    check_rows(OP, rows, slots)?;
-    check_state(OP, d, states.per_slot())?;
-    states.check_distinct(slots)?;
+    check_step(OP, &step, rows, d, states)?;
     #[cfg(feature = "cuda")]
     if let Some(dev) = states.device_slots() {
         return crate::cuda::gated_delta_step(&x, dev, step);

@@ -69,12 +69,16 @@ fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
     if let Some(s) = wanted.filter(|s| [1, 2, 4, 8].contains(s)) {
         return s;
     }
-    let steps = k.div_ceil(256);
-    let cap = if b > 4 { 2 } else { 8 };
-    let allowed: Vec<usize> = [1, 2, 4, 8].into_iter().filter(|&s| s == 1 || (s <= cap && steps >= 2 * s)).collect();
+    let (steps, cap) = (k.div_ceil(256), if b > 4 { 2 } else { 8 });
+    let allowed = |s: usize| s == 1 || (s <= cap && steps >= 2 * s);
     let blocks = |s: usize| (n * s).div_ceil(ROWS_PER_WARP * WARPS);
-    // Rows too few for three blocks an SM at any split: as many slices as allowed.
-    allowed.iter().copied().find(|&s| blocks(s) >= 3 * sms).unwrap_or(allowed[allowed.len() - 1])
+    // The allowed splits rise in powers of two; past three blocks an SM stop there, and rows too
+    // few for that at any split take the most slices allowed.
+    let mut s = 1;
+    while blocks(s) < 3 * sms && s < 8 && allowed(2 * s) {
+        s *= 2;
+    }
+    s
 }
 
 /// The kernels' leading arguments: where x's rows come from.
