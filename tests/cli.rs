@@ -101,3 +101,67 @@ fn generate_on_the_default_demo_model_decodes_cleanly() {
     assert!(ids.iter().all(|&i| (i as usize) < engine.config().common.vocab_size));
     assert_eq!(engine.tokenizer().decode(&ids, false).unwrap(), generated);
 }
+
+/// Copies every file of `src` into `dst`.
+fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn the_prune_command_of_the_brief_works_verbatim() {
+    // `deltaserve prune --method drrqr --ratio 0.5 ckpt/`, exactly, in a directory holding a
+    // copy of a committed fixture: the default output is `ckpt-drrqr-0.5/` beside it, calibrated
+    // on the bundled text.
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&compact_dir().join("gdn"), &tmp.path().join("ckpt"));
+    let out = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
+        .current_dir(tmp.path())
+        .args(["prune", "--method", "drrqr", "--ratio", "0.5", "ckpt/"])
+        .env("DELTASERVE_LOG", "info")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("bundled text"), "no log line about the default calibration: {stderr}");
+    let pruned = tmp.path().join("ckpt-drrqr-0.5");
+    assert!(stdout.contains("ckpt-drrqr-0.5"), "the output directory is not printed: {stdout}");
+    let before = deltaserve_engine::read_config(&tmp.path().join("ckpt")).unwrap();
+    let after = deltaserve_engine::read_config(&pruned).unwrap();
+    assert_eq!(after.head_k_dim(), before.head_k_dim() / 2);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(pruned.join("pruning_report.json")).unwrap()).unwrap();
+    assert_eq!(report["method"], "drrqr");
+    assert!(report["calibration_tokens"].as_u64().unwrap() >= 2048, "{report}");
+    let engine = deltaserve_engine::Engine::load(&deltaserve_engine::LoadOptions::cpu(pruned.to_str().unwrap())).unwrap();
+    assert_eq!(engine.config().head_k_dim(), after.head_k_dim());
+}
+
+#[test]
+fn a_closed_stdout_ends_subcommands_quietly() {
+    // `deltaserve ... | head -c 0`: stdout is closed before anything is written.
+    let model = compact_dir().join("gdn");
+    let model = model.to_str().unwrap();
+    let text = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(text.path(), "def f(x):\n    return x + 1\n".repeat(20)).unwrap();
+    let runs: [&[&str]; 2] = [
+        &["eval", "ppl", "--model", model, "--text", text.path().to_str().unwrap(), "--seq-len", "64"],
+        &["generate", "--model", model, "--prompt", "def f(x):", "--max-tokens", "64"],
+    ];
+    for args in runs {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
+            .args(args)
+            .env("DELTASERVE_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{}: {stderr}", args[0]);
+        assert!(out.status.success(), "{}: exit {:?}: {stderr}", args[0], out.status);
+    }
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use deltaserve_engine::inventory::expected_tensors;
 use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::{read_config, Logits, PrefillAlgo, StatePool};
+use deltaserve_engine::{read_config, reference, Logits, PrefillAlgo, StatePool};
 use deltaserve_pruning::write::write_checkpoint;
 use deltaserve_pruning::{kept_dim, load_model, prune, Method, PruneOptions};
 use deltaserve_tests::{compact_dir, prune_half, rel_err, shared_dir, values};
@@ -25,7 +25,7 @@ fn copy_dir(src: &Path) -> tempfile::TempDir {
 
 fn logits(dir: &Path, tokens: &[u32]) -> Vec<f32> {
     let m = load_model(dir).unwrap();
-    let mut pool = StatePool::new(m.config(), 1);
+    let mut pool = StatePool::new(&m.cache_specs(), 1);
     let s = pool.allocate().unwrap();
     let mut out = values(&m.prefill(&mut pool, s, tokens, Logits::All, PrefillAlgo::Chunked).unwrap());
     // A few decode steps too: the sliced conv state and recurrent state carry over.
@@ -117,7 +117,7 @@ fn pruned_checkpoints_follow_fla_config_rules_and_shapes() {
                 method: Method::L1,
                 ratio,
                 input: src.clone(),
-                output: out.path().to_path_buf(),
+                output: Some(out.path().to_path_buf()),
                 calibration: None,
                 samples: None,
                 seq_len: 64,
@@ -210,7 +210,7 @@ fn bad_options_are_refused() {
         method,
         ratio,
         input: src.clone(),
-        output: out.path().to_path_buf(),
+        output: Some(out.path().to_path_buf()),
         calibration: None,
         samples: None,
         seq_len: 64,
@@ -220,8 +220,22 @@ fn bad_options_are_refused() {
     };
     let e = prune(&opts(Method::L1, 1.0)).unwrap_err().to_string();
     assert_eq!(e, "invalid `ratio`: expected in [0, 1), got 1");
-    let e = prune(&opts(Method::Drrqr, 0.5)).unwrap_err().to_string();
-    assert!(e.contains("`calibration`") && e.contains("drrqr"), "{e}");
+    // The bundled calibration text holds fewer tokens than one such window.
+    let e = prune(&PruneOptions { seq_len: 10_000_000, ..opts(Method::Drrqr, 0.5) }).unwrap_err().to_string();
+    assert!(
+        e.starts_with("invalid `calibration`: expected text of at least 10000000 tokens") && e.contains("the bundled calibration text"),
+        "{e}"
+    );
+    let missing = out.path().join("no-such-file.txt");
+    let e = prune(&PruneOptions { calibration: Some(missing.clone()), ..opts(Method::Swanda, 0.5) }).unwrap_err().to_string();
+    assert!(e.starts_with(&missing.display().to_string()), "{e}");
+}
+
+#[test]
+fn default_output_sits_beside_the_input() {
+    use deltaserve_pruning::default_output;
+    assert_eq!(default_output(Path::new("ckpt/"), Method::Drrqr, 0.5), PathBuf::from("ckpt-drrqr-0.5"));
+    assert_eq!(default_output(Path::new("/m/qwen"), Method::L1, 0.25), PathBuf::from("/m/qwen-l1-0.25"));
 }
 
 /// The compact models plus the full fla fixtures when present.
@@ -234,18 +248,18 @@ fn fixture_models(test: &str) -> Vec<(String, PathBuf)> {
 }
 
 #[test]
-fn differentiable_forward_matches_the_engine() {
-    // Grad's forward is a second implementation of the model in plain tensor ops; it must give
+fn reference_forward_matches_the_engine() {
+    // The reference forward (calibration, Grad) is a second implementation of the model in plain tensor ops; it must give
     // the engine's logits. 150 tokens span three 64-token chunks with a ragged tail.
     let tokens: Vec<u32> = (0..150u32).map(|i| (i * 37 + 11) % 200).collect();
-    for (name, dir) in fixture_models("differentiable_forward_matches_the_engine") {
+    for (name, dir) in fixture_models("reference_forward_matches_the_engine") {
         let m = load_model(&dir).unwrap();
-        let mut pool = StatePool::new(m.config(), 1);
+        let mut pool = StatePool::new(&m.cache_specs(), 1);
         let s = pool.allocate().unwrap();
         let want = values(&m.prefill(&mut pool, s, &tokens, Logits::All, PrefillAlgo::Chunked).unwrap());
-        let got = values(&m.logits_autodiff(&tokens, &m.qk_proj()).unwrap());
+        let got = values(&reference::logits(&m, &tokens, &reference::qk_proj(&m).unwrap(), None).unwrap());
         let e = rel_err(&got, &want);
-        println!("{name}: differentiable vs engine logits rel err {e:.2e}");
+        println!("{name}: reference vs engine logits rel err {e:.2e}");
         assert!(e < 1e-4, "{name}: {e}");
     }
 }
@@ -259,14 +273,14 @@ fn dot(x: &[(Tensor, Tensor)], y: &[(Tensor, Tensor)]) -> f64 {
 #[test]
 fn loss_gradient_matches_finite_differences() {
     use candle_core::Var;
-    use deltaserve_engine::models::autodiff::QkProj;
+    use deltaserve_engine::reference::QkProj;
     let tokens: Vec<u32> = (0..100u32).map(|i| (i * 53 + 7) % 120).collect();
     for (name, dir) in fixture_models("loss_gradient_matches_finite_differences") {
         let m = load_model(&dir).unwrap();
-        let base = m.qk_proj();
+        let base = reference::qk_proj(&m).unwrap();
         let vars: Vec<(Var, Var)> = base.iter().map(|w| (Var::from_tensor(&w.q).unwrap(), Var::from_tensor(&w.k).unwrap())).collect();
         let qk: Vec<QkProj> = vars.iter().map(|(q, k)| QkProj { q: q.as_tensor().clone(), k: k.as_tensor().clone() }).collect();
-        let grads = m.lm_loss(&tokens, &qk).unwrap().backward().unwrap();
+        let grads = reference::lm_loss(&m, &tokens, &qk).unwrap().backward().unwrap();
         let g: Vec<(Tensor, Tensor)> =
             vars.iter().map(|(q, k)| (grads.get(q.as_tensor()).unwrap().clone(), grads.get(k.as_tensor()).unwrap().clone())).collect();
         let norm = dot(&g, &g).sqrt();
@@ -290,7 +304,7 @@ fn loss_gradient_matches_finite_differences() {
                         k: (&w.k + (b * (sign * eps / dn)).unwrap()).unwrap(),
                     })
                     .collect();
-                m.lm_loss(&tokens, &w).unwrap().to_scalar::<f32>().unwrap() as f64
+                reference::lm_loss(&m, &tokens, &w).unwrap().to_scalar::<f32>().unwrap() as f64
             };
             let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
             println!("{name} {label}: autograd {want:.6e}, finite difference {fd:.6e}, ‖G‖ {norm:.3e}");

@@ -47,7 +47,7 @@ fn bench_model(c: &mut Criterion, name: &str, m: &CausalLm) {
     let prompt = tokens(2048, vocab);
     g.throughput(Throughput::Elements(prompt.len() as u64));
     g.bench_function("prefill_T2048", |b| {
-        let mut pool = StatePool::new(m.config(), 1);
+        let mut pool = StatePool::new(&m.cache_specs(), 1);
         b.iter(|| {
             let s = pool.allocate().expect("slot");
             m.prefill(&mut pool, s, &prompt, Logits::Last, PrefillAlgo::Chunked).expect("prefill");
@@ -55,7 +55,7 @@ fn bench_model(c: &mut Criterion, name: &str, m: &CausalLm) {
         })
     });
     for batch in [1usize, 32] {
-        let mut pool = StatePool::new(m.config(), batch);
+        let mut pool = StatePool::new(&m.cache_specs(), batch);
         let slots: Vec<SlotId> = (0..batch).map(|_| pool.allocate().expect("slot")).collect();
         for &s in &slots {
             m.prefill(&mut pool, s, &tokens(16, vocab), Logits::Last, PrefillAlgo::Chunked).expect("prefill");

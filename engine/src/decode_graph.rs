@@ -9,8 +9,8 @@
 //!
 //! A batch size runs eagerly the first time it is seen, which also fills candle's cache of
 //! layout parameters (a capture can upload nothing), is captured the second time, and replays
-//! from then on. A capture that fails leaves that size eager, with a warning. The cache lives
-//! in the [`StatePool`](crate::StatePool) whose buffers the graphs write, so it dies with them.
+//! from then on. A capture that fails leaves that size eager, with a warning. The graphs write
+//! one pool's buffers: a step on another pool drops them and starts over.
 
 use std::collections::HashSet;
 
@@ -20,7 +20,7 @@ use deltaserve_kernels::StepSlots;
 
 use crate::error::Result;
 use crate::models::CausalLm;
-use crate::state::StatePool;
+use crate::state::{SlotId, StatePool};
 
 /// Captured batch sizes kept at once (least recently used first out).
 const MAX_GRAPHS: usize = 64;
@@ -43,10 +43,11 @@ struct Entry {
 // (the pool is `&mut` for every decode); the handles themselves are not tied to a thread.
 unsafe impl Send for Entry {}
 
-/// The decode graphs of one state pool.
+/// Captured decode steps of one model over one state pool.
 #[derive(Default)]
 pub struct DecodeGraphs {
-    enabled: bool,
+    /// The pool whose buffers the captured graphs write.
+    pool: Option<u64>,
     /// Most recently used last.
     entries: Vec<Entry>,
     /// Batch sizes run once eagerly (ready to capture).
@@ -57,79 +58,72 @@ pub struct DecodeGraphs {
 
 impl std::fmt::Debug for DecodeGraphs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let sizes: Vec<usize> = self.entries.iter().map(|e| e.batch).collect();
-        f.debug_struct("DecodeGraphs").field("enabled", &self.enabled).field("captured", &sizes).finish()
-    }
-}
-
-/// A clone starts empty: its graphs would write the original pool's buffers.
-impl Clone for DecodeGraphs {
-    fn clone(&self) -> Self {
-        Self { enabled: self.enabled, ..Self::default() }
+        f.debug_struct("DecodeGraphs").field("pool", &self.pool).field("captured", &self.captured()).finish()
     }
 }
 
 impl DecodeGraphs {
-    /// Whether decode steps are captured and replayed.
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
-    /// Turns graphs on or off; off drops the captured ones.
-    pub fn set_enabled(&mut self, on: bool) {
-        if !on {
-            *self = Self::default();
-        }
-        self.enabled = on;
-    }
-
     /// Batch sizes with a captured graph.
     pub fn captured(&self) -> Vec<usize> {
         self.entries.iter().map(|e| e.batch).collect()
     }
-}
 
-/// One decode step through the pool's graphs: replays the graph of `tokens.len()` when there
-/// is one, captures it when the size ran before, else runs eagerly. `slots` are checked by the
-/// caller (in range, in use, distinct). Returns `[B, vocab]` f32 logits, owned by the caller.
-pub(crate) fn decode(model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, tokens: &[u32], slots: &[usize]) -> Result<Tensor> {
-    let b = tokens.len();
-    let slot_ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
-    if let Some(i) = pool.graphs.entries.iter().position(|e| e.batch == b) {
-        let entry = pool.graphs.entries.remove(i);
-        let out = replay(&entry, tokens, &slot_ids);
-        pool.graphs.entries.push(entry);
-        return out;
-    }
-    let device = Device::Cuda(dev.clone());
-    let ids = Tensor::new(tokens, &device)?;
-    if !pool.graphs.warm.contains(&b) || pool.graphs.failed.contains(&b) {
-        // The eager run fills candle's parameter cache for the capture to come.
-        let _cache = dev.enable_cuda_graph_htod_cache();
-        let logits = model.decode_step(pool, &ids, StepSlots::from(slots))?;
-        pool.graphs.warm.insert(b);
-        return Ok(logits);
-    }
-    let dev_slots = Tensor::new(slot_ids.as_slice(), &device)?;
-    let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
-    match capture(model, dev, pool, &ids, &dev_slots, &logits, slots) {
-        Ok(graph) => {
-            tracing::debug!(batch = b, "captured a decode graph");
-            let entry = Entry { batch: b, graph, tokens: ids, slots: dev_slots, logits, _model: model.clone() };
-            if pool.graphs.entries.len() >= MAX_GRAPHS {
-                pool.graphs.entries.remove(0);
-            }
-            // The capture ran nothing: this step's work is the first replay (inputs in place).
-            entry.graph.launch().map_err(candle_core::Error::wrap)?;
-            let out = entry.logits.copy()?;
-            pool.graphs.entries.push(entry);
-            Ok(out)
+    /// One decode step of `model` on a CUDA `pool`: replays the graph of this batch size when
+    /// there is one, captures it when the size ran before, else runs eagerly. Returns
+    /// `[B, vocab]` f32 logits, owned by the caller.
+    pub fn decode(&mut self, model: &CausalLm, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        let (tokens, slots) = model.check_decode(pool, batch)?;
+        let Device::Cuda(dev) = model.device() else {
+            let ids = Tensor::new(tokens.as_slice(), model.device())?;
+            return model.decode_step(pool, &ids, StepSlots::from(&slots));
+        };
+        if self.pool != Some(pool.id()) {
+            *self = Self { pool: Some(pool.id()), ..Self::default() };
         }
-        Err(e) => {
-            tracing::warn!(batch = b, error = %e, "decode graph capture failed; this batch size stays eager");
-            pool.graphs.failed.insert(b);
+        let _span = tracing::debug_span!("decode", batch = batch.len(), graph = true).entered();
+        self.step(model, dev, pool, &tokens, &slots)
+    }
+
+    /// Replays, captures or runs eagerly; `slots` are checked (in range, in use, distinct).
+    fn step(&mut self, model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, tokens: &[u32], slots: &[usize]) -> Result<Tensor> {
+        let b = tokens.len();
+        let slot_ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+        if let Some(i) = self.entries.iter().position(|e| e.batch == b) {
+            let entry = self.entries.remove(i);
+            let out = replay(&entry, tokens, &slot_ids);
+            self.entries.push(entry);
+            return out;
+        }
+        let device = Device::Cuda(dev.clone());
+        let ids = Tensor::new(tokens, &device)?;
+        if !self.warm.contains(&b) || self.failed.contains(&b) {
+            // The eager run fills candle's parameter cache for the capture to come.
             let _cache = dev.enable_cuda_graph_htod_cache();
-            model.decode_step(pool, &ids, StepSlots::from(slots))
+            let logits = model.decode_step(pool, &ids, StepSlots::from(slots))?;
+            self.warm.insert(b);
+            return Ok(logits);
+        }
+        let dev_slots = Tensor::new(slot_ids.as_slice(), &device)?;
+        let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
+        match capture(model, dev, pool, &ids, &dev_slots, &logits, slots) {
+            Ok(graph) => {
+                tracing::debug!(batch = b, "captured a decode graph");
+                let entry = Entry { batch: b, graph, tokens: ids, slots: dev_slots, logits, _model: model.clone() };
+                if self.entries.len() >= MAX_GRAPHS {
+                    self.entries.remove(0);
+                }
+                // The capture ran nothing: this step's work is the first replay (inputs in place).
+                entry.graph.launch().map_err(candle_core::Error::wrap)?;
+                let out = entry.logits.copy()?;
+                self.entries.push(entry);
+                Ok(out)
+            }
+            Err(e) => {
+                tracing::warn!(batch = b, error = %e, "decode graph capture failed; this batch size stays eager");
+                self.failed.insert(b);
+                let _cache = dev.enable_cuda_graph_htod_cache();
+                model.decode_step(pool, &ids, StepSlots::from(slots))
+            }
         }
     }
 }

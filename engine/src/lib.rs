@@ -5,13 +5,15 @@
 //! chunk of one) into a slot with the chunkwise algorithm, [`Engine::decode`] advances many
 //! slots by one token each, and [`sampling`] turns logits into tokens. No HTTP, no async.
 
+pub mod cache;
 pub mod config;
 #[cfg(feature = "cuda")]
-mod decode_graph;
+pub mod decode_graph;
 pub mod error;
 pub mod hub;
 pub mod inventory;
 pub mod models;
+pub mod reference;
 pub mod sampling;
 pub mod state;
 pub mod synth;
@@ -21,6 +23,7 @@ pub mod weights;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use cache::CacheSpec;
 pub use candle_core::{DType, Device, Tensor};
 pub use config::ModelConfig;
 pub use deltaserve_kernels::ops::PrefillAlgo;
@@ -70,7 +73,9 @@ pub struct Engine {
     tokenizer: Arc<Tokenizer>,
     model_dir: PathBuf,
     prefill_algo: PrefillAlgo,
-    cuda_graphs: bool,
+    /// Decode steps captured as CUDA graphs (a GPU model with graphs on).
+    #[cfg(feature = "cuda")]
+    graphs: Option<std::sync::Mutex<decode_graph::DecodeGraphs>>,
 }
 
 /// Parses a dtype name as given on the command line (`f32`, `bf16`, `f16`).
@@ -137,7 +142,16 @@ impl Engine {
             )));
         }
         tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, "model loaded");
-        Ok(Self { model, tokenizer: Arc::new(tokenizer), model_dir: dir, prefill_algo: opts.prefill_algo, cuda_graphs: opts.cuda_graphs })
+        #[cfg(feature = "cuda")]
+        let graphs = (opts.cuda_graphs && opts.device.is_cuda()).then(Default::default);
+        Ok(Self {
+            model,
+            tokenizer: Arc::new(tokenizer),
+            model_dir: dir,
+            prefill_algo: opts.prefill_algo,
+            #[cfg(feature = "cuda")]
+            graphs,
+        })
     }
 
     /// The model configuration.
@@ -167,9 +181,7 @@ impl Engine {
 
     /// A state pool of `slots` sequences for this model.
     pub fn new_pool(&self, slots: usize) -> Result<StatePool> {
-        let mut pool = StatePool::new_on(self.config(), slots, self.model.device())?;
-        pool.set_cuda_graphs(self.cuda_graphs);
-        Ok(pool)
+        self.model.new_pool(slots)
     }
 
     /// Chunked prefill of `tokens` into `slot` (continuing from its state), at the precision
@@ -185,8 +197,23 @@ impl Engine {
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.
+    /// On a GPU with CUDA graphs on (the default) each batch size is captured once and replayed
+    /// after that; otherwise the step runs eagerly.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let (Some(graphs), false) = (&self.graphs, pool.is_host()) {
+            return graphs.lock().unwrap_or_else(|p| p.into_inner()).decode(&self.model, pool, batch);
+        }
         self.model.decode(pool, batch)
+    }
+
+    /// The batch sizes with a captured decode graph (empty without graphs).
+    pub fn cuda_graph_batches(&self) -> Vec<usize> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.graphs {
+            return g.lock().unwrap_or_else(|p| p.into_inner()).captured();
+        }
+        Vec::new()
     }
 
     /// Encodes a prompt with the checkpoint's BOS convention.

@@ -8,10 +8,12 @@
 //!   and the read-out then stream contiguous V-rows. fla stores GDN's state V-first
 //!   (`state_v_first`); that only matters for cache interchange, which we do not do.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use candle_core::Device;
 use deltaserve_kernels::SlotBuffer;
 
-use crate::config::ModelConfig;
+use crate::cache::CacheSpec;
 use crate::error::{EngineError, Result};
 
 /// Index of a slot in a [`StatePool`].
@@ -40,67 +42,74 @@ pub struct LayerState {
     pub recurrent_state: SlotBuffer,
 }
 
-/// A fixed number of sequence slots, each with every layer's conv and recurrent state.
-#[derive(Debug, Clone)]
+/// A fixed number of sequence slots, each with every layer's conv and recurrent state. Plain
+/// data: the model reads and writes it, the engine decides how a step runs.
+#[derive(Debug)]
 pub struct StatePool {
+    id: u64,
     layers: Vec<LayerState>,
     in_use: Vec<bool>,
     free: Vec<usize>,
-    /// Captured decode steps that write this pool's buffers (on by default for a GPU pool).
-    #[cfg(feature = "cuda")]
-    pub(crate) graphs: crate::decode_graph::DecodeGraphs,
+}
+
+/// Identifies a pool's buffers (a clone gets a new id: its buffers are its own).
+fn next_pool_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Clone for StatePool {
+    fn clone(&self) -> Self {
+        Self { id: next_pool_id(), layers: self.layers.clone(), in_use: self.in_use.clone(), free: self.free.clone() }
+    }
 }
 
 impl StatePool {
-    /// Allocates `slots` zeroed slots sized for `cfg` in host memory.
-    pub fn new(cfg: &ModelConfig, slots: usize) -> Self {
-        let Ok(layers) = Self::layers(cfg, |per_slot| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(slots, per_slot)));
+    /// Allocates `slots` zeroed slots for layers that declare `specs`, in host memory.
+    pub fn new(specs: &[CacheSpec], slots: usize) -> Self {
+        let Ok(layers) = Self::layers(specs, |per_slot| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(slots, per_slot)));
         Self::from_layers(layers, slots)
     }
 
     /// Allocates the pool on `device` (GPU memory for CUDA, where kernels update slots in place).
-    pub fn new_on(cfg: &ModelConfig, slots: usize, device: &Device) -> Result<Self> {
-        let layers = Self::layers(cfg, |per_slot| SlotBuffer::zeros_on(slots, per_slot, device))?;
-        let mut pool = Self::from_layers(layers, slots);
-        pool.set_cuda_graphs(device.is_cuda());
-        Ok(pool)
+    pub fn new_on(specs: &[CacheSpec], slots: usize, device: &Device) -> Result<Self> {
+        let layers = Self::layers(specs, |per_slot| SlotBuffer::zeros_on(slots, per_slot, device))?;
+        Ok(Self::from_layers(layers, slots))
     }
 
-    /// Every layer's conv and recurrent state buffers, made by `zeros(values per slot)`.
+    /// Every layer's buffers, made by `zeros(values per slot)`.
     fn layers<E>(
-        cfg: &ModelConfig,
+        specs: &[CacheSpec],
         mut zeros: impl FnMut(usize) -> std::result::Result<SlotBuffer, E>,
     ) -> std::result::Result<Vec<LayerState>, E> {
-        let (conv, rec) = (cfg.conv_channels() * cfg.common.conv_size, cfg.recurrent_state_len());
-        (0..cfg.common.num_hidden_layers).map(|_| Ok(LayerState { conv_state: zeros(conv)?, recurrent_state: zeros(rec)? })).collect()
+        specs
+            .iter()
+            .map(|s| match *s {
+                CacheSpec::Recurrent { conv_state, recurrent_state } => {
+                    Ok(LayerState { conv_state: zeros(conv_state)?, recurrent_state: zeros(recurrent_state)? })
+                }
+            })
+            .collect()
     }
 
     fn from_layers(layers: Vec<LayerState>, slots: usize) -> Self {
         // Lowest index first, so slot order is predictable in logs.
-        Self {
-            layers,
-            in_use: vec![false; slots],
-            free: (0..slots).rev().collect(),
-            #[cfg(feature = "cuda")]
-            graphs: Default::default(),
-        }
+        Self { id: next_pool_id(), layers, in_use: vec![false; slots], free: (0..slots).rev().collect() }
     }
 
-    /// Whether decode steps on the GPU run as CUDA graphs (captured once per batch size, then
-    /// replayed; see `decode_graph`). Off drops the captured graphs. Without the `cuda` feature,
-    /// or for a host pool, there is nothing to capture and this changes nothing.
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    pub fn set_cuda_graphs(&mut self, on: bool) {
-        #[cfg(feature = "cuda")]
-        self.graphs.set_enabled(on && !self.layers.first().is_some_and(|l| l.recurrent_state.is_host()));
+    /// This pool's identity (decode graphs are bound to one pool's buffers).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
-    /// The batch sizes with a captured decode graph (empty without graphs).
-    pub fn cuda_graph_batches(&self) -> Vec<usize> {
-        #[cfg(feature = "cuda")]
-        return self.graphs.captured();
-        #[cfg(not(feature = "cuda"))]
-        Vec::new()
+    /// Whether the buffers live in host memory.
+    pub fn is_host(&self) -> bool {
+        self.layers.first().is_none_or(|l| l.recurrent_state.is_host())
+    }
+
+    /// Layers in the pool.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
     }
 
     /// Total slots.

@@ -3,11 +3,9 @@
 //! short conv + SiLU, before the L2 norm (DRRQR); and summed LM-loss gradients of
 //! `q_proj`/`k_proj` (Grad).
 
-use std::sync::Mutex;
-
 use candle_core::Tensor;
-use deltaserve_engine::models::autodiff::QkProj;
-use deltaserve_engine::models::Capture;
+use deltaserve_engine::reference::{self, Observer, QkProj};
+use deltaserve_engine::CausalLm;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -84,12 +82,12 @@ impl LayerStats {
     }
 }
 
-/// A [`Capture`] that accumulates [`LayerStats`] for every layer.
+/// An [`Observer`] of the reference forward that accumulates [`LayerStats`] for every layer.
 pub struct Collector {
     wanted: Wanted,
     heads: usize,
     head_dim: usize,
-    layers: Mutex<Vec<LayerStats>>,
+    layers: Vec<LayerStats>,
 }
 
 impl Collector {
@@ -102,12 +100,19 @@ impl Collector {
                 heads: (0..heads).map(|h| Reservoir::new(DRRQR_ROWS, head_dim, seed ^ ((l as u64) << 32 | h as u64))).collect(),
             })
             .collect();
-        Self { wanted, heads, head_dim, layers: Mutex::new(stats) }
+        Self { wanted, heads, head_dim, layers: stats }
     }
 
     /// The gathered statistics.
     pub fn into_stats(self) -> Vec<LayerStats> {
-        self.layers.into_inner().unwrap_or_else(|p| p.into_inner())
+        self.layers
+    }
+
+    /// Runs `window` through `model`'s reference forward (from a zero state), gathering its
+    /// statistics.
+    pub fn observe(&mut self, model: &CausalLm, window: &[u32], qk: &[QkProj]) -> Result<(), crate::PruneError> {
+        reference::logits(model, window, qk, Some(self))?;
+        Ok(())
     }
 }
 
@@ -115,14 +120,13 @@ fn rows_of(t: &Tensor) -> Option<Vec<Vec<f32>>> {
     t.to_dtype(candle_core::DType::F32).ok()?.to_vec2::<f32>().ok()
 }
 
-impl Capture for Collector {
-    fn mixer_input(&self, layer: usize, x: &Tensor) {
+impl Observer for Collector {
+    fn mixer_input(&mut self, layer: usize, x: &Tensor) {
         if !self.wanted.rms {
             return;
         }
         let Some(rows) = rows_of(x) else { return };
-        let mut layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &mut layers[layer];
+        let st = &mut self.layers[layer];
         for r in &rows {
             for (s, v) in st.sumsq.iter_mut().zip(r) {
                 *s += (*v as f64) * (*v as f64);
@@ -131,15 +135,14 @@ impl Capture for Collector {
         st.tokens += rows.len();
     }
 
-    fn query_key(&self, layer: usize, q: &Tensor, k: &Tensor) {
+    fn query_key(&mut self, layer: usize, q: &Tensor, k: &Tensor) {
         if !self.wanted.qk_rows {
             return;
         }
         let (Some(q), Some(k)) = (rows_of(q), rows_of(k)) else { return };
         let (h, d) = (self.heads, self.head_dim);
         let key_dim = h * d;
-        let mut layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &mut layers[layer];
+        let st = &mut self.layers[layer];
         for (qr, kr) in q.iter().zip(&k) {
             for (head, res) in st.heads.iter_mut().enumerate() {
                 res.push(&qr[head * d..(head + 1) * d]);
@@ -152,24 +155,27 @@ impl Capture for Collector {
     }
 }
 
+/// The first-order Taylor scores' inputs: each layer's `q_proj`/`k_proj` weights and their
+/// gradients summed over the calibration windows.
+pub struct TaylorSums {
+    /// `(W_q, ΣG_q, W_k, ΣG_k)` per layer, f32.
+    pub layers: Vec<[Tensor; 4]>,
+}
+
 /// Grad's statistic: the LM-loss gradients of every layer's `q_proj`/`k_proj`, summed over
 /// `windows` (fp32 accumulation; the reference accumulated in bf16), computed by candle's
-/// autograd through the engine's differentiable forward. `tick` runs after each window.
-pub fn taylor_sums(
-    model: &deltaserve_engine::CausalLm,
-    windows: &[Vec<u32>],
-    mut tick: impl FnMut(),
-) -> Result<crate::methods::TaylorSums, crate::PruneError> {
+/// autograd through the engine's reference forward. `tick` runs after each window.
+pub fn taylor_sums(model: &CausalLm, windows: &[Vec<u32>], mut tick: impl FnMut()) -> Result<TaylorSums, crate::PruneError> {
     use candle_core::Var;
     let err = |e: candle_core::Error| crate::PruneError::Tensor { tensor: "q_proj/k_proj gradient".into(), message: e.to_string() };
-    let weights = model.qk_proj();
+    let weights = reference::qk_proj(model)?;
     let vars: Vec<(Var, Var)> =
         weights.iter().map(|w| Ok((Var::from_tensor(&w.q)?, Var::from_tensor(&w.k)?))).collect::<candle_core::Result<_>>().map_err(err)?;
     let qk: Vec<QkProj> = vars.iter().map(|(q, k)| QkProj { q: q.as_tensor().clone(), k: k.as_tensor().clone() }).collect();
     let mut sums: Vec<(Tensor, Tensor)> =
         weights.iter().map(|w| Ok((w.q.zeros_like()?, w.k.zeros_like()?))).collect::<candle_core::Result<_>>().map_err(err)?;
     for w in windows {
-        let loss = model.lm_loss(w, &qk)?;
+        let loss = reference::lm_loss(model, w, &qk)?;
         let grads = loss.backward().map_err(err)?;
         for ((q, k), (gq, gk)) in vars.iter().zip(sums.iter_mut()) {
             // A weight the loss does not reach has no gradient: it contributes zero.
@@ -190,5 +196,5 @@ pub fn taylor_sums(
         .map(|(w, (gq, gk))| Ok([cpu(w.q)?, cpu(gq)?, cpu(w.k)?, cpu(gk)?]))
         .collect::<candle_core::Result<_>>()
         .map_err(err)?;
-    Ok(crate::methods::TaylorSums { layers })
+    Ok(TaylorSums { layers })
 }

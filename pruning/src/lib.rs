@@ -6,13 +6,15 @@
 
 pub mod calibrate;
 pub mod methods;
+pub mod progress;
 pub mod rrqr;
 pub mod write;
 
 use std::path::{Path, PathBuf};
 
 use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::{CausalLm, DType, Device, Engine, LoadOptions, Logits, ModelConfig, PrefillAlgo, StatePool};
+use deltaserve_engine::{CausalLm, DType, Device, Engine, LoadOptions, Logits, ModelConfig, PrefillAlgo};
+use progress::Progress;
 use serde::Serialize;
 
 pub use methods::Selection;
@@ -96,9 +98,9 @@ pub struct PruneOptions {
     pub ratio: f64,
     /// Input checkpoint directory.
     pub input: PathBuf,
-    /// Output directory.
-    pub output: PathBuf,
-    /// Calibration text (S-Wanda, Grad, DRRQR).
+    /// Output directory; `None`: [`default_output`].
+    pub output: Option<PathBuf>,
+    /// Calibration text (S-Wanda, Grad, DRRQR); `None`: the bundled [`DEFAULT_CALIBRATION`].
     pub calibration: Option<PathBuf>,
     /// Calibration windows (default per method).
     pub samples: Option<usize>,
@@ -111,6 +113,19 @@ pub struct PruneOptions {
     /// Where calibration runs (forward passes and gradients); selection and writing stay on
     /// the CPU.
     pub device: Device,
+}
+
+/// The calibration text used when none is given: 331 kB of Python standard-library modules
+/// (PSF License 2.0; `pruning/data/README.md` says which and why).
+pub const DEFAULT_CALIBRATION: &str = include_str!("../data/calibration.txt");
+
+/// Where a pruned checkpoint goes by default: beside the input, named after method and ratio
+/// (`ckpt/` → `ckpt-drrqr-0.5/`).
+pub fn default_output(input: &Path, method: Method, ratio: f64) -> PathBuf {
+    let input = input.components().as_path();
+    let name = input.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let method = format!("{method:?}").to_lowercase();
+    input.with_file_name(format!("{name}-{method}-{ratio}"))
 }
 
 /// `d_new = max(1, floor(d·(1 − ratio)))`.
@@ -130,6 +145,8 @@ pub struct RankStats {
 /// `pruning_report.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Where the pruned checkpoint was written.
+    pub output: PathBuf,
     /// Method.
     pub method: Method,
     /// Ratio asked for.
@@ -163,16 +180,24 @@ fn check_prunable(cfg: &ModelConfig) -> Result<(), PruneError> {
     Ok(())
 }
 
-/// Tokenized calibration windows of `seq_len` tokens.
-fn windows(engine: &Engine, path: &Path, count: usize, seq_len: usize) -> Result<Vec<Vec<u32>>, PruneError> {
-    let text = std::fs::read_to_string(path).map_err(|e| PruneError::Io { path: path.into(), message: e.to_string() })?;
+/// Tokenized calibration windows of `seq_len` tokens, from `path` or the bundled text.
+fn windows(engine: &Engine, path: Option<&Path>, count: usize, seq_len: usize) -> Result<Vec<Vec<u32>>, PruneError> {
+    let (text, source) = match path {
+        Some(p) => {
+            (std::fs::read_to_string(p).map_err(|e| PruneError::Io { path: p.into(), message: e.to_string() })?, p.display().to_string())
+        }
+        None => {
+            tracing::info!("no --calibration given: calibrating on the bundled text (331 kB of Python standard-library modules)");
+            (DEFAULT_CALIBRATION.to_owned(), "the bundled calibration text".to_owned())
+        }
+    };
     let ids = engine.encode(&text)?;
     let w: Vec<Vec<u32>> = ids.chunks(seq_len).filter(|c| c.len() == seq_len).take(count).map(<[u32]>::to_vec).collect();
     if w.is_empty() {
         return Err(PruneError::Invalid {
             field: "calibration",
-            expected: format!("text of at least {seq_len} tokens (one window)"),
-            actual: format!("{} tokens in {}", ids.len(), path.display()),
+            expected: format!("text of at least {seq_len} tokens (one window of --seq-len)"),
+            actual: format!("{} tokens in {source}", ids.len()),
         });
     }
     if w.len() < count {
@@ -181,24 +206,12 @@ fn windows(engine: &Engine, path: &Path, count: usize, seq_len: usize) -> Result
     Ok(w)
 }
 
-fn bar(show: bool, len: usize, what: &str) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let b = indicatif::ProgressBar::new(len as u64);
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} windows ({eta})") {
-        b.set_style(style);
-    }
-    b.set_message(what.to_owned());
-    b
-}
-
 /// Runs `windows` through `model` and collects per-head state stable ranks.
 fn rank_stats(model: &CausalLm, windows: &[Vec<u32>]) -> Result<RankStats, PruneError> {
     let cfg = model.config();
     let (layers, hv, k, v) = (cfg.common.num_hidden_layers, cfg.num_v_heads(), cfg.head_k_dim(), cfg.head_v_dim());
     let mut sr = vec![vec![0.0; hv]; layers];
-    let mut pool = StatePool::new_on(cfg, 1, model.device())?;
+    let mut pool = model.new_pool(1)?;
     for w in windows {
         let s = pool.allocate().ok_or_else(|| PruneError::Unsupported("empty pool".into()))?;
         model.prefill(&mut pool, s, w, Logits::Last, PrefillAlgo::Chunked)?;
@@ -219,11 +232,12 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
     if !(0.0..1.0).contains(&opts.ratio) {
         return Err(PruneError::Invalid { field: "ratio", expected: "in [0, 1)".into(), actual: opts.ratio.to_string() });
     }
-    if opts.output.canonicalize().ok().is_some_and(|o| opts.input.canonicalize().ok() == Some(o)) {
+    let output = opts.output.clone().unwrap_or_else(|| default_output(&opts.input, opts.method, opts.ratio));
+    if output.canonicalize().ok().is_some_and(|o| opts.input.canonicalize().ok() == Some(o)) {
         return Err(PruneError::Invalid {
             field: "output",
             expected: "a directory other than the input".into(),
-            actual: opts.output.display().to_string(),
+            actual: output.display().to_string(),
         });
     }
     let engine = Engine::load(&LoadOptions { device: opts.device.clone(), ..LoadOptions::cpu(opts.input.to_string_lossy()) })?;
@@ -233,37 +247,26 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
     let ckpt = Checkpoint::open(engine.model_dir())?;
     let samples = opts.samples.unwrap_or(opts.method.default_samples());
     let needs_data = matches!(opts.method, Method::Swanda | Method::Drrqr | Method::Grad);
-    let calib = if needs_data {
-        let path = opts.calibration.as_deref().ok_or(PruneError::Invalid {
-            field: "calibration",
-            expected: format!("a text file for `{:?}`", opts.method).to_lowercase(),
-            actual: "none".into(),
-        })?;
-        windows(&engine, path, samples.max(1), opts.seq_len)?
-    } else {
-        vec![]
-    };
+    let calib = if needs_data { windows(&engine, opts.calibration.as_deref(), samples.max(1), opts.seq_len)? } else { vec![] };
     let taylor = if opts.method == Method::Grad {
-        let pb = bar(opts.progress, calib.len(), "backprop");
-        let sums = calibrate::taylor_sums(engine.model(), &calib, || pb.inc(1))?;
-        pb.finish_and_clear();
+        let mut pb = Progress::new(opts.progress, calib.len(), "backprop", "windows");
+        let sums = calibrate::taylor_sums(engine.model(), &calib, || pb.inc())?;
+        pb.finish();
         Some(sums)
     } else {
         None
     };
     let stats = if matches!(opts.method, Method::Swanda | Method::Drrqr) {
         let wanted = calibrate::Wanted { rms: opts.method == Method::Swanda, qk_rows: opts.method == Method::Drrqr };
-        let collector =
+        let mut collector =
             calibrate::Collector::new(wanted, cfg.common.num_hidden_layers, cfg.num_heads(), d, cfg.common.hidden_size, opts.seed);
-        let pb = bar(opts.progress, calib.len(), "calibrating");
-        let mut pool = engine.new_pool(1)?;
+        let mut pb = Progress::new(opts.progress, calib.len(), "calibrating", "windows");
+        let qk = deltaserve_engine::reference::qk_proj(engine.model())?;
         for w in &calib {
-            let s = pool.allocate().ok_or_else(|| PruneError::Unsupported("empty pool".into()))?;
-            engine.model().prefill_with(&mut pool, s, w, Logits::Last, PrefillAlgo::Chunked, Some(&collector))?;
-            pool.release(s)?;
-            pb.inc(1);
+            collector.observe(engine.model(), w, &qk)?;
+            pb.inc();
         }
-        pb.finish_and_clear();
+        pb.finish();
         Some(collector.into_stats())
     } else {
         None
@@ -281,9 +284,9 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
             (s, Some(info))
         }
     };
-    let new_cfg = write::write_checkpoint(engine.model_dir(), &opts.output, &cfg, &sel)?;
+    let new_cfg = write::write_checkpoint(engine.model_dir(), &output, &cfg, &sel)?;
     // The result must load (every shape checked against the new config) and run.
-    let pruned = Engine::load(&LoadOptions { device: opts.device.clone(), ..LoadOptions::cpu(opts.output.to_string_lossy()) })?;
+    let pruned = Engine::load(&LoadOptions { device: opts.device.clone(), ..LoadOptions::cpu(output.to_string_lossy()) })?;
     let (rank_before, rank_after) = if opts.method == Method::Drrqr {
         let few = &calib[..calib.len().min(4)];
         (Some(rank_stats(engine.model(), few)?), Some(rank_stats(pruned.model(), few)?))
@@ -291,6 +294,7 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
         (None, None)
     };
     let report = Report {
+        output: output.clone(),
         method: opts.method,
         ratio: opts.ratio,
         seed: opts.seed,
@@ -302,9 +306,9 @@ pub fn prune(opts: &PruneOptions) -> Result<Report, PruneError> {
         rank_before,
         rank_after,
     };
-    let path = opts.output.join("pruning_report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default())
-        .map_err(|e| PruneError::Io { path, message: e.to_string() })?;
+    let path = output.join("pruning_report.json");
+    let json = serde_json::to_string_pretty(&report).map_err(|e| PruneError::Io { path: path.clone(), message: e.to_string() })?;
+    std::fs::write(&path, json).map_err(|e| PruneError::Io { path, message: e.to_string() })?;
     Ok(report)
 }
 

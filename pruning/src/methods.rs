@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
-use crate::calibrate::LayerStats;
+use crate::calibrate::{LayerStats, TaylorSums};
 use crate::rrqr::strong_rrqr;
 use crate::PruneError;
 
@@ -101,13 +101,6 @@ pub fn by_weights(cfg: &ModelConfig, ckpt: &Checkpoint, k: usize, stats: Option<
             Ok(per_head(&channel_scores(cfg, &q, &kr, rms.as_deref()), cfg.num_heads(), cfg.head_k_dim(), k))
         })
         .collect()
-}
-
-/// The first-order Taylor scores' inputs: each layer's `q_proj`/`k_proj` weights and their
-/// gradients summed over the calibration windows.
-pub struct TaylorSums {
-    /// `(W_q, ΣG_q, W_k, ΣG_k)` per layer, f32.
-    pub layers: Vec<[Tensor; 4]>,
 }
 
 /// Grad: top-k of Σ_j |W ⊙ ΣG| over the q row and every k row of each channel, sorted.

@@ -5,15 +5,7 @@
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-mod api;
-mod chat;
 mod cli;
-mod metrics;
-mod response;
-mod routes;
-mod scheduler;
-mod serve;
-mod stop;
 
 #[derive(Debug, Parser)]
 #[command(name = "deltaserve", version, about = "Inference server for Gated DeltaNet and Gated DeltaProduct language models")]
@@ -28,7 +20,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the OpenAI-compatible HTTP API with continuous batching.
-    Serve(serve::ServeArgs),
+    Serve(cli::serve::ServeArgs),
     /// Generate a continuation of a prompt and stream it to stdout.
     Generate(cli::generate::GenerateArgs),
     /// Evaluate a model (perplexity).
@@ -52,7 +44,7 @@ fn main() -> anyhow::Result<()> {
         sub.init();
     }
     match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => cli::serve::run(a),
         Command::Generate(a) => cli::generate::run(a),
         Command::Eval(a) => cli::eval::run(a),
         Command::Prune(a) => cli::prune::run(a),

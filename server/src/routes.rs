@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
@@ -18,15 +18,15 @@ use deltaserve_engine::Tokenizer;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::error::ApiError;
 use crate::api::types::{ChatRequest, CompletionRequest, DetokenizeRequest, FromBody, TokenizeRequest};
 use crate::api::validate::{self, Limits, ValidRequest};
 use crate::chat::ChatTemplate;
 use crate::metrics::Metrics;
-use crate::response::{ChatAssembler, CompletionAssembler, Kind};
-use crate::scheduler::{Event, GenRequest, SchedulerHandle};
+use crate::response::{Assembler, ChatAssembler, CompletionAssembler};
+use crate::scheduler::{Event, GenRequest, SchedulerError, SchedulerHandle};
 
 /// What exists once the model is loaded.
 pub struct Serving {
@@ -35,7 +35,7 @@ pub struct Serving {
     /// Tokenizer shared with the engine.
     pub tokenizer: Arc<Tokenizer>,
     /// Compiled chat template, if the checkpoint has one.
-    pub template: Option<ChatTemplate>,
+    pub template: Option<Arc<ChatTemplate>>,
     /// Validation limits.
     pub limits: Limits,
 }
@@ -199,25 +199,26 @@ async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 
 async fn tokenize(State(state): State<AppState>, ApiJson(req): ApiJson<TokenizeRequest>) -> Result<Json<Value>, ApiError> {
     let s = state.serving()?;
-    check_model(&state, req.model.as_deref())?;
-    let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => s.tokenizer.encode(p, req.add_special_tokens.unwrap_or(true))?,
+    validate::check_model(req.model.as_deref(), &s.limits)?;
+    let (tok, template) = (s.tokenizer.clone(), s.template.clone());
+    let tokens = blocking(move || match (&req.prompt, &req.messages) {
+        (Some(p), None) => Ok(tok.encode(p, req.add_special_tokens.unwrap_or(true))?),
         (None, Some(m)) => {
             let msgs = crate::chat::parse_messages(Some(m))?;
-            let t = s
-                .template
+            let t = template
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("this model has no `chat_template`", Some("messages"), "no_chat_template"))?;
-            validate::render_chat_prompt(t, &s.tokenizer, &msgs)?
+            validate::render_chat_prompt(t, &tok, &msgs)
         }
-        _ => return Err(ApiError::invalid("prompt", "exactly one of `prompt` or `messages`", "both or neither")),
-    };
+        _ => Err(ApiError::invalid("prompt", "exactly one of `prompt` or `messages`", "both or neither")),
+    })
+    .await?;
     Ok(Json(json!({"count": tokens.len(), "max_model_len": s.limits.max_model_len, "tokens": tokens})))
 }
 
 async fn detokenize(State(state): State<AppState>, ApiJson(req): ApiJson<DetokenizeRequest>) -> Result<Json<Value>, ApiError> {
     let s = state.serving()?;
-    check_model(&state, req.model.as_deref())?;
+    validate::check_model(req.model.as_deref(), &s.limits)?;
     let vocab = s.limits.vocab_size;
     let ids = req
         .tokens
@@ -231,31 +232,22 @@ async fn detokenize(State(state): State<AppState>, ApiJson(req): ApiJson<Detoken
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(json!({"prompt": s.tokenizer.decode(&ids, false)?})))
-}
-
-fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if m != &*state.model_name => {
-            Err(ApiError::NotFound(format!("model `{m}` does not exist; this server serves `{}`", state.model_name)))
-        }
-        _ => Ok(()),
-    }
+    let tok = s.tokenizer.clone();
+    let text = blocking(move || Ok(tok.decode(&ids, false)?)).await?;
+    Ok(Json(json!({"prompt": text})))
 }
 
 /// Sends every prompt of a valid request to the scheduler; one event stream per prompt.
-fn submit(state: &AppState, s: &Serving, id: &str, v: &ValidRequest) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
+fn submit(state: &AppState, s: &Serving, id: &str, v: &ValidRequest) -> Result<Vec<mpsc::Receiver<Event>>, ApiError> {
     let mut rxs = Vec::with_capacity(v.prompts.len());
     for (i, prompt) in v.prompts.iter().enumerate() {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let req =
-            GenRequest { id: format!("{id}-{i}"), prompt: prompt.clone(), params: v.params.clone(), events: tx, arrived: Instant::now() };
+        let (req, rx) = GenRequest::new(format!("{id}-{i}"), prompt.clone(), v.params.clone());
         if let Err(e) = s.scheduler.submit(req) {
-            if matches!(e, ApiError::QueueFull { .. }) {
+            if matches!(e, SchedulerError::QueueFull { .. }) {
                 state.metrics.requests_rejected.with_label_values(&["queue_full"]).inc();
             }
             // Earlier prompts of this request are cancelled by dropping their receivers.
-            return Err(e);
+            return Err(e.into());
         }
         rxs.push(rx);
     }
@@ -277,64 +269,80 @@ async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<Comple
     tracing::debug!(request = %id, user = v_user.as_deref().unwrap_or(""), prompts = v.prompts.len(), stream = v.stream, "completion");
     let rxs = submit(&state, s, &id, &v)?;
     let asm = CompletionAssembler::new(id, state.model_name.to_string(), unix_now(), s.tokenizer.clone(), &v);
-    run(state.clone(), Kind::Completion(asm), v, rxs).await
+    run(state.clone(), Box::new(asm), v, rxs).await
 }
 
 async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
     let s = state.serving()?;
-    let v = validate::chat(&req, &s.tokenizer, s.template.as_ref(), &s.limits)?;
+    let (tok, template, limits) = (s.tokenizer.clone(), s.template.clone(), s.limits.clone());
+    let user = req.common.user.clone();
+    let v = blocking(move || validate::chat(&req, &tok, template.as_deref(), &limits)).await?;
     let id = state.request_id("chatcmpl");
-    tracing::debug!(request = %id, user = req.common.user.as_deref().unwrap_or(""), stream = v.stream, "chat completion");
+    tracing::debug!(request = %id, user = user.as_deref().unwrap_or(""), stream = v.stream, "chat completion");
     let rxs = submit(&state, s, &id, &v)?;
     let asm = ChatAssembler::new(id, state.model_name.to_string(), unix_now(), s.tokenizer.clone(), &v);
-    run(state.clone(), Kind::Chat(asm), v, rxs).await
+    run(state.clone(), Box::new(asm), v, rxs).await
 }
 
 /// Merges the prompts' event streams, tagging each event with its prompt index.
-fn merged(rxs: Vec<mpsc::UnboundedReceiver<Event>>) -> BoxStream<'static, (usize, Event)> {
-    stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |e| (i, e)).boxed())).boxed()
+fn merged(rxs: Vec<mpsc::Receiver<Event>>) -> BoxStream<'static, (usize, Event)> {
+    stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| ReceiverStream::new(rx).map(move |e| (i, e)).boxed())).boxed()
 }
 
-async fn run(state: AppState, mut kind: Kind, v: ValidRequest, rxs: Vec<mpsc::UnboundedReceiver<Event>>) -> Result<Response, ApiError> {
+/// A response body that failed to serialize.
+fn serialization(e: serde_json::Error) -> ApiError {
+    ApiError::Internal(format!("cannot serialize the response: {e}"))
+}
+
+/// SSE events of JSON chunks.
+fn sse(chunks: Vec<Value>) -> Vec<Result<SseEvent, Infallible>> {
+    chunks.into_iter().map(|c| Ok(SseEvent::default().data(c.to_string()))).collect()
+}
+
+/// The SSE error event and `[DONE]` that end a stream.
+fn sse_error(err: &ApiError) -> Vec<Result<SseEvent, Infallible>> {
+    vec![Ok(SseEvent::default().data(err.to_json())), Ok(SseEvent::default().data("[DONE]"))]
+}
+
+async fn run(state: AppState, mut asm: Box<dyn Assembler>, v: ValidRequest, rxs: Vec<mpsc::Receiver<Event>>) -> Result<Response, ApiError> {
     let mut events = merged(rxs);
     if !v.stream {
         // Dropping this future (client gone) drops the receivers, which cancels the work.
         while let Some((p, e)) = events.next().await {
             if let Event::Error(err) = e {
-                return Err(err);
+                return Err(err.into());
             }
-            kind.absorb(p, e);
+            asm.absorb(p, e);
         }
-        return Ok(Json(kind.finish()).into_response());
+        return Ok(Json(asm.finish().map_err(serialization)?).into_response());
     }
     let include_usage = v.include_usage;
     let metrics = state.metrics.clone();
     // First chunks (chat role, completions echo) go out before any token.
-    let opening: Vec<Result<SseEvent, Infallible>> =
-        kind.opening().into_iter().map(|c| Ok(SseEvent::default().data(c.to_string()))).collect();
-    let body = stream::unfold(Some((events, kind)), move |st| {
+    let opening = sse(asm.opening().map_err(serialization)?);
+    let body = stream::unfold(Some((events, asm)), move |st| {
         let metrics = metrics.clone();
         async move {
-            let (mut events, mut kind) = st?;
+            let (mut events, mut asm) = st?;
+            let fail = |err: ApiError| {
+                metrics.request_errors.with_label_values(&[err.status().as_str()]).inc();
+                Some((stream::iter(sse_error(&err)), None))
+            };
             loop {
                 match events.next().await {
-                    Some((_, Event::Error(err))) => {
-                        metrics.request_errors.with_label_values(&[err.status().as_str()]).inc();
-                        let out = vec![Ok(SseEvent::default().data(err.to_json())), Ok(SseEvent::default().data("[DONE]"))];
-                        return Some((stream::iter(out), None));
-                    }
-                    Some((p, e)) => {
-                        let chunks = kind.chunks(p, e);
-                        if !chunks.is_empty() {
-                            let out: Vec<Result<SseEvent, Infallible>> =
-                                chunks.into_iter().map(|c| Ok(SseEvent::default().data(c.to_string()))).collect();
-                            return Some((stream::iter(out), Some((events, kind))));
-                        }
-                    }
+                    Some((_, Event::Error(err))) => return fail(err.into()),
+                    Some((p, e)) => match asm.chunks(p, e) {
+                        Ok(chunks) if chunks.is_empty() => {}
+                        Ok(chunks) => return Some((stream::iter(sse(chunks)), Some((events, asm)))),
+                        Err(e) => return fail(serialization(e)),
+                    },
                     None => {
                         let mut out = Vec::new();
                         if include_usage {
-                            out.push(Ok(SseEvent::default().data(kind.usage_chunk().to_string())));
+                            match asm.usage_chunk() {
+                                Ok(c) => out.extend(sse(vec![c])),
+                                Err(e) => return fail(serialization(e)),
+                            }
                         }
                         out.push(Ok(SseEvent::default().data("[DONE]")));
                         return Some((stream::iter(out), None));

@@ -158,8 +158,7 @@ pub fn packed_model_prefill_error(model: &deltaserve_engine::CausalLm, seed: u64
     let vocab = model.config().common.vocab_size as u32;
     let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
     let (head, prompts) = (toks(40), [toks(70), toks(1), toks(130)]);
-    let dev = model.device();
-    let (mut packed, mut alone) = (StatePool::new_on(model.config(), 6, dev).unwrap(), StatePool::new_on(model.config(), 6, dev).unwrap());
+    let (mut packed, mut alone) = (model.new_pool(6).unwrap(), model.new_pool(6).unwrap());
     let take = |p: &mut StatePool, n: usize| (0..n).map(|_| p.allocate().unwrap()).collect::<Vec<_>>();
     // Shuffle which slots the sequences land in: take all, use them in reverse.
     let (ps, as_) = (take(&mut packed, 6), take(&mut alone, 6));
@@ -204,7 +203,7 @@ pub fn prune_half(
         method,
         ratio: 0.5,
         input: input.to_path_buf(),
-        output: out.path().to_path_buf(),
+        output: Some(out.path().to_path_buf()),
         calibration: Some(calibration.to_path_buf()),
         samples: Some(4),
         seq_len: 128,

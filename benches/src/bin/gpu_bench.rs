@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
-use deltaserve_engine::{CausalLm, Logits, PrefillAlgo, StatePool};
+use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
 use deltaserve_kernels::ops::{gated_delta_prefill_packed, gated_delta_step, MixerInputs};
 use deltaserve_kernels::SlotBuffer;
 
@@ -270,7 +270,7 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         "\n## Whole model: random Gated DeltaNet, {:.2} B params, bf16 (D=2048, 21 layers, H=6, K=256, expand_v=2)\n",
         params as f64 / 1e9
     );
-    let mut pool = StatePool::new_on(&cfg, 64, dev)?;
+    let mut pool = model.new_pool(64)?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % 32000).collect();
     let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
@@ -286,7 +286,6 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
             dev.synchronize()?;
             profiler_stop()?;
         }
-        pool.set_cuda_graphs(false);
         let batch = [(slot, 7u32)];
         model.decode(&mut pool, &batch)?;
         dev.synchronize()?;
@@ -312,9 +311,15 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
         let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / COPY_BW * 1e3;
         for graphs in [false, true] {
-            pool.set_cuda_graphs(graphs);
+            #[cfg(feature = "cuda")]
+            let mut captured = deltaserve_engine::decode_graph::DecodeGraphs::default();
             // median_ms warms up first: the eager run and the capture happen there.
             let ms = median_ms(dev, args.reps, || {
+                #[cfg(feature = "cuda")]
+                if graphs {
+                    captured.decode(&model, &mut pool, &batch)?;
+                    return Ok(());
+                }
                 model.decode(&mut pool, &batch)?;
                 Ok(())
             })?;

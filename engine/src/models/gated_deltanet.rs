@@ -3,47 +3,49 @@
 //! `fla/layers/gated_deltanet.py`. Math: model-spec.md §1.3; weights: §1.2; GVA: §1.4.
 
 use candle_core::Tensor;
-use candle_nn::{Linear, Module};
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::StepSlots;
 
-use super::autodiff::{self, QkProj};
-use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, FusedInput, FusedOutput, OutputHead, Packed, Prepared, ShortConv};
+use super::batch::Packed;
+use super::linear::{linear, FusedInput};
+use super::output_head::OutputHead;
+use super::short_conv::ShortConv;
+use crate::cache::CacheSpec;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
 use crate::weights::Weights;
 
-/// Parts of the fused input projection, in order.
-const Q: usize = 0;
-const A: usize = 3;
-const B: usize = 4;
-const G: usize = 5;
+/// Parts of the fused input projection, in order (`g` only with an output gate).
+pub(crate) const Q: usize = 0;
+pub(crate) const K: usize = 1;
+pub(crate) const V: usize = 2;
+pub(crate) const A: usize = 3;
+pub(crate) const B: usize = 4;
+pub(crate) const G: usize = 5;
 
-/// The Gated DeltaNet sequence mixer of one layer (`model.layers.{i}.attn`).
+/// The Gated DeltaNet token mixer of one layer (`model.layers.{i}.attn`).
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
-    /// `[q | k | v | a | b | g]` in one GEMM; the fields below are views of it.
-    input: FusedInput,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    a_proj: Linear,
-    b_proj: Linear,
+    /// `q_proj | k_proj | v_proj | a_proj | b_proj | g_proj` in one GEMM.
+    pub(crate) input: FusedInput,
     /// `A_log` `[HV]`, upcast to fp32 (§3.6.3).
-    a_log: Tensor,
+    pub(crate) a_log: Tensor,
     /// `dt_bias` `[HV]` fp32.
-    dt_bias: Tensor,
-    conv: ShortConv,
-    out: OutputHead,
-    num_heads: usize,
-    num_v_heads: usize,
-    head_k_dim: usize,
-    head_v_dim: usize,
-    allow_neg_eigval: bool,
+    pub(crate) dt_bias: Tensor,
+    pub(crate) conv: ShortConv,
+    pub(crate) out: OutputHead,
+    /// H.
+    pub(crate) num_heads: usize,
+    /// HV.
+    pub(crate) num_v_heads: usize,
+    /// K.
+    pub(crate) head_k_dim: usize,
+    /// Vd.
+    pub(crate) head_v_dim: usize,
+    pub(crate) allow_neg_eigval: bool,
     /// K^-0.5.
-    scale: f32,
+    pub(crate) scale: f32,
 }
 
 impl GatedDeltaNet {
@@ -59,26 +61,11 @@ impl GatedDeltaNet {
         let (q, k, v) =
             (linear(w, key_dim, d, "q_proj.weight")?, linear(w, key_dim, d, "k_proj.weight")?, linear(w, value_dim, d, "v_proj.weight")?);
         let (a, b) = (linear(w, hv, d, "a_proj.weight")?, linear(w, hv, d, "b_proj.weight")?);
-        let mut out = OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
+        let (out, g) = OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
         let mut parts = vec![&q, &k, &v, &a, &b];
-        let g = out.g_proj.take();
         parts.extend(g.as_ref());
-        let (input, mut views) = FusedInput::new(&parts)?;
-        if g.is_some() {
-            out.g_proj = views.pop();
-        }
-        let [q_proj, k_proj, v_proj, a_proj, b_proj]: [Linear; 5] = views.try_into().map_err(|_| crate::error::EngineError::Invalid {
-            field: "input projections",
-            expected: "five parts".into(),
-            actual: "another count".into(),
-        })?;
         Ok(Self {
-            input,
-            q_proj,
-            k_proj,
-            v_proj,
-            a_proj,
-            b_proj,
+            input: FusedInput::new(&parts)?,
             a_log: w.get_f32(&[hv], "A_log")?,
             dt_bias: w.get_f32(&[hv], "dt_bias")?,
             conv,
@@ -92,79 +79,48 @@ impl GatedDeltaNet {
         })
     }
 
-    /// Width of k in the conv output: H·K.
-    fn k_width(&self) -> usize {
-        self.num_heads * self.head_k_dim
+    /// One sequence's cache: the conv state and the `[HV, K, Vd]` recurrent state.
+    pub fn cache(&self) -> CacheSpec {
+        CacheSpec::Recurrent { conv_state: self.conv.state_len(), recurrent_state: self.num_v_heads * self.head_k_dim * self.head_v_dim }
     }
 
-    /// Steps 3–7 on the conv output `[N, C]` f32, with `a_proj`/`b_proj`'s parts of `y`.
-    fn prepare(&self, y: &FusedOutput<'_>, conv_out: &Tensor) -> Result<Prepared> {
-        let n = conv_out.dim(0)?;
-        let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let v = conv_out.narrow(1, 2 * h * k, hv * vd)?.reshape((n, hv, vd))?;
-        // β and g in fp32 from the activation-dtype projections (fla ≥ v0.5.1, §1.3 steps 6–7),
-        // read in place.
-        let a = y.part(A)?;
-        let layout = ops::QkLayout { q_heads: h, k_heads: h, head_dim: k };
-        let p = ops::prepare(conv_out, layout, &y.part(B)?, self.allow_neg_eigval, Some((&a, &self.a_log, &self.dt_bias)))?;
-        let g = p.g.ok_or_else(|| crate::error::EngineError::Invalid {
-            field: "gate",
-            expected: "a log-decay from prepare".into(),
-            actual: "none".into(),
-        })?;
-        Ok(Prepared { q: p.q, k: p.k, v, beta: p.beta, g: Some(g) })
+    /// Where q and k sit in the conv output.
+    fn qk_layout(&self) -> ops::QkLayout {
+        ops::QkLayout { q_heads: self.num_heads, k_heads: self.num_heads, head_dim: self.head_k_dim }
+    }
+
+    /// First column of v in the conv output: 2·H·K.
+    fn v_offset(&self) -> usize {
+        2 * self.num_heads * self.head_k_dim
     }
 
     /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
     /// `[ΣT, D]`.
-    pub fn prefill(
-        &self,
-        x: &Tensor,
-        state: &mut LayerState,
-        seqs: &Packed<'_>,
-        algo: PrefillAlgo,
-        capture: Option<(&dyn Capture, usize)>,
-    ) -> Result<Tensor> {
+    pub fn prefill(&self, x: &Tensor, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
         let y = self.input.forward(x)?;
+        // Steps 1–2: projections, short conv + SiLU.
         let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs)?;
-        capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
-        let p = self.prepare(&y, &c)?;
-        let o = ops::gated_delta_prefill_packed(p.inputs(1, self.scale), &mut state.recurrent_state, seqs.cu, seqs.slots, algo)?;
+        let (n, hv, vd) = (c.dim(0)?, self.num_v_heads, self.head_v_dim);
+        // Steps 3–7: l2norm of q and k, β and the log-decay in fp32 from the activation-dtype
+        // projections (fla ≥ v0.5.1), read in place.
+        let p = ops::prepare(&c, self.qk_layout(), &y.part(B)?, self.allow_neg_eigval, Some((&y.part(A)?, &self.a_log, &self.dt_bias)))?;
+        let v = c.narrow(1, self.v_offset(), hv * vd)?.reshape((n, hv, vd))?;
+        // Step 8: the gated delta rule, chunkwise.
+        let inputs = ops::MixerInputs { q: &p.q, k: &p.k, v: &v, beta: &p.beta, g: p.g.as_ref(), n: 1, scale: self.scale };
+        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo)?;
+        // Steps 9–10.
         self.out.forward(&o, &y, G, x.dtype())
-    }
-
-    /// The layer's output for `x` `[T, D]` from a zero state, in differentiable f32 tensor
-    /// ops, with `q_proj`/`k_proj` replaced by `qk` (autograd variables for pruning's `grad`).
-    pub fn forward_autodiff(&self, x: &Tensor, qk: &QkProj) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let proj = Tensor::cat(&[autodiff::linear(x, &qk.q)?, autodiff::linear(x, &qk.k)?, self.v_proj.forward(x)?], 1)?;
-        let c = self.conv.forward_autodiff(&proj)?;
-        let parts = split_cols(&c, &[h * k, h * k, hv * vd])?;
-        let q = autodiff::l2norm(&parts[0].reshape((t, h, k))?)?;
-        let kk = autodiff::l2norm(&parts[1].reshape((t, h, k))?)?;
-        let v = parts[2].reshape((t, hv, vd))?;
-        let beta = autodiff::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?;
-        let g = autodiff::gate(&self.a_proj.forward(x)?, &self.a_log, &self.dt_bias)?;
-        let o = autodiff::chunk_gated_delta_rule(&q, &kk, &v, &beta, Some(&g), self.scale as f64)?;
-        self.out.forward_autodiff(&o, x)
-    }
-
-    /// `q_proj` and `k_proj` weights.
-    pub fn qk_proj(&self) -> QkProj {
-        QkProj { q: self.q_proj.weight().clone(), k: self.k_proj.weight().clone() }
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let y = self.input.forward(x)?;
-        let c = self.conv.step(&y.span(Q, A)?, &mut state.conv_state, slots)?;
-        let (h, k) = (self.num_heads, self.head_k_dim);
+        let c = self.conv.decode(&y.span(Q, A)?, &mut state.conv_state, slots)?;
         let a = y.part(A)?;
         let raw = ops::RawStepInputs {
             conv_out: &c,
-            layout: ops::QkLayout { q_heads: h, k_heads: h, head_dim: k },
-            v_offset: 2 * h * k,
+            layout: self.qk_layout(),
+            v_offset: self.v_offset(),
             v_heads: self.num_v_heads,
             v_dim: self.head_v_dim,
             b: &y.part(B)?,
@@ -173,7 +129,7 @@ impl GatedDeltaNet {
             n: 1,
             scale: self.scale,
         };
-        // On a GPU, small batches do prepare's work (steps 4, 6, 7) inside the step's kernel.
+        // On a GPU, small batches do steps 4, 6 and 7 inside the step's kernel.
         let o = ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?;
         self.out.forward(&o, &y, G, x.dtype())
     }

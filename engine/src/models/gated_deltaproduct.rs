@@ -1,63 +1,64 @@
 //! Gated DeltaProduct (Siems et al., "DeltaProduct: Improving State-Tracking in Linear RNNs
 //! via Householder Products", arXiv:2502.10297), as implemented by flash-linear-attention's
 //! `fla/layers/gated_deltaproduct.py`. Each token takes `n` householder (delta) steps; the
-//! mixer runs the gated delta rule on the interleaved sequence of length T·n (model-spec.md
-//! §2.3), with the gate on each token's first step and q on its last. Weights: §2.2; legacy
-//! per-step lists: §2.4.
+//! kernels run the gated delta rule on the interleaved sequence of length T·n (model-spec.md
+//! §2.3; `ops::interleave_householder`). Weights: §2.2; legacy per-step lists: §2.4.
 
 use candle_core::Tensor;
-use candle_nn::{Linear, Module};
+use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::StepSlots;
 
-use super::autodiff::{self, QkProj};
-use super::causal_lm::Capture;
-use super::mixer::{capture_query_key, linear, split_cols, FusedInput, FusedOutput, OutputHead, Packed, Prepared, ShortConv};
+use super::batch::Packed;
+use super::linear::{linear, FusedInput, FusedOutput};
+use super::output_head::OutputHead;
+use super::short_conv::ShortConv;
+use crate::cache::CacheSpec;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
 use crate::weights::Weights;
 
-/// The forget gate's parameters (`use_forget_gate`).
+/// Parts of the fused input projection: q, k, v, b first (a and g follow when present).
+pub(crate) const Q: usize = 0;
+pub(crate) const K: usize = 1;
+pub(crate) const V: usize = 2;
+pub(crate) const B: usize = 3;
+
+/// The forget gate's parameters (`use_forget_gate`); `a_proj` is part `a_part` of the fused
+/// input projection.
 #[derive(Debug, Clone)]
-struct ForgetGate {
-    a_proj: Linear,
+pub struct ForgetGate {
     /// `A_log` `[H]` fp32.
-    a_log: Tensor,
+    pub(crate) a_log: Tensor,
     /// `dt_bias` `[H]` fp32.
-    dt_bias: Tensor,
+    pub(crate) dt_bias: Tensor,
 }
 
-/// Parts of the fused input projection: q, k, v, b first (a and g follow when present).
-const Q: usize = 0;
-const B: usize = 3;
-
-/// The Gated DeltaProduct sequence mixer of one layer (`model.layers.{i}.attn`).
+/// The Gated DeltaProduct token mixer of one layer (`model.layers.{i}.attn`).
 #[derive(Debug, Clone)]
 pub struct GatedDeltaProduct {
-    /// `[q | k | v | b | a | g]` in one GEMM (a and g when present); the projections below are
-    /// views of it.
-    input: FusedInput,
+    /// `q_proj | k_proj | v_proj | b_proj | a_proj | g_proj` in one GEMM (a and g when present).
+    /// `k_proj` is `[n·H·K, D]`, channel `j·key_dim + h·K + d` (householder step outermost);
+    /// `v_proj` `[n·H·Vd, D]` and `b_proj` `[n·H, D]` likewise.
+    pub(crate) input: FusedInput,
     /// Part index of `a_proj` and of `g_proj` in `input`.
-    a_part: usize,
-    g_part: usize,
-    q_proj: Linear,
-    /// `[n·H·K, D]`, channel `j·key_dim + h·K + d` (householder step outermost).
-    k_proj: Linear,
-    /// `[n·H·Vd, D]`, channel `j·value_dim + h·Vd + d`.
-    v_proj: Linear,
-    /// `[n·H, D]`, channel `j·H + h`.
-    b_proj: Linear,
-    forget: Option<ForgetGate>,
-    conv: ShortConv,
-    out: OutputHead,
-    num_heads: usize,
-    head_k_dim: usize,
-    head_v_dim: usize,
-    num_householder: usize,
-    allow_neg_eigval: bool,
+    pub(crate) a_part: usize,
+    pub(crate) g_part: usize,
+    pub(crate) forget: Option<ForgetGate>,
+    pub(crate) conv: ShortConv,
+    pub(crate) out: OutputHead,
+    /// H (= HV).
+    pub(crate) num_heads: usize,
+    /// K.
+    pub(crate) head_k_dim: usize,
+    /// Vd.
+    pub(crate) head_v_dim: usize,
+    /// n.
+    pub(crate) num_householder: usize,
+    pub(crate) allow_neg_eigval: bool,
     /// K^-0.5.
-    scale: f32,
+    pub(crate) scale: f32,
 }
 
 /// Loads a per-step projection in the current layout, or concatenates the legacy list
@@ -88,20 +89,17 @@ impl GatedDeltaProduct {
         let (d, key_dim, value_dim, h, n) =
             (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_heads(), cfg.num_householder());
         let width = cfg.common.conv_size;
-        let conv = if cfg.common.use_short_conv {
-            ShortConv::load(
-                w,
-                &[
-                    ("q_conv1d", key_dim, legacy_conv(w, "q_conv1d", key_dim, width, 1)?),
-                    ("k_conv1d", n * key_dim, legacy_conv(w, "k_conv1d", key_dim, width, n)?),
-                    ("v_conv1d", n * value_dim, legacy_conv(w, "v_conv1d", value_dim, width, n)?),
-                ],
-                width,
-                true,
-            )?
-        } else {
-            ShortConv::load(w, &[], width, false)?
-        };
+        let legacy = |name, part, take| if cfg.common.use_short_conv { legacy_conv(w, name, part, width, take) } else { Ok(None) };
+        let conv = ShortConv::load(
+            w,
+            &[
+                ("q_conv1d", key_dim, legacy("q_conv1d", key_dim, 1)?),
+                ("k_conv1d", n * key_dim, legacy("k_conv1d", key_dim, n)?),
+                ("v_conv1d", n * value_dim, legacy("v_conv1d", value_dim, n)?),
+            ],
+            width,
+            cfg.common.use_short_conv,
+        )?;
         let (q, k, v, b) = (
             linear(w, key_dim, d, "q_proj.weight")?,
             stepped_linear(w, "k_proj", key_dim, d, n)?,
@@ -109,37 +107,18 @@ impl GatedDeltaProduct {
             stepped_linear(w, "b_proj", h, d, n)?,
         );
         let a = if cfg.use_forget_gate() { Some(linear(w, h, d, "a_proj.weight")?) } else { None };
-        let mut out = OutputHead::load(w, d, h, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
-        let g = out.g_proj.take();
+        let (out, g) = OutputHead::load(w, d, h, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
         let mut parts = vec![&q, &k, &v, &b];
         parts.extend(a.as_ref());
         parts.extend(g.as_ref());
-        let (a_part, g_part) = (4, 4 + usize::from(a.is_some()));
-        let (input, views) = FusedInput::new(&parts)?;
-        let mut views = views.into_iter();
-        let mut next = || {
-            views.next().ok_or_else(|| crate::error::EngineError::Invalid {
-                field: "input projections",
-                expected: "one view per part".into(),
-                actual: "fewer".into(),
-            })
-        };
-        let (q_proj, k_proj, v_proj, b_proj) = (next()?, next()?, next()?, next()?);
         let forget = match a {
-            Some(_) => Some(ForgetGate { a_proj: next()?, a_log: w.get_f32(&[h], "A_log")?, dt_bias: w.get_f32(&[h], "dt_bias")? }),
+            Some(_) => Some(ForgetGate { a_log: w.get_f32(&[h], "A_log")?, dt_bias: w.get_f32(&[h], "dt_bias")? }),
             None => None,
         };
-        if g.is_some() {
-            out.g_proj = Some(next()?);
-        }
         Ok(Self {
-            input,
-            a_part,
-            g_part,
-            q_proj,
-            k_proj,
-            v_proj,
-            b_proj,
+            input: FusedInput::new(&parts)?,
+            a_part: 4,
+            g_part: 4 + usize::from(forget.is_some()),
             forget,
             conv,
             out,
@@ -152,110 +131,64 @@ impl GatedDeltaProduct {
         })
     }
 
-    /// Width of k in the conv output: n·H·K.
-    fn k_width(&self) -> usize {
-        self.num_householder * self.num_heads * self.head_k_dim
+    /// One sequence's cache: the conv state and the `[H, K, Vd]` recurrent state.
+    pub fn cache(&self) -> CacheSpec {
+        CacheSpec::Recurrent { conv_state: self.conv.state_len(), recurrent_state: self.num_heads * self.head_k_dim * self.head_v_dim }
     }
 
-    /// Steps 2–6: interleave to T·n rows (row `t·n + j` = step j of token t), l2norm, β, gate.
-    fn prepare(&self, y: &FusedOutput<'_>, conv_out: &Tensor) -> Result<Prepared> {
-        let t = conv_out.dim(0)?;
-        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
-        let v = conv_out.narrow(1, h * k + n * h * k, n * h * vd)?.reshape((t * n, h, vd))?;
-        // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
-        // take it in fp32 from the same projection (one rounding fewer).
-        let a = match &self.forget {
-            Some(_) => Some(y.part(self.a_part)?),
-            None => None,
-        };
-        let gate_in = match (&self.forget, &a) {
-            (Some(f), Some(a)) => Some((a, &f.a_log, &f.dt_bias)),
-            _ => None,
-        };
-        let layout = ops::QkLayout { q_heads: h, k_heads: n * h, head_dim: k };
-        let p = ops::prepare(conv_out, layout, &y.part(B)?, self.allow_neg_eigval, gate_in)?;
-        // '(n h d)' channels per token → rows (t n), heads h.
-        let kk = p.k.reshape((t * n, h, k))?;
-        let beta = p.beta.reshape((t * n, h))?;
-        Ok(Prepared { q: p.q, k: kk, v, beta, g: p.g })
+    /// Where q and the n·H k heads (step-major) sit in the conv output.
+    fn qk_layout(&self) -> ops::QkLayout {
+        ops::QkLayout { q_heads: self.num_heads, k_heads: self.num_householder * self.num_heads, head_dim: self.head_k_dim }
+    }
+
+    /// First column of v in the conv output: H·K + n·H·K.
+    fn v_offset(&self) -> usize {
+        (1 + self.num_householder) * self.num_heads * self.head_k_dim
+    }
+
+    /// `a_proj`'s output and the gate's parameters, when the layer has a forget gate.
+    fn gate_input(&self, y: &FusedOutput<'_>) -> Result<Option<(Tensor, &ForgetGate)>> {
+        self.forget.as_ref().map(|f| Ok((y.part(self.a_part)?, f))).transpose()
     }
 
     /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
     /// `[ΣT, D]`.
-    pub fn prefill(
-        &self,
-        x: &Tensor,
-        state: &mut LayerState,
-        seqs: &Packed<'_>,
-        algo: PrefillAlgo,
-        capture: Option<(&dyn Capture, usize)>,
-    ) -> Result<Tensor> {
+    pub fn prefill(&self, x: &Tensor, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
         let y = self.input.forward(x)?;
         let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs)?;
-        capture_query_key(capture, &c, self.num_heads * self.head_k_dim, self.k_width())?;
-        let p = self.prepare(&y, &c)?;
-        let o = ops::gated_delta_prefill_packed(
-            p.inputs(self.num_householder, self.scale),
-            &mut state.recurrent_state,
-            seqs.cu,
-            seqs.slots,
-            algo,
-        )?;
+        let (t, h, k, vd, n) = (c.dim(0)?, self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
+        // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
+        // take it in fp32 from the same projection (one rounding fewer).
+        let gate = self.gate_input(&y)?;
+        let gate_in = gate.as_ref().map(|(a, f)| (a, &f.a_log, &f.dt_bias));
+        let p = ops::prepare(&c, self.qk_layout(), &y.part(B)?, self.allow_neg_eigval, gate_in)?;
+        // '(n h d)' channels per token → rows (t n), heads h: row t·n + j is step j of token t.
+        let kk = p.k.reshape((t * n, h, k))?;
+        let beta = p.beta.reshape((t * n, h))?;
+        let v = c.narrow(1, self.v_offset(), n * h * vd)?.reshape((t * n, h, vd))?;
+        let inputs = ops::MixerInputs { q: &p.q, k: &kk, v: &v, beta: &beta, g: p.g.as_ref(), n, scale: self.scale };
+        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo)?;
         self.out.forward(&o, &y, self.g_part, x.dtype())
-    }
-
-    /// The layer's output for `x` `[T, D]` from a zero state, in differentiable f32 tensor
-    /// ops, with `q_proj`/`k_proj` replaced by `qk`. Runs the interleaved T·n sequence with q
-    /// on each token's last step and the gate on its first (§2.3).
-    pub fn forward_autodiff(&self, x: &Tensor, qk: &QkProj) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
-        let proj = Tensor::cat(&[autodiff::linear(x, &qk.q)?, autodiff::linear(x, &qk.k)?, self.v_proj.forward(x)?], 1)?;
-        let c = self.conv.forward_autodiff(&proj)?;
-        let parts = split_cols(&c, &[h * k, n * h * k, n * h * vd])?;
-        let q = autodiff::l2norm(&parts[0].reshape((t, 1, h, k))?)?;
-        let q = if n > 1 { Tensor::cat(&[q.zeros_like()?.repeat((1, n - 1, 1, 1))?, q], 1)? } else { q };
-        let q = q.reshape((t * n, h, k))?;
-        let kk = autodiff::l2norm(&parts[1].reshape((t * n, h, k))?)?;
-        let v = parts[2].reshape((t * n, h, vd))?;
-        let beta = autodiff::beta(&self.b_proj.forward(x)?, self.allow_neg_eigval)?.reshape((t * n, h))?;
-        let g = match &self.forget {
-            Some(f) => {
-                let g = autodiff::gate(&f.a_proj.forward(x)?, &f.a_log, &f.dt_bias)?.reshape((t, 1, h))?;
-                let g = if n > 1 { Tensor::cat(&[g.clone(), g.zeros_like()?.repeat((1, n - 1, 1))?], 1)? } else { g };
-                Some(g.reshape((t * n, h))?)
-            }
-            None => None,
-        };
-        let o = autodiff::chunk_gated_delta_rule(&q, &kk, &v, &beta, g.as_ref(), self.scale as f64)?;
-        let o = o.reshape((t, n, h, vd))?.narrow(1, n - 1, 1)?.squeeze(1)?;
-        self.out.forward_autodiff(&o, x)
-    }
-
-    /// `q_proj` and `k_proj` weights.
-    pub fn qk_proj(&self) -> QkProj {
-        QkProj { q: self.q_proj.weight().clone(), k: self.k_proj.weight().clone() }
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
     pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let y = self.input.forward(x)?;
-        let c = self.conv.step(&y.span(Q, B)?, &mut state.conv_state, slots)?;
-        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
-        let a = self.forget.as_ref().map(|_| y.part(self.a_part)).transpose()?;
+        let c = self.conv.decode(&y.span(Q, B)?, &mut state.conv_state, slots)?;
+        let gate = self.gate_input(&y)?;
         let raw = ops::RawStepInputs {
             conv_out: &c,
-            layout: ops::QkLayout { q_heads: h, k_heads: n * h, head_dim: k },
-            v_offset: h * k + n * h * k,
-            v_heads: h,
-            v_dim: vd,
+            layout: self.qk_layout(),
+            v_offset: self.v_offset(),
+            v_heads: self.num_heads,
+            v_dim: self.head_v_dim,
             b: &y.part(B)?,
             allow_neg_eigval: self.allow_neg_eigval,
-            gate_in: self.forget.as_ref().zip(a.as_ref()).map(|(f, a)| (a, &f.a_log, &f.dt_bias)),
-            n,
+            gate_in: gate.as_ref().map(|(a, f)| (a, &f.a_log, &f.dt_bias)),
+            n: self.num_householder,
             scale: self.scale,
         };
-        // On a GPU, small batches do prepare's work inside the step's kernel (§2.3 steps 2–6, 7).
+        // On a GPU, small batches do prepare's work inside the step's kernel (§2.3 steps 2–7).
         let o = ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?;
         self.out.forward(&o, &y, self.g_part, x.dtype())
     }

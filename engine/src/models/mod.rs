@@ -1,9 +1,16 @@
-//! Model architectures, one file each, plus the block and causal-LM shell they share.
+//! A model is embeddings, a stack of blocks and a head; a block is a token mixer (one file per
+//! layer kind: [`gated_deltanet`], [`gated_deltaproduct`]) and a channel mixer ([`mlp`]). Each
+//! token mixer declares the per-sequence cache it needs ([`crate::cache::CacheSpec`]).
 
-pub mod autodiff;
+pub mod batch;
+pub mod block;
 pub mod causal_lm;
 pub mod gated_deltanet;
 pub mod gated_deltaproduct;
-pub mod mixer;
+pub mod linear;
+pub mod mlp;
+pub mod norm;
+pub mod output_head;
+pub mod short_conv;
 
-pub use causal_lm::{Capture, CausalLm, Logits};
+pub use causal_lm::{CausalLm, Logits};

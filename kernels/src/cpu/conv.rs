@@ -4,6 +4,8 @@
 //! current token (PyTorch cross-correlation with left padding); `state` `[C, W]` holds the
 //! last W raw (pre-conv) inputs, oldest first.
 
+use rayon::prelude::*;
+
 #[inline]
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
@@ -59,6 +61,39 @@ pub fn causal_conv1d_prefill(x: &[f32], weight: &[f32], state: &mut [f32], c: us
         }
     }
     state.copy_from_slice(&next);
+}
+
+/// Prefill of packed sequences: rows `cu[s]..cu[s+1]` of `x` `[ΣT, C]` continue `states[s]`;
+/// writes `y` `[ΣT, C]`. `weight` is `[C, W]`.
+pub fn causal_conv1d_prefill_packed(
+    x: &[f32],
+    weight: &[f32],
+    w: usize,
+    act: ConvActivation,
+    states: Vec<&mut [f32]>,
+    cu: &[usize],
+    y: &mut [f32],
+) {
+    let c = weight.len() / w.max(1);
+    for (s, state) in states.into_iter().enumerate() {
+        let (a, b) = (cu[s] * c, cu[s + 1] * c);
+        causal_conv1d_prefill(&x[a..b], weight, state, c, w, act, &mut y[a..b]);
+    }
+}
+
+/// Decode for a batch: row `i` of `x` `[B, C]` shifts into `states[i]`; writes `y` `[B, C]`.
+pub fn causal_conv1d_step_batch(
+    x: &[f32],
+    weight: &[f32],
+    states: Vec<&mut [f32]>,
+    c: usize,
+    w: usize,
+    act: ConvActivation,
+    y: &mut [f32],
+) {
+    y.par_chunks_mut(c).zip(states).enumerate().for_each(|(i, (yr, s))| {
+        causal_conv1d_step(&x[i * c..(i + 1) * c], weight, s, w, act, yr);
+    });
 }
 
 /// Decode: shifts one new input `x` `[C]` into `state` in place and writes `y` `[C]`.

@@ -314,41 +314,27 @@ impl ChunkWorkspace {
     }
 }
 
-/// Expands a Gated DeltaProduct sequence into the interleaved GDN sequence of §2.3:
-/// row `t·n + j` is householder step `j` of token `t`; q sits only on the last step and
-/// the gate only on the first. Returns `(q, g)` of the interleaved sequence.
-pub fn interleave_product(
-    t: usize,
-    n: usize,
-    h: usize,
-    hv: usize,
-    kd: usize,
-    q: &[f32],
-    g: Option<&[f32]>,
-) -> (Vec<f32>, Option<Vec<f32>>) {
-    let mut qi = vec![0f32; t * n * h * kd];
-    for tt in 0..t {
-        let dst = (tt * n + n - 1) * h * kd;
-        qi[dst..dst + h * kd].copy_from_slice(&q[tt * h * kd..(tt + 1) * h * kd]);
-    }
-    let gi = g.map(|g| {
-        let mut gi = vec![0f32; t * n * hv];
-        for tt in 0..t {
-            gi[tt * n * hv..tt * n * hv + hv].copy_from_slice(&g[tt * hv..(tt + 1) * hv]);
+/// One decode step for a batch: row `b` of the inputs (`q` `[B, H, K]`, `k` `[B·n, H, K]`,
+/// `v` `[B·n, HV, V]`, `beta` `[B·n, HV]`, `g` `[B, HV]`) takes `n` householder steps on
+/// `states[b]` `[HV, K, V]`, the gate before the first and the read-out after the last. Writes
+/// `o` `[B, HV, V]`. `d.t` is unused (B comes from `states`).
+pub fn step_batch(d: Dims, n: usize, x: Inputs<'_>, scale: f32, states: Vec<&mut [f32]>, o: &mut [f32]) {
+    let (kd, vd, grp) = (d.k, d.v, d.group());
+    o.par_chunks_mut(d.hv * vd).zip(states).enumerate().for_each(|(b, (ob, s))| {
+        for (j, (sh, oj)) in s.chunks_mut(kd * vd).zip(ob.chunks_mut(vd)).enumerate() {
+            let hk = j / grp;
+            for step in 0..n {
+                let row = b * n + step;
+                let kk = (row * d.h + hk) * kd;
+                let vv = (row * d.hv + j) * vd;
+                let g = if step == 0 { x.g.map_or(0.0, |g| g[b * d.hv + j]) } else { 0.0 };
+                let qq = (b * d.h + hk) * kd;
+                let write = HeadStep { k: &x.k[kk..kk + kd], v: &x.v[vv..vv + vd], beta: x.beta[row * d.hv + j], g };
+                let read = (step + 1 == n).then(|| ReadOut { q: &x.q[qq..qq + kd], scale, o: &mut *oj });
+                recurrent_head_step(sh, write, read);
+            }
         }
-        gi
     });
-    (qi, gi)
-}
-
-/// Keeps the output of every token's last householder step: `[T·n, HV, V]` → `[T, HV, V]`.
-pub fn take_last_steps(t: usize, n: usize, row: usize, o: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(t * row);
-    for tt in 0..t {
-        let src = (tt * n + n - 1) * row;
-        out.extend_from_slice(&o[src..src + row]);
-    }
-    out
 }
 
 #[cfg(test)]

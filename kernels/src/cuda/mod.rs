@@ -330,4 +330,4 @@ pub use conv::{conv_prefill, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemv::{gemv, gemv_swiglu};
 pub use prefill::gated_delta_chunk_tc;
-pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs, Prepared};
+pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs};

@@ -5,6 +5,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
 use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, grid, ptx, wrap, RowsArg};
+use crate::ops::Prepared;
 use crate::Result;
 
 /// The gate's inputs: raw `a` `[N, HV]`, `A_log` and `dt_bias` `[HV]`.
@@ -15,18 +16,6 @@ pub struct GateInputs<'a> {
     pub a_log: &'a Tensor,
     /// `dt_bias`.
     pub dt_bias: &'a Tensor,
-}
-
-/// Prepared mixer inputs.
-pub struct Prepared {
-    /// `[N, qh, K]` L2-normalised.
-    pub q: Tensor,
-    /// `[N, kh, K]` L2-normalised.
-    pub k: Tensor,
-    /// `[N, nb]`.
-    pub beta: Tensor,
-    /// `[N, HV]` log-decay.
-    pub g: Option<Tensor>,
 }
 
 /// One fused pass over conv output rows `[N, C]`: L2-normalises the q heads (columns from 0)

@@ -168,6 +168,19 @@ impl From<deltaserve_engine::EngineError> for ApiError {
     }
 }
 
+impl From<crate::scheduler::SchedulerError> for ApiError {
+    fn from(e: crate::scheduler::SchedulerError) -> Self {
+        use crate::scheduler::SchedulerError as S;
+        match e {
+            S::QueueFull { waiting, limit } => Self::QueueFull { waiting, limit },
+            S::Stopped | S::ShutDown => Self::Unavailable(e.to_string()),
+            S::Timeout(secs) => Self::Timeout(secs),
+            S::Invalid { field, expected, actual } => Self::invalid(field, expected, actual),
+            S::Engine(m) => Self::Internal(m),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,9 +44,10 @@ pub struct ValidRequest {
     pub echo: bool,
 }
 
-fn check_model(model: &Option<String>, limits: &Limits) -> Result<(), ApiError> {
+/// Errors unless `model` is absent or the served model's name.
+pub fn check_model(model: Option<&str>, limits: &Limits) -> Result<(), ApiError> {
     match model {
-        Some(m) if m != &limits.served_model_name => {
+        Some(m) if m != limits.served_model_name => {
             Err(ApiError::NotFound(format!("model `{m}` does not exist; this server serves `{}`", limits.served_model_name)))
         }
         _ => Ok(()),
@@ -202,7 +203,7 @@ fn common(
 
 /// Validates a completions request.
 pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> Result<ValidRequest, ApiError> {
-    check_model(&req.common.model, limits)?;
+    check_model(req.common.model.as_deref(), limits)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -228,7 +229,7 @@ pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> 
 
 /// Validates a chat request, rendering its messages with `template`.
 pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>, limits: &Limits) -> Result<ValidRequest, ApiError> {
-    check_model(&req.common.model, limits)?;
+    check_model(req.common.model.as_deref(), limits)?;
     let messages = parse_messages(req.messages.as_ref())?;
     let template = template.ok_or_else(|| {
         ApiError::bad_request(

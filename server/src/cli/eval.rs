@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use deltaserve_engine::{Engine, Logits, Result as EngineResult};
+use deltaserve_pruning::progress::Progress;
 
 use super::ModelArgs;
 
@@ -37,6 +38,9 @@ struct PplArgs {
     /// Score at most this many tokens.
     #[arg(long)]
     max_tokens: Option<usize>,
+    /// No progress (a bar on a terminal, log lines otherwise).
+    #[arg(long)]
+    quiet: bool,
 }
 
 /// Result of a perplexity run.
@@ -50,9 +54,12 @@ pub struct Perplexity {
     pub tokens: usize,
 }
 
-/// Sliding-window perplexity of `ids`: each window starts from a fresh state.
-pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize) -> EngineResult<Perplexity> {
+/// Sliding-window perplexity of `ids`: each window starts from a fresh state. `progress`
+/// shows how many windows are done.
+pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize, progress: bool) -> EngineResult<Perplexity> {
     let mut pool = engine.new_pool(1)?;
+    let windows = ids.len().saturating_sub(seq_len).div_ceil(stride) + 1;
+    let mut bar = Progress::new(progress, windows, "scoring", "windows");
     let (mut nll, mut count, mut scored_to) = (0f64, 0usize, 1usize);
     let mut begin = 0;
     while scored_to < ids.len() {
@@ -72,11 +79,13 @@ pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize) -
             count += 1;
         }
         scored_to = end;
+        bar.inc();
         if end == ids.len() {
             break;
         }
         begin += stride;
     }
+    bar.finish();
     let mean = nll / count.max(1) as f64;
     Ok(Perplexity { ppl: mean.exp(), nll: mean, tokens: count })
 }
@@ -93,7 +102,6 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     if let Some(m) = a.max_tokens {
         ids.truncate(m + 1);
     }
-    let p = perplexity(&engine, &ids, a.seq_len, stride)?;
-    println!("{}", serde_json::to_string(&p)?);
-    Ok(())
+    let p = perplexity(&engine, &ids, a.seq_len, stride, !a.quiet)?;
+    super::print_line(&serde_json::to_string(&p)?)
 }

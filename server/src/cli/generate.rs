@@ -1,6 +1,5 @@
 //! `deltaserve generate`: stream one completion to stdout.
 
-use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
@@ -63,12 +62,16 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let mut logits = engine.prefill(&mut pool, slot, &prompt, Logits::Last)?.to_vec1::<f32>()?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut out = std::io::stdout().lock();
-    write!(out, "{}", args.prompt)?;
+    // A closed stdout stops the generation quietly.
+    let mut open = super::write_out(&mut out, &args.prompt)?;
     let mut dec = IncrementalDecoder::new();
     let eos = &engine.tokenizer().eos_token_ids;
     let t1 = Instant::now();
     let mut generated = 0;
     for _ in 0..args.max_tokens {
+        if !open {
+            break;
+        }
         let tok = sampler.sample(&logits).token;
         sampler.accept(tok);
         generated += 1;
@@ -76,15 +79,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             break;
         }
         if let Some(text) = dec.push(engine.tokenizer(), tok)? {
-            write!(out, "{text}")?;
-            out.flush()?;
+            open = super::write_out(&mut out, &text)?;
         }
         logits = engine.decode(&mut pool, &[(slot, tok)])?.squeeze(0)?.to_vec1::<f32>()?;
     }
-    if let Some(text) = dec.flush(engine.tokenizer())? {
-        write!(out, "{text}")?;
+    let tail = dec.flush(engine.tokenizer())?.unwrap_or_default();
+    if open {
+        super::write_out(&mut out, &format!("{tail}\n"))?;
     }
-    writeln!(out)?;
     let decode_s = t1.elapsed().as_secs_f64();
     tracing::info!(
         prompt_tokens = prompt.len(),

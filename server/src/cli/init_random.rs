@@ -30,12 +30,11 @@ pub fn run(args: InitRandomArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.config).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.config.display()))?;
     let cfg: serde_json::Value = serde_json::from_str(&text)?;
     let c = write_random_checkpoint(&cfg, &args.output, parse_dtype(&args.dtype)?, args.seed, args.tokenizer_from.as_deref())?;
-    println!(
+    super::print_line(&format!(
         "wrote {} ({}, {} layers, state {} bytes per sequence)",
         args.output.display(),
         c.model_type(),
         c.common.num_hidden_layers,
         c.state_bytes_per_sequence()
-    );
-    Ok(())
+    ))
 }

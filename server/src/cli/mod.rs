@@ -4,11 +4,27 @@ pub mod eval;
 pub mod generate;
 pub mod init_random;
 pub mod prune;
+pub mod serve;
 
 use std::path::PathBuf;
 
 use clap::Args;
 use deltaserve_engine::{parse_device, parse_dtype, Engine, LoadOptions, PrefillAlgo};
+
+/// Writes `text` to `out` and flushes it; `Ok(false)` when the reader went away (a closed pipe,
+/// `deltaserve ... | head`), which ends the output quietly: neither an error nor a panic.
+pub fn write_out(out: &mut impl std::io::Write, text: &str) -> std::io::Result<bool> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        r => r.map(|()| true),
+    }
+}
+
+/// Writes `line` and a newline to stdout, quietly doing nothing more once stdout is closed.
+pub fn print_line(line: &str) -> anyhow::Result<()> {
+    write_out(&mut std::io::stdout().lock(), &format!("{line}\n"))?;
+    Ok(())
+}
 
 /// Where the demo model lives when `--model` is not given, in order of preference.
 pub fn default_model() -> String {

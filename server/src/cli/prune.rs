@@ -11,16 +11,19 @@ enum MethodArg {
     Rand,
     /// Row L1 norms of q_proj + k_proj (data-free).
     L1,
-    /// Structured Wanda: |W| weighted by the mixer input's per-feature RMS (needs --calibration).
+    /// Structured Wanda: |W| weighted by the mixer input's per-feature RMS (calibrated).
     Swanda,
-    /// First-order Taylor |W ⊙ ΣG| over the calibration LM loss, by backprop (needs
-    /// --calibration; host memory grows with --seq-len, about 10-15 GB for a 1.3B model at 2048).
+    /// First-order Taylor |W ⊙ ΣG| over the calibration LM loss, by backprop (calibrated; host
+    /// memory grows with --seq-len, about 10-15 GB for a 1.3B model at 2048).
     Grad,
-    /// Strong rank-revealing QR of post-conv [Q; K] activations (needs --calibration).
+    /// Strong rank-revealing QR of post-conv [Q; K] activations (calibrated; the paper's method).
     Drrqr,
 }
 
 /// Remove key/query channels per head and write a smaller checkpoint (smaller recurrent state).
+///
+/// Example: `deltaserve prune --method drrqr --ratio 0.5 ckpt/` writes `ckpt-drrqr-0.5/`
+/// beside the input, calibrated on the bundled text.
 #[derive(Debug, Args)]
 pub struct PruneArgs {
     /// Selection method.
@@ -31,10 +34,12 @@ pub struct PruneArgs {
     ratio: f64,
     /// Input checkpoint directory.
     ckpt: PathBuf,
-    /// Output directory.
+    /// Output directory (default: beside the input, named after method and ratio, e.g.
+    /// `ckpt-drrqr-0.5`).
     #[arg(short, long)]
-    output: PathBuf,
-    /// Calibration text (swanda, grad, drrqr).
+    output: Option<PathBuf>,
+    /// Calibration text for swanda, grad and drrqr (default: the bundled 331 kB of Python
+    /// standard-library modules; use text like the model's own training data).
     #[arg(long)]
     calibration: Option<PathBuf>,
     /// Calibration windows (default: drrqr 16, swanda and grad 128; capped by the text's length).
@@ -46,7 +51,7 @@ pub struct PruneArgs {
     /// Seed for rand's subsets and drrqr's row sample.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Hide the progress bar.
+    /// No progress (a bar on a terminal, log lines otherwise).
     #[arg(long)]
     quiet: bool,
     /// Where calibration runs (forward passes for swanda/drrqr, gradients for grad): cpu,
@@ -69,7 +74,7 @@ pub fn run(a: PruneArgs) -> anyhow::Result<()> {
         method,
         ratio: a.ratio,
         input: a.ckpt,
-        output: a.output.clone(),
+        output: a.output,
         calibration: a.calibration,
         samples: a.samples,
         seq_len: a.seq_len,
@@ -79,16 +84,15 @@ pub fn run(a: PruneArgs) -> anyhow::Result<()> {
     };
     let r = prune(&opts)?;
     let (before, after) = r.state_bytes_per_sequence;
-    println!(
+    super::print_line(&format!(
         "pruned {} -> {}: head_dim {} -> {}; state per sequence {} -> {} bytes ({:.1}% smaller); report: {}",
         opts.input.display(),
-        a.output.display(),
+        r.output.display(),
         r.head_dim.0,
         r.head_dim.1,
         before,
         after,
         100.0 * (1.0 - after as f64 / before.max(1) as f64),
-        a.output.join("pruning_report.json").display()
-    );
-    Ok(())
+        r.output.join("pruning_report.json").display()
+    ))
 }

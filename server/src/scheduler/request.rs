@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use deltaserve_engine::SamplingParams;
 use tokio::sync::mpsc;
 
-use crate::api::error::ApiError;
+use super::SchedulerError;
 
 /// Scheduler limits (`deltaserve serve` flags).
 #[derive(Debug, Clone)]
@@ -114,7 +114,7 @@ pub enum Event {
         tokens: usize,
     },
     /// The request failed; no more events follow.
-    Error(ApiError),
+    Error(SchedulerError),
 }
 
 /// A validated request on its way to the engine thread.
@@ -127,7 +127,22 @@ pub struct GenRequest {
     /// Generation parameters.
     pub params: GenParams,
     /// Where events go; a closed receiver cancels the request.
-    pub events: mpsc::UnboundedSender<Event>,
+    pub events: mpsc::Sender<Event>,
     /// When the HTTP layer accepted it.
     pub arrived: Instant,
 }
+
+impl GenRequest {
+    /// A request and the receiver of its events. The channel is bounded by the most events the
+    /// request can produce (a token event per generated token, a text and a finish event per
+    /// choice, prompt logprobs at most once per prompt token, one error), so the engine thread
+    /// never waits on a slow client and never drops an event.
+    pub fn new(id: String, prompt: Vec<u32>, params: GenParams) -> (Self, mpsc::Receiver<Event>) {
+        let cap = params.n.saturating_mul(params.max_tokens.saturating_add(2)).saturating_add(prompt.len()).saturating_add(2);
+        let (events, rx) = mpsc::channel(cap.clamp(1, MAX_EVENTS));
+        (Self { id, prompt, params, events, arrived: Instant::now() }, rx)
+    }
+}
+
+/// tokio's limit on a bounded channel's capacity.
+const MAX_EVENTS: usize = usize::MAX >> 4;

@@ -1,0 +1,31 @@
+//! How the rows of one forward pass map to sequences and their cache slots.
+
+use deltaserve_kernels::ops::PrefillAlgo;
+use deltaserve_kernels::StepSlots;
+
+/// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and
+/// continues from the state of `slots[s]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Packed<'a> {
+    /// Row offsets, `slots.len() + 1` entries from 0 to ΣT.
+    pub cu: &'a [usize],
+    /// Each sequence's state slot (distinct).
+    pub slots: &'a [usize],
+}
+
+/// One forward pass: a packed prefill, or one decode token for each of B slots.
+#[derive(Debug, Clone, Copy)]
+pub enum Pass<'a> {
+    /// Prompt chunks, run chunkwise-parallel at `algo`'s precision.
+    Prefill {
+        /// Which rows belong to which slot.
+        seqs: Packed<'a>,
+        /// The mixer's prefill algorithm.
+        algo: PrefillAlgo,
+    },
+    /// Row `b` advances slot `slots.host[b]` by one token.
+    Decode {
+        /// The step's slots.
+        slots: StepSlots<'a>,
+    },
+}

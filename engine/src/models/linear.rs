@@ -1,0 +1,78 @@
+//! Bias-free projections as the layers run them: a decode step's few rows through the
+//! small-batch GEMV kernel where it applies, everything else through candle's GEMM; and several
+//! projections of one input stacked into one GEMM.
+
+use candle_core::Tensor;
+use candle_nn::{Linear, Module};
+
+use crate::error::Result;
+use crate::weights::Weights;
+
+/// Loads a bias-free linear layer `[out, in]`.
+pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Result<Linear> {
+    Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
+}
+
+/// `l`'s forward for inference: a decode step's few rows go through the small-batch kernel
+/// where it applies (GPU, bf16/f16), everything else through candle's GEMM.
+pub fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
+    if l.bias().is_none() {
+        if let Some(y) = deltaserve_kernels::ops::small_batch_linear(x, l.weight())? {
+            return Ok(y);
+        }
+    }
+    Ok(l.forward(x)?)
+}
+
+/// Projections of one input run as one GEMM: their weights stacked by rows.
+#[derive(Debug, Clone)]
+pub struct FusedInput {
+    weight: Linear,
+    /// Row offset of each part in the stacked weight, and the total last.
+    offsets: Vec<usize>,
+}
+
+/// The output of [`FusedInput::forward`]: `[N, Σ widths]`, parts by index.
+pub struct FusedOutput<'a> {
+    y: Tensor,
+    offsets: &'a [usize],
+}
+
+impl FusedOutput<'_> {
+    /// Parts `i..j` (adjacent columns) as one `[N, width]` view.
+    pub fn span(&self, i: usize, j: usize) -> Result<Tensor> {
+        Ok(self.y.narrow(1, self.offsets[i], self.offsets[j] - self.offsets[i])?)
+    }
+
+    /// Part `i`.
+    pub fn part(&self, i: usize) -> Result<Tensor> {
+        self.span(i, i + 1)
+    }
+}
+
+impl FusedInput {
+    /// Stacks `parts` (each `[out_i, D]`) in order.
+    pub fn new(parts: &[&Linear]) -> Result<Self> {
+        let weight = Tensor::cat(&parts.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
+        let mut offsets = vec![0];
+        for l in parts {
+            offsets.push(offsets[offsets.len() - 1] + l.weight().dim(0)?);
+        }
+        Ok(Self { weight: Linear::new(weight, None), offsets })
+    }
+
+    /// `x` `[N, D]` through every part at once.
+    pub fn forward(&self, x: &Tensor) -> Result<FusedOutput<'_>> {
+        Ok(FusedOutput { y: project(&self.weight, x)?, offsets: &self.offsets })
+    }
+
+    /// Part `i`'s weight `[out_i, D]`, a view of the stacked weight (no copy).
+    pub fn weight(&self, i: usize) -> Result<Tensor> {
+        Ok(self.weight.weight().narrow(0, self.offsets[i], self.offsets[i + 1] - self.offsets[i])?)
+    }
+
+    /// The number of parts.
+    pub fn parts(&self) -> usize {
+        self.offsets.len() - 1
+    }
+}

@@ -1,0 +1,48 @@
+//! The channel mixer: fla's `GatedMLP` with `swish`, `down_proj(silu(gate_proj x) · up_proj x)`
+//! (model-spec.md §1.3 "Block", §1.5 for the legacy fused layout).
+
+use candle_core::Tensor;
+use candle_nn::Linear;
+
+use super::linear::{linear, project, FusedInput};
+use crate::error::Result;
+use crate::weights::Weights;
+
+/// Part indices of the fused `[gate | up]` projection.
+pub(crate) const GATE: usize = 0;
+pub(crate) const UP: usize = 1;
+
+/// SwiGLU MLP with `gate_proj` and `up_proj` run as one GEMM (one launch, and one pass over x,
+/// per step).
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// `[gate | up]`.
+    pub(crate) gate_up: FusedInput,
+    pub(crate) down_proj: Linear,
+}
+
+impl Mlp {
+    /// Loads `gate_proj`, `up_proj` and `down_proj` for hidden size `d` and intermediate `i`.
+    pub fn load(w: &Weights<'_>, d: usize, i: usize) -> Result<Self> {
+        // Legacy fused layout (§1.5): gate_proj [2I, D] = [gate; up], no up_proj.
+        let fused = !w.contains("up_proj.weight") && w.shape("gate_proj.weight") == Some(vec![2 * i, d]);
+        let (gate_proj, up_proj) = if fused {
+            let both = w.get(&[2 * i, d], "gate_proj.weight")?;
+            (Linear::new(both.narrow(0, 0, i)?, None), Linear::new(both.narrow(0, i, i)?, None))
+        } else {
+            (linear(w, i, d, "gate_proj.weight")?, linear(w, i, d, "up_proj.weight")?)
+        };
+        Ok(Self { gate_up: FusedInput::new(&[&gate_proj, &up_proj])?, down_proj: linear(w, d, i, "down_proj.weight")? })
+    }
+
+    /// `x` `[N, D]` → `[N, D]`; the same for prefill and decode (no per-sequence state).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.gate_up.forward(x)?;
+        let (gate, up) = (y.part(GATE)?, y.part(UP)?);
+        // A decode step's few rows: SwiGLU formed inside the down projection's kernel.
+        if let Some(out) = deltaserve_kernels::ops::small_batch_swiglu_linear(&gate, &up, self.down_proj.weight())? {
+            return Ok(out);
+        }
+        project(&self.down_proj, &deltaserve_kernels::ops::swiglu(&gate, &up)?)
+    }
+}

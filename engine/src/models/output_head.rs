@@ -1,0 +1,67 @@
+//! The mixer's output (model-spec.md §1.3 steps 9–10): RMSNorm over each value head, gated by
+//! the activated `g_proj` output when the layer has an output gate, then `o_proj`.
+
+use candle_core::{DType, Tensor};
+use candle_nn::Linear;
+use deltaserve_kernels::{ops, GateActivation};
+
+use super::linear::{linear, project, FusedOutput};
+use crate::error::Result;
+use crate::weights::Weights;
+
+/// `o_norm` (gated RMSNorm over each value head) then `o_proj`.
+#[derive(Debug, Clone)]
+pub struct OutputHead {
+    /// Whether `g_proj` exists (its weight lives in the mixer's fused input projection).
+    pub(crate) gated: bool,
+    /// `o_norm.weight` `[Vd]` f32.
+    pub(crate) o_norm: Tensor,
+    /// `o_proj` `[D, HV·Vd]`.
+    pub(crate) o_proj: Linear,
+    /// `norm_eps` (the block passes the config's eps to the layer).
+    pub(crate) eps: f32,
+    /// Gate activation.
+    pub(crate) act: GateActivation,
+    /// HV.
+    pub(crate) num_v_heads: usize,
+    /// Vd.
+    pub(crate) head_v_dim: usize,
+}
+
+impl OutputHead {
+    /// Loads `o_norm` and `o_proj`, and `g_proj` when `gated` (returned apart: the mixer stacks
+    /// it into its input projection).
+    pub fn load(
+        w: &Weights<'_>,
+        hidden: usize,
+        num_v_heads: usize,
+        head_v_dim: usize,
+        gated: bool,
+        eps: f64,
+        act: GateActivation,
+    ) -> Result<(Self, Option<Linear>)> {
+        let value_dim = num_v_heads * head_v_dim;
+        let g_proj = if gated { Some(linear(w, value_dim, hidden, "g_proj.weight")?) } else { None };
+        let head = Self {
+            gated,
+            o_norm: w.get_f32(&[head_v_dim], "o_norm.weight")?,
+            o_proj: linear(w, hidden, value_dim, "o_proj.weight")?,
+            eps: eps as f32,
+            act,
+            num_v_heads,
+            head_v_dim,
+        };
+        Ok((head, g_proj))
+    }
+
+    /// `o` `[N, HV, Vd]` f32 → `[N, D]` in `dtype`, gated by part `g_part` of the fused input
+    /// projection `y` (`g_proj`'s output) when the layer has an output gate.
+    pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Tensor> {
+        let n = o.dim(0)?;
+        // The gate `[N, HV·Vd]` as it sits in the fused projection: the GPU norm reads it in
+        // place and writes `dtype` directly (no f32 copy of z, no cast of the output).
+        let z = if self.gated { Some(y.part(g_part)?) } else { None };
+        let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act, dtype)?;
+        project(&self.o_proj, &y.reshape((n, self.num_v_heads * self.head_v_dim))?)
+    }
+}

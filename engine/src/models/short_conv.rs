@@ -1,0 +1,62 @@
+//! The short convolution over `[q | k | v]` (model-spec.md §1.3 step 2): depthwise, causal,
+//! followed by SiLU; run as one conv over the concatenated projections.
+
+use candle_core::{DType, Tensor};
+use deltaserve_kernels::{ops, ConvActivation, SlotBuffer, StepSlots};
+
+use super::batch::Packed;
+use crate::error::Result;
+use crate::weights::Weights;
+
+/// Depthwise causal convolutions of q, k and v, run as one conv over their concatenation.
+#[derive(Debug, Clone)]
+pub struct ShortConv {
+    /// `[C, W]` f32, rows `[q_conv1d | k_conv1d | v_conv1d]`; `None` when `use_short_conv` is off.
+    pub(crate) weight: Option<Tensor>,
+    /// C.
+    channels: usize,
+    /// W.
+    width: usize,
+}
+
+impl ShortConv {
+    /// Loads `{q,k,v}_conv1d.weight` (`[C_x, 1, W]` each) as one `[C, W]` f32 tensor, where
+    /// `parts` gives each conv's (name, channels). `loaded` replaces a part read another way.
+    pub fn load(w: &Weights<'_>, parts: &[(&str, usize, Option<Tensor>)], width: usize, use_short_conv: bool) -> Result<Self> {
+        let channels = parts.iter().map(|p| p.1).sum();
+        if !use_short_conv {
+            return Ok(Self { weight: None, channels, width });
+        }
+        let mut ws = Vec::with_capacity(parts.len());
+        for (name, c, loaded) in parts {
+            let t = match loaded {
+                Some(t) => t.clone(),
+                None => w.get_f32(&[*c, 1, width], &format!("{name}.weight"))?,
+            };
+            ws.push(t.to_dtype(DType::F32)?.reshape((*c, width))?);
+        }
+        Ok(Self { weight: Some(Tensor::cat(&ws, 0)?), channels, width })
+    }
+
+    /// Values of conv state per sequence: the last W inputs of each channel, `[C, W]`.
+    pub fn state_len(&self) -> usize {
+        self.channels * self.width
+    }
+
+    /// Prefill over packed sequences `x` `[ΣT, C]` (rows `cu[s]..cu[s+1]` continue the conv
+    /// state of `slots[s]`, which they update). Returns `[ΣT, C]` f32.
+    pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>) -> Result<Tensor> {
+        match &self.weight {
+            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, ConvActivation::Silu)?),
+            None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+        }
+    }
+
+    /// One decode step over `x` `[B, C]` for `slots`. Returns `[B, C]` f32.
+    pub fn decode(&self, x: &Tensor, states: &mut SlotBuffer, slots: StepSlots<'_>) -> Result<Tensor> {
+        match &self.weight {
+            Some(wt) => Ok(ops::conv_step(x, wt, states, slots, ConvActivation::Silu)?),
+            None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+        }
+    }
+}

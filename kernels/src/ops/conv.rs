@@ -1,0 +1,83 @@
+//! The causal depthwise conv1d + SiLU over `[q | k | v]` (model-spec.md §3.2): packed prefill
+//! and the batched decode step, each updating per-slot conv states.
+
+use candle_core::Tensor;
+
+use super::{check_packing, check_rows, cpu_f32, dims2, expect_dims};
+use crate::cpu::conv;
+use crate::{ConvActivation, KernelError, Result, SlotBuffer, StepSlots};
+
+/// Causal depthwise conv over a prompt chunk `x` `[T, C]` with `weight` `[C, W]`, continuing
+/// from and updating the conv state `[C, W]` of `slot`. Returns `[T, C]` f32.
+pub fn conv_prefill(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slot: usize, act: ConvActivation) -> Result<Tensor> {
+    let t = dims2("conv_prefill", "x", x)?.0;
+    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act)
+}
+
+/// [`conv_prefill`] over several sequences packed in `x` `[Σ T, C]`: sequence `s` owns rows
+/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`.
+pub fn conv_prefill_packed(
+    x: &Tensor,
+    weight: &Tensor,
+    states: &mut SlotBuffer,
+    cu_seqlens: &[usize],
+    slots: &[usize],
+    act: ConvActivation,
+) -> Result<Tensor> {
+    const OP: &str = "conv_prefill";
+    let (t, c) = dims2(OP, "x", x)?;
+    let (_, w) = dims2(OP, "weight", weight)?;
+    expect_dims(OP, "weight", weight, &[c, w])?;
+    check_packing(OP, t, cu_seqlens, slots)?;
+    states.check_distinct(slots)?;
+    if states.per_slot() != c * w {
+        return Err(KernelError::Shape { op: OP, input: "state", expected: format!("[{c}, {w}]"), actual: vec![states.per_slot()] });
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(d) = states.device_slots() {
+        if w > 8 {
+            return Err(KernelError::Shape { op: OP, input: "weight", expected: "conv width ≤ 8".into(), actual: vec![c, w] });
+        }
+        return crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu);
+    }
+    let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
+    let mut y = vec![0f32; t * c];
+    conv::causal_conv1d_prefill_packed(&xs, &ws, w, act, states.slots_mut(slots)?, cu_seqlens, &mut y);
+    Ok(Tensor::from_vec(y, (t, c), x.device())?)
+}
+
+/// One decode step of the causal conv for `B` sequences: `x` `[B, C]`, the conv states of
+/// `slots` (one per row, `[C, W]` each) shift in place. Returns `[B, C]` f32.
+pub fn conv_step<'s>(
+    x: &Tensor,
+    weight: &Tensor,
+    states: &mut SlotBuffer,
+    slots: impl Into<StepSlots<'s>>,
+    act: ConvActivation,
+) -> Result<Tensor> {
+    const OP: &str = "conv_step";
+    let step = slots.into();
+    step.check(OP)?;
+    let slots = step.host;
+    let (b, c) = dims2(OP, "x", x)?;
+    let (_, w) = dims2(OP, "weight", weight)?;
+    expect_dims(OP, "weight", weight, &[c, w])?;
+    check_rows(OP, b, slots)?;
+    if states.per_slot() != c * w {
+        return Err(KernelError::Shape {
+            op: OP,
+            input: "states",
+            expected: format!("[{c}, {w}] per slot"),
+            actual: vec![states.per_slot()],
+        });
+    }
+    states.check_distinct(slots)?;
+    #[cfg(feature = "cuda")]
+    if let Some(d) = states.device_slots() {
+        return crate::cuda::conv_step(x, weight, d, step, act == ConvActivation::Silu);
+    }
+    let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
+    let mut y = vec![0f32; b * c];
+    conv::causal_conv1d_step_batch(&xs, &ws, states.slots_mut(slots)?, c, w, act, &mut y);
+    Ok(Tensor::from_vec(y, (b, c), x.device())?)
+}

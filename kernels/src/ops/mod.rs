@@ -1,0 +1,72 @@
+//! The device-dispatching interface: candle tensors in, candle tensors out, states in slots.
+//!
+//! Every op returns f32 tensors: the mixer computes in fp32 whatever the activation dtype
+//! (model-spec.md "numerics"); callers cast back.
+//!
+//! One file per op family, mirroring `cpu/` and `cuda/`: [`conv`], [`prep`], [`norm`],
+//! [`gemv`], [`step`] and [`prefill`]. The dispatchers check shapes and pick the device's
+//! implementation; the CPU loops live in `cpu/`.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::{KernelError, Result};
+
+pub mod conv;
+pub mod gemv;
+pub mod norm;
+pub mod prefill;
+pub mod prep;
+pub mod step;
+
+pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
+pub use gemv::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
+pub use norm::gated_rms_norm;
+pub use prefill::{
+    gated_delta_prefill, gated_delta_prefill_packed, interleave_householder, last_householder_step, MixerInputs, PrefillAlgo,
+};
+pub use prep::{beta, gate, l2norm, prepare, Prepared, QkLayout};
+pub use step::{gated_delta_step, gated_delta_step_raw, RawStepInputs, StepFusion, FUSED_STEP_MAX_BATCH};
+
+/// Reads a tensor as contiguous f32 values on the CPU, refusing other devices.
+pub(crate) fn cpu_f32(op: &'static str, t: &Tensor) -> Result<Vec<f32>> {
+    match t.device() {
+        Device::Cpu => Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
+        d => Err(KernelError::UnsupportedDevice { op, device: format!("{d:?}") }),
+    }
+}
+
+pub(crate) fn expect_dims(op: &'static str, input: &'static str, t: &Tensor, want: &[usize]) -> Result<()> {
+    if t.dims() != want {
+        return Err(KernelError::Shape { op, input, expected: format!("{want:?}"), actual: t.dims().to_vec() });
+    }
+    Ok(())
+}
+
+pub(crate) fn dims2(op: &'static str, input: &'static str, t: &Tensor) -> Result<(usize, usize)> {
+    t.dims2().map_err(|_| KernelError::Shape { op, input, expected: "a rank-2 tensor".into(), actual: t.dims().to_vec() })
+}
+
+/// Checks a packing: `cu_seqlens` starts at 0, is non-decreasing, ends at `rows`, and has one
+/// more entry than `slots`.
+pub(crate) fn check_packing(op: &'static str, rows: usize, cu_seqlens: &[usize], slots: &[usize]) -> Result<()> {
+    let ok = cu_seqlens.len() == slots.len() + 1
+        && cu_seqlens.first() == Some(&0)
+        && cu_seqlens.last() == Some(&rows)
+        && cu_seqlens.windows(2).all(|w| w[0] <= w[1]);
+    if !ok {
+        return Err(KernelError::Shape {
+            op,
+            input: "cu_seqlens",
+            expected: format!("{} offsets from 0 to {rows}, non-decreasing", slots.len() + 1),
+            actual: cu_seqlens.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_rows(op: &'static str, rows: usize, slots: &[usize]) -> Result<()> {
+    if rows != slots.len() {
+        return Err(KernelError::Shape { op, input: "slots", expected: format!("{rows} slot indices"), actual: vec![slots.len()] });
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! The gated output RMSNorm (model-spec.md §1.3 step 9).
+
+use candle_core::{DType, Tensor};
+
+use super::cpu_f32;
+use crate::cpu::norm;
+use crate::{GateActivation, KernelError, Result};
+
+/// Output RMSNorm over the last dim `D` of `x` (f32), gated by `z` when given (§1.3 step 9),
+/// in fp32 and rounded once to `dtype`. `z` is `x`'s shape, or `[N, H·D]` holding `N·H` rows of
+/// `x` (`g_proj`'s columns of the fused input projection: the GPU reads them in place).
+pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32, act: GateActivation, dtype: DType) -> Result<Tensor> {
+    const OP: &str = "gated_rms_norm";
+    let dim = weight.dims1().map_err(|_| KernelError::Shape {
+        op: OP,
+        input: "weight",
+        expected: "rank 1".into(),
+        actual: weight.dims().to_vec(),
+    })?;
+    if x.dims().last() != Some(&dim) {
+        return Err(KernelError::Shape { op: OP, input: "x", expected: format!("last dim {dim}"), actual: x.dims().to_vec() });
+    }
+    if let Some(z) = z {
+        let rows_of_x = z.rank() == 2 && z.elem_count() == x.elem_count() && dim > 0 && z.dim(1)?.is_multiple_of(dim);
+        if z.dims() != x.dims() && !rows_of_x {
+            return Err(KernelError::Shape {
+                op: OP,
+                input: "z",
+                expected: format!("{:?}, or [N, H·{dim}] with as many elements", x.dims()),
+                actual: z.dims().to_vec(),
+            });
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return crate::cuda::gated_rms_norm(x, z, weight, eps, act == GateActivation::Sigmoid, dtype)?.to_dtype(dtype).map_err(Into::into);
+    }
+    let mut v = cpu_f32(OP, x)?;
+    let zs = z.map(|z| cpu_f32(OP, z)).transpose()?;
+    norm::gated_rms_norm(&mut v, zs.as_deref(), &cpu_f32(OP, weight)?, eps, act);
+    Ok(Tensor::from_vec(v, x.shape(), x.device())?.to_dtype(dtype)?)
+}

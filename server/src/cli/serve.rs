@@ -1,0 +1,220 @@
+//! `deltaserve serve`: bind, load the model in the background, serve, and drain on SIGTERM.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use crate::cli::ModelArgs;
+use deltaserve::api::validate::Limits;
+use deltaserve::chat::ChatTemplate;
+use deltaserve::metrics::Metrics;
+use deltaserve::routes::{app, unix_now, AppState, Serving};
+use deltaserve::scheduler::{self, SchedulerConfig};
+
+/// Serve the OpenAI-compatible HTTP API.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, env = "DELTASERVE_HOST", default_value = "0.0.0.0")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the bound address is logged).
+    #[arg(long, env = "DELTASERVE_PORT", default_value_t = 8000)]
+    port: u16,
+    /// Name clients use in `model` (default: the checkpoint directory's name).
+    #[arg(long, env = "DELTASERVE_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+    /// Sequences decoded together: slots in the state pool (clamped to what fits in memory).
+    #[arg(long, env = "DELTASERVE_MAX_NUM_SEQS", default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Requests allowed to wait for a slot; further ones get 429.
+    #[arg(long, env = "DELTASERVE_MAX_QUEUE", default_value_t = 256)]
+    max_queue: usize,
+    /// Prompt + generated tokens per sequence.
+    #[arg(long, env = "DELTASERVE_MAX_MODEL_LEN", default_value_t = 32768)]
+    max_model_len: usize,
+    /// Prompt tokens prefilled per engine step, shared by all prefilling requests; keeps
+    /// running streams decoding while long prompts are ingested.
+    #[arg(long, env = "DELTASERVE_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    max_num_batched_tokens: usize,
+    /// Require `Authorization: Bearer KEY` on /v1 and tokenize routes.
+    #[arg(long, env = "DELTASERVE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long, env = "DELTASERVE_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    shutdown_timeout: u64,
+    /// Seconds a request may run in total.
+    #[arg(long, env = "DELTASERVE_REQUEST_TIMEOUT", default_value_t = 600)]
+    request_timeout: u64,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "DELTASERVE_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Fraction of available memory the state pool may take.
+    #[arg(long, env = "DELTASERVE_STATE_MEMORY_FRACTION", default_value_t = 0.5)]
+    state_memory_fraction: f64,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn available_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Runs the server until SIGTERM / ctrl-c and the drain finish.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.max_num_seqs >= 1, "invalid `--max-num-seqs`: expected >= 1, got 0");
+    anyhow::ensure!(args.max_num_batched_tokens >= 1, "invalid `--max-num-batched-tokens`: expected >= 1, got 0");
+    anyhow::ensure!(args.max_model_len >= 2, "invalid `--max-model-len`: expected >= 2, got {}", args.max_model_len);
+    anyhow::ensure!(
+        args.state_memory_fraction > 0.0 && args.state_memory_fraction <= 1.0,
+        "invalid `--state-memory-fraction`: expected in (0, 1], got {}",
+        args.state_memory_fraction
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let model_spec = args.model.model.clone().unwrap_or_else(crate::cli::default_model);
+    let model_name: Arc<str> = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| {
+            std::path::Path::new(&model_spec).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| model_spec.clone())
+        })
+        .into();
+    let metrics = Arc::new(Metrics::new(&model_name)?);
+    let state = AppState {
+        serving: Arc::new(OnceLock::new()),
+        metrics: metrics.clone(),
+        api_key: args.api_key.as_deref().map(Arc::from),
+        draining: Arc::new(AtomicBool::new(false)),
+        model_name: model_name.clone(),
+        body_limit: args.max_body_bytes,
+        created: unix_now(),
+        next_id: Arc::new(AtomicU64::new(0)),
+    };
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .map_err(|e| anyhow::anyhow!("invalid `--host`/`--port` {}:{}: {e}", args.host, args.port))?;
+    // Bind before loading so /health answers and /ready says "loading" meanwhile.
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(address = %listener.local_addr()?, model = %model_spec, "listening; loading model");
+
+    let loader = {
+        let (args, state, metrics) = (args.clone(), state.clone(), metrics.clone());
+        let model_args = ModelArgs { model: Some(model_spec.clone()), ..args.model.clone() };
+        tokio::task::spawn_blocking(move || load(args, model_args, state, metrics))
+    };
+
+    let shutdown_state = state.clone();
+    let shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        drain(&shutdown_state, shutdown_timeout).await;
+        let _ = drained_tx.send(());
+    });
+    let server = tokio::spawn(async move { server.await });
+
+    // A failed load ends the process with the error.
+    match loader.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(e) => anyhow::bail!("model loading panicked: {e}"),
+    }
+    // After the drain, give connections a moment to close, then exit regardless.
+    tokio::select! {
+        r = server => { r??; }
+        _ = async { let _ = drained_rx.await; tokio::time::sleep(Duration::from_secs(5)).await; } => {
+            tracing::warn!("connections still open 5 s after the drain; exiting");
+        }
+    }
+    tracing::info!("shut down");
+    Ok(())
+}
+
+fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let engine = model_args.load()?;
+    let cfg = engine.config().clone();
+    let per_slot = cfg.state_bytes_per_sequence().max(1);
+    let mut slots = args.max_num_seqs;
+    if let Some(avail) = available_memory() {
+        let fit = ((avail as f64 * args.state_memory_fraction) as usize / per_slot).max(1);
+        if slots > fit {
+            tracing::warn!(requested = slots, fits = fit, bytes_per_slot = per_slot, "--max-num-seqs does not fit in memory; clamped");
+            slots = fit;
+        }
+    }
+    let tokenizer = engine.tokenizer_arc();
+    let template = match tokenizer.chat_template.as_deref() {
+        Some(t) => match ChatTemplate::new(t, tokenizer.bos_token.as_deref(), tokenizer.eos_token.as_deref()) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(e) => {
+                tracing::warn!(error = %e, "chat template unusable; /v1/chat/completions will refuse requests");
+                None
+            }
+        },
+        None => None,
+    };
+    let limits = Limits {
+        served_model_name: state.model_name.to_string(),
+        max_model_len: args.max_model_len,
+        max_n: slots.min(64),
+        vocab_size: cfg.common.vocab_size,
+    };
+    let sched_cfg = SchedulerConfig {
+        max_num_seqs: slots,
+        max_queue: args.max_queue,
+        max_model_len: args.max_model_len,
+        prefill_budget: args.max_num_batched_tokens,
+        request_timeout: Duration::from_secs(args.request_timeout),
+    };
+    let (scheduler, _thread) = scheduler::spawn(engine, sched_cfg, metrics)?;
+    let _ = state.serving.set(Serving { scheduler, tokenizer, template, limits });
+    tracing::info!(slots, bytes_per_slot = per_slot, model_type = cfg.model_type(), "ready");
+    Ok(())
+}
+
+/// Stops admission, waits for in-flight requests up to `timeout`, then aborts the rest.
+async fn drain(state: &AppState, timeout: Duration) {
+    state.draining.store(true, Ordering::SeqCst);
+    let Some(s) = state.serving.get() else { return };
+    tracing::info!(in_flight = s.scheduler.in_flight(), timeout_s = timeout.as_secs(), "draining");
+    let deadline = Instant::now() + timeout;
+    while s.scheduler.in_flight() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if s.scheduler.in_flight() > 0 {
+        tracing::warn!(in_flight = s.scheduler.in_flight(), "shutdown timeout reached; aborting the rest");
+        s.scheduler.abort_all();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutdown signal received");
+}

@@ -1,0 +1,74 @@
+//! Which requests run: cancellation and timeouts first, then first come, first served into
+//! free slots (a request's `n` choices need `n` slots).
+
+use std::time::Instant;
+
+use super::sequence::Seq;
+use super::{Active, Scheduler, SchedulerError};
+
+impl Scheduler {
+    /// Frees requests whose client went away or whose deadline passed, and drops waiting
+    /// requests whose client already left.
+    pub(super) fn drop_cancelled(&mut self) {
+        let now = Instant::now();
+        let metrics = &self.metrics;
+        self.waiting.retain(|r| {
+            let gone = r.events.is_closed();
+            if gone {
+                metrics.client_disconnects.inc();
+            }
+            !gone
+        });
+        for r in &mut self.requests {
+            if r.events.is_closed() {
+                self.metrics.client_disconnects.inc();
+                tracing::info!(request = %r.id, "client disconnected; request cancelled");
+                for s in &mut r.seqs {
+                    s.finished = true;
+                }
+            } else if now >= r.deadline {
+                r.fail(SchedulerError::Timeout(self.cfg.request_timeout.as_secs()));
+            }
+        }
+        self.retire_all();
+    }
+
+    /// Slots neither in use nor promised to a prefilling request's other choices.
+    fn free_slots(&self) -> usize {
+        self.pool.capacity() - self.pool.used() - self.reserved
+    }
+
+    /// First come, first served: the head waits until all its `n` slots are free.
+    pub(super) fn admit(&mut self) {
+        while let Some(head) = self.waiting.front() {
+            if head.params.n > self.free_slots() {
+                break;
+            }
+            let Some(r) = self.waiting.pop_front() else {
+                break;
+            };
+            let Some(slot) = self.pool.allocate() else {
+                self.waiting.push_front(r);
+                break;
+            };
+            let now = Instant::now();
+            self.metrics.request_queue_time.observe(now.duration_since(r.arrived).as_secs_f64());
+            let reserved = r.params.n - 1;
+            self.reserved += reserved;
+            let seq0 = Seq::new(&r.params, &r.prompt, 0, slot);
+            tracing::debug!(request = %r.id, %slot, prompt = r.prompt.len(), n = r.params.n, "admitted");
+            self.requests.push(Active {
+                id: r.id,
+                deadline: r.arrived + self.cfg.request_timeout,
+                prompt: r.prompt,
+                params: r.params,
+                events: r.events,
+                arrived: r.arrived,
+                prefilled: 0,
+                prev_logits: None,
+                seqs: vec![seq0],
+                reserved,
+            });
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! What each step runs: the prompt chunks of this step (packed into one prefill pass within
+//! the token budget) and one batched decode over every running sequence.
+
+use std::time::Instant;
+
+use deltaserve_engine::Logits;
+
+use super::sequence::{logprob_entry, send, Seq};
+use super::{Event, Scheduler, SchedulerError};
+
+/// The prompt chunks of one step: oldest request first, `(request, tokens)` for every request
+/// with prompt left (`left[i]`, 0 for none), until `budget` tokens are planned.
+pub(super) fn plan_prefill(left: &[usize], mut budget: usize) -> Vec<(usize, usize)> {
+    let mut plan = Vec::new();
+    for (i, &l) in left.iter().enumerate() {
+        if budget == 0 {
+            break;
+        }
+        if l == 0 {
+            continue;
+        }
+        let take = budget.min(l);
+        budget -= take;
+        plan.push((i, take));
+    }
+    plan
+}
+
+impl Scheduler {
+    /// Advances prompts in chunks, oldest first, within the per-step token budget. The chunks
+    /// run as one packed prefill (one pass through the model for all of them), except those of
+    /// requests that want prompt logprobs, which need every position's logits and run alone.
+    pub(super) fn prefill(&mut self) {
+        let started = Instant::now();
+        let left: Vec<usize> =
+            self.requests.iter().map(|r| if r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }).collect();
+        let plan = plan_prefill(&left, self.cfg.prefill_budget);
+        if plan.is_empty() {
+            return;
+        }
+        let tokens: usize = plan.iter().map(|(_, take)| take).sum();
+        let (alone, packed): (Vec<_>, Vec<_>) = plan.into_iter().partition(|(i, _)| self.requests[*i].params.prompt_logprobs);
+        for (i, take) in alone {
+            if let Err(e) = self.prefill_with_logprobs(i, take).and_then(|last| self.finish_chunk(i, take, last)) {
+                self.requests[i].fail(e);
+            }
+        }
+        if !packed.is_empty() {
+            match self.prefill_packed(&packed) {
+                Ok(lasts) => {
+                    for ((i, take), last) in packed.into_iter().zip(lasts) {
+                        if let Err(e) = self.finish_chunk(i, take, last) {
+                            self.requests[i].fail(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in packed {
+                        self.requests[i].fail(e.clone());
+                    }
+                }
+            }
+        }
+        self.metrics.step_duration.with_label_values(&["prefill"]).observe(started.elapsed().as_secs_f64());
+        self.metrics.prompt_tokens.inc_by(tokens as u64);
+    }
+
+    /// The next `take` prompt tokens of each `(request, take)` in one packed prefill; returns
+    /// each one's logits after its last token.
+    fn prefill_packed(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, SchedulerError> {
+        let batch: Vec<_> = plan
+            .iter()
+            .map(|&(i, take)| {
+                let r = &self.requests[i];
+                (r.seqs[0].slot, &r.prompt[r.prefilled..r.prefilled + take])
+            })
+            .collect();
+        self.engine.prefill_many(&mut self.pool, &batch)?.to_vec2::<f32>().map_err(|e| SchedulerError::Engine(e.to_string()))
+    }
+
+    /// The next `take` prompt tokens of request `i`, sending their prompt logprobs; returns the
+    /// logits after the last one.
+    fn prefill_with_logprobs(&mut self, i: usize, take: usize) -> Result<Vec<f32>, SchedulerError> {
+        let r = &mut self.requests[i];
+        let (from, to) = (r.prefilled, r.prefilled + take);
+        let chunk = &r.prompt[from..to];
+        let all = self
+            .engine
+            .prefill(&mut self.pool, r.seqs[0].slot, chunk, Logits::All)?
+            .to_vec2::<f32>()
+            .map_err(|e| SchedulerError::Engine(e.to_string()))?;
+        let mut lps = Vec::with_capacity(take);
+        let mut prev = r.prev_logits.take();
+        for (j, row) in all.iter().enumerate() {
+            if let Some(p) = prev.as_ref() {
+                lps.push(logprob_entry(p, chunk[j], r.params.logprobs.unwrap_or(0)));
+            }
+            prev = Some(row.clone());
+        }
+        if !lps.is_empty() {
+            send(&r.events, Event::PromptLogprobs(lps));
+        }
+        Ok(prev.unwrap_or_default())
+    }
+
+    /// Records that request `i` prefilled `take` more tokens with `last` the logits after them;
+    /// when its prompt is done, forks its other choices and samples each one's first token.
+    fn finish_chunk(&mut self, i: usize, take: usize, last: Vec<f32>) -> Result<(), SchedulerError> {
+        let r = &mut self.requests[i];
+        let to = r.prefilled + take;
+        let slot = r.seqs[0].slot;
+        r.prefilled = to;
+        if to < r.prompt.len() {
+            r.prev_logits = Some(last);
+            return Ok(());
+        }
+        // Prompt done: fork the other choices from the prefilled slot, then sample each.
+        for choice in 1..r.params.n {
+            let slot = self.pool.fork(slot)?.ok_or_else(|| SchedulerError::Engine("reserved slot missing".into()))?;
+            self.reserved -= 1;
+            r.reserved -= 1;
+            r.seqs.push(Seq::new(&r.params, &r.prompt, choice, slot));
+        }
+        let tok = self.engine.tokenizer();
+        let ctx = super::sequence::Context { prompt_len: r.prompt.len(), params: &r.params, tok, max_model_len: self.cfg.max_model_len };
+        for s in &mut r.seqs {
+            s.emit(&ctx, &last, &r.events, &r.id, &self.metrics, r.arrived);
+        }
+        Ok(())
+    }
+
+    /// One batched decode step over every sequence with a pending token.
+    pub(super) fn decode(&mut self) {
+        let mut batch = Vec::new();
+        let mut owners = Vec::new();
+        for (ri, r) in self.requests.iter().enumerate() {
+            for (si, s) in r.seqs.iter().enumerate() {
+                if let (false, Some(t)) = (s.finished, s.pending) {
+                    batch.push((s.slot, t));
+                    owners.push((ri, si));
+                }
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let result = self.engine.decode(&mut self.pool, &batch).and_then(|l| Ok(l.to_vec2::<f32>()?));
+        self.metrics.step_duration.with_label_values(&["decode"]).observe(started.elapsed().as_secs_f64());
+        self.metrics.decode_batch_size.observe(batch.len() as f64);
+        tracing::trace!(batch = batch.len(), "decode step");
+        match result {
+            Ok(rows) => {
+                let tok = self.engine.tokenizer();
+                for ((ri, si), row) in owners.into_iter().zip(rows) {
+                    let r = &mut self.requests[ri];
+                    let ctx = super::sequence::Context {
+                        prompt_len: r.prompt.len(),
+                        params: &r.params,
+                        tok,
+                        max_model_len: self.cfg.max_model_len,
+                    };
+                    r.seqs[si].emit(&ctx, &row, &r.events, &r.id, &self.metrics, r.arrived);
+                }
+            }
+            Err(e) => {
+                let err = SchedulerError::from(e);
+                for (ri, _) in owners {
+                    self.requests[ri].fail(err.clone());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_prefill;
+
+    #[test]
+    fn prefill_plan_takes_oldest_first_within_the_budget() {
+        assert_eq!(plan_prefill(&[100, 0, 30, 500], 512), vec![(0, 100), (2, 30), (3, 382)]);
+        assert_eq!(plan_prefill(&[600, 10], 512), vec![(0, 512)]);
+        assert_eq!(plan_prefill(&[0, 0], 512), vec![]);
+        assert_eq!(plan_prefill(&[5, 5, 5], 11), vec![(0, 5), (1, 5), (2, 1)]);
+    }
+}
