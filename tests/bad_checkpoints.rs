@@ -97,7 +97,10 @@ fn bad_config_values_name_field_expected_and_actual() {
 fn unsupported_architectures_are_refused() {
     let d = copy_gdn();
     edit_config(d.path(), |v| v["model_type"] = "mamba2".into());
-    assert_eq!(load_err(d.path()), "config.json: unsupported `model_type` = mamba2; supported: `gated_deltanet` or `gated_deltaproduct`");
+    assert_eq!(
+        load_err(d.path()),
+        "config.json: unsupported `model_type` = mamba2; supported: `gated_deltanet`, `gated_deltaproduct` or `delta_net`"
+    );
     edit_config(d.path(), |v| {
         v["model_type"] = "gated_deltanet".into();
         v["attn"] = serde_json::json!({"layers": [1], "num_heads": 2});

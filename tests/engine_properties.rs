@@ -22,6 +22,8 @@ fn models() -> Vec<(String, CausalLm, tempfile::TempDir)> {
         json!({"model_type":"gated_deltanet","hidden_size":40,"num_hidden_layers":2,"num_heads":1,"head_dim":20,"expand_v":1.0,"vocab_size":61,"use_short_conv":false,"use_gate":false,"allow_neg_eigval":true,"conv_size":2}),
         json!({"model_type":"gated_deltaproduct","hidden_size":32,"num_hidden_layers":2,"num_heads":2,"head_dim":8,"expand_v":2.0,"vocab_size":53,"num_householder":3,"use_forget_gate":true,"allow_neg_eigval":true,"conv_size":3}),
         json!({"model_type":"gated_deltaproduct","hidden_size":32,"num_hidden_layers":1,"num_heads":2,"head_dim":16,"expand_v":0.5,"vocab_size":50,"num_householder":2,"use_forget_gate":false,"use_output_gate":false}),
+        json!({"model_type":"delta_net","hidden_size":32,"num_hidden_layers":2,"num_heads":2,"expand_k":0.5,"expand_v":1.5,"vocab_size":59,"use_gate":true,"use_short_conv":false}),
+        json!({"model_type":"delta_net","hidden_size":24,"num_hidden_layers":2,"num_heads":3,"expand_k":1.0,"expand_v":2.0,"vocab_size":47,"use_beta":false,"allow_neg_eigval":true,"qk_activation":"elu","qk_norm":"sum","conv_size":3}),
     ];
     for (i, cfg) in configs.iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
@@ -29,7 +31,7 @@ fn models() -> Vec<(String, CausalLm, tempfile::TempDir)> {
         let m = CausalLm::load(&c, &Checkpoint::open(dir.path()).unwrap(), DType::F32, &Device::Cpu, true).unwrap();
         out.push((format!("random{i}:{}", c.model_type()), m, dir));
     }
-    for name in ["gdn", "gdn-gva", "gdp"] {
+    for name in ["gdn", "gdn-gva", "gdp", "delta_net", "delta_net-gated"] {
         let dir = compact_dir().join(name);
         let c = deltaserve_engine::read_config(&dir).unwrap();
         let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();

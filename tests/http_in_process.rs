@@ -14,9 +14,9 @@ use deltaserve_engine::{Engine, LoadOptions, Logits};
 use deltaserve_tests::compact_dir;
 use serde_json::{json, Value};
 
-/// The app over the compact GDN fixture, served on a loopback port by this process.
-async fn serve() -> (String, Engine) {
-    let dir = compact_dir().join("gdn");
+/// The app over a compact fixture, served on a loopback port by this process.
+async fn serve(model: &str) -> (String, Engine) {
+    let dir = compact_dir().join(model);
     let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
     let metrics = Arc::new(Metrics::new("gdn").unwrap());
     let state = AppState {
@@ -47,8 +47,33 @@ async fn serve() -> (String, Engine) {
 }
 
 #[tokio::test]
+async fn delta_net_is_served_with_the_engine_s_greedy_tokens() {
+    let (base, engine) = serve("delta_net-gated").await;
+    let r: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "class A:", "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut pool = engine.new_pool(1).unwrap();
+    let s = pool.allocate().unwrap();
+    let mut logits = engine.prefill(&mut pool, s, &engine.encode("class A:").unwrap(), Logits::Last).unwrap();
+    let mut ids = vec![];
+    for _ in 0..6 {
+        let t = argmax(&logits.to_vec1::<f32>().unwrap());
+        ids.push(t);
+        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
+    }
+    assert_eq!(r["choices"][0]["text"], engine.tokenizer().decode(&ids, true).unwrap(), "{r}");
+    assert_eq!(r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 6, "{r}");
+}
+
+#[tokio::test]
 async fn in_process_router_serves_greedy_completions_and_refusals() {
-    let (base, engine) = serve().await;
+    let (base, engine) = serve("gdn").await;
     let client = reqwest::Client::new();
     let prompt = "def add(a, b):";
     let r: Value = client

@@ -9,6 +9,8 @@ use crate::error::ConfigError;
 pub const GATED_DELTANET: &str = "gated_deltanet";
 /// `model_type` of fla's Gated DeltaProduct.
 pub const GATED_DELTAPRODUCT: &str = "gated_deltaproduct";
+/// `model_type` of fla's DeltaNet.
+pub const DELTA_NET: &str = "delta_net";
 
 fn default_hidden_size() -> usize {
     2048
@@ -155,6 +157,41 @@ pub struct GatedDeltaProductFields {
     pub num_householder: usize,
 }
 
+fn default_one() -> f64 {
+    1.0
+}
+fn default_silu() -> String {
+    "silu".into()
+}
+fn default_l2() -> String {
+    "l2".into()
+}
+
+/// DeltaNet specifics (hybrid-spec.md §2.1, fla 0.6.0 defaults). Its head sizes come from
+/// `expand_k`/`expand_v` relative to D; parsing turns them into [`CommonFields`]' `head_dim` and
+/// `expand_v` (Vd = head_dim · expand_v), so the rest of the engine reads one convention.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DeltaNetFields {
+    /// key_dim = D · expand_k.
+    #[serde(default = "default_one")]
+    pub expand_k: f64,
+    /// value_dim = D · expand_v (DeltaNet's meaning, before normalisation).
+    #[serde(default = "default_one")]
+    pub expand_v: f64,
+    /// β = sigmoid(b_proj x); false: β ≡ 1 and no `b_proj`.
+    #[serde(default = "default_true")]
+    pub use_beta: bool,
+    /// Output gate (g_proj + gated norm, swish).
+    #[serde(default)]
+    pub use_gate: bool,
+    /// `silu` (applied with the conv), `relu`, `elu` (elu + 1) or `identity`.
+    #[serde(default = "default_silu")]
+    pub qk_activation: String,
+    /// `l2` or `sum` (L1) normalisation of q and k per head.
+    #[serde(default = "default_l2")]
+    pub qk_norm: String,
+}
+
 /// Which architecture, with its specific fields.
 #[derive(Debug, Clone)]
 pub enum Architecture {
@@ -162,6 +199,8 @@ pub enum Architecture {
     GatedDeltaNet(GatedDeltaNetFields),
     /// `gated_deltaproduct`.
     GatedDeltaProduct(GatedDeltaProductFields),
+    /// `delta_net`.
+    DeltaNet(DeltaNetFields),
 }
 
 /// Activation of the output gate.
@@ -192,7 +231,25 @@ impl ModelConfig {
     /// Parses and validates a `config.json` value.
     pub fn from_value(raw: Value) -> Result<Self, ConfigError> {
         let model_type = raw.get("model_type").and_then(Value::as_str).ok_or(ConfigError::Missing("model_type"))?;
-        let common: CommonFields = serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let json = |e: serde_json::Error| ConfigError::Json(e.to_string());
+        if model_type == DELTA_NET {
+            let d: DeltaNetFields = serde_json::from_value(raw.clone()).map_err(json)?;
+            // DeltaNet's own defaults for the shared fields, then its sizes in GDN's convention.
+            let mut with_defaults = raw.clone();
+            if let Some(o) = with_defaults.as_object_mut() {
+                for (k, v) in [("num_heads", Value::from(16)), ("num_hidden_layers", Value::from(24))] {
+                    o.entry(k).or_insert(v);
+                }
+            }
+            let mut common: CommonFields = serde_json::from_value(with_defaults).map_err(json)?;
+            let (k, v) = delta_net_head_dims(&common, &d)?;
+            common.head_dim = k;
+            common.expand_v = v as f64 / k as f64;
+            let cfg = Self { common, arch: Architecture::DeltaNet(d), raw };
+            cfg.validate()?;
+            return Ok(cfg);
+        }
+        let common: CommonFields = serde_json::from_value(raw.clone()).map_err(json)?;
         let arch = match model_type {
             GATED_DELTANET => {
                 Architecture::GatedDeltaNet(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?)
@@ -200,7 +257,7 @@ impl ModelConfig {
             GATED_DELTAPRODUCT => {
                 Architecture::GatedDeltaProduct(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?)
             }
-            other => return Err(unsupported("model_type", other, "`gated_deltanet` or `gated_deltaproduct`")),
+            other => return Err(unsupported("model_type", other, "`gated_deltanet`, `gated_deltaproduct` or `delta_net`")),
         };
         let cfg = Self { common, arch, raw };
         cfg.validate()?;
@@ -235,7 +292,9 @@ impl ModelConfig {
             }
         }
         let vd = c.head_dim as f64 * c.expand_v;
-        if !(vd.fract() == 0.0 && vd >= 1.0) {
+        // DeltaNet's value size was checked when its expand_v was turned into this convention.
+        let vd_ok = matches!(self.arch, Architecture::DeltaNet(_)) || (vd.fract() == 0.0 && vd >= 1.0);
+        if !vd_ok {
             return Err(ConfigError::Invalid {
                 field: "expand_v".into(),
                 expected: format!("head_dim ({}) × expand_v to be a positive integer", c.head_dim),
@@ -268,6 +327,14 @@ impl ModelConfig {
                     return Err(ConfigError::Invalid { field: "num_householder".into(), expected: ">= 1".into(), actual: "0".into() });
                 }
             }
+            Architecture::DeltaNet(d) => {
+                if !matches!(d.qk_activation.as_str(), "silu" | "relu" | "elu" | "identity") {
+                    return Err(unsupported("qk_activation", &d.qk_activation, "`silu`, `relu`, `elu` or `identity`"));
+                }
+                if !matches!(d.qk_norm.as_str(), "l2" | "sum") {
+                    return Err(unsupported("qk_norm", &d.qk_norm, "`l2` or `sum`"));
+                }
+            }
         }
         if c.intermediate_size == Some(0) {
             return Err(ConfigError::Invalid { field: "intermediate_size".into(), expected: "> 0".into(), actual: "0".into() });
@@ -280,6 +347,7 @@ impl ModelConfig {
         match self.arch {
             Architecture::GatedDeltaNet(_) => GATED_DELTANET,
             Architecture::GatedDeltaProduct(_) => GATED_DELTAPRODUCT,
+            Architecture::DeltaNet(_) => DELTA_NET,
         }
     }
     /// H.
@@ -290,16 +358,19 @@ impl ModelConfig {
     pub fn num_v_heads(&self) -> usize {
         match &self.arch {
             Architecture::GatedDeltaNet(g) => g.num_v_heads.unwrap_or(self.common.num_heads),
-            Architecture::GatedDeltaProduct(_) => self.common.num_heads,
+            Architecture::GatedDeltaProduct(_) | Architecture::DeltaNet(_) => self.common.num_heads,
         }
     }
     /// K.
     pub fn head_k_dim(&self) -> usize {
         self.common.head_dim
     }
-    /// Vd = int(K · expand_v).
+    /// Vd = int(K · expand_v); DeltaNet: D · expand_v / H (validated to divide).
     pub fn head_v_dim(&self) -> usize {
-        (self.common.head_dim as f64 * self.common.expand_v) as usize
+        match &self.arch {
+            Architecture::DeltaNet(d) => (self.common.hidden_size as f64 * d.expand_v) as usize / self.common.num_heads,
+            _ => (self.common.head_dim as f64 * self.common.expand_v) as usize,
+        }
     }
     /// H·K.
     pub fn key_dim(&self) -> usize {
@@ -312,15 +383,23 @@ impl ModelConfig {
     /// Householder steps per token n (1 for GDN).
     pub fn num_householder(&self) -> usize {
         match &self.arch {
-            Architecture::GatedDeltaNet(_) => 1,
+            Architecture::GatedDeltaNet(_) | Architecture::DeltaNet(_) => 1,
             Architecture::GatedDeltaProduct(p) => p.num_householder,
         }
     }
-    /// Whether a_proj / A_log / dt_bias exist (always for GDN).
+    /// Whether a_proj / A_log / dt_bias exist (always for GDN, never for DeltaNet).
     pub fn use_forget_gate(&self) -> bool {
         match &self.arch {
             Architecture::GatedDeltaNet(_) => true,
             Architecture::GatedDeltaProduct(p) => p.use_forget_gate,
+            Architecture::DeltaNet(_) => false,
+        }
+    }
+    /// Whether `b_proj` exists (DeltaNet's `use_beta`; always for the gated models).
+    pub fn use_beta(&self) -> bool {
+        match &self.arch {
+            Architecture::DeltaNet(d) => d.use_beta,
+            _ => true,
         }
     }
     /// Whether the output is gated by g_proj.
@@ -328,6 +407,7 @@ impl ModelConfig {
         match &self.arch {
             Architecture::GatedDeltaNet(g) => g.use_gate,
             Architecture::GatedDeltaProduct(p) => p.use_output_gate,
+            Architecture::DeltaNet(d) => d.use_gate,
         }
     }
     /// Activation of the output gate.
@@ -363,6 +443,23 @@ impl ModelConfig {
         let per_layer = self.conv_channels() * self.common.conv_size + self.recurrent_state_len();
         per_layer * self.common.num_hidden_layers * std::mem::size_of::<f32>()
     }
+}
+
+/// DeltaNet's per-head sizes (K, V) = (D·expand_k / H, D·expand_v / H), each a positive integer.
+fn delta_net_head_dims(c: &CommonFields, d: &DeltaNetFields) -> Result<(usize, usize), ConfigError> {
+    let per_head = |field: &str, expand: f64| {
+        let dim = c.hidden_size as f64 * expand;
+        let ok = dim.fract() == 0.0 && dim >= 1.0 && c.num_heads > 0 && (dim as usize).is_multiple_of(c.num_heads);
+        if !ok {
+            return Err(ConfigError::Invalid {
+                field: field.into(),
+                expected: format!("hidden_size ({}) × {field} to be a positive multiple of num_heads ({})", c.hidden_size, c.num_heads),
+                actual: format!("{expand} (→ {dim})"),
+            });
+        }
+        Ok(dim as usize / c.num_heads)
+    };
+    Ok((per_head("expand_k", d.expand_k)?, per_head("expand_v", d.expand_v)?))
 }
 
 /// Reads a token id or list of ids from a JSON value.
@@ -403,6 +500,20 @@ mod tests {
         assert_eq!(c.num_householder(), 1);
         assert!(!c.use_forget_gate());
         assert!(c.use_output_gate());
+    }
+
+    #[test]
+    fn delta_net_sizes_follow_expand_k_and_expand_v() {
+        let c = ModelConfig::from_json_str(r#"{"model_type":"delta_net"}"#).unwrap();
+        assert_eq!((c.num_heads(), c.head_k_dim(), c.head_v_dim(), c.common.num_hidden_layers), (16, 128, 128, 24));
+        assert!(!c.use_forget_gate() && !c.use_output_gate());
+        let c =
+            ModelConfig::from_json_str(r#"{"model_type":"delta_net","hidden_size":64,"num_heads":2,"expand_k":0.5,"expand_v":2}"#).unwrap();
+        assert_eq!((c.head_k_dim(), c.head_v_dim(), c.key_dim(), c.value_dim()), (16, 64, 32, 128));
+        let e = ModelConfig::from_json_str(r#"{"model_type":"delta_net","hidden_size":64,"num_heads":3}"#).unwrap_err().to_string();
+        assert!(e.contains("`expand_k`") && e.contains("num_heads (3)"), "{e}");
+        let e = ModelConfig::from_json_str(r#"{"model_type":"delta_net","qk_norm":"l1"}"#).unwrap_err().to_string();
+        assert!(e.contains("`qk_norm`") && e.contains("l1"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The tensors a checkpoint must hold for a config, in fla's current layout (model-spec.md
-//! §1.2, §2.2). Used to write checkpoints (random ones, pruned ones) and to check them.
+//! §1.2, §2.2; DeltaNet: hybrid-spec.md §2.2). Used to write checkpoints (random ones, pruned ones) and to check them.
 
 use crate::config::ModelConfig;
 
@@ -16,7 +16,9 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         v.push((p("attn.q_proj.weight"), vec![key_dim, d]));
         v.push((p("attn.k_proj.weight"), vec![n * key_dim, d]));
         v.push((p("attn.v_proj.weight"), vec![n * value_dim, d]));
-        v.push((p("attn.b_proj.weight"), vec![n * hv, d]));
+        if cfg.use_beta() {
+            v.push((p("attn.b_proj.weight"), vec![n * hv, d]));
+        }
         if cfg.use_forget_gate() {
             v.push((p("attn.a_proj.weight"), vec![hv, d]));
             v.push((p("attn.A_log"), vec![hv]));

@@ -174,6 +174,9 @@ pub struct Report {
 
 fn check_prunable(cfg: &ModelConfig) -> Result<(), PruneError> {
     // Hybrid and other unsupported configs are refused by the config parser already.
+    if cfg.model_type() == deltaserve_engine::config::DELTA_NET {
+        return Err(PruneError::Unsupported("`delta_net`: pruning covers gated_deltanet and gated_deltaproduct".into()));
+    }
     if cfg.head_k_dim() < 2 {
         return Err(PruneError::Unsupported(format!("head_dim is {}; nothing to prune", cfg.head_k_dim())));
     }

@@ -135,7 +135,7 @@ pub fn check_greedy(label: &str, case: &GoldenCase, first: Tensor, mut next: imp
 /// Every model fixture: (name, checkpoint dir, goldens json, logits safetensors).
 pub fn model_fixtures(test: &str) -> Vec<(String, PathBuf, PathBuf, PathBuf)> {
     let c = compact_dir();
-    let mut v: Vec<_> = ["gdn", "gdn-gva", "gdp"]
+    let mut v: Vec<_> = ["gdn", "gdn-gva", "gdp", "delta_net", "delta_net-gated"]
         .iter()
         .map(|n| (format!("compact/{n}"), c.join(n), c.join(format!("{n}.goldens.json")), c.join(format!("{n}.logits.safetensors"))))
         .collect();

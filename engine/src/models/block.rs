@@ -6,6 +6,7 @@
 use candle_core::{DType, Tensor};
 
 use super::batch::Pass;
+use super::delta_net::DeltaNet;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::mlp::Mlp;
@@ -21,6 +22,8 @@ pub enum TokenMixer {
     GatedDeltaNet(GatedDeltaNet),
     /// [`GatedDeltaProduct`].
     GatedDeltaProduct(GatedDeltaProduct),
+    /// [`DeltaNet`].
+    DeltaNet(DeltaNet),
 }
 
 impl TokenMixer {
@@ -29,6 +32,7 @@ impl TokenMixer {
         match self {
             Self::GatedDeltaNet(m) => m.cache(),
             Self::GatedDeltaProduct(m) => m.cache(),
+            Self::DeltaNet(m) => m.cache(),
         }
     }
 
@@ -39,6 +43,8 @@ impl TokenMixer {
             (Self::GatedDeltaNet(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
             (Self::GatedDeltaProduct(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
             (Self::GatedDeltaProduct(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
+            (Self::DeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
+            (Self::DeltaNet(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
         }
     }
 }

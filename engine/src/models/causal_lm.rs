@@ -8,6 +8,7 @@ use deltaserve_kernels::StepSlots;
 
 use super::batch::{Packed, Pass};
 use super::block::{Block, ChannelMixer, TokenMixer};
+use super::delta_net::DeltaNet;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::linear::project;
@@ -28,7 +29,7 @@ pub enum Logits {
     All,
 }
 
-/// A Gated DeltaNet / Gated DeltaProduct causal LM. Immutable; all state lives in a [`StatePool`].
+/// A Gated DeltaNet / Gated DeltaProduct / DeltaNet causal LM. Immutable; all state lives in a [`StatePool`].
 #[derive(Debug, Clone)]
 pub struct CausalLm {
     cfg: ModelConfig,
@@ -55,6 +56,7 @@ impl CausalLm {
             let attn = match cfg.arch {
                 Architecture::GatedDeltaNet(_) => TokenMixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &l.pp("attn"))?),
                 Architecture::GatedDeltaProduct(_) => TokenMixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &l.pp("attn"))?),
+                Architecture::DeltaNet(_) => TokenMixer::DeltaNet(DeltaNet::load(cfg, &l.pp("attn"))?),
             };
             layers.push(Block {
                 layer_idx: i,

@@ -4,7 +4,7 @@
 
 use candle_core::Tensor;
 use deltaserve_kernels::ops::{self, PrefillAlgo};
-use deltaserve_kernels::StepSlots;
+use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
 use super::linear::{linear, FusedInput};
@@ -57,6 +57,7 @@ impl GatedDeltaNet {
             &[("q_conv1d", key_dim, None), ("k_conv1d", key_dim, None), ("v_conv1d", value_dim, None)],
             cfg.common.conv_size,
             cfg.common.use_short_conv,
+            ConvActivation::Silu,
         )?;
         let (q, k, v) =
             (linear(w, key_dim, d, "q_proj.weight")?, linear(w, key_dim, d, "k_proj.weight")?, linear(w, value_dim, d, "v_proj.weight")?);

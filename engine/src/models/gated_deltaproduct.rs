@@ -7,7 +7,7 @@
 use candle_core::Tensor;
 use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, PrefillAlgo};
-use deltaserve_kernels::StepSlots;
+use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
 use super::linear::{linear, FusedInput, FusedOutput};
@@ -99,6 +99,7 @@ impl GatedDeltaProduct {
             ],
             width,
             cfg.common.use_short_conv,
+            ConvActivation::Silu,
         )?;
         let (q, k, v, b) = (
             linear(w, key_dim, d, "q_proj.weight")?,

@@ -1,10 +1,11 @@
 //! A model is embeddings, a stack of blocks and a head; a block is a token mixer (one file per
-//! layer kind: [`gated_deltanet`], [`gated_deltaproduct`]) and a channel mixer ([`mlp`]). Each
+//! layer kind: [`gated_deltanet`], [`gated_deltaproduct`], [`delta_net`]) and a channel mixer ([`mlp`]). Each
 //! token mixer declares the per-sequence cache it needs ([`crate::cache::CacheSpec`]).
 
 pub mod batch;
 pub mod block;
 pub mod causal_lm;
+pub mod delta_net;
 pub mod gated_deltanet;
 pub mod gated_deltaproduct;
 pub mod linear;

@@ -1,5 +1,6 @@
 //! The short convolution over `[q | k | v]` (model-spec.md §1.3 step 2): depthwise, causal,
-//! followed by SiLU; run as one conv over the concatenated projections.
+//! followed by SiLU (or nothing, for DeltaNet's non-SiLU q/k); run as one conv over the
+//! concatenated projections.
 
 use candle_core::{DType, Tensor};
 use deltaserve_kernels::{ops, ConvActivation, SlotBuffer, StepSlots};
@@ -17,15 +18,24 @@ pub struct ShortConv {
     channels: usize,
     /// W.
     width: usize,
+    /// What follows the conv (and stands in for it without one).
+    act: ConvActivation,
 }
 
 impl ShortConv {
     /// Loads `{q,k,v}_conv1d.weight` (`[C_x, 1, W]` each) as one `[C, W]` f32 tensor, where
     /// `parts` gives each conv's (name, channels). `loaded` replaces a part read another way.
-    pub fn load(w: &Weights<'_>, parts: &[(&str, usize, Option<Tensor>)], width: usize, use_short_conv: bool) -> Result<Self> {
+    /// `act` follows the conv (SiLU for the gated models).
+    pub fn load(
+        w: &Weights<'_>,
+        parts: &[(&str, usize, Option<Tensor>)],
+        width: usize,
+        use_short_conv: bool,
+        act: ConvActivation,
+    ) -> Result<Self> {
         let channels = parts.iter().map(|p| p.1).sum();
         if !use_short_conv {
-            return Ok(Self { weight: None, channels, width });
+            return Ok(Self { weight: None, channels, width, act });
         }
         let mut ws = Vec::with_capacity(parts.len());
         for (name, c, loaded) in parts {
@@ -35,7 +45,7 @@ impl ShortConv {
             };
             ws.push(t.to_dtype(DType::F32)?.reshape((*c, width))?);
         }
-        Ok(Self { weight: Some(Tensor::cat(&ws, 0)?), channels, width })
+        Ok(Self { weight: Some(Tensor::cat(&ws, 0)?), channels, width, act })
     }
 
     /// Values of conv state per sequence: the last W inputs of each channel, `[C, W]`.
@@ -47,16 +57,25 @@ impl ShortConv {
     /// state of `slots[s]`, which they update). Returns `[ΣT, C]` f32.
     pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, ConvActivation::Silu)?),
-            None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act)?),
+            None => self.without_conv(x),
         }
     }
 
     /// One decode step over `x` `[B, C]` for `slots`. Returns `[B, C]` f32.
     pub fn decode(&self, x: &Tensor, states: &mut SlotBuffer, slots: StepSlots<'_>) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_step(x, wt, states, slots, ConvActivation::Silu)?),
-            None => Ok(candle_nn::ops::silu(&x.to_dtype(DType::F32)?)?),
+            Some(wt) => Ok(ops::conv_step(x, wt, states, slots, self.act)?),
+            None => self.without_conv(x),
         }
+    }
+
+    /// `use_short_conv: false`: the activation alone, f32.
+    fn without_conv(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to_dtype(DType::F32)?;
+        Ok(match self.act {
+            ConvActivation::Silu => candle_nn::ops::silu(&x)?,
+            ConvActivation::Identity => x,
+        })
     }
 }

@@ -14,6 +14,7 @@ use deltaserve_kernels::ops::{interleave_householder, last_householder_step};
 
 use crate::error::{EngineError, Result};
 use crate::models::block::{ChannelMixer, TokenMixer};
+use crate::models::delta_net as dn;
 use crate::models::gated_deltanet::{self as gdn, GatedDeltaNet};
 use crate::models::gated_deltaproduct::{self as gdp, GatedDeltaProduct};
 use crate::models::mlp::{Mlp, GATE, UP};
@@ -46,6 +47,7 @@ pub fn qk_proj(model: &CausalLm) -> Result<Vec<QkProj>> {
         .map(|b| match &b.attn {
             TokenMixer::GatedDeltaNet(m) => Ok(QkProj { q: m.input.weight(gdn::Q)?, k: m.input.weight(gdn::K)? }),
             TokenMixer::GatedDeltaProduct(m) => Ok(QkProj { q: m.input.weight(gdp::Q)?, k: m.input.weight(gdp::K)? }),
+            TokenMixer::DeltaNet(m) => Ok(QkProj { q: m.input.weight(dn::Q)?, k: m.input.weight(dn::K)? }),
         })
         .collect()
 }
@@ -78,6 +80,13 @@ pub fn logits(model: &CausalLm, tokens: &[u32], qk: &[QkProj], mut observer: Opt
         let a = match &b.attn {
             TokenMixer::GatedDeltaNet(m) => gated_deltanet(m, &x, w, obs)?,
             TokenMixer::GatedDeltaProduct(m) => gated_deltaproduct(m, &x, w, obs)?,
+            TokenMixer::DeltaNet(_) => {
+                return Err(EngineError::Invalid {
+                    field: "model_type",
+                    expected: "gated_deltanet or gated_deltaproduct for the reference forward".into(),
+                    actual: "delta_net".into(),
+                })
+            }
         };
         let r = (h + a)?;
         let x = ops::rms_norm(&r, &b.mlp_norm.weight, b.mlp_norm.eps)?;
