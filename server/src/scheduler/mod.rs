@@ -54,13 +54,18 @@ impl SchedulerHandle {
             self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SchedulerError::QueueFull { waiting: prev, limit });
         }
-        // The channel holds at most `max_queue` requests (the count above), so it is never
-        // full here; a failure means the thread is gone.
-        if self.tx.try_send(req).is_err() {
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(SchedulerError::Stopped);
+        // The count above lags the engine thread's own by at most a step, so the bounded channel
+        // can still be full in a burst: that is the same answer, the queue is full.
+        match self.tx.try_send(req) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                Err(match e {
+                    mpsc::error::TrySendError::Full(_) => SchedulerError::QueueFull { waiting: limit, limit },
+                    mpsc::error::TrySendError::Closed(_) => SchedulerError::Stopped,
+                })
+            }
         }
-        Ok(())
     }
 
     /// Requests waiting or running.
@@ -213,5 +218,56 @@ impl Scheduler {
                 i += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> GenParams {
+        GenParams {
+            n: 1,
+            max_tokens: 4,
+            sampling: Default::default(),
+            stop: vec![],
+            stop_token_ids: vec![],
+            ignore_eos: false,
+            logprobs: None,
+            prompt_logprobs: false,
+        }
+    }
+
+    #[test]
+    fn a_full_channel_is_a_full_queue_and_a_closed_one_a_stopped_engine() {
+        let (tx, rx) = mpsc::channel(1);
+        let handle = SchedulerHandle { tx, shared: Arc::new(Shared::default()), max_queue: 8 };
+        let (a, _ra) = GenRequest::new("a".into(), vec![1], params());
+        assert_eq!(handle.submit(a), Ok(()));
+        let (b, _rb) = GenRequest::new("b".into(), vec![1], params());
+        assert_eq!(handle.submit(b), Err(SchedulerError::QueueFull { waiting: 8, limit: 8 }));
+        assert_eq!(handle.in_flight(), 1, "the refused request is not counted");
+        drop(rx);
+        let (c, _rc) = GenRequest::new("c".into(), vec![1], params());
+        assert_eq!(handle.submit(c), Err(SchedulerError::Stopped));
+    }
+
+    #[test]
+    fn the_event_channel_holds_every_event_a_request_can_produce() {
+        let (req, mut rx) = GenRequest::new("r".into(), vec![1, 2, 3], GenParams { n: 2, ..params() });
+        // Prompt logprobs for each prompt token, then per choice 4 tokens, a text and a finish,
+        // then an error: all fit without a reader.
+        for _ in 0..3 {
+            req.events.try_send(Event::PromptLogprobs(vec![])).unwrap();
+        }
+        for choice in 0..2 {
+            for _ in 0..4 {
+                req.events.try_send(Event::Token { choice, text: String::new(), logprob: None }).unwrap();
+            }
+            req.events.try_send(Event::Text { choice, text: String::new() }).unwrap();
+            req.events.try_send(Event::Finished { choice, reason: FinishReason::Length, tokens: 4 }).unwrap();
+        }
+        req.events.try_send(Event::Error(SchedulerError::ShutDown)).unwrap();
+        assert!(matches!(rx.try_recv(), Ok(Event::PromptLogprobs(_))));
     }
 }
