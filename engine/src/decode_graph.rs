@@ -40,7 +40,8 @@ struct Entry {
 }
 
 // SAFETY: a CudaGraph is a pair of driver handles that the cache uses from one thread at a time
-// (the pool is `&mut` for every decode); the handles themselves are not tied to a thread.
+// (`DecodeGraphs::decode` takes `&mut self`; the engine keeps it behind a mutex); the handles
+// themselves are not tied to a thread.
 unsafe impl Send for Entry {}
 
 /// Captured decode steps of one model over one state pool.
