@@ -46,6 +46,20 @@ async fn serve(model: &str) -> (String, Engine) {
     (base, Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap())
 }
 
+/// `n` greedy tokens after `prompt`, from the engine run directly.
+fn engine_greedy(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
+    let mut pool = engine.new_pool(1).unwrap();
+    let s = pool.allocate().unwrap();
+    let mut logits = engine.prefill(&mut pool, s, &engine.encode(prompt).unwrap(), Logits::Last).unwrap();
+    let mut ids = vec![];
+    for _ in 0..n {
+        let t = argmax(&logits.to_vec1::<f32>().unwrap());
+        ids.push(t);
+        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
+    }
+    ids
+}
+
 #[tokio::test]
 async fn delta_net_is_served_with_the_engine_s_greedy_tokens() {
     let (base, engine) = serve("delta_net-gated").await;
@@ -58,15 +72,7 @@ async fn delta_net_is_served_with_the_engine_s_greedy_tokens() {
         .json()
         .await
         .unwrap();
-    let mut pool = engine.new_pool(1).unwrap();
-    let s = pool.allocate().unwrap();
-    let mut logits = engine.prefill(&mut pool, s, &engine.encode("class A:").unwrap(), Logits::Last).unwrap();
-    let mut ids = vec![];
-    for _ in 0..6 {
-        let t = argmax(&logits.to_vec1::<f32>().unwrap());
-        ids.push(t);
-        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
-    }
+    let ids = engine_greedy(&engine, "class A:", 6);
     assert_eq!(r["choices"][0]["text"], engine.tokenizer().decode(&ids, true).unwrap(), "{r}");
     assert_eq!(r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 6, "{r}");
 }
@@ -86,15 +92,7 @@ async fn in_process_router_serves_greedy_completions_and_refusals() {
         .await
         .unwrap();
     // The same greedy tokens as the engine run directly.
-    let mut pool = engine.new_pool(1).unwrap();
-    let s = pool.allocate().unwrap();
-    let mut ids = vec![];
-    let mut logits = engine.prefill(&mut pool, s, &engine.encode(prompt).unwrap(), Logits::Last).unwrap();
-    for _ in 0..5 {
-        let t = argmax(&logits.to_vec1::<f32>().unwrap());
-        ids.push(t);
-        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
-    }
+    let ids = engine_greedy(&engine, prompt, 5);
     assert_eq!(r["choices"][0]["text"], engine.tokenizer().decode(&ids, true).unwrap(), "{r}");
     assert_eq!(r["usage"]["completion_tokens"], 5);
 
