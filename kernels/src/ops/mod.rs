@@ -1,7 +1,8 @@
 //! The device-dispatching interface: candle tensors in, candle tensors out, states in slots.
 //!
-//! Every op returns f32 tensors: the mixer computes in fp32 whatever the activation dtype
-//! (model-spec.md "numerics"); callers cast back.
+//! The mixer's ops (conv, prep, step, prefill) return f32 tensors: the mixer computes in fp32
+//! whatever the activation dtype (model-spec.md "numerics"). The norm, SwiGLU and GEMV write the
+//! dtype they are asked for or were given.
 //!
 //! One file per op family, mirroring `cpu/` and `cuda/`: [`conv`], [`prep`], [`norm`],
 //! [`gemv`], [`step`] and [`prefill`]. The dispatchers check shapes and pick the device's
