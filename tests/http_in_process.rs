@@ -109,4 +109,8 @@ async fn in_process_router_serves_greedy_completions_and_refusals() {
 
     let res = client.post(format!("{base}/v1/completions")).json(&json!({"prompt": "x", "model": "other"})).send().await.unwrap();
     assert_eq!(res.status(), 404);
+
+    // The completion above was counted where Prometheus reads it.
+    let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(text.lines().any(|l| l.starts_with("deltaserve:generation_tokens_total") && l.ends_with(" 5")), "{text}");
 }

@@ -135,7 +135,7 @@ impl Metrics {
     }
 
     /// The text exposition format.
-    pub fn render(&self) -> String {
-        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
+    pub fn render(&self) -> prometheus::Result<String> {
+        TextEncoder::new().encode_to_string(&self.registry.gather())
     }
 }

@@ -182,8 +182,9 @@ async fn ready(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let text = state.metrics.render().map_err(|e| ApiError::Internal(format!("cannot encode the metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
 async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
