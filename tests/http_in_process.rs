@@ -60,18 +60,16 @@ fn engine_greedy(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
     ids
 }
 
+/// POSTs `body` to `{base}/v1/completions` and returns the JSON answer.
+async fn complete(client: &reqwest::Client, base: &str, body: Value) -> Value {
+    client.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap().json().await.unwrap()
+}
+
 #[tokio::test]
 async fn delta_net_is_served_with_the_engine_s_greedy_tokens() {
     let (base, engine) = serve("delta_net-gated").await;
-    let r: Value = reqwest::Client::new()
-        .post(format!("{base}/v1/completions"))
-        .json(&json!({"prompt": "class A:", "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body = json!({"prompt": "class A:", "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 1});
+    let r = complete(&reqwest::Client::new(), &base, body).await;
     let ids = engine_greedy(&engine, "class A:", 6);
     assert_eq!(r["choices"][0]["text"], engine.tokenizer().decode(&ids, true).unwrap(), "{r}");
     assert_eq!(r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 6, "{r}");
@@ -82,15 +80,7 @@ async fn in_process_router_serves_greedy_completions_and_refusals() {
     let (base, engine) = serve("gdn").await;
     let client = reqwest::Client::new();
     let prompt = "def add(a, b):";
-    let r: Value = client
-        .post(format!("{base}/v1/completions"))
-        .json(&json!({"prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = complete(&client, &base, json!({"prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": true})).await;
     // The same greedy tokens as the engine run directly.
     let ids = engine_greedy(&engine, prompt, 5);
     assert_eq!(r["choices"][0]["text"], engine.tokenizer().decode(&ids, true).unwrap(), "{r}");

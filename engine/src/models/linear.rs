@@ -70,9 +70,4 @@ impl FusedInput {
     pub fn weight(&self, i: usize) -> Result<Tensor> {
         Ok(self.weight.weight().narrow(0, self.offsets[i], self.offsets[i + 1] - self.offsets[i])?)
     }
-
-    /// The number of parts.
-    pub fn parts(&self) -> usize {
-        self.offsets.len() - 1
-    }
 }
