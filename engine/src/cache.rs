@@ -13,13 +13,31 @@ pub enum CacheSpec {
         /// f32 values of the recurrent state, `[HV, K, V]`.
         recurrent_state: usize,
     },
+    /// A softmax-attention layer: keys and values of every token so far, in the pool's paged
+    /// KV cache (`[block_size, HKV, hd]` f32 per block, keys after RoPE).
+    Attention {
+        /// HKV.
+        kv_heads: usize,
+        /// hd.
+        head_dim: usize,
+    },
 }
 
 impl CacheSpec {
-    /// Bytes per sequence.
+    /// Bytes per sequence of the fixed-size part (recurrent layers; attention layers grow by
+    /// [`Self::bytes_per_token`]).
     pub fn bytes_per_sequence(&self) -> usize {
         match *self {
             CacheSpec::Recurrent { conv_state, recurrent_state } => (conv_state + recurrent_state) * std::mem::size_of::<f32>(),
+            CacheSpec::Attention { .. } => 0,
+        }
+    }
+
+    /// Bytes per cached token (keys and values; 0 for recurrent layers).
+    pub fn bytes_per_token(&self) -> usize {
+        match *self {
+            CacheSpec::Recurrent { .. } => 0,
+            CacheSpec::Attention { kv_heads, head_dim } => 2 * kv_heads * head_dim * std::mem::size_of::<f32>(),
         }
     }
 }

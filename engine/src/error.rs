@@ -126,6 +126,16 @@ pub enum EngineError {
         /// The value given.
         actual: String,
     },
+    /// The paged KV cache has no room for a sequence's next tokens.
+    #[error("KV cache full: {needed} more blocks of {block_size} tokens needed, {available} available")]
+    KvCacheFull {
+        /// Blocks the pass needs.
+        needed: usize,
+        /// Blocks it could take.
+        available: usize,
+        /// Tokens per block.
+        block_size: usize,
+    },
     /// A kernel failed.
     #[error(transparent)]
     Kernel(#[from] deltaserve_kernels::KernelError),

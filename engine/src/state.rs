@@ -1,12 +1,18 @@
-//! The batched-state cache: a fixed pool of per-sequence slots that replaces a KV cache.
+//! The batched-state cache: a fixed pool of per-sequence slots that replaces a KV cache, with
+//! a paged KV cache beside it for the attention layers of hybrid models.
 //!
-//! Per layer a slot holds:
+//! Per recurrent layer a slot holds:
 //! - `conv_state` `[C, W]` f32: the last W pre-conv inputs of the concatenated `[q | k | v]`
 //!   projections, oldest first (model-spec.md §3.2, W not W−1). Kept in f32 on the CPU: the
 //!   values are exact copies of the activation-dtype projections.
 //! - `recurrent_state` `[HV, K, V]` fp32, K-major, for both architectures: the rank-1 write
 //!   and the read-out then stream contiguous V-rows. fla stores GDN's state V-first
 //!   (`state_v_first`); that only matters for cache interchange, which we do not do.
+//!
+//! Attention layers keep keys and values in fixed-size blocks of `block_size` tokens. A slot
+//! owns a block table (logical block → physical block) shared by every attention layer, and a
+//! count of the tokens it has seen (its next position). Blocks can be *reserved* for a slot
+//! ahead of use, so that a sequence admitted with room for its whole output never runs short.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,7 +39,7 @@ impl std::fmt::Display for SlotId {
     }
 }
 
-/// One layer's states for every slot.
+/// One recurrent layer's states for every slot.
 #[derive(Debug, Clone)]
 pub struct LayerState {
     /// `[slots, C, W]` f32, C = H·K + n·(H·K + HV·Vd).
@@ -42,14 +48,90 @@ pub struct LayerState {
     pub recurrent_state: SlotBuffer,
 }
 
-/// A fixed number of sequence slots, each with every layer's conv and recurrent state. Plain
-/// data: the model reads and writes it, the engine decides how a step runs.
+/// One attention layer's paged keys and values: `[blocks, block_size, HKV, hd]` f32 each.
+#[derive(Debug, Clone)]
+pub struct KvLayer {
+    /// Keys after RoPE.
+    pub k: SlotBuffer,
+    /// Values.
+    pub v: SlotBuffer,
+}
+
+/// One layer's cache for every slot.
+#[derive(Debug, Clone)]
+pub enum LayerCache {
+    /// A recurrent layer's conv and recurrent states.
+    Recurrent(LayerState),
+    /// An attention layer's KV blocks.
+    Attention(KvLayer),
+}
+
+impl LayerCache {
+    /// The recurrent states, if this is a recurrent layer.
+    pub fn recurrent(&self) -> Option<&LayerState> {
+        match self {
+            Self::Recurrent(s) => Some(s),
+            Self::Attention(_) => None,
+        }
+    }
+
+    /// The recurrent states, writable.
+    pub fn recurrent_mut(&mut self) -> Result<&mut LayerState> {
+        match self {
+            Self::Recurrent(s) => Ok(s),
+            Self::Attention(_) => Err(mismatch("a recurrent layer's cache", "an attention layer's")),
+        }
+    }
+
+    /// The KV blocks, writable.
+    pub fn kv_mut(&mut self) -> Result<&mut KvLayer> {
+        match self {
+            Self::Attention(s) => Ok(s),
+            Self::Recurrent(_) => Err(mismatch("an attention layer's cache", "a recurrent layer's")),
+        }
+    }
+}
+
+fn mismatch(expected: &str, actual: &str) -> EngineError {
+    EngineError::Invalid { field: "pool", expected: expected.into(), actual: actual.into() }
+}
+
+/// Tokens per KV block.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// Where each sequence of one pass reads and writes the KV cache.
+#[derive(Debug, Clone, Default)]
+pub struct KvPlan {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Per sequence of the pass: tokens already cached (its first new position).
+    pub starts: Vec<usize>,
+    /// Per sequence: its block table, covering the pass's new tokens (empty without
+    /// attention layers).
+    pub tables: Vec<Vec<u32>>,
+    /// Row offsets of the sequences in the pass, `starts.len() + 1` entries.
+    pub cu: Vec<usize>,
+}
+
+/// A fixed number of sequence slots, each with every recurrent layer's state, and a paged KV
+/// cache for the attention layers. Plain data: the model reads and writes it, the engine
+/// decides how a step runs.
 #[derive(Debug)]
 pub struct StatePool {
     id: u64,
-    layers: Vec<LayerState>,
+    layers: Vec<LayerCache>,
     in_use: Vec<bool>,
     free: Vec<usize>,
+    /// Tokens each slot has run through the model.
+    seen: Vec<usize>,
+    block_size: usize,
+    /// KV blocks in all (0 without attention layers).
+    total_blocks: usize,
+    free_blocks: Vec<u32>,
+    /// Per slot: its physical blocks in logical order.
+    tables: Vec<Vec<u32>>,
+    /// Per slot: blocks promised to it (held ones included).
+    reserved: Vec<usize>,
 }
 
 /// Identifies a pool's buffers (a clone gets a new id: its buffers are its own).
@@ -60,41 +142,95 @@ fn next_pool_id() -> u64 {
 
 impl Clone for StatePool {
     fn clone(&self) -> Self {
-        Self { id: next_pool_id(), layers: self.layers.clone(), in_use: self.in_use.clone(), free: self.free.clone() }
+        Self {
+            id: next_pool_id(),
+            layers: self.layers.clone(),
+            in_use: self.in_use.clone(),
+            free: self.free.clone(),
+            seen: self.seen.clone(),
+            block_size: self.block_size,
+            total_blocks: self.total_blocks,
+            free_blocks: self.free_blocks.clone(),
+            tables: self.tables.clone(),
+            reserved: self.reserved.clone(),
+        }
+    }
+}
+
+/// Sizes of the pool's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    /// Sequence slots.
+    pub slots: usize,
+    /// KV blocks shared by all slots (ignored without attention layers).
+    pub kv_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl PoolSize {
+    /// `slots` slots with room for `tokens_per_slot` cached tokens each.
+    pub fn for_tokens(slots: usize, tokens_per_slot: usize) -> Self {
+        Self { slots, kv_blocks: slots * tokens_per_slot.div_ceil(DEFAULT_BLOCK_SIZE), block_size: DEFAULT_BLOCK_SIZE }
     }
 }
 
 impl StatePool {
-    /// Allocates `slots` zeroed slots for layers that declare `specs`, in host memory.
+    /// Allocates `slots` zeroed slots for layers that declare `specs`, in host memory, without
+    /// KV blocks (recurrent models).
     pub fn new(specs: &[CacheSpec], slots: usize) -> Self {
-        let Ok(layers) = Self::layers(specs, |per_slot| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(slots, per_slot)));
-        Self::from_layers(layers, slots)
+        let size = PoolSize { slots, kv_blocks: 0, block_size: DEFAULT_BLOCK_SIZE };
+        let Ok(layers) = Self::layers(specs, size, |n, per| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(n, per)));
+        Self::from_layers(layers, size)
     }
 
     /// Allocates the pool on `device` (GPU memory for CUDA, where kernels update slots in place).
-    pub fn new_on(specs: &[CacheSpec], slots: usize, device: &Device) -> Result<Self> {
-        let layers = Self::layers(specs, |per_slot| SlotBuffer::zeros_on(slots, per_slot, device))?;
-        Ok(Self::from_layers(layers, slots))
+    pub fn new_on(specs: &[CacheSpec], size: PoolSize, device: &Device) -> Result<Self> {
+        if size.block_size == 0 {
+            return Err(EngineError::Invalid { field: "block_size", expected: "> 0".into(), actual: "0".into() });
+        }
+        let layers = Self::layers(specs, size, |n, per| SlotBuffer::zeros_on(n, per, device))?;
+        Ok(Self::from_layers(layers, size))
     }
 
-    /// Every layer's buffers, made by `zeros(values per slot)`.
+    /// Every layer's buffers, made by `zeros(count, values each)`.
     fn layers<E>(
         specs: &[CacheSpec],
-        mut zeros: impl FnMut(usize) -> std::result::Result<SlotBuffer, E>,
-    ) -> std::result::Result<Vec<LayerState>, E> {
+        size: PoolSize,
+        mut zeros: impl FnMut(usize, usize) -> std::result::Result<SlotBuffer, E>,
+    ) -> std::result::Result<Vec<LayerCache>, E> {
         specs
             .iter()
             .map(|s| match *s {
-                CacheSpec::Recurrent { conv_state, recurrent_state } => {
-                    Ok(LayerState { conv_state: zeros(conv_state)?, recurrent_state: zeros(recurrent_state)? })
+                CacheSpec::Recurrent { conv_state, recurrent_state } => Ok(LayerCache::Recurrent(LayerState {
+                    conv_state: zeros(size.slots, conv_state)?,
+                    recurrent_state: zeros(size.slots, recurrent_state)?,
+                })),
+                CacheSpec::Attention { kv_heads, head_dim } => {
+                    let per_block = size.block_size * kv_heads * head_dim;
+                    Ok(LayerCache::Attention(KvLayer { k: zeros(size.kv_blocks, per_block)?, v: zeros(size.kv_blocks, per_block)? }))
                 }
             })
             .collect()
     }
 
-    fn from_layers(layers: Vec<LayerState>, slots: usize) -> Self {
+    fn from_layers(layers: Vec<LayerCache>, size: PoolSize) -> Self {
+        let has_kv = layers.iter().any(|l| matches!(l, LayerCache::Attention(_)));
+        let total_blocks = if has_kv { size.kv_blocks } else { 0 };
+        let slots = size.slots;
         // Lowest index first, so slot order is predictable in logs.
-        Self { id: next_pool_id(), layers, in_use: vec![false; slots], free: (0..slots).rev().collect() }
+        Self {
+            id: next_pool_id(),
+            layers,
+            in_use: vec![false; slots],
+            free: (0..slots).rev().collect(),
+            seen: vec![0; slots],
+            block_size: size.block_size,
+            total_blocks,
+            free_blocks: (0..total_blocks as u32).rev().collect(),
+            tables: vec![Vec::new(); slots],
+            reserved: vec![0; slots],
+        }
     }
 
     /// This pool's identity (decode graphs are bound to one pool's buffers).
@@ -104,12 +240,20 @@ impl StatePool {
 
     /// Whether the buffers live in host memory.
     pub fn is_host(&self) -> bool {
-        self.layers.first().is_none_or(|l| l.recurrent_state.is_host())
+        self.layers.iter().all(|l| match l {
+            LayerCache::Recurrent(s) => s.recurrent_state.is_host(),
+            LayerCache::Attention(kv) => kv.k.is_host(),
+        })
     }
 
     /// Layers in the pool.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Whether any layer keeps a KV cache.
+    pub fn has_kv(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerCache::Attention(_)))
     }
 
     /// Total slots.
@@ -122,42 +266,186 @@ impl StatePool {
         self.capacity() - self.free.len()
     }
 
-    /// Bytes of state per slot across all layers.
+    /// Bytes of fixed-size state per slot across all layers.
     pub fn bytes_per_slot(&self) -> usize {
-        self.layers.iter().map(|l| l.conv_state.bytes_per_slot() + l.recurrent_state.bytes_per_slot()).sum()
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Recurrent(s) => s.conv_state.bytes_per_slot() + s.recurrent_state.bytes_per_slot(),
+                LayerCache::Attention(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Bytes of one KV block across all attention layers.
+    pub fn bytes_per_block(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Recurrent(_) => 0,
+                LayerCache::Attention(kv) => kv.k.bytes_per_slot() + kv.v.bytes_per_slot(),
+            })
+            .sum()
+    }
+
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// KV blocks in all.
+    pub fn kv_blocks_total(&self) -> usize {
+        self.total_blocks
+    }
+
+    /// KV blocks held by sequences.
+    pub fn kv_blocks_used(&self) -> usize {
+        self.total_blocks - self.free_blocks.len()
+    }
+
+    /// KV blocks neither held nor promised to a slot.
+    pub fn kv_blocks_available(&self) -> usize {
+        let promised: usize = (0..self.capacity()).map(|s| self.promised(s)).sum();
+        self.free_blocks.len().saturating_sub(promised)
+    }
+
+    /// Blocks that hold `tokens` tokens (0 without attention layers).
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        if self.total_blocks == 0 && !self.has_kv() {
+            return 0;
+        }
+        tokens.div_ceil(self.block_size)
+    }
+
+    /// Blocks promised to `slot` beyond those it holds.
+    fn promised(&self, slot: usize) -> usize {
+        self.reserved[slot].saturating_sub(self.tables[slot].len())
+    }
+
+    /// Tokens `slot` has run through the model (its next position).
+    pub fn seen(&self, slot: SlotId) -> usize {
+        self.seen.get(slot.0).copied().unwrap_or(0)
+    }
+
+    /// Promises `slot` room for `tokens` cached tokens in all. Returns false (and promises
+    /// nothing) when the unpromised free blocks do not cover it.
+    pub fn reserve(&mut self, slot: SlotId, tokens: usize) -> Result<bool> {
+        self.check(slot)?;
+        let want = self.blocks_for(tokens);
+        let extra = want.saturating_sub(self.reserved[slot.0].max(self.tables[slot.0].len()));
+        if extra > self.kv_blocks_available() {
+            return Ok(false);
+        }
+        self.reserved[slot.0] = self.reserved[slot.0].max(want);
+        Ok(true)
+    }
+
+    /// Makes `slot`'s table cover `tokens` tokens, from its promise or the unpromised blocks.
+    fn ensure_blocks(&mut self, slot: usize, tokens: usize) -> Result<()> {
+        let want = self.blocks_for(tokens);
+        let need = want.saturating_sub(self.tables[slot].len());
+        if need == 0 {
+            return Ok(());
+        }
+        if need > self.promised(slot) + self.kv_blocks_available() {
+            return Err(EngineError::KvCacheFull {
+                needed: need,
+                available: self.promised(slot) + self.kv_blocks_available(),
+                block_size: self.block_size,
+            });
+        }
+        for _ in 0..need {
+            let b = self.free_blocks.pop().ok_or(EngineError::KvCacheFull { needed: need, available: 0, block_size: self.block_size })?;
+            self.tables[slot].push(b);
+        }
+        Ok(())
+    }
+
+    /// Plans a pass in which `slots[s]` runs `lens[s]` new tokens: takes the blocks they need
+    /// and returns where each starts and its table.
+    pub(crate) fn plan(&mut self, slots: &[usize], lens: &[usize]) -> Result<KvPlan> {
+        let mut plan = KvPlan { block_size: self.block_size, starts: Vec::with_capacity(slots.len()), tables: Vec::new(), cu: vec![0] };
+        let kv = self.has_kv();
+        for (&s, &n) in slots.iter().zip(lens) {
+            plan.starts.push(self.seen[s]);
+            plan.cu.push(plan.cu[plan.cu.len() - 1] + n);
+            if kv {
+                self.ensure_blocks(s, self.seen[s] + n)?;
+                plan.tables.push(self.tables[s].clone());
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Records that `slots[s]` ran `lens[s]` more tokens.
+    pub(crate) fn advance(&mut self, slots: &[usize], lens: &[usize]) {
+        for (&s, &n) in slots.iter().zip(lens) {
+            self.seen[s] += n;
+        }
     }
 
     /// Takes a free slot and zeroes it, so nothing of its previous owner survives.
     pub fn allocate(&mut self) -> Option<SlotId> {
         let s = self.free.pop()?;
         for l in &mut self.layers {
-            // Cannot fail: `s` comes from the free list of this pool.
-            let _ = l.conv_state.zero(s);
-            let _ = l.recurrent_state.zero(s);
+            if let LayerCache::Recurrent(l) = l {
+                // Cannot fail: `s` comes from the free list of this pool.
+                let _ = l.conv_state.zero(s);
+                let _ = l.recurrent_state.zero(s);
+            }
         }
         self.in_use[s] = true;
+        self.seen[s] = 0;
         Some(SlotId(s))
     }
 
-    /// Takes a free slot holding a copy of `src`'s state (sharing one prompt's prefill).
+    /// Takes a free slot holding a copy of `src`'s state and KV blocks (sharing one prompt's
+    /// prefill). `None` when no slot, or not enough unpromised KV blocks, is free.
     pub fn fork(&mut self, src: SlotId) -> Result<Option<SlotId>> {
         self.check(src)?;
-        let Some(s) = self.free.pop() else {
+        let blocks = self.tables[src.0].len();
+        if self.free.is_empty() || blocks > self.kv_blocks_available() {
             return Ok(None);
-        };
-        for l in &mut self.layers {
-            l.conv_state.copy_slot(src.0, s)?;
-            l.recurrent_state.copy_slot(src.0, s)?;
         }
+        let Some(s) = self.free.pop() else { return Ok(None) };
+        let mut table = Vec::with_capacity(blocks);
+        for _ in 0..blocks {
+            table.push(self.free_blocks.pop().ok_or(EngineError::KvCacheFull {
+                needed: blocks,
+                available: 0,
+                block_size: self.block_size,
+            })?);
+        }
+        for l in &mut self.layers {
+            match l {
+                LayerCache::Recurrent(l) => {
+                    l.conv_state.copy_slot(src.0, s)?;
+                    l.recurrent_state.copy_slot(src.0, s)?;
+                }
+                LayerCache::Attention(kv) => {
+                    for (&from, &to) in self.tables[src.0].iter().zip(&table) {
+                        kv.k.copy_slot(from as usize, to as usize)?;
+                        kv.v.copy_slot(from as usize, to as usize)?;
+                    }
+                }
+            }
+        }
+        self.tables[s] = table;
+        self.reserved[s] = blocks;
+        self.seen[s] = self.seen[src.0];
         self.in_use[s] = true;
         Ok(Some(SlotId(s)))
     }
 
-    /// Returns a slot to the pool. Releasing a free slot is an error, not a double free.
+    /// Returns a slot and its KV blocks to the pool. Releasing a free slot is an error, not a
+    /// double free.
     pub fn release(&mut self, slot: SlotId) -> Result<()> {
         self.check(slot)?;
         self.in_use[slot.0] = false;
         self.free.push(slot.0);
+        self.free_blocks.extend(self.tables[slot.0].drain(..).rev());
+        self.reserved[slot.0] = 0;
+        self.seen[slot.0] = 0;
         Ok(())
     }
 
@@ -169,13 +457,13 @@ impl StatePool {
         Ok(())
     }
 
-    /// Layer `i`'s states.
-    pub fn layer_mut(&mut self, i: usize) -> &mut LayerState {
+    /// Layer `i`'s cache.
+    pub fn layer_mut(&mut self, i: usize) -> &mut LayerCache {
         &mut self.layers[i]
     }
 
-    /// Layer `i`'s states, read-only.
-    pub fn layer(&self, i: usize) -> &LayerState {
+    /// Layer `i`'s cache, read-only.
+    pub fn layer(&self, i: usize) -> &LayerCache {
         &self.layers[i]
     }
 }

@@ -111,7 +111,7 @@ impl SlotBuffer {
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn host(&self, op: &'static str) -> Result<&Vec<f32>> {
+    pub(crate) fn host(&self, op: &'static str) -> Result<&Vec<f32>> {
         match &self.store {
             Store::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
@@ -120,7 +120,7 @@ impl SlotBuffer {
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn host_mut(&mut self, op: &'static str) -> Result<&mut Vec<f32>> {
+    pub(crate) fn host_mut(&mut self, op: &'static str) -> Result<&mut Vec<f32>> {
         match &mut self.store {
             Store::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]

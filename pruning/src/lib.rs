@@ -173,7 +173,12 @@ pub struct Report {
 }
 
 fn check_prunable(cfg: &ModelConfig) -> Result<(), PruneError> {
-    // Hybrid and other unsupported configs are refused by the config parser already.
+    if cfg.is_hybrid() || cfg.family != deltaserve_engine::config::Family::Fla {
+        return Err(PruneError::Unsupported(format!(
+            "`{}` with attention layers: pruning covers fla's pure gated_deltanet and gated_deltaproduct",
+            cfg.model_type()
+        )));
+    }
     if cfg.model_type() == deltaserve_engine::config::DELTA_NET {
         return Err(PruneError::Unsupported("`delta_net`: pruning covers gated_deltanet and gated_deltaproduct".into()));
     }
@@ -219,7 +224,8 @@ fn rank_stats(model: &CausalLm, windows: &[Vec<u32>]) -> Result<RankStats, Prune
         let s = pool.allocate().ok_or_else(|| PruneError::Unsupported("empty pool".into()))?;
         model.prefill(&mut pool, s, w, Logits::Last, PrefillAlgo::Chunked)?;
         for (l, row) in sr.iter_mut().enumerate() {
-            let st = pool.layer(l).recurrent_state.slot_to_vec(s.index()).map_err(deltaserve_engine::EngineError::from)?;
+            let st = pool.layer(l).recurrent().ok_or_else(|| PruneError::Unsupported("attention layer".into()))?;
+            let st = st.recurrent_state.slot_to_vec(s.index()).map_err(deltaserve_engine::EngineError::from)?;
             for (j, acc) in row.iter_mut().enumerate() {
                 *acc += rrqr::stable_rank(&st[j * k * v..(j + 1) * k * v], k, v) / windows.len() as f64;
             }

@@ -1,10 +1,14 @@
-//! One decoder block: `r = h + token_mixer(attn_norm h)`, `h = r + channel_mixer(mlp_norm r)`
-//! (model-spec.md §1.3 "Block"). The residual stream `h` stays fp32 whatever the compute dtype
-//! (fla rounds it to bf16 between blocks, §3.6.8; keeping it cuts bf16 logit error by about a
-//! third on the fixtures), so `fuse_norm` changes nothing here.
+//! One decoder block. Pre-norm (fla, Qwen3.5, OLMo-Hybrid's linear layers):
+//! `r = h + token_mixer(attn_norm h)`, `h = r + channel_mixer(mlp_norm r)` (model-spec.md §1.3
+//! "Block"). Post-norm (OLMo-Hybrid's attention layers, hybrid-spec.md §5.3):
+//! `r = h + attn_norm(token_mixer h)`, `h = r + mlp_norm(channel_mixer r)`. The residual stream
+//! `h` stays fp32 whatever the compute dtype (fla rounds it to bf16 between blocks, §3.6.8;
+//! keeping it cuts bf16 logit error by about a third on the fixtures), so `fuse_norm` changes
+//! nothing here.
 
 use candle_core::{DType, Tensor};
 
+use super::attention::Attention;
 use super::batch::Pass;
 use super::delta_net::DeltaNet;
 use super::gated_deltanet::GatedDeltaNet;
@@ -13,7 +17,7 @@ use super::mlp::Mlp;
 use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
 use crate::error::Result;
-use crate::state::LayerState;
+use crate::state::{KvPlan, LayerCache};
 
 /// A layer's token mixer: mixes along the sequence, with a per-sequence cache.
 #[derive(Debug, Clone)]
@@ -24,6 +28,8 @@ pub enum TokenMixer {
     GatedDeltaProduct(GatedDeltaProduct),
     /// [`DeltaNet`].
     DeltaNet(DeltaNet),
+    /// Softmax [`Attention`] (hybrid models).
+    Attention(Attention),
 }
 
 impl TokenMixer {
@@ -33,11 +39,17 @@ impl TokenMixer {
             Self::GatedDeltaNet(m) => m.cache(),
             Self::GatedDeltaProduct(m) => m.cache(),
             Self::DeltaNet(m) => m.cache(),
+            Self::Attention(m) => m.cache(),
         }
     }
 
-    /// `x` `[N, D]` (compute dtype) → `[N, D]`, reading and updating the slots' caches.
-    pub fn forward(&self, x: &Tensor, cache: &mut LayerState, pass: &Pass<'_>) -> Result<Tensor> {
+    /// `x` `[N, D]` (compute dtype) → `[N, D]`, reading and updating the slots' caches; `kv`
+    /// says where each sequence sits in the KV cache.
+    pub fn forward(&self, x: &Tensor, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Tensor> {
+        if let Self::Attention(m) = self {
+            return m.forward(x, cache.kv_mut()?, kv);
+        }
+        let cache = cache.recurrent_mut()?;
         match (self, pass) {
             (Self::GatedDeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
             (Self::GatedDeltaNet(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
@@ -45,6 +57,7 @@ impl TokenMixer {
             (Self::GatedDeltaProduct(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
             (Self::DeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
             (Self::DeltaNet(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
+            (Self::Attention(_), _) => unreachable!("handled above"),
         }
     }
 }
@@ -65,10 +78,20 @@ impl ChannelMixer {
     }
 }
 
-/// One pre-norm block.
+/// Where a block's norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// Before each sub-block, on its input.
+    Pre,
+    /// After each sub-block, on its output (no input norm).
+    Post,
+}
+
+/// One decoder block.
 #[derive(Debug, Clone)]
 pub struct Block {
     pub(crate) layer_idx: usize,
+    pub(crate) placement: NormPlacement,
     pub(crate) attn_norm: RmsNorm,
     pub(crate) attn: TokenMixer,
     pub(crate) mlp_norm: RmsNorm,
@@ -78,10 +101,17 @@ pub struct Block {
 impl Block {
     /// `res` is the fp32 residual stream; norms run in fp32 and their outputs are rounded to the
     /// compute dtype `act` for the projections.
-    pub fn forward(&self, res: &Residual, act: DType, cache: &mut LayerState, pass: &Pass<'_>) -> Result<Residual> {
+    pub fn forward(&self, res: &Residual, act: DType, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Residual> {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
+        if self.placement == NormPlacement::Post {
+            let h = res.sum()?;
+            let a = self.attn.forward(&h.to_dtype(act)?, cache, pass, kv)?;
+            let r = (h + self.attn_norm.forward(&a)?)?;
+            let m = self.mlp.forward(&r.to_dtype(act)?)?;
+            return Ok(Residual { delta: Some(self.mlp_norm.forward(&m)?), h: r });
+        }
         let (h, x) = self.attn_norm.add_forward(res, act)?;
-        let a = self.attn.forward(&x, cache, pass)?;
+        let a = self.attn.forward(&x, cache, pass, kv)?;
         let (r, x) = self.mlp_norm.add_forward(&Residual { h, delta: Some(a) }, act)?;
         Ok(Residual { h: r, delta: Some(self.mlp.forward(&x)?) })
     }

@@ -1,13 +1,15 @@
 //! The causal LM: embeddings, a stack of [`Block`]s, the final norm and `lm_head`
-//! (model-spec.md §1.3). fla's checkpoint names are mapped here; the math lives in the layers.
+//! (model-spec.md §1.3). Each family's checkpoint names are mapped here (fla; transformers'
+//! Qwen3.5 and OLMo-Hybrid, hybrid-spec.md §3.2, §5.2); the math lives in the layers.
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::ops::PrefillAlgo;
 use deltaserve_kernels::StepSlots;
 
+use super::attention::Attention;
 use super::batch::{Packed, Pass};
-use super::block::{Block, ChannelMixer, TokenMixer};
+use super::block::{Block, ChannelMixer, NormPlacement, TokenMixer};
 use super::delta_net::DeltaNet;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
@@ -15,9 +17,9 @@ use super::linear::project;
 use super::mlp::Mlp;
 use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, Family, LayerKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::state::{SlotId, StatePool};
+use crate::state::{PoolSize, SlotId, StatePool};
 use crate::weights::{Checkpoint, Weights};
 
 /// Which logits a prefill returns.
@@ -46,32 +48,82 @@ pub struct CausalLm {
 impl CausalLm {
     /// Builds the model from a checkpoint, in `dtype` on `device`.
     pub fn load(cfg: &ModelConfig, ckpt: &Checkpoint, dtype: DType, device: &Device, check_weights: bool) -> Result<Self> {
+        if cfg.is_hybrid() && !device.is_cpu() {
+            return Err(EngineError::Invalid {
+                field: "device",
+                expected: format!("cpu for `{}` with attention layers (they have no GPU kernels yet)", cfg.model_type()),
+                actual: format!("{device:?}"),
+            });
+        }
         let root = Weights::new(ckpt, dtype, device, check_weights);
         let (d, vocab, eps) = (cfg.common.hidden_size, cfg.common.vocab_size, cfg.common.norm_eps);
-        let m = root.pp("model");
-        let embeddings = m.pp("embeddings").get(&[vocab, d], "weight")?;
+        let skipped = ckpt.names().iter().filter(|n| n.starts_with("model.visual.") || n.starts_with("mtp.")).count();
+        if skipped > 0 {
+            tracing::info!(
+                tensors = skipped,
+                "skipping the vision tower (`model.visual.*`) and multi-token-prediction head (`mtp.*`): text only"
+            );
+        }
+        let fla = cfg.family == Family::Fla;
+        let m = match cfg.family {
+            Family::Qwen3_5 if ckpt.contains("model.language_model.embed_tokens.weight") => root.pp("model.language_model"),
+            _ => root.pp("model"),
+        };
+        let embeddings = m.pp(if fla { "embeddings" } else { "embed_tokens" }).get(&[vocab, d], "weight")?;
+        let zero_centred = cfg.family == Family::Qwen3_5;
+        let norm = |w: &crate::weights::Weights<'_>, names: &[&str]| -> Result<RmsNorm> {
+            let name = names.iter().find(|n| w.contains(&format!("{n}.weight"))).unwrap_or(&names[0]);
+            if zero_centred {
+                RmsNorm::load_zero_centred(&w.pp(name), d, eps)
+            } else {
+                RmsNorm::load(&w.pp(name), d, eps)
+            }
+        };
         let mut layers = Vec::with_capacity(cfg.common.num_hidden_layers);
-        for i in 0..cfg.common.num_hidden_layers {
+        for (i, kind) in cfg.layers.iter().enumerate() {
             let l = m.pp("layers").pp(i);
-            let attn = match cfg.arch {
-                Architecture::GatedDeltaNet(_) => TokenMixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &l.pp("attn"))?),
-                Architecture::GatedDeltaProduct(_) => TokenMixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &l.pp("attn"))?),
-                Architecture::DeltaNet(_) => TokenMixer::DeltaNet(DeltaNet::load(cfg, &l.pp("attn"))?),
+            let (mixer, placement, attn_norm, mlp_norm) = match (cfg.family, kind) {
+                (Family::Fla, _) => ("attn", NormPlacement::Pre, vec!["attn_norm"], vec!["mlp_norm"]),
+                (Family::OlmoHybrid, LayerKind::Attention(_)) => (
+                    "self_attn",
+                    NormPlacement::Post,
+                    vec!["post_attention_layernorm", "feedforward_layer_norm"],
+                    vec!["post_feedforward_layernorm"],
+                ),
+                (_, LayerKind::Attention(_)) => {
+                    ("self_attn", NormPlacement::Pre, vec!["input_layernorm"], vec!["post_attention_layernorm"])
+                }
+                (_, LayerKind::Linear) => (
+                    "linear_attn",
+                    NormPlacement::Pre,
+                    vec!["input_layernorm", "attention_layer_norm"],
+                    vec!["post_attention_layernorm", "feedforward_layer_norm"],
+                ),
+            };
+            let w = l.pp(mixer);
+            let attn = match (kind, &cfg.arch) {
+                (LayerKind::Attention(spec), _) => TokenMixer::Attention(Attention::load(spec, &w, d, eps, zero_centred)?),
+                (LayerKind::Linear, _) if !fla => TokenMixer::GatedDeltaNet(GatedDeltaNet::load_transformers(cfg, &w)?),
+                (LayerKind::Linear, Architecture::GatedDeltaNet(_)) => TokenMixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &w)?),
+                (LayerKind::Linear, Architecture::GatedDeltaProduct(_)) => TokenMixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &w)?),
+                (LayerKind::Linear, Architecture::DeltaNet(_)) => TokenMixer::DeltaNet(DeltaNet::load(cfg, &w)?),
             };
             layers.push(Block {
                 layer_idx: i,
-                attn_norm: RmsNorm::load(&l.pp("attn_norm"), d, eps)?,
+                placement,
+                attn_norm: norm(&l, &attn_norm)?,
                 attn,
-                mlp_norm: RmsNorm::load(&l.pp("mlp_norm"), d, eps)?,
+                mlp_norm: norm(&l, &mlp_norm)?,
                 mlp: ChannelMixer::Mlp(Mlp::load(&l.pp("mlp"), d, cfg.intermediate_size())?),
             });
         }
-        let lm_head = if cfg.common.tie_word_embeddings { embeddings.clone() } else { root.get(&[vocab, d], "lm_head.weight")? };
+        let tied = cfg.common.tie_word_embeddings || (!fla && !ckpt.contains("lm_head.weight"));
+        let lm_head = if tied { embeddings.clone() } else { root.get(&[vocab, d], "lm_head.weight")? };
         Ok(Self {
             cfg: cfg.clone(),
             embeddings,
             layers,
-            norm: RmsNorm::load(&m.pp("norm"), d, eps)?,
+            norm: norm(&m, &["norm"])?,
             lm_head: Linear::new(lm_head, None),
             dtype,
             device: device.clone(),
@@ -98,9 +150,15 @@ impl CausalLm {
         self.layers.iter().map(|b| b.attn.cache()).collect()
     }
 
-    /// A state pool of `slots` sequences for this model, on its device.
+    /// A state pool of `slots` sequences for this model, on its device; hybrids get KV blocks
+    /// for `max_position_embeddings` tokens per slot.
     pub fn new_pool(&self, slots: usize) -> Result<StatePool> {
-        StatePool::new_on(&self.cache_specs(), slots, &self.device)
+        self.new_pool_sized(PoolSize::for_tokens(slots, self.cfg.common.max_position_embeddings))
+    }
+
+    /// A state pool of the given size, on this model's device.
+    pub fn new_pool_sized(&self, size: PoolSize) -> Result<StatePool> {
+        StatePool::new_on(&self.cache_specs(), size, &self.device)
     }
 
     /// Errors unless every token id is below `vocab_size`.
@@ -136,10 +194,16 @@ impl CausalLm {
                 actual: format!("{} layers", pool.num_layers()),
             });
         }
+        let (slots, lens): (Vec<usize>, Vec<usize>) = match pass {
+            Pass::Prefill { seqs, .. } => (seqs.slots.to_vec(), seqs.cu.windows(2).map(|w| w[1] - w[0]).collect()),
+            Pass::Decode { slots } => (slots.host.to_vec(), vec![1; slots.host.len()]),
+        };
+        let kv = pool.plan(&slots, &lens)?;
         let mut res = Residual { h, delta: None };
         for b in &self.layers {
-            res = b.forward(&res, self.dtype, pool.layer_mut(b.layer_idx), pass)?;
+            res = b.forward(&res, self.dtype, pool.layer_mut(b.layer_idx), pass, &kv)?;
         }
+        pool.advance(&slots, &lens);
         Ok(res)
     }
 

@@ -8,13 +8,14 @@ use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
 use super::linear::{linear, FusedInput};
-use super::output_head::OutputHead;
+use super::output_head::{HeadNames, OutputHead};
 use super::short_conv::ShortConv;
 use crate::cache::CacheSpec;
-use crate::config::ModelConfig;
+use crate::config::{Family, ModelConfig};
 use crate::error::Result;
 use crate::state::LayerState;
 use crate::weights::Weights;
+use candle_nn::Linear;
 
 /// Parts of the fused input projection, in order (`g` only with an output gate).
 pub(crate) const Q: usize = 0;
@@ -63,6 +64,72 @@ impl GatedDeltaNet {
             (linear(w, key_dim, d, "q_proj.weight")?, linear(w, key_dim, d, "k_proj.weight")?, linear(w, value_dim, d, "v_proj.weight")?);
         let (a, b) = (linear(w, hv, d, "a_proj.weight")?, linear(w, hv, d, "b_proj.weight")?);
         let (out, g) = OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
+        let mut parts = vec![&q, &k, &v, &a, &b];
+        parts.extend(g.as_ref());
+        Ok(Self {
+            input: FusedInput::new(&parts)?,
+            a_log: w.get_f32(&[hv], "A_log")?,
+            dt_bias: w.get_f32(&[hv], "dt_bias")?,
+            conv,
+            out,
+            num_heads: cfg.num_heads(),
+            num_v_heads: hv,
+            head_k_dim: cfg.head_k_dim(),
+            head_v_dim: cfg.head_v_dim(),
+            allow_neg_eigval: cfg.common.allow_neg_eigval,
+            scale: (cfg.head_k_dim() as f32).powf(-0.5),
+        })
+    }
+
+    /// Loads a transformers hybrid's linear-attention layer (`linear_attn`): Qwen3.5's fused
+    /// `in_proj_qkv` / `in_proj_z` / `in_proj_b` / `in_proj_a`, one `conv1d`, `norm`, `out_proj`
+    /// (hybrid-spec.md §3.2), or OLMo-Hybrid's fla names (§5.2). Same math as fla's layer.
+    pub fn load_transformers(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
+        let (d, key_dim, value_dim, hv) = (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
+        let conv_dim = 2 * key_dim + value_dim;
+        let (q, k, v, a, b, g, names);
+        if cfg.family == Family::Qwen3_5 {
+            let qkv = w.get(&[conv_dim, d], "in_proj_qkv.weight")?;
+            let rows = |at: usize, n: usize| -> Result<Linear> { Ok(Linear::new(qkv.narrow(0, at, n)?, None)) };
+            (q, k, v) = (rows(0, key_dim)?, rows(key_dim, key_dim)?, rows(2 * key_dim, value_dim)?);
+            (a, b) = (linear(w, hv, d, "in_proj_a.weight")?, linear(w, hv, d, "in_proj_b.weight")?);
+            names = HeadNames { gate: Some("in_proj_z.weight"), norm: "norm.weight", out: "out_proj.weight" };
+        } else {
+            (q, k, v) = (
+                linear(w, key_dim, d, "q_proj.weight")?,
+                linear(w, key_dim, d, "k_proj.weight")?,
+                linear(w, value_dim, d, "v_proj.weight")?,
+            );
+            (a, b) = (linear(w, hv, d, "a_proj.weight")?, linear(w, hv, d, "b_proj.weight")?);
+            names = HeadNames { gate: Some("g_proj.weight"), norm: "o_norm.weight", out: "o_proj.weight" };
+        }
+        let width = cfg.common.conv_size;
+        let conv = if w.contains("conv1d.weight") {
+            ShortConv::load(w, &[("conv1d", conv_dim, None)], width, true, ConvActivation::Silu)?
+        } else {
+            // OLMo-Hybrid as transformers 5.17 saves it: `conv1d` cut into q/k/v_conv1d at
+            // equal thirds, not at the q/k/v boundaries. Only the concatenation is meaningful.
+            let mut parts = Vec::new();
+            for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+                let key = format!("{name}.weight");
+                let shape = w.shape(&key).filter(|s| s.len() == 3 && s[1] == 1 && s[2] == width).ok_or_else(|| {
+                    crate::error::WeightError::Missing { tensor: w.key("conv1d.weight"), expected: vec![conv_dim, 1, width] }
+                })?;
+                parts.push((name, shape[0], Some(w.get_f32(&shape, &key)?)));
+            }
+            let got: usize = parts.iter().map(|p| p.1).sum();
+            if got != conv_dim {
+                return Err(crate::error::WeightError::Shape {
+                    tensor: w.key("{q,k,v}_conv1d.weight"),
+                    expected: vec![conv_dim, 1, width],
+                    actual: vec![got, 1, width],
+                }
+                .into());
+            }
+            ShortConv::load(w, &parts, width, true, ConvActivation::Silu)?
+        };
+        let (out, gate) = OutputHead::load_named(w, d, (hv, cfg.head_v_dim()), &names, cfg.linear_norm_eps(), cfg.gate_activation())?;
+        g = gate;
         let mut parts = vec![&q, &k, &v, &a, &b];
         parts.extend(g.as_ref());
         Ok(Self {

@@ -1,7 +1,9 @@
 //! A model is embeddings, a stack of blocks and a head; a block is a token mixer (one file per
-//! layer kind: [`gated_deltanet`], [`gated_deltaproduct`], [`delta_net`]) and a channel mixer ([`mlp`]). Each
-//! token mixer declares the per-sequence cache it needs ([`crate::cache::CacheSpec`]).
+//! layer kind: [`gated_deltanet`], [`gated_deltaproduct`], [`delta_net`], and the softmax
+//! [`attention`] of hybrid models) and a channel mixer ([`mlp`]). Each token mixer declares the
+//! per-sequence cache it needs ([`crate::cache::CacheSpec`]).
 
+pub mod attention;
 pub mod batch;
 pub mod block;
 pub mod causal_lm;
@@ -12,6 +14,7 @@ pub mod linear;
 pub mod mlp;
 pub mod norm;
 pub mod output_head;
+pub mod rope;
 pub mod short_conv;
 
 pub use causal_lm::{CausalLm, Logits};

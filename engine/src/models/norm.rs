@@ -19,6 +19,16 @@ impl RmsNorm {
         Ok(Self { weight: w.get_f32(&[dim], "weight")?, eps: eps as f32 })
     }
 
+    /// Loads a zero-centred norm (`x̂·(1 + w)`, transformers' Qwen3.5): `1 + w` in fp32 once.
+    pub fn load_zero_centred(w: &Weights<'_>, dim: usize, eps: f64) -> Result<Self> {
+        Ok(Self { weight: (w.get_f32(&[dim], "weight")? + 1.0)?, eps: eps as f32 })
+    }
+
+    /// `norm(x)` in fp32, returned f32 (post-norm blocks normalise a sub-block's output).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?.contiguous()?, &self.weight, self.eps)?)
+    }
+
     /// Completes the residual stream (`r = h + delta`, fp32) and normalises it into the compute
     /// dtype `act`: returns `(r, norm(r) as act)`. One fused kernel on a GPU (for contiguous
     /// inputs, as the blocks' are).
@@ -48,6 +58,14 @@ pub struct Residual {
 }
 
 impl Residual {
+    /// `h + delta` in fp32.
+    pub fn sum(&self) -> Result<Tensor> {
+        Ok(match &self.delta {
+            Some(d) => (d.to_dtype(DType::F32)? + &self.h)?,
+            None => self.h.clone(),
+        })
+    }
+
     /// The same rows of `h` and `delta`, picked by `f`.
     pub fn rows(&self, f: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<Self> {
         Ok(Self { h: f(&self.h)?, delta: self.delta.as_ref().map(&f).transpose()? })

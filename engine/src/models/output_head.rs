@@ -9,6 +9,17 @@ use super::linear::{linear, project, FusedOutput};
 use crate::error::Result;
 use crate::weights::Weights;
 
+/// Tensor names of an output head, relative to the mixer.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadNames<'a> {
+    /// The gate's projection, if the layer has one.
+    pub gate: Option<&'a str>,
+    /// The norm weight `[Vd]`.
+    pub norm: &'a str,
+    /// The output projection `[D, HV·Vd]`.
+    pub out: &'a str,
+}
+
 /// `o_norm` (gated RMSNorm over each value head) then `o_proj`.
 #[derive(Debug, Clone)]
 pub struct OutputHead {
@@ -40,12 +51,29 @@ impl OutputHead {
         eps: f64,
         act: GateActivation,
     ) -> Result<(Self, Option<Linear>)> {
+        let names = HeadNames { gate: gated.then_some("g_proj.weight"), norm: "o_norm.weight", out: "o_proj.weight" };
+        Self::load_named(w, hidden, (num_v_heads, head_v_dim), &names, eps, act)
+    }
+
+    /// [`Self::load`] with other tensor names (transformers' Qwen3.5 calls them `in_proj_z`,
+    /// `norm` and `out_proj`); `heads` is (HV, Vd).
+    pub fn load_named(
+        w: &Weights<'_>,
+        hidden: usize,
+        (num_v_heads, head_v_dim): (usize, usize),
+        names: &HeadNames<'_>,
+        eps: f64,
+        act: GateActivation,
+    ) -> Result<(Self, Option<Linear>)> {
         let value_dim = num_v_heads * head_v_dim;
-        let g_proj = if gated { Some(linear(w, value_dim, hidden, "g_proj.weight")?) } else { None };
+        let g_proj = match names.gate {
+            Some(g) => Some(linear(w, value_dim, hidden, g)?),
+            None => None,
+        };
         let head = Self {
-            gated,
-            o_norm: w.get_f32(&[head_v_dim], "o_norm.weight")?,
-            o_proj: linear(w, hidden, value_dim, "o_proj.weight")?,
+            gated: g_proj.is_some(),
+            o_norm: w.get_f32(&[head_v_dim], names.norm)?,
+            o_proj: linear(w, hidden, value_dim, names.out)?,
             eps: eps as f32,
             act,
             num_v_heads,

@@ -41,6 +41,7 @@ pub trait Observer {
 
 /// Every layer's `q_proj` / `k_proj` weights, in layer order.
 pub fn qk_proj(model: &CausalLm) -> Result<Vec<QkProj>> {
+    refuse_hybrids(model)?;
     model
         .layers
         .iter()
@@ -48,8 +49,29 @@ pub fn qk_proj(model: &CausalLm) -> Result<Vec<QkProj>> {
             TokenMixer::GatedDeltaNet(m) => Ok(QkProj { q: m.input.weight(gdn::Q)?, k: m.input.weight(gdn::K)? }),
             TokenMixer::GatedDeltaProduct(m) => Ok(QkProj { q: m.input.weight(gdp::Q)?, k: m.input.weight(gdp::K)? }),
             TokenMixer::DeltaNet(m) => Ok(QkProj { q: m.input.weight(dn::Q)?, k: m.input.weight(dn::K)? }),
+            TokenMixer::Attention(_) => Err(hybrid_error(model)),
         })
         .collect()
+}
+
+fn hybrid_error(model: &CausalLm) -> EngineError {
+    EngineError::Invalid {
+        field: "model_type",
+        expected: "an fla model without attention layers for the reference forward".into(),
+        actual: format!(
+            "`{}` with {} attention layers",
+            model.config().model_type(),
+            model.config().layers.len() - model.config().num_linear_layers()
+        ),
+    }
+}
+
+/// The reference forward follows fla's pure models only.
+fn refuse_hybrids(model: &CausalLm) -> Result<()> {
+    if model.config().is_hybrid() || model.config().family != crate::config::Family::Fla {
+        return Err(hybrid_error(model));
+    }
+    Ok(())
 }
 
 /// Logits `[T, vocab]` of `tokens` from a zero state, with each layer's `q_proj`/`k_proj`
@@ -69,6 +91,7 @@ pub fn logits(model: &CausalLm, tokens: &[u32], qk: &[QkProj], mut observer: Opt
             actual: format!("{} layers, {} tokens", qk.len(), tokens.len()),
         });
     }
+    refuse_hybrids(model)?;
     model.check_tokens(tokens)?;
     let mut h = model.embed(tokens)?;
     for (b, w) in model.layers.iter().zip(qk) {
@@ -80,6 +103,7 @@ pub fn logits(model: &CausalLm, tokens: &[u32], qk: &[QkProj], mut observer: Opt
         let a = match &b.attn {
             TokenMixer::GatedDeltaNet(m) => gated_deltanet(m, &x, w, obs)?,
             TokenMixer::GatedDeltaProduct(m) => gated_deltaproduct(m, &x, w, obs)?,
+            TokenMixer::Attention(_) => return Err(hybrid_error(model)),
             TokenMixer::DeltaNet(_) => {
                 return Err(EngineError::Invalid {
                     field: "model_type",

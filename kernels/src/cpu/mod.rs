@@ -1,5 +1,6 @@
 //! CPU implementations over plain f32 slices (the reference for every other backend).
 
+pub mod attention;
 pub mod conv;
 pub mod gated_delta;
 pub mod norm;

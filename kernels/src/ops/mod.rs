@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{KernelError, Result};
 
+pub mod attention;
 pub mod conv;
 pub mod gemv;
 pub mod norm;
@@ -19,6 +20,7 @@ pub mod prefill;
 pub mod prep;
 pub mod step;
 
+pub use attention::{paged_attention, AttentionShape, PagedSeq};
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
 pub use norm::gated_rms_norm;

@@ -1,9 +1,13 @@
-//! fla `config.json` → typed, validated model configuration (model-spec.md §1.1, §2.1).
+//! `config.json` → typed, validated model configuration: fla's fields (model-spec.md §1.1,
+//! §2.1) and, in [`hybrid`], the layer kinds of hybrid models.
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ConfigError;
+
+pub mod hybrid;
+pub use hybrid::{AttentionSpec, Family, LayerKind, QkNorm, RopeSpec};
 
 /// `model_type` of fla's Gated DeltaNet.
 pub const GATED_DELTANET: &str = "gated_deltanet";
@@ -100,7 +104,7 @@ pub struct CommonFields {
     /// eps of every RMSNorm, the layer's o_norm included.
     #[serde(default = "default_norm_eps")]
     pub norm_eps: f64,
-    /// Hybrid softmax-attention layers; must be null.
+    /// fla's hybrid softmax-attention layers (parsed into [`ModelConfig::layers`]).
     #[serde(default)]
     pub attn: Option<Value>,
     /// "Attention residuals"; must be null.
@@ -127,6 +131,9 @@ pub struct CommonFields {
     /// fused residual+norm: same math, the residual is rounded to the activation dtype.
     #[serde(default = "default_true")]
     pub fuse_norm: bool,
+    /// Vd when a family states it outright (transformers' `linear_value_head_dim`).
+    #[serde(skip)]
+    pub value_head_dim: Option<usize>,
 }
 
 /// Gated DeltaNet specifics (§1.1).
@@ -215,6 +222,10 @@ pub struct ModelConfig {
     pub arch: Architecture,
     /// The original JSON, kept so a rewritten checkpoint preserves unknown keys.
     pub raw: Value,
+    /// Whose conventions the checkpoint follows.
+    pub family: Family,
+    /// Each layer's token mixer kind.
+    pub layers: Vec<LayerKind>,
 }
 
 fn unsupported(field: &str, value: impl ToString, supported: &str) -> ConfigError {
@@ -232,6 +243,12 @@ impl ModelConfig {
     pub fn from_value(raw: Value) -> Result<Self, ConfigError> {
         let model_type = raw.get("model_type").and_then(Value::as_str).ok_or(ConfigError::Missing("model_type"))?;
         let json = |e: serde_json::Error| ConfigError::Json(e.to_string());
+        if matches!(model_type, hybrid::QWEN3_5 | hybrid::QWEN3_5_TEXT | hybrid::OLMO_HYBRID) {
+            let p = hybrid::parse(&raw, model_type)?;
+            let cfg = Self { common: p.common, arch: p.arch, raw, family: p.family, layers: p.layers };
+            cfg.validate()?;
+            return Ok(cfg);
+        }
         if model_type == DELTA_NET {
             let d: DeltaNetFields = serde_json::from_value(raw.clone()).map_err(json)?;
             // DeltaNet's own defaults for the shared fields, then its sizes in GDN's convention.
@@ -245,7 +262,8 @@ impl ModelConfig {
             let (k, v) = delta_net_head_dims(&common, &d)?;
             common.head_dim = k;
             common.expand_v = v as f64 / k as f64;
-            let cfg = Self { common, arch: Architecture::DeltaNet(d), raw };
+            let layers = hybrid::fla_layers(common.attn.as_ref(), common.num_hidden_layers, common.hidden_size)?;
+            let cfg = Self { common, arch: Architecture::DeltaNet(d), raw, family: Family::Fla, layers };
             cfg.validate()?;
             return Ok(cfg);
         }
@@ -257,9 +275,19 @@ impl ModelConfig {
             GATED_DELTAPRODUCT => {
                 Architecture::GatedDeltaProduct(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?)
             }
-            other => return Err(unsupported("model_type", other, "`gated_deltanet`, `gated_deltaproduct` or `delta_net`")),
+            "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" => {
+                return Err(unsupported("model_type", model_type, "a dense model (mixture-of-experts hybrids are not supported yet)"))
+            }
+            other => {
+                return Err(unsupported(
+                    "model_type",
+                    other,
+                    "`gated_deltanet`, `gated_deltaproduct`, `delta_net`, `qwen3_5`, `qwen3_5_text` or `olmo_hybrid`",
+                ))
+            }
         };
-        let cfg = Self { common, arch, raw };
+        let layers = hybrid::fla_layers(common.attn.as_ref(), common.num_hidden_layers, common.hidden_size)?;
+        let cfg = Self { common, arch, raw, family: Family::Fla, layers };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -267,9 +295,6 @@ impl ModelConfig {
     /// Rejects anything this engine cannot compute exactly.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.common;
-        if let Some(a) = c.attn.as_ref().filter(|a| !a.is_null()) {
-            return Err(unsupported("attn", a, "null (hybrid softmax-attention layers are not supported yet)"));
-        }
         if let Some(a) = c.attnres_block_size.as_ref().filter(|a| !a.is_null()) {
             return Err(unsupported("attnres_block_size", a, "null"));
         }
@@ -293,7 +318,7 @@ impl ModelConfig {
         }
         let vd = c.head_dim as f64 * c.expand_v;
         // DeltaNet's value size was checked when its expand_v was turned into this convention.
-        let vd_ok = matches!(self.arch, Architecture::DeltaNet(_)) || (vd.fract() == 0.0 && vd >= 1.0);
+        let vd_ok = matches!(self.arch, Architecture::DeltaNet(_)) || c.value_head_dim.is_some() || (vd.fract() == 0.0 && vd >= 1.0);
         if !vd_ok {
             return Err(ConfigError::Invalid {
                 field: "expand_v".into(),
@@ -344,6 +369,11 @@ impl ModelConfig {
 
     /// `model_type` string.
     pub fn model_type(&self) -> &'static str {
+        match self.family {
+            Family::Qwen3_5 => return hybrid::QWEN3_5,
+            Family::OlmoHybrid => return hybrid::OLMO_HYBRID,
+            Family::Fla => {}
+        }
         match self.arch {
             Architecture::GatedDeltaNet(_) => GATED_DELTANET,
             Architecture::GatedDeltaProduct(_) => GATED_DELTAPRODUCT,
@@ -367,6 +397,9 @@ impl ModelConfig {
     }
     /// Vd = int(K · expand_v); DeltaNet: D · expand_v / H (validated to divide).
     pub fn head_v_dim(&self) -> usize {
+        if let Some(v) = self.common.value_head_dim {
+            return v;
+        }
         match &self.arch {
             Architecture::DeltaNet(d) => (self.common.hidden_size as f64 * d.expand_v) as usize / self.common.num_heads,
             _ => (self.common.head_dim as f64 * self.common.expand_v) as usize,
@@ -434,14 +467,30 @@ impl ModelConfig {
     pub fn eos_token_ids(&self) -> Vec<u32> {
         ids_of(self.common.eos_token_id.as_ref())
     }
+    /// Whether any layer is softmax attention.
+    pub fn is_hybrid(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerKind::Attention(_)))
+    }
+    /// Layers with the linear-attention mixer.
+    pub fn num_linear_layers(&self) -> usize {
+        self.layers.iter().filter(|l| **l == LayerKind::Linear).count()
+    }
+    /// eps of the linear layers' gated output norm: OLMo-Hybrid fixes it at 1e-5 (§5.5).
+    pub fn linear_norm_eps(&self) -> f64 {
+        if self.family == Family::OlmoHybrid {
+            1e-5
+        } else {
+            self.common.norm_eps
+        }
+    }
     /// Recurrent state elements per sequence per layer: HV·K·Vd.
     pub fn recurrent_state_len(&self) -> usize {
         self.num_v_heads() * self.head_k_dim() * self.head_v_dim()
     }
-    /// Bytes of state (conv + recurrent, fp32) per sequence across all layers.
+    /// Bytes of state (conv + recurrent, fp32) per sequence across the linear layers.
     pub fn state_bytes_per_sequence(&self) -> usize {
         let per_layer = self.conv_channels() * self.common.conv_size + self.recurrent_state_len();
-        per_layer * self.common.num_hidden_layers * std::mem::size_of::<f32>()
+        per_layer * self.num_linear_layers() * std::mem::size_of::<f32>()
     }
 }
 
@@ -518,8 +567,8 @@ mod tests {
 
     #[test]
     fn refusals_name_field_and_value() {
-        let e = parse(r#","attn":{"layers":[1],"num_heads":4}"#).unwrap_err().to_string();
-        assert!(e.contains("`attn`") && e.contains("layers"), "{e}");
+        let e = parse(r#","num_hidden_layers":2,"attn":{"layers":[2],"num_heads":4}"#).unwrap_err().to_string();
+        assert!(e.contains("`attn.layers`") && e.contains('2'), "{e}");
         let e = parse(r#","hidden_act":"powlu""#).unwrap_err().to_string();
         assert!(e.contains("`hidden_act`") && e.contains("powlu"), "{e}");
         let e = parse(r#","attnres_block_size":4"#).unwrap_err().to_string();

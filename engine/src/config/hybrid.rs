@@ -1,0 +1,319 @@
+//! Hybrid layouts: which layers are softmax attention, and how (hybrid-spec.md §1.1, §3.1,
+//! §5.1). fla's `attn` field, Qwen3.5's `text_config` and OLMo-Hybrid's top-level fields all
+//! become one [`LayerKind`] per layer; their linear layers become fla Gated DeltaNet fields.
+
+use serde_json::{json, Value};
+
+use super::{unsupported, Architecture, CommonFields, GatedDeltaNetFields};
+use crate::error::ConfigError;
+
+/// `model_type` of Qwen3.5 as released (the multimodal wrapper).
+pub const QWEN3_5: &str = "qwen3_5";
+/// `model_type` of Qwen3.5's text model alone.
+pub const QWEN3_5_TEXT: &str = "qwen3_5_text";
+/// `model_type` of OLMo-Hybrid.
+pub const OLMO_HYBRID: &str = "olmo_hybrid";
+
+/// Which library's conventions a checkpoint follows: names, norms and block order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// fla (`gated_deltanet`, `gated_deltaproduct`, `delta_net`), with or without `attn` layers.
+    Fla,
+    /// transformers' Qwen3.5: zero-centred norms `x̂·(1+w)`, fused `in_proj_qkv`, gated attention.
+    Qwen3_5,
+    /// transformers' OLMo-Hybrid: fla-named GDN layers, post-norm attention blocks.
+    OlmoHybrid,
+}
+
+/// How an attention layer normalises q and k before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    /// None (fla).
+    None,
+    /// Zero-centred RMSNorm per head over hd (Qwen3.5, weights `[hd]`).
+    PerHead,
+    /// Plain RMSNorm over the whole projection (OLMo-Hybrid, weights `[H·hd]`).
+    Whole,
+}
+
+/// Rotary embedding of an attention layer: half-split pairs `(i, i + rot/2)` over the first
+/// `rotary_dim` channels of each head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeSpec {
+    /// Base θ.
+    pub theta: f64,
+    /// Rotated channels per head (hd, or Qwen's partial `hd·partial_rotary_factor`).
+    pub rotary_dim: usize,
+}
+
+/// One softmax-attention layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionSpec {
+    /// HQ.
+    pub num_heads: usize,
+    /// HKV.
+    pub num_kv_heads: usize,
+    /// hd.
+    pub head_dim: usize,
+    /// Biases on q/k/v.
+    pub qkv_bias: bool,
+    /// Bias on o_proj.
+    pub o_bias: bool,
+    /// Sliding window (keys `i-w+1..=i`), or all earlier keys.
+    pub window: Option<usize>,
+    /// RoPE, or none (OLMo-Hybrid's NoPE).
+    pub rope: Option<RopeSpec>,
+    /// q/k normalisation.
+    pub qk_norm: QkNorm,
+    /// Qwen's output gate: `q_proj` yields `[q, gate]` per head and `o ⊙ σ(gate)` enters o_proj.
+    pub output_gate: bool,
+}
+
+/// What a layer's token mixer is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayerKind {
+    /// The architecture's linear-attention mixer.
+    Linear,
+    /// Softmax attention with a KV cache.
+    Attention(AttentionSpec),
+}
+
+fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    v.get(name).filter(|x| !x.is_null())
+}
+
+fn usize_or(v: &Value, name: &str, default: usize) -> Result<usize, ConfigError> {
+    match field(v, name) {
+        None => Ok(default),
+        Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| invalid(name, "a non-negative integer", x)),
+    }
+}
+
+fn f64_or(v: &Value, name: &str, default: f64) -> Result<f64, ConfigError> {
+    match field(v, name) {
+        None => Ok(default),
+        Some(x) => x.as_f64().ok_or_else(|| invalid(name, "a number", x)),
+    }
+}
+
+fn bool_or(v: &Value, name: &str, default: bool) -> Result<bool, ConfigError> {
+    match field(v, name) {
+        None => Ok(default),
+        Some(x) => x.as_bool().ok_or_else(|| invalid(name, "true or false", x)),
+    }
+}
+
+fn invalid(name: &str, expected: &str, actual: impl ToString) -> ConfigError {
+    ConfigError::Invalid { field: name.into(), expected: expected.into(), actual: actual.to_string() }
+}
+
+fn positive(name: &str, v: usize) -> Result<usize, ConfigError> {
+    if v == 0 {
+        return Err(invalid(name, "> 0", 0));
+    }
+    Ok(v)
+}
+
+/// fla's `attn` field: `null`, one dict or a list of dicts with disjoint `layers` (§1.1).
+pub fn fla_layers(attn: Option<&Value>, layers: usize, hidden_size: usize) -> Result<Vec<LayerKind>, ConfigError> {
+    let mut kinds = vec![LayerKind::Linear; layers];
+    let specs: Vec<&Value> = match attn {
+        None | Some(Value::Null) => return Ok(kinds),
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(o @ Value::Object(_)) => vec![o],
+        Some(other) => return Err(invalid("attn", "null, an object or a list of objects", other)),
+    };
+    for s in specs {
+        let heads = positive(
+            "attn.num_heads",
+            field(s, "num_heads").and_then(Value::as_u64).ok_or(ConfigError::Missing("attn.num_heads"))? as usize,
+        )?;
+        let kv = positive("attn.num_kv_heads", usize_or(s, "num_kv_heads", heads)?)?;
+        if heads % kv != 0 {
+            return Err(invalid("attn.num_kv_heads", &format!("a divisor of attn.num_heads ({heads})"), kv));
+        }
+        if hidden_size % heads != 0 {
+            return Err(invalid("attn.num_heads", &format!("a divisor of hidden_size ({hidden_size})"), heads));
+        }
+        let head_dim = hidden_size / heads;
+        let window = match field(s, "window_size") {
+            None => None,
+            Some(w) => {
+                Some(w.as_u64().filter(|&w| w > 0).ok_or_else(|| invalid("attn.window_size", "null or a positive integer", w))? as usize)
+            }
+        };
+        let spec = AttentionSpec {
+            num_heads: heads,
+            num_kv_heads: kv,
+            head_dim,
+            qkv_bias: bool_or(s, "qkv_bias", false)?,
+            o_bias: false,
+            window,
+            rope: Some(RopeSpec { theta: f64_or(s, "rope_theta", 10000.0)?, rotary_dim: head_dim }),
+            // fla's get_attention never passes qk_norm (§1.1): the layer has none.
+            qk_norm: QkNorm::None,
+            output_gate: false,
+        };
+        let Some(Value::Array(idx)) = s.get("layers") else { return Err(ConfigError::Missing("attn.layers")) };
+        for i in idx {
+            let i = i
+                .as_u64()
+                .map(|i| i as usize)
+                .filter(|&i| i < layers)
+                .ok_or_else(|| invalid("attn.layers", &format!("layer indices below num_hidden_layers ({layers})"), i))?;
+            if kinds[i] != LayerKind::Linear {
+                return Err(invalid("attn.layers", "each layer listed once", i));
+            }
+            kinds[i] = LayerKind::Attention(spec.clone());
+        }
+    }
+    Ok(kinds)
+}
+
+/// `layer_types` (legacy names mapped as transformers does), or the family's default rule.
+fn layer_types(text: &Value, layers: usize, default_full: impl Fn(usize) -> bool) -> Result<Vec<bool>, ConfigError> {
+    let Some(types) = field(text, "layer_types") else { return Ok((0..layers).map(default_full).collect()) };
+    let types = types.as_array().ok_or_else(|| invalid("layer_types", "a list", types))?;
+    if types.len() != layers {
+        return Err(invalid("layer_types", &format!("{layers} entries (num_hidden_layers)"), types.len()));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention" | "attention") => Ok(true),
+            Some("linear_attention" | "mamba" | "conv") => Ok(false),
+            _ => Err(unsupported("layer_types", t, "`full_attention` or `linear_attention`")),
+        })
+        .collect()
+}
+
+/// `rope_parameters` (or the legacy top-level fields): `Ok(None)` only for an explicit null θ.
+fn rope(text: &Value, head_dim: usize, default_partial: f64, explicit_null_is_nope: bool) -> Result<Option<RopeSpec>, ConfigError> {
+    let params = text.get("rope_parameters");
+    let nested = params.filter(|p| p.is_object());
+    if let Some(p) = nested {
+        if let Some(t) = field(p, "rope_type").and_then(Value::as_str).filter(|t| *t != "default") {
+            return Err(unsupported("rope_parameters.rope_type", t, "`default`"));
+        }
+    }
+    let theta_value = nested.and_then(|p| p.get("rope_theta")).or_else(|| text.get("rope_theta"));
+    let nope =
+        explicit_null_is_nope && (theta_value.is_some_and(Value::is_null) || (params.is_some_and(Value::is_null) && theta_value.is_none()));
+    if nope {
+        return Ok(None);
+    }
+    let theta = match theta_value.filter(|v| !v.is_null()) {
+        None => 10000.0,
+        Some(v) => v.as_f64().filter(|t| *t > 0.0).ok_or_else(|| invalid("rope_theta", "a positive number", v))?,
+    };
+    let partial = match nested.and_then(|p| field(p, "partial_rotary_factor")).or_else(|| field(text, "partial_rotary_factor")) {
+        None => default_partial,
+        Some(v) => v.as_f64().filter(|f| *f > 0.0 && *f <= 1.0).ok_or_else(|| invalid("partial_rotary_factor", "in (0, 1]", v))?,
+    };
+    let rotary_dim = (head_dim as f64 * partial) as usize;
+    if rotary_dim == 0 || rotary_dim % 2 != 0 {
+        return Err(invalid("partial_rotary_factor", &format!("head_dim ({head_dim}) × factor to be a positive even number"), partial));
+    }
+    Ok(Some(RopeSpec { theta, rotary_dim }))
+}
+
+/// A transformers hybrid (Qwen3.5 or OLMo-Hybrid) parsed into fla GDN fields plus layer kinds.
+pub struct Parsed {
+    /// The linear layers as fla Gated DeltaNet fields.
+    pub common: CommonFields,
+    /// GDN specifics (GVA heads, swish output gate).
+    pub arch: Architecture,
+    /// One entry per layer.
+    pub layers: Vec<LayerKind>,
+    /// Which conventions.
+    pub family: Family,
+}
+
+/// Parses `qwen3_5` / `qwen3_5_text` (hybrid-spec.md §3.1) and `olmo_hybrid` (§5.1).
+pub fn parse(raw: &Value, model_type: &str) -> Result<Parsed, ConfigError> {
+    let family = if model_type == OLMO_HYBRID { Family::OlmoHybrid } else { Family::Qwen3_5 };
+    let text = if family == Family::Qwen3_5 { raw.get("text_config").filter(|t| t.is_object()).unwrap_or(raw) } else { raw };
+    if let Some(t) = field(text, "model_type").and_then(Value::as_str).filter(|t| ![QWEN3_5, QWEN3_5_TEXT, OLMO_HYBRID].contains(t)) {
+        return Err(unsupported("text_config.model_type", t, "`qwen3_5_text`"));
+    }
+    for moe in ["num_experts", "moe_intermediate_size"] {
+        if let Some(v) = field(text, moe) {
+            return Err(unsupported(moe, v, "a dense model (mixture-of-experts hybrids are not supported yet)"));
+        }
+    }
+    let olmo = family == Family::OlmoHybrid;
+    let d = positive("hidden_size", usize_or(text, "hidden_size", if olmo { 3840 } else { 4096 })?)?;
+    let layers = positive("num_hidden_layers", usize_or(text, "num_hidden_layers", 32)?)?;
+    let hq = positive("num_attention_heads", usize_or(text, "num_attention_heads", if olmo { 30 } else { 16 })?)?;
+    let hkv = positive("num_key_value_heads", usize_or(text, "num_key_value_heads", if olmo { hq } else { 4 })?)?;
+    if hq % hkv != 0 {
+        return Err(invalid("num_key_value_heads", &format!("a divisor of num_attention_heads ({hq})"), hkv));
+    }
+    let hd = positive("head_dim", usize_or(text, "head_dim", if olmo { d / hq } else { 256 })?)?;
+    let hk = positive("linear_num_key_heads", usize_or(text, "linear_num_key_heads", if olmo { hq } else { 16 })?)?;
+    let hv = positive("linear_num_value_heads", usize_or(text, "linear_num_value_heads", if olmo { hq } else { 32 })?)?;
+    let dk = positive(
+        "linear_key_head_dim",
+        usize_or(text, "linear_key_head_dim", if olmo { (0.75 * d as f64 / hk as f64) as usize } else { 128 })?,
+    )?;
+    let dv = positive("linear_value_head_dim", usize_or(text, "linear_value_head_dim", if olmo { 2 * dk } else { 128 })?)?;
+    let act = field(text, "hidden_act").and_then(Value::as_str).unwrap_or("silu");
+    if !matches!(act, "silu" | "swish") {
+        return Err(unsupported("hidden_act", act, "`silu`"));
+    }
+    let full = if olmo {
+        let mut t = layer_types(text, layers, |i| i % 4 == 3)?;
+        if field(text, "layer_types").is_none() && !t.contains(&true) {
+            t[layers - 1] = true;
+        }
+        t
+    } else {
+        let interval = positive("full_attention_interval", usize_or(text, "full_attention_interval", 4)?)?;
+        layer_types(text, layers, |i| (i + 1) % interval == 0)?
+    };
+    let bias = bool_or(text, "attention_bias", false)?;
+    let spec = AttentionSpec {
+        num_heads: hq,
+        num_kv_heads: hkv,
+        head_dim: hd,
+        qkv_bias: bias,
+        o_bias: bias,
+        window: None,
+        rope: rope(text, hd, if olmo { 1.0 } else { 0.25 }, olmo)?,
+        qk_norm: if olmo { QkNorm::Whole } else { QkNorm::PerHead },
+        output_gate: !olmo,
+    };
+    let kinds = full.iter().map(|&f| if f { LayerKind::Attention(spec.clone()) } else { LayerKind::Linear }).collect();
+    // The text-only class ties by text_config's flag, the wrapper by the top-level one (§3.2).
+    let tie = bool_or(raw, "tie_word_embeddings", false)?
+        || (!std::ptr::eq(text, raw) && bool_or(text, "tie_word_embeddings", false)? && raw.get("tie_word_embeddings").is_none());
+    let eos = field(text, "eos_token_id").or_else(|| field(raw, "eos_token_id")).cloned().unwrap_or(if olmo {
+        json!(100257)
+    } else {
+        Value::Null
+    });
+    let common: CommonFields = serde_json::from_value(json!({
+        "hidden_size": d,
+        "head_dim": dk,
+        "num_heads": hk,
+        "expand_v": dv as f64 / dk as f64,
+        "use_short_conv": true,
+        "conv_size": positive("linear_conv_kernel_dim", usize_or(text, "linear_conv_kernel_dim", 4)?)?,
+        "max_position_embeddings": usize_or(text, "max_position_embeddings", if olmo { 65536 } else { 32768 })?,
+        "intermediate_size": positive("intermediate_size", usize_or(text, "intermediate_size", if olmo { 11008 } else { 12288 })?)?,
+        "hidden_act": "swish",
+        "num_hidden_layers": layers,
+        "norm_eps": f64_or(text, "rms_norm_eps", 1e-6)?,
+        "vocab_size": positive("vocab_size", usize_or(text, "vocab_size", if olmo { 100352 } else { 248320 })?)?,
+        "tie_word_embeddings": tie,
+        "allow_neg_eigval": olmo && bool_or(text, "linear_allow_neg_eigval", true)?,
+        "bos_token_id": field(text, "bos_token_id").cloned(),
+        "eos_token_id": eos,
+    }))
+    .map_err(|e| ConfigError::Json(e.to_string()))?;
+    let mut common = common;
+    common.value_head_dim = Some(dv);
+    let arch =
+        Architecture::GatedDeltaNet(GatedDeltaNetFields { num_v_heads: Some(hv), use_gate: true, output_gate_activation: "swish".into() });
+    Ok(Parsed { common, arch, layers: kinds, family })
+}

@@ -1,0 +1,137 @@
+//! Softmax attention layers of hybrid models (hybrid-spec.md §1.3 fla, §3.5 Qwen3.5's gated
+//! attention, §5.4 OLMo-Hybrid): projections, optional q/k norms, RoPE, causal (optionally
+//! windowed) GQA attention over the paged KV cache, Qwen's output gate, `o_proj`.
+
+use candle_core::{DType, Tensor};
+use candle_nn::{Linear, Module};
+use deltaserve_kernels::ops::{self, AttentionShape, PagedSeq};
+
+use super::linear::project;
+use super::rope::Rope;
+use crate::cache::CacheSpec;
+use crate::config::{AttentionSpec, QkNorm};
+use crate::error::Result;
+use crate::state::{KvLayer, KvPlan};
+use crate::weights::Weights;
+
+/// One attention layer (`self_attn` / fla's `attn`).
+#[derive(Debug, Clone)]
+pub struct Attention {
+    /// `q | gate | k | v` rows in one GEMM (`gate` only with Qwen's output gate).
+    qkv: Linear,
+    o_proj: Linear,
+    /// q/k norm weights, f32, with Qwen's `1 + w` already added.
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    eps: f32,
+    rope: Option<Rope>,
+    spec: AttentionSpec,
+}
+
+/// Rows `[h·2hd, h·2hd+hd)` of Qwen's `q_proj` are head h's query, the next hd its gate
+/// (§3.5 step 1): returns (all queries, all gates), head-major.
+fn split_interleaved(t: &Tensor, heads: usize, hd: usize) -> Result<(Tensor, Tensor)> {
+    let rest: Vec<usize> = t.dims()[1..].to_vec();
+    let mut shape = vec![heads, 2, hd];
+    shape.extend(&rest);
+    let t = t.reshape(shape)?;
+    let flat = |x: Tensor| -> Result<Tensor> {
+        let mut s = vec![heads * hd];
+        s.extend(&rest);
+        Ok(x.contiguous()?.reshape(s)?)
+    };
+    Ok((flat(t.narrow(1, 0, 1)?)?, flat(t.narrow(1, 1, 1)?)?))
+}
+
+impl Attention {
+    /// Loads `q_proj`, `k_proj`, `v_proj`, `o_proj` (and biases, norms) as `spec` says.
+    /// `zero_centred` norms store `w` for `x̂·(1 + w)` (Qwen).
+    pub fn load(spec: &AttentionSpec, w: &Weights<'_>, hidden: usize, eps: f64, zero_centred: bool) -> Result<Self> {
+        let (hq, hkv, hd) = (spec.num_heads, spec.num_kv_heads, spec.head_dim);
+        let q_rows = if spec.output_gate { 2 * hq * hd } else { hq * hd };
+        let mut weights = vec![w.get(&[q_rows, hidden], "q_proj.weight")?];
+        let mut biases = if spec.qkv_bias { vec![w.get(&[q_rows], "q_proj.bias")?] } else { vec![] };
+        if spec.output_gate {
+            let (q, g) = split_interleaved(&weights[0], hq, hd)?;
+            weights = vec![q, g];
+            if let Some(b) = biases.pop() {
+                let (q, g) = split_interleaved(&b, hq, hd)?;
+                biases = vec![q, g];
+            }
+        }
+        for name in ["k_proj", "v_proj"] {
+            weights.push(w.get(&[hkv * hd, hidden], &format!("{name}.weight"))?);
+            if spec.qkv_bias {
+                biases.push(w.get(&[hkv * hd], &format!("{name}.bias"))?);
+            }
+        }
+        let bias = if spec.qkv_bias { Some(Tensor::cat(&biases, 0)?) } else { None };
+        let o_bias = if spec.o_bias { Some(w.get(&[hidden], "o_proj.bias")?) } else { None };
+        let norm = |name: &str, len: usize| -> Result<Tensor> {
+            let t = w.get_f32(&[len], &format!("{name}.weight"))?;
+            Ok(if zero_centred { (t + 1.0)? } else { t })
+        };
+        let (q_norm, k_norm) = match spec.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => (Some(norm("q_norm", hd)?), Some(norm("k_norm", hd)?)),
+            QkNorm::Whole => (Some(norm("q_norm", hq * hd)?), Some(norm("k_norm", hkv * hd)?)),
+        };
+        Ok(Self {
+            qkv: Linear::new(Tensor::cat(&weights, 0)?, bias),
+            o_proj: Linear::new(w.get(&[hidden, hq * hd], "o_proj.weight")?, o_bias),
+            q_norm,
+            k_norm,
+            eps: eps as f32,
+            rope: spec.rope.as_ref().map(Rope::new),
+            spec: spec.clone(),
+        })
+    }
+
+    /// One sequence's cache: keys and values of every token, in the paged KV cache.
+    pub fn cache(&self) -> CacheSpec {
+        CacheSpec::Attention { kv_heads: self.spec.num_kv_heads, head_dim: self.spec.head_dim }
+    }
+
+    /// q or k `[N, H·hd]` → normalised, `[N, H, hd]` f32.
+    fn norm(&self, x: &Tensor, weight: Option<&Tensor>, heads: usize) -> Result<Tensor> {
+        let (n, hd) = (x.dim(0)?, self.spec.head_dim);
+        let x = x.to_dtype(DType::F32)?;
+        let y = match (weight, self.spec.qk_norm) {
+            (Some(w), QkNorm::PerHead) => candle_nn::ops::rms_norm(&x.reshape((n * heads, hd))?, w, self.eps)?,
+            (Some(w), QkNorm::Whole) => candle_nn::ops::rms_norm(&x.contiguous()?, w, self.eps)?,
+            _ => x,
+        };
+        Ok(y.reshape((n, heads, hd))?)
+    }
+
+    /// Rows of `x` `[N, D]` belong to sequences as `kv.cu` says; each appends its keys and
+    /// values at its next positions and attends over its cache. Returns `[N, D]`.
+    pub fn forward(&self, x: &Tensor, cache: &mut KvLayer, kv: &KvPlan) -> Result<Tensor> {
+        let s = &self.spec;
+        let (n, hq, hkv, hd) = (x.dim(0)?, s.num_heads, s.num_kv_heads, s.head_dim);
+        let y = if self.qkv.bias().is_some() { self.qkv.forward(x)? } else { project(&self.qkv, x)? };
+        let gate_rows = if s.output_gate { hq * hd } else { 0 };
+        let q = self.norm(&y.narrow(1, 0, hq * hd)?, self.q_norm.as_ref(), hq)?;
+        let k = self.norm(&y.narrow(1, hq * hd + gate_rows, hkv * hd)?, self.k_norm.as_ref(), hkv)?;
+        let v = y.narrow(1, (hq + hkv) * hd + gate_rows, hkv * hd)?.to_dtype(DType::F32)?.reshape((n, hkv, hd))?;
+        let (q, k) = match &self.rope {
+            Some(rope) => {
+                let positions: Vec<usize> =
+                    (0..kv.starts.len()).flat_map(|i| (0..kv.cu[i + 1] - kv.cu[i]).map(move |t| kv.starts[i] + t)).collect();
+                let tables = rope.tables(&positions, x.device())?;
+                (rope.apply(&q, &tables)?, rope.apply(&k, &tables)?)
+            }
+            None => (q, k),
+        };
+        let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window: s.window, scale: (hd as f32).powf(-0.5) };
+        let seqs: Vec<PagedSeq<'_>> = kv.starts.iter().zip(&kv.tables).map(|(&start, t)| PagedSeq { start, table: t }).collect();
+        let o = ops::paged_attention(&q, &k, &v, &shape, &seqs, &kv.cu, kv.block_size, &mut cache.k, &mut cache.v)?;
+        let mut o = o.reshape((n, hq * hd))?;
+        if s.output_gate {
+            let gate = y.narrow(1, hq * hd, hq * hd)?.to_dtype(DType::F32)?;
+            o = (o * candle_nn::ops::sigmoid(&gate)?)?;
+        }
+        let o = o.to_dtype(x.dtype())?;
+        Ok(if self.o_proj.bias().is_some() { self.o_proj.forward(&o)? } else { project(&self.o_proj, &o)? })
+    }
+}

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Makes compact hybrid-model fixtures with each family's own library: a tiny random-init
+checkpoint saved by that library's `save_pretrained` (f32 weights), with goldens from its own
+forward.
+
+    # fla's attention hybrids (fla wheels on PYTHONPATH):
+    python3 tools/make_hybrid_fixtures.py --lib fla --out tests/fixtures/compact
+    # Qwen3.5 and OLMo-Hybrid (transformers only; fla must NOT be importable, so that HF runs
+    # its own torch paths instead of fla's kernels):
+    python3 tools/make_hybrid_fixtures.py --lib hf --out tests/fixtures/compact
+
+Weights are redrawn large (norm weights, conv filters and biases random too) so that greedy
+margins are real and a misapplied weight shows up. Goldens: f32, TF32 off, no cache (every greedy
+step recomputes the whole sequence); fla's linear layers in `fused_recurrent` mode (its chunk
+kernels use TF32 even for f32). fla's softmax attention calls flash-attn, which the GPU host does
+not have: a float64 torch stand-in with flash-attn's causal / sliding-window semantics
+(`window_size = (w-1, 0)`: a query sees itself and the w-1 keys before it) takes its place; the
+projections, RoPE and layer wiring are fla's own. Prompts and the 512-token tokenizer are those
+of the compact GDN fixture; a 200-token prompt is added (past a 64-token chunk and past every
+sliding window).
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import types
+
+import torch
+from safetensors.torch import save_file
+
+STEPS = 32
+
+
+def fake_flash_attn():
+    """A torch stand-in for flash-attn's dense entry point (float64 inside)."""
+
+    def flash_attn_func(q, k, v, causal=True, window_size=(-1, -1), softmax_scale=None, **_):
+        b, t, hq, d = q.shape
+        s, hkv = k.shape[1], k.shape[2]
+        scale = softmax_scale if softmax_scale is not None else d ** -0.5
+        qq, kk, vv = q.double(), k.double(), v.double()
+        g = hq // hkv
+        kk = kk.repeat_interleave(g, dim=2)
+        vv = vv.repeat_interleave(g, dim=2)
+        scores = torch.einsum("bthd,bshd->bhts", qq, kk) * scale
+        i = torch.arange(t, device=q.device)[:, None] + (s - t)
+        j = torch.arange(s, device=q.device)[None, :]
+        visible = j <= i if causal else torch.ones_like(j <= i)
+        if window_size[0] >= 0:
+            visible = visible & (j >= i - window_size[0])
+        scores = scores.masked_fill(~visible, float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        return torch.einsum("bhts,bshd->bthd", p, vv).to(q.dtype)
+
+    def flash_attn_varlen_func(*_a, **_k):
+        raise RuntimeError("varlen path not expected: the goldens run one unpadded sequence")
+
+    m = types.ModuleType("flash_attn")
+    m.flash_attn_func = flash_attn_func
+    m.flash_attn_varlen_func = flash_attn_varlen_func
+    sys.modules["flash_attn"] = m
+
+
+def zero_centred(lib, name):
+    """Qwen's decoder RMSNorms store w with y = x̂·(1 + w) (zero init)."""
+    if lib != "qwen3_5":
+        return False
+    return name.endswith("layernorm.weight") or ".q_norm." in name or ".k_norm." in name or name.endswith("language_model.norm.weight")
+
+
+def redraw(model, seed, lib, d):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if "visual" in name:
+                p.copy_(0.02 * r)
+            elif name.endswith("bias") and "dt_bias" not in name:
+                p.copy_(0.3 * r)
+            elif p.dim() == 1 and zero_centred(lib, name):
+                p.copy_(0.3 * r)
+            elif p.dim() == 1:  # plain norm weights, A_log, dt_bias
+                p.copy_(1.0 + 0.3 * r)
+            elif "conv1d" in name:
+                p.copy_(0.6 * r)
+            elif "embed" in name:
+                p.copy_(r)
+            elif "lm_head" in name:
+                p.copy_(3.0 * r / math.sqrt(d))
+            else:
+                p.copy_(r / math.sqrt(p.shape[-1]))
+
+
+@torch.no_grad()
+def logits_of(model, ids):
+    out = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)
+    return out.logits[0].double().cpu()
+
+
+def fla_models():
+    import fla  # noqa: F401  (registers fla's model types)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shared = dict(hidden_size=64, num_heads=2, num_hidden_layers=4, intermediate_size=192, conv_size=4,
+                  vocab_size=512, bos_token_id=1, eos_token_id=2, norm_eps=1e-6, tie_word_embeddings=False,
+                  max_position_embeddings=4096, use_short_conv=True, fuse_norm=True, fuse_swiglu=True)
+    # Layer 1: sliding window 32, GQA 4:2, q/k/v biases; layer 3: full causal MHA.
+    attn = [dict(layers=[1], num_heads=4, num_kv_heads=2, qkv_bias=True, window_size=32, rope_theta=10000.0),
+            dict(layers=[3], num_heads=4, num_kv_heads=4, qkv_bias=False, window_size=None, rope_theta=500000.0)]
+    configs = {
+        "gdn-attn": dict(model_type="gated_deltanet", head_dim=32, expand_v=1.5, num_v_heads=4, use_gate=True, attn=attn),
+    }
+    for i, (name, fields) in enumerate(configs.items()):
+        cfg = AutoConfig.for_model(**dict(shared, **fields))
+        torch.manual_seed(200 + i)
+        model = AutoModelForCausalLM.from_config(cfg).float()
+        redraw(model, 2000 + i, "fla", 64)
+        model = model.cuda().eval()
+        for layer in model.model.layers:
+            if hasattr(layer.attn, "mode"):
+                layer.attn.mode = "fused_recurrent"
+        yield name, model, f"fla {fla.__version__}"
+
+
+def hf_models():
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    ver = f"transformers {transformers.__version__}"
+    # Qwen3.5 as released: the multimodal wrapper with a (tiny) vision tower beside the text model.
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    text = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                max_position_embeddings=4096, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+                layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                rope_parameters=dict(rope_type="default", rope_theta=1000000.0, partial_rotary_factor=0.25,
+                                     mrope_section=[1, 1, 2], mrope_interleaved=True),
+                bos_token_id=None, eos_token_id=2, pad_token_id=None, tie_word_embeddings=False)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
+    cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(300)
+    model = Qwen3_5ForConditionalGeneration._from_config(cfg, attn_implementation="eager").float()
+    redraw(model, 3000, "qwen3_5", 64)
+    yield "qwen3_5", model.cuda().eval(), ver
+
+    from transformers import OlmoHybridConfig
+    for i, (name, rope) in enumerate([("olmo_hybrid", None), ("olmo_hybrid-rope", dict(rope_type="default", rope_theta=10000.0))]):
+        cfg = OlmoHybridConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                               pad_token_id=0, bos_token_id=1, eos_token_id=2, rope_parameters=rope,
+                               layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                               linear_value_head_dim=24, linear_conv_kernel_dim=4, linear_allow_neg_eigval=True)
+        if rope is None:
+            cfg.rope_parameters = None
+        torch.manual_seed(400 + i)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float()
+        rot = getattr(model.model, "rotary_emb", None)
+        print(f"{name}: rotary_emb = {type(rot).__name__ if rot is not None else None}", flush=True)
+        redraw(model, 4000 + i, "olmo", 64)
+        yield name, model.cuda().eval(), ver
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="tests/fixtures/compact")
+    ap.add_argument("--lib", choices=["fla", "hf"], required=True)
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    from tokenizers import Tokenizer
+
+    src = os.path.join(a.out, "gdn")
+    tok = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+    prompts = [(c["prompt"], c["input_ids"]) for c in json.load(open(os.path.join(a.out, "gdn.goldens.json")))["cases"]]
+    # One prompt past every window and chunk: the long case repeated with its head cut off.
+    long_ids = (prompts[-1][1] + prompts[-1][1][1:])[:200]
+    prompts.append((tok.decode(long_ids), long_ids))
+    if a.lib == "fla":
+        # transformers probes for flash-attn at import; let it find none before the stand-in exists.
+        import transformers.activations  # noqa: F401
+        fake_flash_attn()
+        models = fla_models()
+    else:
+        models = hf_models()
+    for name, model, ver in models:
+        out = os.path.join(a.out, name)
+        os.makedirs(out, exist_ok=True)
+        model.save_pretrained(out, safe_serialization=True)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(src, f), out)
+        if name == "qwen3_5":
+            # Released Qwen checkpoints list several stop ids here.
+            json.dump(dict(eos_token_id=[2, 5], bos_token_id=None, do_sample=False), open(os.path.join(out, "generation_config.json"), "w"), indent=1)
+        print(name, "keys:", sorted({k.rsplit(".", 2)[0] for k in __import__("safetensors.torch", fromlist=["load_file"]).load_file(os.path.join(out, "model.safetensors")).keys()})[:80], flush=True)
+        cases, tensors = [], {}
+        for c, (prompt, ids) in enumerate(prompts):
+            all_logits = logits_of(model, ids)
+            tensors[f"case{c}.input_ids"] = torch.tensor(ids, dtype=torch.int64)
+            tensors[f"case{c}.last_logits"] = all_logits[-1].float().contiguous()
+            if len(ids) > 100:
+                tensors[f"case{c}.all_logits"] = all_logits.float().contiguous()
+            seq, new, margins = list(ids), [], []
+            last = all_logits[-1]
+            for _ in range(STEPS):
+                top = torch.topk(last, 2)
+                new.append(int(top.indices[0]))
+                margins.append(round(float(top.values[0] - top.values[1]), 6))
+                seq.append(new[-1])
+                last = logits_of(model, seq)[-1]
+            cases.append(dict(prompt=prompt, input_ids=ids, greedy_new_ids=new,
+                              greedy_text=tok.decode(new), top2_margins=margins))
+            print(f"{name} case{c}: {len(ids)} tokens, margins min {min(margins):.4f} first {margins[:4]}", flush=True)
+        json.dump(dict(model=name, reference=f"{ver}, torch {torch.__version__}, f32, TF32 off, no cache, "
+                       "full recomputation per greedy step", cases=cases),
+                  open(os.path.join(a.out, f"{name}.goldens.json"), "w"), indent=1)
+        save_file(tensors, os.path.join(a.out, f"{name}.logits.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
