@@ -11,11 +11,16 @@ use deltaserve::scheduler::{self, SchedulerConfig};
 use deltaserve::{app, AppState, Serving};
 use deltaserve_engine::sampling::argmax;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
-use deltaserve_tests::compact_dir;
+use deltaserve_tests::{compact_dir, golden_cases, load_tensors, values};
 use serde_json::{json, Value};
 
 /// The app over a compact fixture, served on a loopback port by this process.
 async fn serve(model: &str) -> (String, Engine) {
+    serve_with(model, 4, 1024).await
+}
+
+/// [`serve`] with `slots` state slots and `kv_blocks` KV blocks (of 16 tokens; used by hybrids).
+async fn serve_with(model: &str, slots: usize, kv_blocks: usize) -> (String, Engine) {
     let dir = compact_dir().join(model);
     let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
     let metrics = Arc::new(Metrics::new("gdn").unwrap());
@@ -29,10 +34,18 @@ async fn serve(model: &str) -> (String, Engine) {
         created: 0,
         next_id: Arc::new(AtomicU64::new(0)),
     };
-    let limits = Limits { served_model_name: "gdn".into(), max_model_len: 4096, max_n: 4, vocab_size: engine.config().common.vocab_size };
+    let kv_capacity = engine.config().is_hybrid().then_some((kv_blocks, 16));
+    let limits = Limits {
+        served_model_name: "gdn".into(),
+        max_model_len: 4096,
+        max_n: 4,
+        vocab_size: engine.config().common.vocab_size,
+        kv_capacity,
+    };
     let tokenizer = engine.tokenizer_arc();
     let cfg = SchedulerConfig {
-        max_num_seqs: 4,
+        max_num_seqs: slots,
+        kv_blocks,
         max_queue: 8,
         max_model_len: 4096,
         prefill_budget: 64,
@@ -103,4 +116,55 @@ async fn in_process_router_serves_greedy_completions_and_refusals() {
     // The completion above was counted where Prometheus reads it.
     let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(text.lines().any(|l| l.starts_with("deltaserve:generation_tokens_total") && l.ends_with(" 5")), "{text}");
+}
+
+/// Hybrid checkpoints (fla attn layers, Qwen3.5, OLMo-Hybrid) served over HTTP: the greedy text
+/// is the reference library's own (its goldens), and the first token's logprob is the log-softmax
+/// of the reference's logits.
+#[tokio::test]
+async fn hybrid_models_serve_their_reference_greedy_text_and_logprobs() {
+    let client = reqwest::Client::new();
+    for name in ["gdn-attn", "qwen3_5", "olmo_hybrid"] {
+        let (base, engine) = serve(name).await;
+        let case = &golden_cases(&compact_dir().join(format!("{name}.goldens.json")))[0];
+        let reference = load_tensors(&compact_dir().join(format!("{name}.logits.safetensors")));
+        let steps = case.top2_margins.iter().take_while(|m| **m >= 1e-3).count().min(24);
+        let body = json!({"prompt": case.prompt, "max_tokens": steps, "temperature": 0, "ignore_eos": true, "logprobs": 1});
+        let r = complete(&client, &base, body).await;
+        let want = engine.tokenizer().decode(&case.greedy_new_ids[..steps], true).unwrap();
+        assert_eq!(r["choices"][0]["text"], want, "{name}: {r}");
+        let logits = values(&reference["case0.last_logits"]);
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+        let want_lp = logits[case.greedy_new_ids[0] as usize] as f64 - lse;
+        let got_lp = r["choices"][0]["logprobs"]["token_logprobs"][0].as_f64().unwrap();
+        assert!((got_lp - want_lp).abs() < 1e-4, "{name}: first logprob {got_lp} vs the reference's {want_lp}");
+    }
+}
+
+/// The paged KV cache under pressure: 8 blocks of 16 tokens hold two of these requests at a
+/// time. Six sent at once all finish with the text each gets alone (the rest wait for blocks,
+/// none is refused or corrupted); one that could never fit gets a 400 naming the limit; the KV
+/// gauges are published.
+#[tokio::test]
+async fn kv_cache_admission_waits_for_blocks_and_refuses_what_never_fits() {
+    let (base, engine) = serve_with("qwen3_5", 6, 8).await;
+    let client = reqwest::Client::new();
+    let prompts = ["def add(a, b):", "class A:", "import os", "for i in range(3):", "x = [1, 2]", "while True:"];
+    let alone: Vec<String> = prompts.iter().map(|p| engine.tokenizer().decode(&engine_greedy(&engine, p, 40), true).unwrap()).collect();
+    let replies = futures::future::join_all(
+        prompts.iter().map(|p| complete(&client, &base, json!({"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": true}))),
+    )
+    .await;
+    for ((p, r), want) in prompts.iter().zip(&replies).zip(&alone) {
+        assert_eq!(&r["choices"][0]["text"], want, "{p}: {r}");
+    }
+    let res = client.post(format!("{base}/v1/completions")).json(&json!({"prompt": "x", "max_tokens": 200})).send().await.unwrap();
+    assert_eq!(res.status(), 400);
+    let e: Value = res.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("the cache has 8"), "{e}");
+    let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(text.lines().any(|l| l.starts_with("deltaserve:kv_blocks_total") && l.ends_with(" 8")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("deltaserve:kv_cache_usage_perc")), "{text}");
 }

@@ -179,9 +179,15 @@ impl Engine {
         &self.model_dir
     }
 
-    /// A state pool of `slots` sequences for this model.
+    /// A state pool of `slots` sequences for this model (hybrids: KV blocks for
+    /// `max_position_embeddings` tokens each).
     pub fn new_pool(&self, slots: usize) -> Result<StatePool> {
         self.model.new_pool(slots)
+    }
+
+    /// A state pool of the given size.
+    pub fn new_pool_sized(&self, size: state::PoolSize) -> Result<StatePool> {
+        self.model.new_pool_sized(size)
     }
 
     /// Chunked prefill of `tokens` into `slot` (continuing from its state), at the precision

@@ -1,7 +1,7 @@
 //! Prometheus metrics. Names follow vLLM's under the `deltaserve:` prefix, with vLLM's
 //! buckets, so dashboards port; the state pool replaces the KV cache.
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// vLLM's `time_to_first_token_seconds` buckets.
 const TTFT_BUCKETS: &[f64] =
@@ -29,6 +29,14 @@ pub struct Metrics {
     pub state_slots_total: IntGauge,
     /// Bytes of the state pool.
     pub state_memory_bytes: IntGauge,
+    /// KV blocks held by sequences (hybrid models).
+    pub kv_blocks_used: IntGauge,
+    /// KV blocks in all.
+    pub kv_blocks_total: IntGauge,
+    /// Bytes of the KV cache.
+    pub kv_memory_bytes: IntGauge,
+    /// Fraction of KV blocks in use, 0..1 (vLLM's `kv_cache_usage_perc`).
+    pub kv_cache_usage_perc: Gauge,
     /// Prompt tokens prefilled.
     pub prompt_tokens: IntCounter,
     /// Tokens generated.
@@ -97,6 +105,18 @@ impl Metrics {
             state_slots_used: gauge(&r, "deltaserve:state_slots_used", "State-pool slots owned by a sequence.")?,
             state_slots_total: gauge(&r, "deltaserve:state_slots_total", "State-pool slots.")?,
             state_memory_bytes: gauge(&r, "deltaserve:state_memory_bytes", "Bytes allocated for the state pool.")?,
+            kv_blocks_used: gauge(
+                &r,
+                "deltaserve:kv_blocks_used",
+                "Paged KV-cache blocks held by sequences (attention layers of hybrids).",
+            )?,
+            kv_blocks_total: gauge(&r, "deltaserve:kv_blocks_total", "Paged KV-cache blocks.")?,
+            kv_memory_bytes: gauge(&r, "deltaserve:kv_memory_bytes", "Bytes allocated for the paged KV cache.")?,
+            kv_cache_usage_perc: {
+                let g = Gauge::new("deltaserve:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             prompt_tokens: counter(&r, "deltaserve:prompt_tokens_total", "Prompt tokens prefilled.")?,
             generation_tokens: counter(&r, "deltaserve:generation_tokens_total", "Tokens generated.")?,
             request_success: counter_vec(&r, "deltaserve:request_success_total", "Finished choices by finish reason.", "finished_reason")?,

@@ -27,6 +27,8 @@ pub struct Limits {
     pub max_n: usize,
     /// Model vocabulary size.
     pub vocab_size: usize,
+    /// KV blocks and tokens per block, for models with attention layers.
+    pub kv_capacity: Option<(usize, usize)>,
 }
 
 /// A request the scheduler can run.
@@ -152,6 +154,18 @@ fn common(
     let n = nonneg("n", c.n)?.unwrap_or(1);
     if n == 0 || n > limits.max_n {
         return Err(ApiError::invalid("n", format!("in [1, {}]", limits.max_n), n));
+    }
+    if let Some((blocks, block_size)) = limits.kv_capacity {
+        let need = n * (longest + max_tokens).div_ceil(block_size);
+        if need > blocks {
+            return Err(ApiError::bad_request(
+                format!(
+                    "{n} choices of {longest} prompt tokens plus `max_tokens` ({max_tokens}) need {need} KV-cache blocks of {block_size} tokens; the cache has {blocks}"
+                ),
+                Some("max_tokens"),
+                "context_length_exceeded",
+            ));
+        }
     }
     if let Some(b) = c.best_of {
         if b != n as i64 {

@@ -13,6 +13,7 @@ use deltaserve::chat::ChatTemplate;
 use deltaserve::metrics::Metrics;
 use deltaserve::routes::{app, unix_now, AppState, Serving};
 use deltaserve::scheduler::{self, SchedulerConfig};
+use deltaserve_engine::state::DEFAULT_BLOCK_SIZE;
 
 /// Serve the OpenAI-compatible HTTP API.
 #[derive(Debug, Clone, Args)]
@@ -53,7 +54,7 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, env = "DELTASERVE_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
-    /// Fraction of available memory the state pool may take.
+    /// Fraction of available memory the state pool and the KV cache (hybrid models) may take.
     #[arg(long, env = "DELTASERVE_STATE_MEMORY_FRACTION", default_value_t = 0.5)]
     state_memory_fraction: f64,
 }
@@ -144,13 +145,48 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
     let engine = model_args.load()?;
     let cfg = engine.config().clone();
     let per_slot = cfg.state_bytes_per_sequence().max(1);
+    let specs = engine.model().cache_specs();
+    let per_block = specs.iter().map(|s| s.bytes_per_token()).sum::<usize>() * DEFAULT_BLOCK_SIZE;
+    let budget = available_memory().map(|avail| (avail as f64 * args.state_memory_fraction) as usize);
     let mut slots = args.max_num_seqs;
-    if let Some(avail) = available_memory() {
-        let fit = ((avail as f64 * args.state_memory_fraction) as usize / per_slot).max(1);
+    if let Some(budget) = budget {
+        let fit = (budget / per_slot).max(1);
         if slots > fit {
             tracing::warn!(requested = slots, fits = fit, bytes_per_slot = per_slot, "--max-num-seqs does not fit in memory; clamped");
             slots = fit;
         }
+    }
+    // Attention layers: KV blocks for every slot's `max_model_len` tokens, or what the rest
+    // of the budget holds; `max_model_len` shrinks to what one sequence can get.
+    let mut max_model_len = args.max_model_len;
+    let mut kv_blocks = 0;
+    if per_block > 0 {
+        let per_seq = max_model_len.div_ceil(DEFAULT_BLOCK_SIZE);
+        kv_blocks = slots * per_seq;
+        if let Some(budget) = budget {
+            let fit = budget.saturating_sub(slots * per_slot) / per_block;
+            if kv_blocks > fit {
+                tracing::warn!(
+                    wanted = kv_blocks,
+                    fits = fit,
+                    bytes_per_block = per_block,
+                    "KV blocks for --max-num-seqs × --max-model-len do not fit in memory; clamped"
+                );
+                kv_blocks = fit;
+            }
+        }
+        if kv_blocks < per_seq {
+            max_model_len = kv_blocks * DEFAULT_BLOCK_SIZE;
+            tracing::warn!(requested = args.max_model_len, fits = max_model_len, "--max-model-len does not fit in the KV cache; clamped");
+            anyhow::ensure!(max_model_len >= 2, "the KV cache holds {max_model_len} tokens; raise --state-memory-fraction or free memory");
+        }
+        tracing::info!(
+            kv_blocks,
+            block_size = DEFAULT_BLOCK_SIZE,
+            bytes_per_block = per_block,
+            tokens = kv_blocks * DEFAULT_BLOCK_SIZE,
+            "paged KV cache"
+        );
     }
     let tokenizer = engine.tokenizer_arc();
     let template = match tokenizer.chat_template.as_deref() {
@@ -165,14 +201,16 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
     };
     let limits = Limits {
         served_model_name: state.model_name.to_string(),
-        max_model_len: args.max_model_len,
+        max_model_len,
         max_n: slots.min(64),
         vocab_size: cfg.common.vocab_size,
+        kv_capacity: (per_block > 0).then_some((kv_blocks, DEFAULT_BLOCK_SIZE)),
     };
     let sched_cfg = SchedulerConfig {
         max_num_seqs: slots,
+        kv_blocks,
         max_queue: args.max_queue,
-        max_model_len: args.max_model_len,
+        max_model_len,
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
     };

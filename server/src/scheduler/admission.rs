@@ -38,10 +38,22 @@ impl Scheduler {
         self.pool.capacity() - self.pool.used() - self.reserved
     }
 
-    /// First come, first served: the head waits until all its `n` slots are free.
+    /// KV tokens one choice of a request may fill: its prompt and `max_tokens`.
+    fn kv_tokens(&self, prompt: usize, max_tokens: usize) -> usize {
+        (prompt + max_tokens).min(self.cfg.max_model_len)
+    }
+
+    /// First come, first served: the head waits until all its `n` slots are free and, for
+    /// hybrid models, until KV blocks for every choice's prompt and `max_tokens` can be
+    /// promised to it; so a running sequence never runs short of blocks.
     pub(super) fn admit(&mut self) {
         while let Some(head) = self.waiting.front() {
             if head.params.n > self.free_slots() {
+                break;
+            }
+            let kv_tokens = self.kv_tokens(head.prompt.len(), head.params.max_tokens);
+            let kv_blocks = self.pool.blocks_for(kv_tokens);
+            if head.params.n * kv_blocks > self.pool.kv_blocks_available().saturating_sub(self.kv_reserved) {
                 break;
             }
             let Some(r) = self.waiting.pop_front() else {
@@ -51,6 +63,14 @@ impl Scheduler {
                 self.waiting.push_front(r);
                 break;
             };
+            // Cannot fail: the blocks were counted above.
+            if !matches!(self.pool.reserve(slot, kv_tokens), Ok(true)) {
+                let _ = self.pool.release(slot);
+                self.waiting.push_front(r);
+                break;
+            }
+            let kv_reserved = (r.params.n - 1) * kv_blocks;
+            self.kv_reserved += kv_reserved;
             let now = Instant::now();
             self.metrics.request_queue_time.observe(now.duration_since(r.arrived).as_secs_f64());
             let reserved = r.params.n - 1;
@@ -68,6 +88,8 @@ impl Scheduler {
                 prev_logits: None,
                 seqs: vec![seq0],
                 reserved,
+                kv_tokens,
+                kv_reserved,
             });
         }
     }

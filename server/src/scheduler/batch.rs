@@ -119,6 +119,12 @@ impl Scheduler {
             let slot = self.pool.fork(slot)?.ok_or_else(|| SchedulerError::Engine("reserved slot missing".into()))?;
             self.reserved -= 1;
             r.reserved -= 1;
+            let blocks = self.pool.blocks_for(r.kv_tokens);
+            self.kv_reserved -= blocks;
+            r.kv_reserved -= blocks;
+            if !self.pool.reserve(slot, r.kv_tokens)? {
+                return Err(SchedulerError::Engine("reserved KV blocks missing".into()));
+            }
             r.seqs.push(Seq::new(&r.params, &r.prompt, choice, slot));
         }
         let tok = self.engine.tokenizer();

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use deltaserve_engine::state::{PoolSize, DEFAULT_BLOCK_SIZE};
 use deltaserve_engine::{Engine, StatePool};
 use tokio::sync::mpsc;
 
@@ -94,12 +95,24 @@ pub fn spawn(
     let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
     let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue };
     // The pool is allocated up front so that running out of (GPU) memory fails the start-up.
-    let pool = engine.new_pool(cfg.max_num_seqs).map_err(std::io::Error::other)?;
+    let size = PoolSize { slots: cfg.max_num_seqs, kv_blocks: cfg.kv_blocks, block_size: DEFAULT_BLOCK_SIZE };
+    let pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
         metrics.state_slots_total.set(pool.capacity() as i64);
         metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
-        let mut s =
-            Scheduler { engine, pool, cfg, metrics, shared: shared.clone(), waiting: VecDeque::new(), requests: Vec::new(), reserved: 0 };
+        metrics.kv_blocks_total.set(pool.kv_blocks_total() as i64);
+        metrics.kv_memory_bytes.set((pool.kv_blocks_total() * pool.bytes_per_block()) as i64);
+        let mut s = Scheduler {
+            engine,
+            pool,
+            cfg,
+            metrics,
+            shared: shared.clone(),
+            waiting: VecDeque::new(),
+            requests: Vec::new(),
+            reserved: 0,
+            kv_reserved: 0,
+        };
         s.run(rx);
         shared.alive.store(false, Ordering::SeqCst);
     })?;
@@ -121,6 +134,10 @@ struct Active {
     seqs: Vec<Seq>,
     /// Slots promised to this request's forks but not yet taken.
     reserved: usize,
+    /// KV blocks each choice may fill (prompt + `max_tokens`, within `max_model_len`).
+    kv_tokens: usize,
+    /// KV blocks promised to this request's forks but not yet taken.
+    kv_reserved: usize,
 }
 
 impl Active {
@@ -145,6 +162,8 @@ struct Scheduler {
     requests: Vec<Active>,
     /// Slots reserved for forks of requests still prefilling.
     reserved: usize,
+    /// KV blocks reserved for those forks.
+    kv_reserved: usize,
 }
 
 impl Scheduler {
@@ -186,6 +205,9 @@ impl Scheduler {
         self.metrics.num_requests_waiting.set(self.waiting.len() as i64);
         self.metrics.num_requests_running.set(self.requests.len() as i64);
         self.metrics.state_slots_used.set(self.pool.used() as i64);
+        let (used, total) = (self.pool.kv_blocks_used(), self.pool.kv_blocks_total());
+        self.metrics.kv_blocks_used.set(used as i64);
+        self.metrics.kv_cache_usage_perc.set(if total == 0 { 0.0 } else { used as f64 / total as f64 });
     }
 
     fn fail_all(&mut self, e: SchedulerError) {
@@ -212,6 +234,7 @@ impl Scheduler {
             // Forks are only made from a live first sequence, so no sequences left means done.
             if r.seqs.is_empty() {
                 self.reserved -= r.reserved;
+                self.kv_reserved -= r.kv_reserved;
                 self.metrics.e2e_latency.observe(now.duration_since(r.arrived).as_secs_f64());
                 self.requests.swap_remove(i);
             } else {

@@ -13,6 +13,9 @@ use super::SchedulerError;
 pub struct SchedulerConfig {
     /// Slots in the state pool (after clamping to memory).
     pub max_num_seqs: usize,
+    /// KV blocks of [`deltaserve_engine::state::DEFAULT_BLOCK_SIZE`] tokens beside the pool
+    /// (0 for models without attention layers).
+    pub kv_blocks: usize,
     /// Requests allowed to wait for a slot; more get 429.
     pub max_queue: usize,
     /// Prompt + generated tokens allowed per sequence.
