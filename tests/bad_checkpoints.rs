@@ -99,14 +99,20 @@ fn unsupported_architectures_are_refused() {
     edit_config(d.path(), |v| v["model_type"] = "mamba2".into());
     assert_eq!(
         load_err(d.path()),
-        "config.json: unsupported `model_type` = mamba2; supported: `gated_deltanet`, `gated_deltaproduct` or `delta_net`"
+        "config.json: unsupported `model_type` = mamba2; supported: `gated_deltanet`, `gated_deltaproduct`, `delta_net`, `qwen3_5`, `qwen3_5_text` or `olmo_hybrid`"
     );
+    edit_config(d.path(), |v| v["model_type"] = "qwen3_5_moe".into());
+    let e = load_err(d.path());
+    assert!(e.contains("`model_type` = qwen3_5_moe") && e.contains("mixture-of-experts"), "{e}");
+    // A config that calls layer 1 attention, over a checkpoint whose layer 1 is not.
     edit_config(d.path(), |v| {
         v["model_type"] = "gated_deltanet".into();
         v["attn"] = serde_json::json!({"layers": [1], "num_heads": 2});
     });
+    assert_eq!(load_err(d.path()), "tensor `model.layers.1.attn.v_proj.weight` has shape [96, 64], expected [64, 64]");
+    edit_config(d.path(), |v| v["attn"] = serde_json::json!({"layers": [2], "num_heads": 2}));
     let e = load_err(d.path());
-    assert!(e.starts_with("config.json: unsupported `attn` = {") && e.contains("hybrid"), "{e}");
+    assert!(e.contains("`attn.layers`") && e.contains("below num_hidden_layers (2)"), "{e}");
     edit_config(d.path(), |v| {
         v["attn"] = serde_json::Value::Null;
         v["hidden_act"] = "powlu".into();

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device};
 use deltaserve_engine::synth::write_random_checkpoint;
 use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::{CausalLm, Logits, PrefillAlgo, StatePool};
+use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
 use deltaserve_tests::{compact_dir, packed_model_prefill_error, rel_err, values};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -31,7 +31,7 @@ fn models() -> Vec<(String, CausalLm, tempfile::TempDir)> {
         let m = CausalLm::load(&c, &Checkpoint::open(dir.path()).unwrap(), DType::F32, &Device::Cpu, true).unwrap();
         out.push((format!("random{i}:{}", c.model_type()), m, dir));
     }
-    for name in ["gdn", "gdn-gva", "gdp", "delta_net", "delta_net-gated"] {
+    for name in ["gdn", "gdn-gva", "gdp", "delta_net", "delta_net-gated", "gdn-attn", "qwen3_5", "olmo_hybrid", "olmo_hybrid-rope"] {
         let dir = compact_dir().join(name);
         let c = deltaserve_engine::read_config(&dir).unwrap();
         let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();
@@ -53,7 +53,7 @@ fn chunked_prefill_equals_token_by_token_recurrence() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     for (name, m, _d) in models() {
         let toks = random_tokens(&mut rng, vocab(&m), 150);
-        let mut pool = StatePool::new(&m.cache_specs(), 3);
+        let mut pool = m.new_pool(3).unwrap();
         let (a, b, c) = (pool.allocate().unwrap(), pool.allocate().unwrap(), pool.allocate().unwrap());
         let chunked = values(&m.prefill(&mut pool, a, &toks, Logits::All, PrefillAlgo::Chunked).unwrap());
         let recurrent = values(&m.prefill(&mut pool, b, &toks, Logits::All, PrefillAlgo::Recurrent).unwrap());
@@ -76,7 +76,7 @@ fn split_prefill_equals_whole_prefill_around_chunk_boundaries() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(2);
     for (name, m, _d) in models() {
         let toks = random_tokens(&mut rng, vocab(&m), 270);
-        let mut pool = StatePool::new(&m.cache_specs(), 2);
+        let mut pool = m.new_pool(2).unwrap();
         let whole = pool.allocate().unwrap();
         let full = values(&m.prefill(&mut pool, whole, &toks, Logits::All, PrefillAlgo::Chunked).unwrap());
         let after_whole = values(&m.decode(&mut pool, &[(whole, 5)]).unwrap());
@@ -106,13 +106,13 @@ fn batched_decode_equals_each_slot_alone_in_any_order() {
         // Alone.
         let mut alone = Vec::new();
         for (p, &t) in prompts.iter().zip(&next) {
-            let mut pool = StatePool::new(&m.cache_specs(), 1);
+            let mut pool = m.new_pool(1).unwrap();
             let s = pool.allocate().unwrap();
             m.prefill(&mut pool, s, p, Logits::Last, PrefillAlgo::Chunked).unwrap();
             alone.push(values(&m.decode(&mut pool, &[(s, t)]).unwrap()));
         }
         // Together, in a shuffled slot order, in a pool with extra slots.
-        let mut pool = StatePool::new(&m.cache_specs(), 6);
+        let mut pool = m.new_pool(6).unwrap();
         let _spare = pool.allocate().unwrap();
         let slots: Vec<_> = prompts.iter().map(|_| pool.allocate().unwrap()).collect();
         for (p, &s) in prompts.iter().zip(&slots) {
@@ -134,11 +134,11 @@ fn reused_slot_behaves_like_a_fresh_one() {
     for (name, m, _d) in models() {
         let v = vocab(&m);
         let (p1, p2) = (random_tokens(&mut rng, v, 77), random_tokens(&mut rng, v, 9));
-        let mut fresh_pool = StatePool::new(&m.cache_specs(), 1);
+        let mut fresh_pool = m.new_pool(1).unwrap();
         let f = fresh_pool.allocate().unwrap();
         let fresh = values(&m.prefill(&mut fresh_pool, f, &p2, Logits::All, PrefillAlgo::Chunked).unwrap());
 
-        let mut pool = StatePool::new(&m.cache_specs(), 1);
+        let mut pool = m.new_pool(1).unwrap();
         let s = pool.allocate().unwrap();
         m.prefill(&mut pool, s, &p1, Logits::Last, PrefillAlgo::Chunked).unwrap();
         m.decode(&mut pool, &[(s, 3)]).unwrap();
@@ -155,7 +155,7 @@ fn forked_slot_continues_like_the_original() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for (name, m, _d) in models() {
         let p = random_tokens(&mut rng, vocab(&m), 40);
-        let mut pool = StatePool::new(&m.cache_specs(), 2);
+        let mut pool = m.new_pool(2).unwrap();
         let a = pool.allocate().unwrap();
         m.prefill(&mut pool, a, &p, Logits::Last, PrefillAlgo::Chunked).unwrap();
         let b = pool.fork(a).unwrap().unwrap();
@@ -169,7 +169,7 @@ fn forked_slot_continues_like_the_original() {
 #[test]
 fn bad_tokens_and_slots_are_errors_not_panics() {
     let (_, m, _d) = models().remove(0);
-    let mut pool = StatePool::new(&m.cache_specs(), 1);
+    let mut pool = m.new_pool(1).unwrap();
     let s = pool.allocate().unwrap();
     let e = m.prefill(&mut pool, s, &[1, 100_000], Logits::Last, PrefillAlgo::Chunked).unwrap_err().to_string();
     assert!(e.contains("token id") && e.contains("100000"), "{e}");

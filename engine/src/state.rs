@@ -467,3 +467,59 @@ impl StatePool {
         &self.layers[i]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hybrid_pool(slots: usize, blocks: usize) -> StatePool {
+        let specs = [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 }, CacheSpec::Attention { kv_heads: 1, head_dim: 2 }];
+        StatePool::new_on(&specs, PoolSize { slots, kv_blocks: blocks, block_size: 4 }, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn reservations_hold_blocks_back_from_other_slots() {
+        let mut p = hybrid_pool(3, 5);
+        let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
+        assert!(p.reserve(a, 12).unwrap(), "3 blocks of 5");
+        assert_eq!(p.kv_blocks_available(), 2);
+        assert!(!p.reserve(b, 12).unwrap(), "3 more do not fit");
+        assert!(p.reserve(b, 8).unwrap());
+        // b may not take a's promised blocks beyond its own promise...
+        assert!(matches!(p.plan(&[b.index()], &[9]), Err(EngineError::KvCacheFull { needed: 3, available: 2, .. })));
+        // ...but a gets all three of its own.
+        let plan = p.plan(&[a.index()], &[12]).unwrap();
+        assert_eq!((plan.starts.clone(), plan.tables[0].len(), plan.cu.clone()), (vec![0], 3, vec![0, 12]));
+        p.advance(&[a.index()], &[12]);
+        assert_eq!((p.seen(a), p.kv_blocks_used()), (12, 3));
+        p.release(a).unwrap();
+        assert_eq!((p.kv_blocks_used(), p.kv_blocks_available()), (0, 3));
+    }
+
+    #[test]
+    fn forks_copy_blocks_and_positions() {
+        let mut p = hybrid_pool(2, 4);
+        let a = p.allocate().unwrap();
+        let plan = p.plan(&[a.index()], &[5]).unwrap();
+        p.advance(&[a.index()], &[5]);
+        if let LayerCache::Attention(kv) = p.layer_mut(1) {
+            kv.k.write_slot(plan.tables[0][1] as usize, &[7.0; 8]).unwrap();
+        }
+        let f = p.fork(a).unwrap().unwrap();
+        assert_eq!((p.seen(f), p.kv_blocks_used()), (5, 4));
+        let LayerCache::Attention(kv) = p.layer(1) else { panic!("layer 1 is attention") };
+        let t = p.tables[f.index()].clone();
+        assert_ne!(t, plan.tables[0], "own blocks");
+        assert_eq!(kv.k.slot_to_vec(t[1] as usize).unwrap(), vec![7.0; 8]);
+        assert!(p.fork(a).unwrap().is_none(), "no slot left");
+    }
+
+    #[test]
+    fn recurrent_models_need_no_blocks() {
+        let mut p = StatePool::new(&[CacheSpec::Recurrent { conv_state: 2, recurrent_state: 2 }], 1);
+        let s = p.allocate().unwrap();
+        assert!(p.reserve(s, 1 << 20).unwrap());
+        assert!(p.plan(&[s.index()], &[1000]).unwrap().tables.is_empty());
+        assert_eq!(p.blocks_for(1000), 0);
+    }
+}

@@ -88,6 +88,18 @@ impl Tokenizer {
                 .map(str::to_owned),
             _ => None,
         };
+        // Newer checkpoints (Qwen3.5) ship the template as its own file.
+        let chat_template = match chat_template {
+            Some(t) => Some(t),
+            None => {
+                let path = dir.join("chat_template.jinja");
+                match std::fs::read_to_string(&path) {
+                    Ok(t) => Some(t),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(EngineError::Io { path, message: e.to_string() }),
+                }
+            }
+        };
         Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token })
     }
 

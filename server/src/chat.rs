@@ -97,12 +97,18 @@ impl ChatTemplate {
         Ok(Self { env, bos_token: bos_token.unwrap_or_default().to_owned(), eos_token: eos_token.unwrap_or_default().to_owned() })
     }
 
-    /// Renders the prompt for `messages`, ending with the assistant turn's opening.
-    pub fn render(&self, messages: &[Message]) -> Result<String, ApiError> {
+    /// Renders the prompt for `messages`, ending with the assistant turn's opening; `kwargs`
+    /// (a JSON object, vLLM's `chat_template_kwargs`) adds template variables.
+    pub fn render(&self, messages: &[Message], kwargs: Option<&serde_json::Value>) -> Result<String, ApiError> {
         let t = self.env.get_template("chat").map_err(|e| ApiError::Internal(e.to_string()))?;
-        t.render(
-            context! { messages => messages, add_generation_prompt => true, bos_token => &self.bos_token, eos_token => &self.eos_token },
-        )
+        let extra = match kwargs {
+            None | Some(serde_json::Value::Null) => minijinja::Value::from(()),
+            Some(o @ serde_json::Value::Object(_)) => minijinja::Value::from_serialize(o),
+            Some(other) => return Err(ApiError::invalid("chat_template_kwargs", "an object", short(other))),
+        };
+        t.render(context! {
+            messages => messages, add_generation_prompt => true, bos_token => &self.bos_token, eos_token => &self.eos_token, ..extra
+        })
         .map_err(|e| ApiError::bad_request(format!("chat_template failed on these messages: {e}"), Some("messages"), "chat_template_error"))
     }
 }
@@ -120,6 +126,21 @@ mod tests {
     }
 
     #[test]
+    fn chat_template_kwargs_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}{{ messages[0].content }}",
+            None,
+            None,
+        )
+        .unwrap();
+        let m = [Message { role: "user".into(), content: "hi".into() }];
+        assert_eq!(t.render(&m, None).unwrap(), "hi");
+        assert_eq!(t.render(&m, Some(&json!({"enable_thinking": false}))).unwrap(), "<no-think>hi");
+        let e = t.render(&m, Some(&json!(["enable_thinking"]))).unwrap_err().to_string();
+        assert!(e.contains("`chat_template_kwargs`"), "{e}");
+    }
+
+    #[test]
     fn bad_messages_name_the_field() {
         let e = parse_messages(Some(&json!([{"role":"tool","content":"x"}]))).unwrap_err().to_string();
         assert!(e.contains("`messages[0].role`") && e.contains("\"tool\""), "{e}");
@@ -131,9 +152,9 @@ mod tests {
     #[test]
     fn renders_a_hf_style_template() {
         let t = ChatTemplate::new("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}", Some("<s>"), None).unwrap();
-        let out = t.render(&[Message { role: "user".into(), content: "hi".into() }]).unwrap();
+        let out = t.render(&[Message { role: "user".into(), content: "hi".into() }], None).unwrap();
         assert_eq!(out, "<s><user>hi\n<assistant>");
         let t = ChatTemplate::new("{{ raise_exception('no system') }}", None, None).unwrap();
-        assert!(t.render(&[]).unwrap_err().to_string().contains("no system"));
+        assert!(t.render(&[], None).unwrap_err().to_string().contains("no system"));
     }
 }

@@ -209,7 +209,7 @@ async fn tokenize(State(state): State<AppState>, ApiJson(req): ApiJson<TokenizeR
             let t = template
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("this model has no `chat_template`", Some("messages"), "no_chat_template"))?;
-            validate::render_chat_prompt(t, &tok, &msgs)
+            validate::render_chat_prompt(t, &tok, &msgs, None)
         }
         _ => Err(ApiError::invalid("prompt", "exactly one of `prompt` or `messages`", "both or neither")),
     })

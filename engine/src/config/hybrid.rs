@@ -317,3 +317,55 @@ pub fn parse(raw: &Value, model_type: &str) -> Result<Parsed, ConfigError> {
         Architecture::GatedDeltaNet(GatedDeltaNetFields { num_v_heads: Some(hv), use_gate: true, output_gate_activation: "swish".into() });
     Ok(Parsed { common, arch, layers: kinds, family })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{LayerKind, ModelConfig, QkNorm};
+
+    #[test]
+    fn qwen3_5_defaults_and_layer_types_from_the_interval() {
+        let c = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5","text_config":{"num_hidden_layers":8,"full_attention_interval":4}}"#)
+            .unwrap();
+        let full: Vec<usize> = c.layers.iter().enumerate().filter(|(_, l)| matches!(l, LayerKind::Attention(_))).map(|(i, _)| i).collect();
+        assert_eq!(full, vec![3, 7]);
+        let LayerKind::Attention(a) = &c.layers[3] else { unreachable!() };
+        assert_eq!((a.num_heads, a.num_kv_heads, a.head_dim, a.qk_norm, a.output_gate), (16, 4, 256, QkNorm::PerHead, true));
+        assert_eq!(a.rope.unwrap().rotary_dim, 64, "partial_rotary_factor 0.25 of 256");
+        assert_eq!((c.num_heads(), c.num_v_heads(), c.head_k_dim(), c.head_v_dim()), (16, 32, 128, 128));
+        assert!(!c.common.allow_neg_eigval);
+    }
+
+    #[test]
+    fn olmo_rope_is_off_only_for_an_explicit_null() {
+        let parse =
+            |extra: &str| ModelConfig::from_json_str(&format!(r#"{{"model_type":"olmo_hybrid","num_hidden_layers":4{extra}}}"#)).unwrap();
+        let rope = |c: &ModelConfig| match &c.layers[3] {
+            LayerKind::Attention(a) => a.rope,
+            LayerKind::Linear => panic!("layer 3 is attention by default"),
+        };
+        assert!(rope(&parse(r#","rope_parameters":null"#)).is_none());
+        assert!(rope(&parse(r#","rope_theta":null"#)).is_none());
+        assert_eq!(rope(&parse("")).unwrap().theta, 10000.0);
+        assert_eq!(rope(&parse(r#","rope_parameters":{"rope_type":"default","rope_theta":5e5}"#)).unwrap().theta, 5e5);
+        let c = parse("");
+        assert!(c.common.allow_neg_eigval && c.linear_norm_eps() == 1e-5);
+        assert_eq!((c.head_k_dim(), c.head_v_dim()), (96, 192));
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5","text_config":{"num_experts":8}}"#).unwrap_err().to_string();
+        assert!(e.contains("`num_experts`") && e.contains("mixture-of-experts"), "{e}");
+        let e =
+            ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_text","rope_parameters":{"rope_type":"yarn"}}"#).unwrap_err().to_string();
+        assert!(e.contains("`rope_parameters.rope_type`") && e.contains("yarn"), "{e}");
+        let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_text","num_hidden_layers":2,"layer_types":["full_attention"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`layer_types`") && e.contains("2 entries"), "{e}");
+        let e = ModelConfig::from_json_str(r#"{"model_type":"gated_deltanet","hidden_size":64,"attn":{"layers":[0],"num_heads":3}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`attn.num_heads`") && e.contains("hidden_size (64)"), "{e}");
+    }
+}

@@ -128,6 +128,8 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// Top-N alternatives per token, ≤ 20 (needs `logprobs`).
     pub top_logprobs: Option<i64>,
+    /// Extra variables for the chat template (vLLM's field, e.g. `{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<Value>,
     /// Shared fields (read from the same object, see [`FromBody`]).
     #[serde(skip)]
     pub common: CommonParams,

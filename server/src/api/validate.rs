@@ -252,7 +252,7 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
             "no_chat_template",
         )
     })?;
-    let prompt = render_chat_prompt(template, tok, &messages)?;
+    let prompt = render_chat_prompt(template, tok, &messages, req.chat_template_kwargs.as_ref())?;
     let top = nonneg("top_logprobs", req.top_logprobs)?;
     if let Some(n) = top.filter(|&n| n > MAX_LOGPROBS) {
         return Err(ApiError::invalid("top_logprobs", format!("in [0, {MAX_LOGPROBS}]"), n));
@@ -276,8 +276,13 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
 }
 
 /// Renders messages and tokenizes them, adding BOS only if the template did not already.
-pub fn render_chat_prompt(template: &ChatTemplate, tok: &Tokenizer, messages: &[crate::chat::Message]) -> Result<Vec<u32>, ApiError> {
-    let text = template.render(messages)?;
+pub fn render_chat_prompt(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    messages: &[crate::chat::Message],
+    kwargs: Option<&Value>,
+) -> Result<Vec<u32>, ApiError> {
+    let text = template.render(messages, kwargs)?;
     let has_bos = tok.bos_token.as_deref().is_some_and(|b| !b.is_empty() && text.starts_with(b));
     Ok(tok.encode(&text, !has_bos)?)
 }
