@@ -132,7 +132,7 @@ pub fn fla_layers(attn: Option<&Value>, layers: usize, hidden_size: usize) -> Re
         if heads % kv != 0 {
             return Err(invalid("attn.num_kv_heads", &format!("a divisor of attn.num_heads ({heads})"), kv));
         }
-        if hidden_size % heads != 0 {
+        if !hidden_size.is_multiple_of(heads) {
             return Err(invalid("attn.num_heads", &format!("a divisor of hidden_size ({hidden_size})"), heads));
         }
         let head_dim = hidden_size / heads;
@@ -211,7 +211,7 @@ fn rope(text: &Value, head_dim: usize, default_partial: f64, explicit_null_is_no
         Some(v) => v.as_f64().filter(|f| *f > 0.0 && *f <= 1.0).ok_or_else(|| invalid("partial_rotary_factor", "in (0, 1]", v))?,
     };
     let rotary_dim = (head_dim as f64 * partial) as usize;
-    if rotary_dim == 0 || rotary_dim % 2 != 0 {
+    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
         return Err(invalid("partial_rotary_factor", &format!("head_dim ({head_dim}) × factor to be a positive even number"), partial));
     }
     Ok(Some(RopeSpec { theta, rotary_dim }))

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Tensor};
 use candle_nn::{Linear, Module};
-use deltaserve_kernels::ops::{self, AttentionShape, PagedSeq};
+use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq};
 
 use super::linear::project;
 use super::rope::Rope;
@@ -125,7 +125,8 @@ impl Attention {
         };
         let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window: s.window, scale: (hd as f32).powf(-0.5) };
         let seqs: Vec<PagedSeq<'_>> = kv.starts.iter().zip(&kv.tables).map(|(&start, t)| PagedSeq { start, table: t }).collect();
-        let o = ops::paged_attention(&q, &k, &v, &shape, &seqs, &kv.cu, kv.block_size, &mut cache.k, &mut cache.v)?;
+        let pass = Paged { seqs: &seqs, cu: &kv.cu, block_size: kv.block_size };
+        let o = ops::paged_attention((&q, &k, &v), &shape, pass, &mut cache.k, &mut cache.v)?;
         let mut o = o.reshape((n, hq * hd))?;
         if s.output_gate {
             let gate = y.narrow(1, hq * hd, hq * hd)?.to_dtype(DType::F32)?;

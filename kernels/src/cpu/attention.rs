@@ -28,22 +28,25 @@ pub struct PagedSeq<'a> {
     pub table: &'a [u32],
 }
 
+/// One pass over the cache: its sequences, their rows (`cu`) and the block size.
+#[derive(Debug, Clone, Copy)]
+pub struct Paged<'a> {
+    /// Each sequence's start and block table.
+    pub seqs: &'a [PagedSeq<'a>],
+    /// Row offsets, `seqs.len() + 1` entries.
+    pub cu: &'a [usize],
+    /// Tokens per block.
+    pub block_size: usize,
+}
+
 /// Offset of position `pos`'s `[HKV, hd]` row in a cache buffer.
 fn row_offset(table: &[u32], pos: usize, block_size: usize, row: usize) -> usize {
     (table[pos / block_size] as usize * block_size + pos % block_size) * row
 }
 
 /// Writes the new rows' keys and values (`[N, HKV, hd]` each, packed by `cu`) into the cache.
-pub fn append(
-    k: &[f32],
-    v: &[f32],
-    shape: &AttentionShape,
-    seqs: &[PagedSeq<'_>],
-    cu: &[usize],
-    block_size: usize,
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
-) {
+pub fn append(k: &[f32], v: &[f32], shape: &AttentionShape, pass: Paged<'_>, k_cache: &mut [f32], v_cache: &mut [f32]) {
+    let (seqs, cu, block_size) = (pass.seqs, pass.cu, pass.block_size);
     let row = shape.kv_heads * shape.head_dim;
     for (s, seq) in seqs.iter().enumerate() {
         for n in cu[s]..cu[s + 1] {
@@ -56,15 +59,8 @@ pub fn append(
 
 /// Attention of the new rows' queries `q` `[N, HQ, hd]` over each sequence's cached keys (the
 /// new ones appended first). Returns `[N, HQ, hd]`.
-pub fn attend(
-    q: &[f32],
-    shape: &AttentionShape,
-    seqs: &[PagedSeq<'_>],
-    cu: &[usize],
-    block_size: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-) -> Vec<f32> {
+pub fn attend(q: &[f32], shape: &AttentionShape, pass: Paged<'_>, k_cache: &[f32], v_cache: &[f32]) -> Vec<f32> {
+    let (seqs, cu, block_size) = (pass.seqs, pass.cu, pass.block_size);
     let (hq, hkv, hd) = (shape.q_heads, shape.kv_heads, shape.head_dim);
     let (group, row) = (hq / hkv, hkv * hd);
     let n_rows = cu[cu.len() - 1];
@@ -148,9 +144,9 @@ mod tests {
             let mut got = vec![];
             for (a, b) in [(0, 7), (7, 8), (8, 23)] {
                 let seq = [PagedSeq { start: a, table: &table }];
-                let cu = [0, b - a];
-                append(&k[a * row..b * row], &v[a * row..b * row], &shape, &seq, &cu, bs, &mut kc, &mut vc);
-                got.extend(attend(&q[a * 32..b * 32], &shape, &seq, &cu, bs, &kc, &vc));
+                let pass = Paged { seqs: &seq, cu: &[0, b - a], block_size: bs };
+                append(&k[a * row..b * row], &v[a * row..b * row], &shape, pass, &mut kc, &mut vc);
+                got.extend(attend(&q[a * 32..b * 32], &shape, pass, &kc, &vc));
             }
             let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(err < 1e-6, "window {window:?}: max error {err}");

@@ -6,25 +6,21 @@ use candle_core::Tensor;
 
 use super::cpu_f32;
 use crate::cpu::attention;
-pub use crate::cpu::attention::{AttentionShape, PagedSeq};
+pub use crate::cpu::attention::{AttentionShape, Paged, PagedSeq};
 use crate::{KernelError, Result, SlotBuffer};
 
 /// Appends `k`, `v` (`[N, HKV, hd]`) at each sequence's next positions and attends with `q`
-/// (`[N, HQ, hd]`); rows `cu[s]..cu[s+1]` belong to `seqs[s]`. The caches hold one block per
-/// slot, `[block_size, HKV, hd]` f32. Returns `[N, HQ, hd]` f32.
-#[allow(clippy::too_many_arguments)]
+/// (`[N, HQ, hd]`); rows `pass.cu[s]..pass.cu[s+1]` belong to `pass.seqs[s]`. The caches hold
+/// one block per slot, `[block_size, HKV, hd]` f32. Returns `[N, HQ, hd]` f32.
 pub fn paged_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
     shape: &AttentionShape,
-    seqs: &[PagedSeq<'_>],
-    cu: &[usize],
-    block_size: usize,
+    pass: Paged<'_>,
     k_cache: &mut SlotBuffer,
     v_cache: &mut SlotBuffer,
 ) -> Result<Tensor> {
     const OP: &str = "paged_attention";
+    let (seqs, cu, block_size) = (pass.seqs, pass.cu, pass.block_size);
     let (hq, hkv, hd) = (shape.q_heads, shape.kv_heads, shape.head_dim);
     let n = q.dim(0)?;
     for (input, t, heads) in [("q", q, hq), ("k", k, hkv), ("v", v, hkv)] {
@@ -75,7 +71,7 @@ pub fn paged_attention(
         return Err(KernelError::UnsupportedDevice { op: OP, device: "cuda (attention layers run on the CPU only)".into() });
     }
     let (qs, ks, vs) = (cpu_f32(OP, q)?, cpu_f32(OP, k)?, cpu_f32(OP, v)?);
-    attention::append(&ks, &vs, shape, seqs, cu, block_size, k_cache.host_mut(OP)?, v_cache.host_mut(OP)?);
-    let out = attention::attend(&qs, shape, seqs, cu, block_size, k_cache.host(OP)?, v_cache.host(OP)?);
+    attention::append(&ks, &vs, shape, pass, k_cache.host_mut(OP)?, v_cache.host_mut(OP)?);
+    let out = attention::attend(&qs, shape, pass, k_cache.host(OP)?, v_cache.host(OP)?);
     Ok(Tensor::from_vec(out, (n, hq, hd), q.device())?)
 }

@@ -164,7 +164,7 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         let per_seq = max_model_len.div_ceil(DEFAULT_BLOCK_SIZE);
         kv_blocks = slots * per_seq;
         if let Some(budget) = budget {
-            let fit = budget.saturating_sub(slots * per_slot) / per_block;
+            let fit = budget.saturating_sub(slots * per_slot).checked_div(per_block).unwrap_or(0);
             if kv_blocks > fit {
                 tracing::warn!(
                     wanted = kv_blocks,
