@@ -39,7 +39,7 @@ fn logits(dir: &Path, tokens: &[u32]) -> Vec<f32> {
 fn calibration_text() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut text = String::new();
-    for f in ["README.md", "engine/src/config.rs", "kernels/src/cpu/gated_delta.rs", "engine/src/sampling.rs"] {
+    for f in ["README.md", "engine/src/config/mod.rs", "kernels/src/cpu/gated_delta.rs", "engine/src/sampling.rs"] {
         text.push_str(&std::fs::read_to_string(root.join(f)).unwrap());
     }
     let path = std::env::temp_dir().join(format!("deltaserve-calib-{}.txt", std::process::id()));

@@ -22,7 +22,8 @@ import os
 import shutil
 
 import torch
-from safetensors.torch import save_file
+
+from fixture_goldens import write_goldens
 
 # name -> fla config fields (beyond the shared ones below)
 CONFIGS = {
@@ -58,12 +59,6 @@ def redraw(model, seed):
                 p.copy_(r / math.sqrt(p.shape[-1]))
 
 
-@torch.no_grad()
-def logits_of(model, ids):
-    out = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)
-    return out.logits[0].double().cpu()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/fixtures/compact")
@@ -93,28 +88,8 @@ def main():
         model.save_pretrained(out, safe_serialization=True)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(src, f), out)
-        cases, tensors = [], {}
-        for c, (prompt, ids) in enumerate(prompts):
-            all_logits = logits_of(model, ids)
-            tensors[f"case{c}.input_ids"] = torch.tensor(ids, dtype=torch.int64)
-            tensors[f"case{c}.last_logits"] = all_logits[-1].float().contiguous()
-            if len(ids) > 100:
-                tensors[f"case{c}.all_logits"] = all_logits.float().contiguous()
-            seq, new, margins = list(ids), [], []
-            last = all_logits[-1]
-            for _ in range(STEPS):
-                top = torch.topk(last, 2)
-                new.append(int(top.indices[0]))
-                margins.append(round(float(top.values[0] - top.values[1]), 6))
-                seq.append(new[-1])
-                last = logits_of(model, seq)[-1]
-            cases.append(dict(prompt=prompt, input_ids=ids, greedy_new_ids=new,
-                              greedy_text=tok.decode(new), top2_margins=margins))
-            print(f"{name} case{c}: {len(ids)} tokens, margins min {min(margins):.4f} first {margins[:4]}", flush=True)
-        json.dump(dict(model=name, reference=f"fla {fla.__version__}, torch {torch.__version__}, f32, TF32 off, "
-                       "fused_recurrent, full recomputation per greedy step", cases=cases),
-                  open(os.path.join(a.out, f"{name}.goldens.json"), "w"), indent=1)
-        save_file(tensors, os.path.join(a.out, f"{name}.logits.safetensors"))
+        reference = f"fla {fla.__version__}, torch {torch.__version__}, f32, TF32 off, fused_recurrent, full recomputation per greedy step"
+        write_goldens(name, model, prompts, tok, a.out, reference, STEPS)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import sys
 import types
 
 import torch
-from safetensors.torch import save_file
+
+from fixture_goldens import write_goldens
 
 STEPS = 32
 
@@ -92,12 +93,6 @@ def redraw(model, seed, lib, d):
                 p.copy_(3.0 * r / math.sqrt(d))
             else:
                 p.copy_(r / math.sqrt(p.shape[-1]))
-
-
-@torch.no_grad()
-def logits_of(model, ids):
-    out = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)
-    return out.logits[0].double().cpu()
 
 
 def fla_models():
@@ -198,28 +193,8 @@ def main():
             # Released Qwen checkpoints list several stop ids here.
             json.dump(dict(eos_token_id=[2, 5], bos_token_id=None, do_sample=False), open(os.path.join(out, "generation_config.json"), "w"), indent=1)
         print(name, "keys:", sorted({k.rsplit(".", 2)[0] for k in __import__("safetensors.torch", fromlist=["load_file"]).load_file(os.path.join(out, "model.safetensors")).keys()})[:80], flush=True)
-        cases, tensors = [], {}
-        for c, (prompt, ids) in enumerate(prompts):
-            all_logits = logits_of(model, ids)
-            tensors[f"case{c}.input_ids"] = torch.tensor(ids, dtype=torch.int64)
-            tensors[f"case{c}.last_logits"] = all_logits[-1].float().contiguous()
-            if len(ids) > 100:
-                tensors[f"case{c}.all_logits"] = all_logits.float().contiguous()
-            seq, new, margins = list(ids), [], []
-            last = all_logits[-1]
-            for _ in range(STEPS):
-                top = torch.topk(last, 2)
-                new.append(int(top.indices[0]))
-                margins.append(round(float(top.values[0] - top.values[1]), 6))
-                seq.append(new[-1])
-                last = logits_of(model, seq)[-1]
-            cases.append(dict(prompt=prompt, input_ids=ids, greedy_new_ids=new,
-                              greedy_text=tok.decode(new), top2_margins=margins))
-            print(f"{name} case{c}: {len(ids)} tokens, margins min {min(margins):.4f} first {margins[:4]}", flush=True)
-        json.dump(dict(model=name, reference=f"{ver}, torch {torch.__version__}, f32, TF32 off, no cache, "
-                       "full recomputation per greedy step", cases=cases),
-                  open(os.path.join(a.out, f"{name}.goldens.json"), "w"), indent=1)
-        save_file(tensors, os.path.join(a.out, f"{name}.logits.safetensors"))
+        reference = f"{ver}, torch {torch.__version__}, f32, TF32 off, no cache, full recomputation per greedy step"
+        write_goldens(name, model, prompts, tok, a.out, reference, STEPS)
 
 
 if __name__ == "__main__":

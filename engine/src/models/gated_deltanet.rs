@@ -64,21 +64,7 @@ impl GatedDeltaNet {
             (linear(w, key_dim, d, "q_proj.weight")?, linear(w, key_dim, d, "k_proj.weight")?, linear(w, value_dim, d, "v_proj.weight")?);
         let (a, b) = (linear(w, hv, d, "a_proj.weight")?, linear(w, hv, d, "b_proj.weight")?);
         let (out, g) = OutputHead::load(w, d, hv, cfg.head_v_dim(), cfg.use_output_gate(), cfg.common.norm_eps, cfg.gate_activation())?;
-        let mut parts = vec![&q, &k, &v, &a, &b];
-        parts.extend(g.as_ref());
-        Ok(Self {
-            input: FusedInput::new(&parts)?,
-            a_log: w.get_f32(&[hv], "A_log")?,
-            dt_bias: w.get_f32(&[hv], "dt_bias")?,
-            conv,
-            out,
-            num_heads: cfg.num_heads(),
-            num_v_heads: hv,
-            head_k_dim: cfg.head_k_dim(),
-            head_v_dim: cfg.head_v_dim(),
-            allow_neg_eigval: cfg.common.allow_neg_eigval,
-            scale: (cfg.head_k_dim() as f32).powf(-0.5),
-        })
+        Self::assemble(cfg, w, [&q, &k, &v, &a, &b], g.as_ref(), conv, out)
     }
 
     /// Loads a transformers hybrid's linear-attention layer (`linear_attn`): Qwen3.5's fused
@@ -87,7 +73,7 @@ impl GatedDeltaNet {
     pub fn load_transformers(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
         let (d, key_dim, value_dim, hv) = (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
         let conv_dim = 2 * key_dim + value_dim;
-        let (q, k, v, a, b, g, names);
+        let (q, k, v, a, b, names);
         if cfg.family == Family::Qwen3_5 {
             let qkv = w.get(&[conv_dim, d], "in_proj_qkv.weight")?;
             let rows = |at: usize, n: usize| -> Result<Linear> { Ok(Linear::new(qkv.narrow(0, at, n)?, None)) };
@@ -128,10 +114,22 @@ impl GatedDeltaNet {
             }
             ShortConv::load(w, &parts, width, true, ConvActivation::Silu)?
         };
-        let (out, gate) = OutputHead::load_named(w, d, (hv, cfg.head_v_dim()), &names, cfg.linear_norm_eps(), cfg.gate_activation())?;
-        g = gate;
-        let mut parts = vec![&q, &k, &v, &a, &b];
-        parts.extend(g.as_ref());
+        let (out, g) = OutputHead::load_named(w, d, (hv, cfg.head_v_dim()), &names, cfg.linear_norm_eps(), cfg.gate_activation())?;
+        Self::assemble(cfg, w, [&q, &k, &v, &a, &b], g.as_ref(), conv, out)
+    }
+
+    /// The layer from its loaded pieces: projections `q, k, v, a, b` (+ `g`) fused into one GEMM.
+    fn assemble(
+        cfg: &ModelConfig,
+        w: &Weights<'_>,
+        qkvab: [&Linear; 5],
+        g: Option<&Linear>,
+        conv: ShortConv,
+        out: OutputHead,
+    ) -> Result<Self> {
+        let hv = cfg.num_v_heads();
+        let mut parts = qkvab.to_vec();
+        parts.extend(g);
         Ok(Self {
             input: FusedInput::new(&parts)?,
             a_log: w.get_f32(&[hv], "A_log")?,

@@ -1,0 +1,40 @@
+"""Goldens of a reference model, shared by the fixture scripts: per prompt its ids, the logits
+after the last token (all positions for prompts over 100 tokens), and a greedy continuation with
+each step's top-2 margin, every step recomputing the whole sequence (no cache)."""
+
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+
+@torch.no_grad()
+def logits_of(model, ids):
+    out = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)
+    return out.logits[0].double().cpu()
+
+
+def write_goldens(name, model, prompts, tok, out_dir, reference, steps):
+    """Writes `NAME.goldens.json` and `NAME.logits.safetensors` into `out_dir`."""
+    cases, tensors = [], {}
+    for c, (prompt, ids) in enumerate(prompts):
+        all_logits = logits_of(model, ids)
+        tensors[f"case{c}.input_ids"] = torch.tensor(ids, dtype=torch.int64)
+        tensors[f"case{c}.last_logits"] = all_logits[-1].float().contiguous()
+        if len(ids) > 100:
+            tensors[f"case{c}.all_logits"] = all_logits.float().contiguous()
+        seq, new, margins = list(ids), [], []
+        last = all_logits[-1]
+        for _ in range(steps):
+            top = torch.topk(last, 2)
+            new.append(int(top.indices[0]))
+            margins.append(round(float(top.values[0] - top.values[1]), 6))
+            seq.append(new[-1])
+            last = logits_of(model, seq)[-1]
+        cases.append(dict(prompt=prompt, input_ids=ids, greedy_new_ids=new,
+                          greedy_text=tok.decode(new), top2_margins=margins))
+        print(f"{name} case{c}: {len(ids)} tokens, margins min {min(margins):.4f} first {margins[:4]}", flush=True)
+    json.dump(dict(model=name, reference=reference, cases=cases),
+              open(os.path.join(out_dir, f"{name}.goldens.json"), "w"), indent=1)
+    save_file(tensors, os.path.join(out_dir, f"{name}.logits.safetensors"))
