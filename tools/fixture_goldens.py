@@ -3,6 +3,7 @@ after the last token (all positions for prompts over 100 tokens), and a greedy c
 each step's top-2 margin, every step recomputing the whole sequence (no cache)."""
 
 import json
+import math
 import os
 
 import torch
@@ -38,3 +39,33 @@ def write_goldens(name, model, prompts, tok, out_dir, reference, steps):
     json.dump(dict(model=name, reference=reference, cases=cases),
               open(os.path.join(out_dir, f"{name}.goldens.json"), "w"), indent=1)
     save_file(tensors, os.path.join(out_dir, f"{name}.logits.safetensors"))
+
+
+def zero_centred(lib, name):
+    """Qwen's decoder RMSNorms store w with y = x̂·(1 + w) (zero init)."""
+    if lib != "qwen3_5":
+        return False
+    return name.endswith("layernorm.weight") or ".q_norm." in name or ".k_norm." in name or name.endswith("language_model.norm.weight")
+
+
+def redraw(model, seed, lib, d):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if "visual" in name:
+                p.copy_(0.02 * r)
+            elif name.endswith("bias") and "dt_bias" not in name:
+                p.copy_(0.3 * r)
+            elif p.dim() == 1 and zero_centred(lib, name):
+                p.copy_(0.3 * r)
+            elif p.dim() == 1:  # plain norm weights, A_log, dt_bias
+                p.copy_(1.0 + 0.3 * r)
+            elif "conv1d" in name:
+                p.copy_(0.6 * r)
+            elif "embed" in name:
+                p.copy_(r)
+            elif "lm_head" in name:
+                p.copy_(3.0 * r / math.sqrt(d))
+            else:
+                p.copy_(r / math.sqrt(p.shape[-1]))

@@ -17,13 +17,12 @@ are those of the compact GDN fixture.
 
 import argparse
 import json
-import math
 import os
 import shutil
 
 import torch
 
-from fixture_goldens import write_goldens
+from fixture_goldens import redraw, write_goldens
 
 # name -> fla config fields (beyond the shared ones below)
 CONFIGS = {
@@ -39,24 +38,6 @@ SHARED = dict(hidden_size=64, num_heads=2, num_hidden_layers=2, intermediate_siz
               vocab_size=512, bos_token_id=1, eos_token_id=2, norm_eps=1e-6, tie_word_embeddings=False,
               max_position_embeddings=4096, use_short_conv=True, fuse_norm=True, fuse_swiglu=True)
 STEPS = 16
-
-
-def redraw(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    d = model.config.hidden_size
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            if p.dim() == 1:  # norm weights
-                p.copy_(1.0 + 0.3 * r)
-            elif "conv1d" in name:
-                p.copy_(0.6 * r)
-            elif "embeddings" in name:
-                p.copy_(r)
-            elif "lm_head" in name:
-                p.copy_(3.0 * r / math.sqrt(d))
-            else:
-                p.copy_(r / math.sqrt(p.shape[-1]))
 
 
 def main():
@@ -78,7 +59,7 @@ def main():
         cfg = AutoConfig.for_model(**fields)
         torch.manual_seed(100 + i)
         model = AutoModelForCausalLM.from_config(cfg).float()
-        redraw(model, 1000 + i)
+        redraw(model, 1000 + i, "fla", model.config.hidden_size)
         model = model.cuda().eval()
         for layer in model.model.layers:
             if hasattr(layer.attn, "mode"):

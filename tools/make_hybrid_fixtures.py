@@ -22,7 +22,6 @@ sliding window).
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -30,7 +29,7 @@ import types
 
 import torch
 
-from fixture_goldens import write_goldens
+from fixture_goldens import redraw, write_goldens
 
 STEPS = 32
 
@@ -63,36 +62,6 @@ def fake_flash_attn():
     m.flash_attn_func = flash_attn_func
     m.flash_attn_varlen_func = flash_attn_varlen_func
     sys.modules["flash_attn"] = m
-
-
-def zero_centred(lib, name):
-    """Qwen's decoder RMSNorms store w with y = x̂·(1 + w) (zero init)."""
-    if lib != "qwen3_5":
-        return False
-    return name.endswith("layernorm.weight") or ".q_norm." in name or ".k_norm." in name or name.endswith("language_model.norm.weight")
-
-
-def redraw(model, seed, lib, d):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            if "visual" in name:
-                p.copy_(0.02 * r)
-            elif name.endswith("bias") and "dt_bias" not in name:
-                p.copy_(0.3 * r)
-            elif p.dim() == 1 and zero_centred(lib, name):
-                p.copy_(0.3 * r)
-            elif p.dim() == 1:  # plain norm weights, A_log, dt_bias
-                p.copy_(1.0 + 0.3 * r)
-            elif "conv1d" in name:
-                p.copy_(0.6 * r)
-            elif "embed" in name:
-                p.copy_(r)
-            elif "lm_head" in name:
-                p.copy_(3.0 * r / math.sqrt(d))
-            else:
-                p.copy_(r / math.sqrt(p.shape[-1]))
 
 
 def fla_models():
