@@ -10,6 +10,19 @@ import torch
 from safetensors.torch import save_file
 
 
+def reference_setup(out_dir):
+    """TF32 off (f32 truths); the compact GDN fixture's tokenizer and prompts, which every
+    fixture shares. Returns (tokenizer directory, tokenizer, [(prompt, ids)])."""
+    from tokenizers import Tokenizer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    src = os.path.join(out_dir, "gdn")
+    tok = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
+    cases = json.load(open(os.path.join(out_dir, "gdn.goldens.json")))["cases"]
+    return src, tok, [(c["prompt"], c["input_ids"]) for c in cases]
+
+
 @torch.no_grad()
 def logits_of(model, ids):
     out = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)

@@ -16,13 +16,12 @@ are those of the compact GDN fixture.
 """
 
 import argparse
-import json
 import os
 import shutil
 
 import torch
 
-from fixture_goldens import redraw, write_goldens
+from fixture_goldens import redraw, reference_setup, write_goldens
 
 # name -> fla config fields (beyond the shared ones below)
 CONFIGS = {
@@ -45,15 +44,9 @@ def main():
     ap.add_argument("--out", default="tests/fixtures/compact")
     ap.add_argument("--only", default=",".join(CONFIGS))
     a = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     import fla  # noqa: F401  (registers fla's model types with transformers)
     from transformers import AutoConfig, AutoModelForCausalLM
-    from tokenizers import Tokenizer
-
-    src = os.path.join(a.out, "gdn")
-    tok = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
-    prompts = [(c["prompt"], c["input_ids"]) for c in json.load(open(os.path.join(a.out, "gdn.goldens.json")))["cases"]]
+    src, tok, prompts = reference_setup(a.out)
     for i, name in enumerate(a.only.split(",")):
         fields = dict(SHARED, **CONFIGS[name])
         cfg = AutoConfig.for_model(**fields)

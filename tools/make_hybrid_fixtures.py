@@ -29,7 +29,7 @@ import types
 
 import torch
 
-from fixture_goldens import redraw, write_goldens
+from fixture_goldens import redraw, reference_setup, write_goldens
 
 STEPS = 32
 
@@ -135,13 +135,7 @@ def main():
     ap.add_argument("--out", default="tests/fixtures/compact")
     ap.add_argument("--lib", choices=["fla", "hf"], required=True)
     a = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    from tokenizers import Tokenizer
-
-    src = os.path.join(a.out, "gdn")
-    tok = Tokenizer.from_file(os.path.join(src, "tokenizer.json"))
-    prompts = [(c["prompt"], c["input_ids"]) for c in json.load(open(os.path.join(a.out, "gdn.goldens.json")))["cases"]]
+    src, tok, prompts = reference_setup(a.out)
     # One prompt past every window and chunk: the long case repeated with its head cut off.
     long_ids = (prompts[-1][1] + prompts[-1][1][1:])[:200]
     prompts.append((tok.decode(long_ids), long_ids))
