@@ -52,7 +52,7 @@ for p, g in zip(prompts, gpu):
     print(f"{p!r} -> {g!r}")
 metrics = urllib.request.urlopen("http://127.0.0.1:18431/metrics").read().decode()
 prompt_tokens = [l for l in metrics.splitlines() if l.startswith("deltaserve:prompt_tokens_total")]
-print("GPU server:", prompt_tokens)
+print("GPU server:", prompt_tokens, [l for l in metrics.splitlines() if l.startswith("deltaserve:kv_blocks_total")])
 assert all(g is not None for g in gpu), "a GPU request failed"
 assert not bad, f"GPU and CPU texts differ: {bad}"
 assert prompt_tokens and float(prompt_tokens[0].split()[-1]) > 0, "no prompt tokens counted"

@@ -17,7 +17,8 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 12] = [
+const TESTS: [GpuTest; 13] = [
+    ("gpu_paged_attention_matches_cpu", gpu_paged_attention_matches_cpu),
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", gpu_conv_and_swiglu_match_cpu),
     ("gpu_prep_and_gated_norm_match_cpu", gpu_prep_and_gated_norm_match_cpu),
@@ -69,6 +70,11 @@ fn main() {
 const F32_TOL: f64 = 1e-4;
 const BF16: DType = DType::BF16;
 const BF16_TOL: f64 = 2e-2;
+/// OLMo-Hybrid's compact fixtures in bf16 are ill-conditioned: transformers' own bf16 forward
+/// lands 0.34–0.73 from its f32 goldens on the NoPE one and up to 3.3e-2 on the RoPE one
+/// (`tools/reference_bf16_error.py`). Ours measured up to 1.0e-1 on the GPU and 3.5e-2 on the
+/// CPU; f32 parity (1e-4) is the check that binds there.
+const BF16_POST_NORM_TOL: f64 = 0.15;
 /// bf16 models with `--mixer-precision bf16` (every mixer matmul operand a single bf16, as fla
 /// computes): opt-in, measured up to 3.8e-2 on the fixtures, so it does not meet `BF16_TOL`.
 const BF16_MIXER_TOL: f64 = 5e-2;
@@ -94,6 +100,104 @@ fn gpu_ops_match_reference(dev: &Device) {
             println!("GPU {} {case} ({kernel}): o rel err {eo:.2e}, ht rel err {eh:.2e}", file.display());
             assert!(eo <= tol && eh <= tol, "{case} {kernel}: o {eo:.3e}, ht {eh:.3e}");
         }
+    }
+}
+
+/// Paged attention on the GPU equals the CPU's op: the fp32 row kernel (decode; f32 models;
+/// head dims that are not a power of two) to 1e-5, and the tensor-core tile kernel (bf16/f16
+/// prefill, head dims 64, 128, 256) to its operands' rounding. Three sequences in scattered
+/// blocks run a packed prefill (one of them longer than two 64-row tiles and several windows),
+/// a second packed pass that continues them, and two decode steps; GQA groups of 1 to 8, full
+/// and partial RoPE, none, sliding windows.
+fn gpu_paged_attention_matches_cpu(dev: &Device) {
+    use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
+    let cases = [
+        (8, 2, 256, 64, None, BF16),
+        (4, 4, 128, 128, Some(40), DType::F16),
+        (6, 2, 64, 64, None, BF16),
+        (4, 2, 32, 32, Some(7), DType::F32),
+        (8, 1, 80, 0, None, DType::F32),
+        (2, 2, 256, 256, None, DType::F32),
+        (8, 2, 256, 64, Some(100), DType::F32),
+    ];
+    let (bs, width, slots) = (16usize, 16usize, 3usize);
+    // Slot s's logical block j is physical block 47 − (3j + s): every table scattered.
+    let tables: Vec<Vec<u32>> = (0..slots).map(|s| (0..width).map(|j| (slots * width - 1 - (3 * j + s)) as u32).collect()).collect();
+    let flat: Vec<i32> = tables.iter().flatten().map(|&b| b as i32).collect();
+    let dev_tables = Tensor::new(flat.as_slice(), dev).unwrap();
+    // Passes: rows per slot (0 = not in the pass).
+    let passes: [[usize; 3]; 4] = [[70, 5, 130], [1, 64, 1], [1, 1, 1], [0, 1, 1]];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for (hq, hkv, hd, rot, window, dtype) in cases {
+        let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window, scale: (hd as f32).powf(-0.5), operands: dtype };
+        let inv: Vec<f32> = (0..rot / 2).map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rot as f32)).collect();
+        let (inv_cpu, inv_gpu) = (Tensor::new(inv.as_slice(), &Device::Cpu).unwrap(), Tensor::new(inv.as_slice(), dev).unwrap());
+        let per_block = bs * hkv * hd;
+        let mut cpu_cache = (SlotBuffer::zeros(slots * width, per_block), SlotBuffer::zeros(slots * width, per_block));
+        let mut gpu_cache =
+            (SlotBuffer::zeros_on(slots * width, per_block, dev).unwrap(), SlotBuffer::zeros_on(slots * width, per_block, dev).unwrap());
+        let mut seen = [0usize; 3];
+        let mut worst = 0f64;
+        for (p, lens) in passes.iter().enumerate() {
+            let members: Vec<usize> = (0..slots).filter(|&s| lens[s] > 0).collect();
+            let mut cu = vec![0];
+            for &s in &members {
+                cu.push(cu[cu.len() - 1] + lens[s]);
+            }
+            let n = cu[cu.len() - 1];
+            let rand = |rng: &mut rand::rngs::StdRng, heads: usize, scale: f32| {
+                let v: Vec<f32> = (0..n * heads * hd).map(|_| rng.random_range(-scale..scale)).collect();
+                Tensor::from_vec(v, (n, heads, hd), &Device::Cpu).unwrap()
+            };
+            let (q, k, v) = (rand(&mut rng, hq, 3.0), rand(&mut rng, hkv, 1.0), rand(&mut rng, hkv, 1.0));
+            let seqs: Vec<PagedSeq<'_>> = members.iter().map(|&s| PagedSeq { start: seen[s], slot: s, table: &tables[s] }).collect();
+            let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
+            let (mut row_slot, mut row_pos) = (vec![], vec![]);
+            for (i, &s) in members.iter().enumerate() {
+                for t in 0..cu[i + 1] - cu[i] {
+                    row_slot.push(s as i32);
+                    row_pos.push((seen[s] + t) as i32);
+                }
+            }
+            let (rs, rp) = (Tensor::new(row_slot.as_slice(), dev).unwrap(), Tensor::new(row_pos.as_slice(), dev).unwrap());
+            let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp };
+            fn rope(inv: &Tensor, rot: usize) -> Option<RopeArgs<'_>> {
+                (rot > 0).then_some(RopeArgs { inv_freq: inv, rotary_dim: rot })
+            }
+            let want = paged_attention((&q, &k, &v), &shape, rope(&inv_cpu, rot), pass, None, &mut cpu_cache.0, &mut cpu_cache.1).unwrap();
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let got = paged_attention(
+                (&on(&q), &on(&k), &on(&v)),
+                &shape,
+                rope(&inv_gpu, rot),
+                pass,
+                Some(pages),
+                &mut gpu_cache.0,
+                &mut gpu_cache.1,
+            )
+            .unwrap();
+            let e = rel_err(&values(&got), &values(&want));
+            // Tensor cores round q, k, v and the probabilities to bf16/f16 in multi-row passes.
+            let tiles = dtype != DType::F32 && lens.iter().any(|&l| l > 1) && matches!(hd, 64 | 128 | 256);
+            let tol = match (tiles, dtype) {
+                (false, _) => 1e-5,
+                (true, DType::F16) => 3e-3,
+                (true, _) => 1.5e-2,
+            };
+            assert!(e <= tol, "HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} pass {p}: rel err {e:.3e} > {tol:.0e}");
+            worst = worst.max(e);
+            for &s in &members {
+                seen[s] += lens[s];
+            }
+        }
+        // The caches agree too (keys after RoPE, values), in every block the sequences used.
+        for (c, g) in [(&cpu_cache.0, &gpu_cache.0), (&cpu_cache.1, &gpu_cache.1)] {
+            for b in 0..slots * width {
+                let e = rel_err(&g.slot_to_vec(b).unwrap(), &c.slot_to_vec(b).unwrap());
+                assert!(e <= 1e-6 || c.slot_to_vec(b).unwrap().iter().all(|&x| x == 0.0), "cache block {b}: {e:.3e}");
+            }
+        }
+        println!("paged attention HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?}: GPU vs CPU worst rel err {worst:.2e}");
     }
 }
 
@@ -339,8 +443,9 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 "{name} case{i}: GPU f32 vs CPU {e_cpu:.2e}, vs fla {e_gold:.2e}; GPU bf16 vs fla {e_bf16:.2e}, with the bf16 mixer {e_fast:.2e}"
             );
             assert!(e_cpu <= F32_TOL && e_gold <= F32_TOL, "{name} case{i}: f32 {e_cpu:.3e} / {e_gold:.3e}");
-            assert!(e_bf16 <= BF16_TOL, "{name} case{i}: bf16 {e_bf16:.3e}");
-            assert!(e_fast <= BF16_MIXER_TOL, "{name} case{i}: bf16 with the bf16 mixer {e_fast:.3e}");
+            let bf16_tol = if name.contains("olmo_hybrid") { BF16_POST_NORM_TOL } else { BF16_TOL };
+            assert!(e_bf16 <= bf16_tol, "{name} case{i}: bf16 {e_bf16:.3e}");
+            assert!(e_fast <= BF16_MIXER_TOL.max(bf16_tol), "{name} case{i}: bf16 with the bf16 mixer {e_fast:.3e}");
             pf.release(sf).unwrap();
             if let Some(all_ref) = reference.get(&format!("case{i}.all_logits")) {
                 let s2 = pg.allocate().unwrap();
@@ -618,7 +723,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
 fn gpu_pruning_calibration_matches_the_cpu(dev: &Device) {
     use deltaserve_pruning::{calibrate::taylor_sums, Method};
     let root = deltaserve_tests::tests_dir().join("..");
-    let text: String = ["README.md", "engine/src/config.rs", "kernels/src/cpu/gated_delta.rs"]
+    let text: String = ["README.md", "engine/src/config/mod.rs", "kernels/src/cpu/gated_delta.rs"]
         .iter()
         .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
         .collect();

@@ -3,9 +3,11 @@
 //! A decode step is ten or eleven small launches a layer; at small batches the host's work per
 //! launch (candle's allocation and argument packing, the launch itself) takes longer than the
 //! GPU's. So each batch size's step is captured once into a CUDA graph and then replayed: one
-//! launch a step. The graph reads token ids and slot indices from fixed device buffers that
-//! each replay first overwrites (the kernels read slots from device memory, so one capture
-//! serves any slots), and leaves the logits in a fixed buffer that is copied out.
+//! launch a step. The graph reads token ids, slot indices and positions from fixed device
+//! buffers that each replay first overwrites (the kernels read slots from device memory, so one
+//! capture serves any slots), and leaves the logits in a fixed buffer that is copied out. The
+//! attention layers of hybrids read the pool's device block tables, which the pool updates
+//! before the replay when a sequence enters a new block.
 //!
 //! A batch size runs eagerly the first time it is seen, which also fills candle's cache of
 //! layout parameters (a capture can upload nothing), is captured the second time, and replays
@@ -33,6 +35,8 @@ struct Entry {
     tokens: Tensor,
     /// `[B]` i32, read by the conv and recurrent decode kernels.
     slots: Tensor,
+    /// `[B]` i32, each row's position, read by the attention kernels.
+    positions: Tensor,
     /// `[B, vocab]` f32, written by the graph's last node.
     logits: Tensor,
     /// Keeps the weights the graph reads alive as long as the graph.
@@ -76,7 +80,7 @@ impl DecodeGraphs {
         let (tokens, slots) = model.check_decode(pool, batch)?;
         let Device::Cuda(dev) = model.device() else {
             let ids = Tensor::new(tokens.as_slice(), model.device())?;
-            return model.decode_step(pool, &ids, StepSlots::from(&slots));
+            return model.decode_step(pool, &ids, StepSlots::from(&slots), None);
         };
         if self.pool != Some(pool.id()) {
             *self = Self { pool: Some(pool.id()), ..Self::default() };
@@ -89,9 +93,15 @@ impl DecodeGraphs {
     fn step(&mut self, model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, tokens: &[u32], slots: &[usize]) -> Result<Tensor> {
         let b = tokens.len();
         let slot_ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+        let positions: Vec<i32> = slots.iter().map(|&s| pool.seen(SlotId(s)) as i32).collect();
         if let Some(i) = self.entries.iter().position(|e| e.batch == b) {
             let entry = self.entries.remove(i);
-            let out = replay(&entry, tokens, &slot_ids);
+            let ones = vec![1; b];
+            // Blocks for the new tokens, and their device table entries, before the replay.
+            let out = pool.plan(slots, &ones).and_then(|_| replay(&entry, tokens, &slot_ids, &positions));
+            if out.is_ok() {
+                pool.advance(slots, &ones);
+            }
             self.entries.push(entry);
             return out;
         }
@@ -100,16 +110,20 @@ impl DecodeGraphs {
         if !self.warm.contains(&b) || self.failed.contains(&b) {
             // The eager run fills candle's parameter cache for the capture to come.
             let _cache = dev.enable_cuda_graph_htod_cache();
-            let logits = model.decode_step(pool, &ids, StepSlots::from(slots))?;
+            let logits = model.decode_step(pool, &ids, StepSlots::from(slots), None)?;
             self.warm.insert(b);
             return Ok(logits);
         }
         let dev_slots = Tensor::new(slot_ids.as_slice(), &device)?;
+        let dev_positions = Tensor::new(positions.as_slice(), &device)?;
         let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
-        match capture(model, dev, pool, &ids, &dev_slots, &logits, slots) {
+        // The capture may upload nothing: the blocks (and device table entries) come first.
+        pool.plan(slots, &vec![1; b])?;
+        match capture(model, dev, pool, &ids, (&dev_slots, &dev_positions), &logits, slots) {
             Ok(graph) => {
                 tracing::debug!(batch = b, "captured a decode graph");
-                let entry = Entry { batch: b, graph, tokens: ids, slots: dev_slots, logits, _model: model.clone() };
+                let entry =
+                    Entry { batch: b, graph, tokens: ids, slots: dev_slots, positions: dev_positions, logits, _model: model.clone() };
                 if self.entries.len() >= MAX_GRAPHS {
                     self.entries.remove(0);
                 }
@@ -121,22 +135,26 @@ impl DecodeGraphs {
             }
             Err(e) => {
                 tracing::warn!(batch = b, error = %e, "decode graph capture failed; this batch size stays eager");
+                // The recording may have counted the step; nothing ran, so it did not happen.
+                for (&s, &p) in slots.iter().zip(&positions) {
+                    pool.set_seen(s, p as usize);
+                }
                 self.failed.insert(b);
                 let _cache = dev.enable_cuda_graph_htod_cache();
-                model.decode_step(pool, &ids, StepSlots::from(slots))
+                model.decode_step(pool, &ids, StepSlots::from(slots), None)
             }
         }
     }
 }
 
-/// Records one decode step into a graph; nothing runs. The step reads `ids` and `dev_slots`
-/// and copies its logits into `logits`.
+/// Records one decode step into a graph; nothing runs. The step reads `ids`, `dev_slots` and
+/// `dev_positions` and copies its logits into `logits`.
 fn capture(
     model: &CausalLm,
     dev: &CudaDevice,
     pool: &mut StatePool,
     ids: &Tensor,
-    dev_slots: &Tensor,
+    (dev_slots, dev_positions): (&Tensor, &Tensor),
     logits: &Tensor,
     slots: &[usize],
 ) -> Result<CudaGraph> {
@@ -144,7 +162,7 @@ fn capture(
     let _cache = dev.enable_cuda_graph_htod_cache();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
     let recorded = (|| -> Result<()> {
-        let step = model.decode_step(pool, ids, StepSlots { host: slots, device: Some(dev_slots) })?;
+        let step = model.decode_step(pool, ids, StepSlots { host: slots, device: Some(dev_slots) }, Some(dev_positions))?;
         logits.slice_set(&step, 0, 0)?;
         Ok(())
     })();
@@ -156,11 +174,12 @@ fn capture(
     Ok(graph)
 }
 
-/// Writes this step's tokens and slots into the graph's inputs, launches it, and copies the
-/// logits out (the next replay overwrites the graph's buffer).
-fn replay(entry: &Entry, tokens: &[u32], slots: &[i32]) -> Result<Tensor> {
+/// Writes this step's tokens, slots and positions into the graph's inputs, launches it, and
+/// copies the logits out (the next replay overwrites the graph's buffer).
+fn replay(entry: &Entry, tokens: &[u32], slots: &[i32], positions: &[i32]) -> Result<Tensor> {
     deltaserve_kernels::cuda::write_from_host(&entry.tokens, tokens)?;
     deltaserve_kernels::cuda::write_from_host(&entry.slots, slots)?;
+    deltaserve_kernels::cuda::write_from_host(&entry.positions, positions)?;
     entry.graph.launch().map_err(candle_core::Error::wrap)?;
     Ok(entry.logits.copy()?)
 }

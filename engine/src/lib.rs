@@ -5,6 +5,7 @@
 //! chunk of one) into a slot with the chunkwise algorithm, [`Engine::decode`] advances many
 //! slots by one token each, and [`sampling`] turns logits into tokens. No HTTP, no async.
 
+pub mod block_table;
 pub mod cache;
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -12,6 +13,7 @@ pub mod decode_graph;
 pub mod error;
 pub mod hub;
 pub mod inventory;
+pub mod kv_plan;
 pub mod models;
 pub mod reference;
 pub mod sampling;

@@ -19,8 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::Device;
 use deltaserve_kernels::SlotBuffer;
 
+use crate::block_table::DeviceBlockTable;
 use crate::cache::CacheSpec;
 use crate::error::{EngineError, Result};
+pub use crate::kv_plan::{DeviceKv, KvPlan};
 
 /// Index of a slot in a [`StatePool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,20 +101,6 @@ fn mismatch(expected: &str, actual: &str) -> EngineError {
 /// Tokens per KV block.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// Where each sequence of one pass reads and writes the KV cache.
-#[derive(Debug, Clone, Default)]
-pub struct KvPlan {
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Per sequence of the pass: tokens already cached (its first new position).
-    pub starts: Vec<usize>,
-    /// Per sequence: its block table, covering the pass's new tokens (empty without
-    /// attention layers).
-    pub tables: Vec<Vec<u32>>,
-    /// Row offsets of the sequences in the pass, `starts.len() + 1` entries.
-    pub cu: Vec<usize>,
-}
-
 /// A fixed number of sequence slots, each with every recurrent layer's state, and a paged KV
 /// cache for the attention layers. Plain data: the model reads and writes it, the engine
 /// decides how a step runs.
@@ -132,6 +120,10 @@ pub struct StatePool {
     tables: Vec<Vec<u32>>,
     /// Per slot: blocks promised to it (held ones included).
     reserved: Vec<usize>,
+    /// Blocks one slot may hold (its table's capacity).
+    max_blocks: usize,
+    /// The tables in device memory, for a pool on a GPU with attention layers.
+    device_tables: Option<DeviceBlockTable>,
 }
 
 /// Identifies a pool's buffers (a clone gets a new id: its buffers are its own).
@@ -153,6 +145,10 @@ impl Clone for StatePool {
             free_blocks: self.free_blocks.clone(),
             tables: self.tables.clone(),
             reserved: self.reserved.clone(),
+            max_blocks: self.max_blocks,
+            // A copy that fails (out of device memory) leaves the clone without tables: its
+            // GPU attention then refuses to run rather than write another pool's.
+            device_tables: self.device_tables.as_ref().and_then(|t| t.deep_copy().ok()),
         }
     }
 }
@@ -166,12 +162,19 @@ pub struct PoolSize {
     pub kv_blocks: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Tokens one sequence may cache (its block table's capacity).
+    pub max_seq_len: usize,
 }
 
 impl PoolSize {
     /// `slots` slots with room for `tokens_per_slot` cached tokens each.
     pub fn for_tokens(slots: usize, tokens_per_slot: usize) -> Self {
-        Self { slots, kv_blocks: slots * tokens_per_slot.div_ceil(DEFAULT_BLOCK_SIZE), block_size: DEFAULT_BLOCK_SIZE }
+        Self {
+            slots,
+            kv_blocks: slots * tokens_per_slot.div_ceil(DEFAULT_BLOCK_SIZE),
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_seq_len: tokens_per_slot,
+        }
     }
 }
 
@@ -179,9 +182,9 @@ impl StatePool {
     /// Allocates `slots` zeroed slots for layers that declare `specs`, in host memory, without
     /// KV blocks (recurrent models).
     pub fn new(specs: &[CacheSpec], slots: usize) -> Self {
-        let size = PoolSize { slots, kv_blocks: 0, block_size: DEFAULT_BLOCK_SIZE };
+        let size = PoolSize { slots, kv_blocks: 0, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: 0 };
         let Ok(layers) = Self::layers(specs, size, |n, per| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(n, per)));
-        Self::from_layers(layers, size)
+        Self::from_layers(layers, size, None)
     }
 
     /// Allocates the pool on `device` (GPU memory for CUDA, where kernels update slots in place).
@@ -190,7 +193,14 @@ impl StatePool {
             return Err(EngineError::Invalid { field: "block_size", expected: "> 0".into(), actual: "0".into() });
         }
         let layers = Self::layers(specs, size, |n, per| SlotBuffer::zeros_on(n, per, device))?;
-        Ok(Self::from_layers(layers, size))
+        let has_kv = specs.iter().any(|s| matches!(s, CacheSpec::Attention { .. }));
+        let tables = if has_kv { DeviceBlockTable::new(size.slots, Self::max_blocks(size), device)? } else { None };
+        Ok(Self::from_layers(layers, size, tables))
+    }
+
+    /// Blocks one slot may hold: its share of `max_seq_len`, within the whole cache.
+    fn max_blocks(size: PoolSize) -> usize {
+        size.max_seq_len.div_ceil(size.block_size.max(1)).min(size.kv_blocks)
     }
 
     /// Every layer's buffers, made by `zeros(count, values each)`.
@@ -214,7 +224,7 @@ impl StatePool {
             .collect()
     }
 
-    fn from_layers(layers: Vec<LayerCache>, size: PoolSize) -> Self {
+    fn from_layers(layers: Vec<LayerCache>, size: PoolSize, device_tables: Option<DeviceBlockTable>) -> Self {
         let has_kv = layers.iter().any(|l| matches!(l, LayerCache::Attention(_)));
         let total_blocks = if has_kv { size.kv_blocks } else { 0 };
         let slots = size.slots;
@@ -230,7 +240,14 @@ impl StatePool {
             free_blocks: (0..total_blocks as u32).rev().collect(),
             tables: vec![Vec::new(); slots],
             reserved: vec![0; slots],
+            max_blocks: Self::max_blocks(size),
+            device_tables,
         }
+    }
+
+    /// The block tables in device memory (a GPU pool with attention layers).
+    pub fn device_tables(&self) -> Option<&DeviceBlockTable> {
+        self.device_tables.as_ref()
     }
 
     /// This pool's identity (decode graphs are bound to one pool's buffers).
@@ -332,6 +349,13 @@ impl StatePool {
     pub fn reserve(&mut self, slot: SlotId, tokens: usize) -> Result<bool> {
         self.check(slot)?;
         let want = self.blocks_for(tokens);
+        if want > self.max_blocks {
+            return Err(EngineError::Invalid {
+                field: "tokens",
+                expected: format!("at most {} cached tokens a sequence", self.max_blocks * self.block_size),
+                actual: tokens.to_string(),
+            });
+        }
         let extra = want.saturating_sub(self.reserved[slot.0].max(self.tables[slot.0].len()));
         if extra > self.kv_blocks_available() {
             return Ok(false);
@@ -347,6 +371,13 @@ impl StatePool {
         if need == 0 {
             return Ok(());
         }
+        if want > self.max_blocks {
+            return Err(EngineError::Invalid {
+                field: "tokens",
+                expected: format!("at most {} cached tokens a sequence", self.max_blocks * self.block_size),
+                actual: tokens.to_string(),
+            });
+        }
         if need > self.promised(slot) + self.kv_blocks_available() {
             return Err(EngineError::KvCacheFull {
                 needed: need,
@@ -354,9 +385,13 @@ impl StatePool {
                 block_size: self.block_size,
             });
         }
+        let first = self.tables[slot].len();
         for _ in 0..need {
             let b = self.free_blocks.pop().ok_or(EngineError::KvCacheFull { needed: need, available: 0, block_size: self.block_size })?;
             self.tables[slot].push(b);
+        }
+        if let Some(t) = &self.device_tables {
+            t.write(slot, first, &self.tables[slot][first..])?;
         }
         Ok(())
     }
@@ -364,7 +399,14 @@ impl StatePool {
     /// Plans a pass in which `slots[s]` runs `lens[s]` new tokens: takes the blocks they need
     /// and returns where each starts and its table.
     pub(crate) fn plan(&mut self, slots: &[usize], lens: &[usize]) -> Result<KvPlan> {
-        let mut plan = KvPlan { block_size: self.block_size, starts: Vec::with_capacity(slots.len()), tables: Vec::new(), cu: vec![0] };
+        let mut plan = KvPlan {
+            block_size: self.block_size,
+            slots: slots.to_vec(),
+            starts: Vec::with_capacity(slots.len()),
+            tables: Vec::new(),
+            cu: vec![0],
+            device: None,
+        };
         let kv = self.has_kv();
         for (&s, &n) in slots.iter().zip(lens) {
             plan.starts.push(self.seen[s]);
@@ -381,6 +423,14 @@ impl StatePool {
     pub(crate) fn advance(&mut self, slots: &[usize], lens: &[usize]) {
         for (&s, &n) in slots.iter().zip(lens) {
             self.seen[s] += n;
+        }
+    }
+
+    /// Sets the tokens `slot` has run (undoes an [`Self::advance`] whose work never ran).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn set_seen(&mut self, slot: usize, tokens: usize) {
+        if let Some(s) = self.seen.get_mut(slot) {
+            *s = tokens;
         }
     }
 
@@ -430,6 +480,9 @@ impl StatePool {
                 }
             }
         }
+        if let Some(t) = &self.device_tables {
+            t.write(s, 0, &table)?;
+        }
         self.tables[s] = table;
         self.reserved[s] = blocks;
         self.seen[s] = self.seen[src.0];
@@ -474,7 +527,7 @@ mod tests {
 
     fn hybrid_pool(slots: usize, blocks: usize) -> StatePool {
         let specs = [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 }, CacheSpec::Attention { kv_heads: 1, head_dim: 2 }];
-        StatePool::new_on(&specs, PoolSize { slots, kv_blocks: blocks, block_size: 4 }, &Device::Cpu).unwrap()
+        StatePool::new_on(&specs, PoolSize { slots, kv_blocks: blocks, block_size: 4, max_seq_len: 64 }, &Device::Cpu).unwrap()
     }
 
     #[test]
@@ -512,6 +565,18 @@ mod tests {
         assert_ne!(t, plan.tables[0], "own blocks");
         assert_eq!(kv.k.slot_to_vec(t[1] as usize).unwrap(), vec![7.0; 8]);
         assert!(p.fork(a).unwrap().is_none(), "no slot left");
+    }
+
+    #[test]
+    fn a_sequence_holds_at_most_max_seq_len_tokens() {
+        let specs = [CacheSpec::Attention { kv_heads: 1, head_dim: 2 }];
+        let mut p = StatePool::new_on(&specs, PoolSize { slots: 1, kv_blocks: 20, block_size: 4, max_seq_len: 8 }, &Device::Cpu).unwrap();
+        let s = p.allocate().unwrap();
+        assert!(p.reserve(s, 8).unwrap());
+        let e = p.reserve(s, 9).unwrap_err().to_string();
+        assert!(e.contains("at most 8 cached tokens"), "{e}");
+        assert!(p.plan(&[s.index()], &[9]).is_err(), "the table holds 2 blocks");
+        assert_eq!(p.plan(&[s.index()], &[8]).unwrap().tables[0].len(), 2);
     }
 
     #[test]

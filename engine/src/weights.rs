@@ -139,6 +139,11 @@ impl<'a> Weights<'a> {
         Self { ckpt, prefix: String::new(), dtype, device: device.clone(), check_finite }
     }
 
+    /// The device tensors load onto.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// A sub-path (`vb.pp("attn")`).
     pub fn pp(&self, name: impl std::fmt::Display) -> Self {
         let prefix = if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) };

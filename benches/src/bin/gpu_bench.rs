@@ -43,6 +43,15 @@ struct Args {
     /// Only the decode-step MLP table (SwiGLU and down projection: two kernels or one).
     #[arg(long)]
     mlp_only: bool,
+    /// Only the hybrid section: the checkpoint in this directory (written by
+    /// `benches/hybrid_vs_hf.py`, which runs transformers on the same weights in the same run),
+    /// prefill T=4096 and graph decode at batch 1 and 64; one `OURS {json}` line per figure.
+    #[arg(long)]
+    hybrid_dir: Option<std::path::PathBuf>,
+    /// Only the paged-attention op at Qwen3.5's attention shape (8 query / 2 KV heads of 256,
+    /// bf16): prefill T=4096 and decode at batch 1 and 64; one `OURS {json}` line per figure.
+    #[arg(long)]
+    attention_only: bool,
 }
 
 /// Copy bandwidth of the H100 in anchors.md, bytes/s.
@@ -334,6 +343,105 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The paged-attention op alone at Qwen3.5's attention shape, CUDA-event times.
+#[cfg(feature = "cuda")]
+fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
+    let (hq, hkv, hd, bs) = (8usize, 2usize, 256usize, 16usize);
+    let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window: None, scale: 1.0 / 16.0, operands: DType::BF16 };
+    let inv: Vec<f32> = (0..32).map(|i| 1.0 / 1e7f32.powf(i as f32 / 32.0)).collect();
+    let inv = Tensor::new(inv.as_slice(), dev)?;
+    let rope = Some(RopeArgs { inv_freq: &inv, rotary_dim: 64 });
+    // (sequences, context, new rows each): prefill of one prompt, decode steps.
+    for (b, ctx, rows) in [(1usize, 4096usize, 4096usize), (1, 256, 1), (64, 256, 1), (1, 4096, 1), (64, 4096, 1)] {
+        let width = ctx.div_ceil(bs);
+        let mut kc = SlotBuffer::zeros_on(b * width, bs * hkv * hd, dev)?;
+        let mut vc = SlotBuffer::zeros_on(b * width, bs * hkv * hd, dev)?;
+        let tables: Vec<Vec<u32>> = (0..b).map(|s| (0..width).map(|j| (s * width + j) as u32).collect()).collect();
+        let flat: Vec<i32> = tables.iter().flatten().map(|&x| x as i32).collect();
+        let dev_tables = Tensor::new(flat.as_slice(), dev)?;
+        let start = ctx - rows;
+        let seqs: Vec<PagedSeq<'_>> = (0..b).map(|s| PagedSeq { start, slot: s, table: &tables[s] }).collect();
+        let cu: Vec<usize> = (0..=b).map(|s| s * rows).collect();
+        let n = b * rows;
+        let row_slot: Vec<i32> = (0..n).map(|r| (r / rows) as i32).collect();
+        let row_pos: Vec<i32> = (0..n).map(|r| (start + r % rows) as i32).collect();
+        let (rs, rp) = (Tensor::new(row_slot.as_slice(), dev)?, Tensor::new(row_pos.as_slice(), dev)?);
+        let q = Tensor::randn(0f32, 1.0, (n, hq, hd), dev)?;
+        let k = Tensor::randn(0f32, 1.0, (n, hkv, hd), dev)?;
+        let v = Tensor::randn(0f32, 1.0, (n, hkv, hd), dev)?;
+        let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp };
+        let ms = median_gpu_ms(dev, reps, Timing::IdleGpu, || {
+            let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
+            paged_attention((&q, &k, &v), &shape, rope, pass, Some(pages), &mut kc, &mut vc)?;
+            Ok(())
+        })?;
+        // Causal flops of the new rows (QKᵀ and PV), and the cache bytes a decode step reads.
+        let pairs: f64 = (0..rows).map(|i| (start + i + 1) as f64).sum::<f64>() * b as f64;
+        let tflops = 4.0 * pairs * (hq * hd) as f64 / (ms * 1e-3) / 1e12;
+        let gbs = (b * ctx * hkv * hd * 4 * 2) as f64 / (ms * 1e-3) / 1e9;
+        println!(
+            "OURS {}",
+            serde_json::json!({"what": "attention", "batch": b, "context": ctx, "rows": rows, "ms": ms, "tflops": tflops, "cache_gb_s": gbs})
+        );
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+/// The hybrid section: a Qwen3.5-layout checkpoint, bf16. Decode runs at a context of `ctx`
+/// tokens (each sequence prefilled first); the roofline counts weights read once, each
+/// sequence's recurrent state read and written, and its KV cache read, once a step.
+fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize) -> anyhow::Result<()> {
+    let cfg = deltaserve_engine::read_config(dir)?;
+    let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
+    let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
+    let params: usize = ckpt.names().iter().filter_map(|n| ckpt.shape(n)).map(|s| s.iter().product::<usize>()).sum();
+    let (weight_bytes, state_bytes) = (params as f64 * 2.0, cfg.state_bytes_per_sequence() as f64);
+    let vocab = cfg.common.vocab_size as u32;
+    let (t, ctx, batches) = (4096usize, 256usize, [1usize, 64]);
+    let size = deltaserve_engine::state::PoolSize::for_tokens(64, t + 64);
+    let mut pool = model.new_pool_sized(size)?;
+    let kv_per_token = pool.bytes_per_block() as f64 / pool.block_size() as f64;
+    println!(
+        "OURS {}",
+        serde_json::json!({"what": "model", "params": params, "state_bytes": state_bytes, "kv_bytes_per_token": kv_per_token})
+    );
+    let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+        let ms = median_ms(dev, 5, || {
+            let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+            pool.release(slot)?;
+            Ok(())
+        })?;
+        println!("OURS {}", serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms}));
+    }
+    for b in batches {
+        let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+        for (i, s) in slots.iter().enumerate() {
+            let prompt: Vec<u32> = (0..ctx as u32).map(|j| (j * 131 + i as u32 * 7 + 1) % vocab).collect();
+            model.prefill(&mut pool, *s, &prompt, Logits::Last, PrefillAlgo::Chunked)?;
+        }
+        let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % vocab)).collect();
+        let mut graphs = deltaserve_engine::decode_graph::DecodeGraphs::default();
+        // Each step advances the sequences: the context grows from `ctx` by `3 + reps` tokens.
+        let ms = median_ms(dev, reps, || {
+            graphs.decode(&model, &mut pool, &batch)?;
+            Ok(())
+        })?;
+        let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
+        let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0 + kv) / COPY_BW * 1e3;
+        let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
+            "captured": graphs.captured()});
+        println!("OURS {json}");
+        for s in slots {
+            pool.release(s)?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if !cfg!(feature = "cuda") {
@@ -341,6 +449,14 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let dev = deltaserve_engine::parse_device("cuda")?;
+    #[cfg(feature = "cuda")]
+    if args.attention_only {
+        return attention_table(&dev, args.reps);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(dir) = &args.hybrid_dir {
+        return hybrid_table(&dev, dir, args.reps);
+    }
     if args.decode_only {
         return decode_table(&dev, args.reps);
     }

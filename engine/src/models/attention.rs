@@ -82,7 +82,7 @@ impl Attention {
             q_norm,
             k_norm,
             eps: eps as f32,
-            rope: spec.rope.as_ref().map(Rope::new),
+            rope: spec.rope.as_ref().map(|r| Rope::new(r, w.device())).transpose()?,
             spec: spec.clone(),
         })
     }
@@ -114,19 +114,20 @@ impl Attention {
         let q = self.norm(&y.narrow(1, 0, hq * hd)?, self.q_norm.as_ref(), hq)?;
         let k = self.norm(&y.narrow(1, hq * hd + gate_rows, hkv * hd)?, self.k_norm.as_ref(), hkv)?;
         let v = y.narrow(1, (hq + hkv) * hd + gate_rows, hkv * hd)?.to_dtype(DType::F32)?.reshape((n, hkv, hd))?;
-        let (q, k) = match &self.rope {
-            Some(rope) => {
-                let positions: Vec<usize> =
-                    (0..kv.starts.len()).flat_map(|i| (0..kv.cu[i + 1] - kv.cu[i]).map(move |t| kv.starts[i] + t)).collect();
-                let tables = rope.tables(&positions, x.device())?;
-                (rope.apply(&q, &tables)?, rope.apply(&k, &tables)?)
-            }
-            None => (q, k),
+        let shape = AttentionShape {
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: hd,
+            window: s.window,
+            scale: (hd as f32).powf(-0.5),
+            operands: x.dtype(),
         };
-        let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window: s.window, scale: (hd as f32).powf(-0.5) };
-        let seqs: Vec<PagedSeq<'_>> = kv.starts.iter().zip(&kv.tables).map(|(&start, t)| PagedSeq { start, table: t }).collect();
+        let seqs: Vec<PagedSeq<'_>> =
+            (kv.starts.iter().zip(&kv.slots).zip(&kv.tables)).map(|((&start, &slot), table)| PagedSeq { start, slot, table }).collect();
         let pass = Paged { seqs: &seqs, cu: &kv.cu, block_size: kv.block_size };
-        let o = ops::paged_attention((&q, &k, &v), &shape, pass, &mut cache.k, &mut cache.v)?;
+        let device = kv.device.as_ref().map(|d| d.pages());
+        let rope = self.rope.as_ref().map(Rope::args);
+        let o = ops::paged_attention((&q, &k, &v), &shape, rope, pass, device, &mut cache.k, &mut cache.v)?;
         let mut o = o.reshape((n, hq * hd))?;
         if s.output_gate {
             let gate = y.narrow(1, hq * hd, hq * hd)?.to_dtype(DType::F32)?;

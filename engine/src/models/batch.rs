@@ -1,5 +1,6 @@
 //! How the rows of one forward pass map to sequences and their cache slots.
 
+use candle_core::Tensor;
 use deltaserve_kernels::ops::PrefillAlgo;
 use deltaserve_kernels::StepSlots;
 
@@ -27,5 +28,8 @@ pub enum Pass<'a> {
     Decode {
         /// The step's slots.
         slots: StepSlots<'a>,
+        /// The rows' positions in device memory, `[B]` i32, when a CUDA graph replays the step
+        /// (with `slots.device`); `None` uploads them from the pool.
+        positions: Option<&'a Tensor>,
     },
 }

@@ -52,11 +52,11 @@ impl TokenMixer {
         let cache = cache.recurrent_mut()?;
         match (self, pass) {
             (Self::GatedDeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
-            (Self::GatedDeltaNet(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
+            (Self::GatedDeltaNet(m), Pass::Decode { slots, .. }) => m.decode(x, cache, *slots),
             (Self::GatedDeltaProduct(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
-            (Self::GatedDeltaProduct(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
+            (Self::GatedDeltaProduct(m), Pass::Decode { slots, .. }) => m.decode(x, cache, *slots),
             (Self::DeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
-            (Self::DeltaNet(m), Pass::Decode { slots }) => m.decode(x, cache, *slots),
+            (Self::DeltaNet(m), Pass::Decode { slots, .. }) => m.decode(x, cache, *slots),
             (Self::Attention(_), _) => unreachable!("handled above"),
         }
     }

@@ -19,7 +19,7 @@ use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
 use crate::config::{Architecture, Family, LayerKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::state::{PoolSize, SlotId, StatePool};
+use crate::state::{DeviceKv, PoolSize, SlotId, StatePool};
 use crate::weights::{Checkpoint, Weights};
 
 /// Which logits a prefill returns.
@@ -48,13 +48,6 @@ pub struct CausalLm {
 impl CausalLm {
     /// Builds the model from a checkpoint, in `dtype` on `device`.
     pub fn load(cfg: &ModelConfig, ckpt: &Checkpoint, dtype: DType, device: &Device, check_weights: bool) -> Result<Self> {
-        if cfg.is_hybrid() && !device.is_cpu() {
-            return Err(EngineError::Invalid {
-                field: "device",
-                expected: format!("cpu for `{}` with attention layers (they have no GPU kernels yet)", cfg.model_type()),
-                actual: format!("{device:?}"),
-            });
-        }
         let root = Weights::new(ckpt, dtype, device, check_weights);
         let (d, vocab, eps) = (cfg.common.hidden_size, cfg.common.vocab_size, cfg.common.norm_eps);
         let skipped = ckpt.names().iter().filter(|n| n.starts_with("model.visual.") || n.starts_with("mtp.")).count();
@@ -196,9 +189,22 @@ impl CausalLm {
         }
         let (slots, lens): (Vec<usize>, Vec<usize>) = match pass {
             Pass::Prefill { seqs, .. } => (seqs.slots.to_vec(), seqs.cu.windows(2).map(|w| w[1] - w[0]).collect()),
-            Pass::Decode { slots } => (slots.host.to_vec(), vec![1; slots.host.len()]),
+            Pass::Decode { slots, .. } => (slots.host.to_vec(), vec![1; slots.host.len()]),
         };
-        let kv = pool.plan(&slots, &lens)?;
+        let mut kv = pool.plan(&slots, &lens)?;
+        if let Some(tables) = pool.device_tables() {
+            let (row_slot, row_pos) = match pass {
+                Pass::Decode { slots: StepSlots { device: Some(s), .. }, positions: Some(p) } => ((*s).clone(), (*p).clone()),
+                _ => {
+                    // One upload for both index lists.
+                    let (s, p) = kv.rows();
+                    let n = s.len();
+                    let both = Tensor::from_vec([s, p].concat(), (2, n), &self.device)?;
+                    (both.get(0)?, both.get(1)?)
+                }
+            };
+            kv.device = Some(DeviceKv { tables: tables.tensor().clone(), width: tables.width(), row_slot, row_pos });
+        }
         let mut res = Residual { h, delta: None };
         for b in &self.layers {
             res = b.forward(&res, self.dtype, pool.layer_mut(b.layer_idx), pass, &kv)?;
@@ -283,13 +289,19 @@ impl CausalLm {
         let (tokens, slots) = self.check_decode(pool, batch)?;
         let _span = tracing::debug_span!("decode", batch = batch.len()).entered();
         let ids = Tensor::new(tokens.as_slice(), &self.device)?;
-        self.decode_step(pool, &ids, StepSlots::from(&slots))
+        self.decode_step(pool, &ids, StepSlots::from(&slots), None)
     }
 
     /// The decode forward for token ids `[B]` on the device (validated by the caller), row `b`
     /// advancing `slots.host[b]`. Returns `[B, vocab]` f32 logits.
-    pub(crate) fn decode_step(&self, pool: &mut StatePool, ids: &Tensor, slots: StepSlots<'_>) -> Result<Tensor> {
-        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots })?;
+    pub(crate) fn decode_step(
+        &self,
+        pool: &mut StatePool,
+        ids: &Tensor,
+        slots: StepSlots<'_>,
+        positions: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
         self.head(&res)
     }
 }

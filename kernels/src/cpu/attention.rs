@@ -2,6 +2,7 @@
 //! and values live in fixed-size blocks, `[block_size, HKV, hd]` each, found through a
 //! per-sequence block table.
 
+use candle_core::DType;
 use rayon::prelude::*;
 
 /// Head counts, sizes and masking of one attention layer.
@@ -17,6 +18,9 @@ pub struct AttentionShape {
     pub window: Option<usize>,
     /// Score scale, usually hd^-0.5.
     pub scale: f32,
+    /// The model's compute dtype. A GPU prefill with bf16 or f16 rounds q, k, v and the
+    /// probabilities to it on the tensor cores (as flash-attention does); f32 stays fp32.
+    pub operands: DType,
 }
 
 /// Where one sequence's rows sit in the cache.
@@ -24,6 +28,8 @@ pub struct AttentionShape {
 pub struct PagedSeq<'a> {
     /// Tokens already in the cache before this pass (the first new row's position).
     pub start: usize,
+    /// The sequence's slot (its row of a device block table).
+    pub slot: usize,
     /// Logical block → physical block.
     pub table: &'a [u32],
 }
@@ -42,6 +48,27 @@ pub struct Paged<'a> {
 /// Offset of position `pos`'s `[HKV, hd]` row in a cache buffer.
 fn row_offset(table: &[u32], pos: usize, block_size: usize, row: usize) -> usize {
     (table[pos / block_size] as usize * block_size + pos % block_size) * row
+}
+
+/// Each row's absolute position: `start + (row - cu[s])` for the rows of sequence `s`.
+pub fn positions(pass: Paged<'_>) -> Vec<usize> {
+    pass.seqs.iter().enumerate().flat_map(|(s, seq)| (0..pass.cu[s + 1] - pass.cu[s]).map(move |t| seq.start + t)).collect()
+}
+
+/// Rotates `x` `[N, H, hd]` in place, row `n` by the angle `positions[n] · inv_freq[i]` (fp32)
+/// on the pairs `(i, i + rot/2)`, `i < rot/2` (half-split RoPE); channels past rot stay.
+pub fn rope(x: &mut [f32], heads: usize, hd: usize, positions: &[usize], inv_freq: &[f32]) {
+    let half = inv_freq.len();
+    x.par_chunks_mut(heads * hd).zip(positions).for_each(|(row, &p)| {
+        let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq.iter().map(|f| (p as f32 * f).sin_cos()).map(|(s, c)| (c, s)).unzip();
+        for head in row.chunks_mut(hd) {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = b * cos[i] + a * sin[i];
+            }
+        }
+    });
 }
 
 /// Writes the new rows' keys and values (`[N, HKV, hd]` each, packed by `cu`) into the cache.
@@ -134,7 +161,7 @@ mod tests {
     #[test]
     fn paged_chunks_equal_dense_attention() {
         for window in [None, Some(5)] {
-            let shape = AttentionShape { q_heads: 4, kv_heads: 2, head_dim: 8, window, scale: 8f32.powf(-0.5) };
+            let shape = AttentionShape { q_heads: 4, kv_heads: 2, head_dim: 8, window, scale: 8f32.powf(-0.5), operands: DType::F32 };
             let (t, bs, row) = (23, 4, 2 * 8);
             let (q, k, v) = (pseudo(t * 4 * 8, 1), pseudo(t * row, 2), pseudo(t * row, 3));
             let want = dense(&q, &k, &v, t, &shape);
@@ -143,7 +170,7 @@ mod tests {
             let (mut kc, mut vc) = (vec![0f32; 8 * bs * row], vec![0f32; 8 * bs * row]);
             let mut got = vec![];
             for (a, b) in [(0, 7), (7, 8), (8, 23)] {
-                let seq = [PagedSeq { start: a, table: &table }];
+                let seq = [PagedSeq { start: a, slot: 0, table: &table }];
                 let pass = Paged { seqs: &seq, cu: &[0, b - a], block_size: bs };
                 append(&k[a * row..b * row], &v[a * row..b * row], &shape, pass, &mut kc, &mut vc);
                 got.extend(attend(&q[a * 32..b * 32], &shape, pass, &kc, &vc));

@@ -257,10 +257,30 @@ where
             actual: t.dims().to_vec(),
         });
     }
-    let dev = cuda_dev(t, "write_from_host")?;
-    let dst = device_address::<T>(t)?;
-    // SAFETY: dst spans `values.len()` elements of T (checked above) in memory that `t` keeps
-    // alive; a pageable source is staged before the call returns.
+    write_at(t, 0, values)
+}
+
+/// Overwrites `values.len()` elements of a contiguous CUDA tensor from element `offset` on, in
+/// stream order (see [`write_from_host`]).
+pub fn write_at<T>(t: &Tensor, offset: usize, values: &[T]) -> Result<()>
+where
+    T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+{
+    if offset + values.len() > t.elem_count() {
+        return Err(KernelError::Shape {
+            op: "write_at",
+            input: "tensor",
+            expected: format!("at least {} elements", offset + values.len()),
+            actual: t.dims().to_vec(),
+        });
+    }
+    if values.is_empty() {
+        return Ok(());
+    }
+    let dev = cuda_dev(t, "write_at")?;
+    let dst = device_address::<T>(t)? + (offset * std::mem::size_of::<T>()) as u64;
+    // SAFETY: dst spans `values.len()` elements of T inside `t` (checked above), in memory that
+    // `t` keeps alive; a pageable source is staged before the call returns.
     unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(dst, values, dev.cuda_stream().cu_stream()) }.w()?;
     Ok(())
 }
@@ -320,12 +340,14 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
     }
 }
 
+mod attention;
 mod conv;
 mod decode;
 mod gemv;
 mod prefill;
 mod rows;
 
+pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemv::{gemv, gemv_swiglu};

@@ -1,6 +1,7 @@
 //! Softmax attention over a paged KV cache, for the attention layers of hybrid models: the new
 //! rows' keys and values are written into their blocks, then every new query attends over its
-//! sequence's cached keys (causal, optionally a sliding window, GQA).
+//! sequence's cached keys (causal, optionally a sliding window, GQA). RoPE, when the layer has
+//! it, is applied to q and k here, at the rows' positions.
 
 use candle_core::Tensor;
 
@@ -9,13 +10,40 @@ use crate::cpu::attention;
 pub use crate::cpu::attention::{AttentionShape, Paged, PagedSeq};
 use crate::{KernelError, Result, SlotBuffer};
 
+/// Rotary embedding of a layer: `inv_freq` `[rot/2]` f32 (on the tensors' device) over the
+/// first `rotary_dim` channels of each head.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeArgs<'a> {
+    /// `θ^(-2i/rot)`, i < rot/2.
+    pub inv_freq: &'a Tensor,
+    /// rot (even, ≤ hd).
+    pub rotary_dim: usize,
+}
+
+/// Where a GPU pass finds the cache: the pool's block table on the device and each row's slot
+/// and position (device tensors, so that a CUDA graph can replay with new ones).
+#[derive(Debug, Clone, Copy)]
+pub struct DevicePages<'a> {
+    /// `[slots · width]` i32: slot s's logical block j is physical block `tables[s · width + j]`.
+    pub tables: &'a Tensor,
+    /// Table entries per slot.
+    pub width: usize,
+    /// `[N]` i32: each row's slot.
+    pub row_slot: &'a Tensor,
+    /// `[N]` i32: each row's position.
+    pub row_pos: &'a Tensor,
+}
+
 /// Appends `k`, `v` (`[N, HKV, hd]`) at each sequence's next positions and attends with `q`
 /// (`[N, HQ, hd]`); rows `pass.cu[s]..pass.cu[s+1]` belong to `pass.seqs[s]`. The caches hold
-/// one block per slot, `[block_size, HKV, hd]` f32. Returns `[N, HQ, hd]` f32.
+/// one block per slot, `[block_size, HKV, hd]` f32. GPU caches also need `device` (the same
+/// tables and positions in device memory). Returns `[N, HQ, hd]` f32.
 pub fn paged_attention(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     shape: &AttentionShape,
+    rope: Option<RopeArgs<'_>>,
     pass: Paged<'_>,
+    device: Option<DevicePages<'_>>,
     k_cache: &mut SlotBuffer,
     v_cache: &mut SlotBuffer,
 ) -> Result<Tensor> {
@@ -26,6 +54,16 @@ pub fn paged_attention(
     for (input, t, heads) in [("q", q, hq), ("k", k, hkv), ("v", v, hkv)] {
         if t.dims() != [n, heads, hd] {
             return Err(KernelError::Shape { op: OP, input, expected: format!("[{n}, {heads}, {hd}]"), actual: t.dims().to_vec() });
+        }
+    }
+    if let Some(r) = rope {
+        if r.rotary_dim % 2 != 0 || r.rotary_dim > hd || r.inv_freq.dims() != [r.rotary_dim / 2] {
+            return Err(KernelError::Shape {
+                op: OP,
+                input: "inv_freq",
+                expected: format!("[rot/2] for an even rot ≤ {hd} (rot = {})", r.rotary_dim),
+                actual: r.inv_freq.dims().to_vec(),
+            });
         }
     }
     if hkv == 0 || hq % hkv != 0 || shape.window == Some(0) {
@@ -67,10 +105,44 @@ pub fn paged_attention(
             });
         }
     }
-    if !k_cache.is_host() {
-        return Err(KernelError::UnsupportedDevice { op: OP, device: "cuda (attention layers run on the CPU only)".into() });
+    #[cfg(feature = "cuda")]
+    if let (Some(kc), Some(vc)) = (k_cache.device_slots(), v_cache.device_slots()) {
+        let Some(pages) = device else {
+            return Err(KernelError::UnsupportedDevice { op: OP, device: "cuda without device block tables".into() });
+        };
+        for (input, t) in [("row_slot", pages.row_slot), ("row_pos", pages.row_pos)] {
+            if t.dims() != [n] || t.dtype() != candle_core::DType::I32 {
+                return Err(KernelError::Shape { op: OP, input, expected: format!("[{n}] i32"), actual: t.dims().to_vec() });
+            }
+        }
+        if pages.tables.dtype() != candle_core::DType::I32 || pages.width == 0 || pages.tables.elem_count() % pages.width != 0 {
+            return Err(KernelError::Shape {
+                op: OP,
+                input: "tables",
+                expected: format!("[slots · {}] i32", pages.width),
+                actual: pages.tables.dims().to_vec(),
+            });
+        }
+        if let Some(seq) = pass.seqs.iter().find(|s| s.table.len() > pages.width) {
+            return Err(KernelError::Shape {
+                op: OP,
+                input: "block table",
+                expected: format!("at most {} blocks a sequence", pages.width),
+                actual: vec![seq.table.len()],
+            });
+        }
+        return crate::cuda::paged_attention((q, k, v), shape, rope, &pass, &pages, kc, vc);
     }
-    let (qs, ks, vs) = (cpu_f32(OP, q)?, cpu_f32(OP, k)?, cpu_f32(OP, v)?);
+    let _ = device;
+    if !k_cache.is_host() || !v_cache.is_host() {
+        return Err(KernelError::UnsupportedDevice { op: OP, device: "caches on different devices".into() });
+    }
+    let (mut qs, mut ks, vs) = (cpu_f32(OP, q)?, cpu_f32(OP, k)?, cpu_f32(OP, v)?);
+    if let Some(r) = rope {
+        let (pos, inv_freq) = (attention::positions(pass), cpu_f32(OP, r.inv_freq)?);
+        attention::rope(&mut qs, hq, hd, &pos, &inv_freq);
+        attention::rope(&mut ks, hkv, hd, &pos, &inv_freq);
+    }
     attention::append(&ks, &vs, shape, pass, k_cache.host_mut(OP)?, v_cache.host_mut(OP)?);
     let out = attention::attend(&qs, shape, pass, k_cache.host(OP)?, v_cache.host(OP)?);
     Ok(Tensor::from_vec(out, (n, hq, hd), q.device())?)

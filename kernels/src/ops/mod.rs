@@ -20,7 +20,7 @@ pub mod prefill;
 pub mod prep;
 pub mod step;
 
-pub use attention::{paged_attention, AttentionShape, Paged, PagedSeq};
+pub use attention::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
 pub use norm::gated_rms_norm;

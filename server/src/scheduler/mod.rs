@@ -95,7 +95,8 @@ pub fn spawn(
     let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
     let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue };
     // The pool is allocated up front so that running out of (GPU) memory fails the start-up.
-    let size = PoolSize { slots: cfg.max_num_seqs, kv_blocks: cfg.kv_blocks, block_size: DEFAULT_BLOCK_SIZE };
+    let size =
+        PoolSize { slots: cfg.max_num_seqs, kv_blocks: cfg.kv_blocks, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: cfg.max_model_len };
     let pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
         metrics.state_slots_total.set(pool.capacity() as i64);

@@ -1,0 +1,142 @@
+//! Launchers of the paged-attention kernels (`kernels/cuda/attention.cu`): RoPE and the append
+//! into the cache, then either the fp32 row kernel (decode; prefill of f32 models) with its
+//! split combine, or the tensor-core tile kernel (prefill of bf16/f16 models).
+
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{DType, Tensor};
+
+use super::{cuda_dev, device_address, f32c, grid, ptx, wrap, DeviceSlots};
+use crate::cpu::attention::{AttentionShape, Paged};
+use crate::ops::attention::{DevicePages, RopeArgs};
+use crate::{KernelError, Result};
+
+/// Key splits a query row is cut into by the row kernel (`SPLITS` in attention.cu).
+const SPLITS: usize = 16;
+/// Query rows of one row-kernel launch (bounds its partial-result buffer).
+const ROWS_PER_LAUNCH: usize = 1024;
+/// Query rows of one tile of the tensor-core kernel (`TILE_M`).
+const TILE_M: usize = 64;
+const TILE_N: usize = 64;
+const TILE_THREADS: u32 = 128;
+
+/// Dynamic shared memory of `attn_tiles_*_d{hd}` (`TileSmem` in attention.cu).
+fn tile_smem(hd: usize, elem: usize) -> usize {
+    let (qp, op, sp, pp) = (hd + 8, hd + 4, TILE_N + 4, TILE_N + 8);
+    TILE_M * qp * elem + 2 * TILE_N * qp * elem + TILE_M * sp * 4 + TILE_M * pp * elem + TILE_M * op * 4 + 2 * TILE_M * 4
+}
+
+fn address<T>(s: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>) -> u64 {
+    let (ptr, _sync) = s.device_ptr(s.stream());
+    ptr
+}
+
+/// The tensor-core kernel's operand type, when it applies to this pass: bf16/f16 operands, a
+/// head dim it was compiled for, and some sequence with more than one new row.
+fn tile_operands(operands: DType, pass: &Paged<'_>, hd: usize) -> Option<&'static str> {
+    let name = match operands {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => return None,
+    };
+    let multi_row = pass.cu.windows(2).any(|w| w[1] - w[0] > 1);
+    (multi_row && matches!(hd, 64 | 128 | 256)).then_some(name)
+}
+
+/// Appends `k`, `v` `[N, HKV, hd]` (RoPE on k) at each row's position and attends with `q`
+/// `[N, HQ, hd]` (RoPE on q). Returns `[N, HQ, hd]` f32. Shapes were checked by the caller.
+pub fn paged_attention(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    shape: &AttentionShape,
+    rope: Option<RopeArgs<'_>>,
+    pass: &Paged<'_>,
+    pages: &DevicePages<'_>,
+    k_cache: &mut DeviceSlots,
+    v_cache: &mut DeviceSlots,
+) -> Result<Tensor> {
+    const OP: &str = "paged_attention";
+    let dev = cuda_dev(q, OP)?;
+    let (hq, hkv, hd) = (shape.q_heads, shape.kv_heads, shape.head_dim);
+    let n = q.dim(0)?;
+    if hd > 256 {
+        return Err(KernelError::Shape { op: OP, input: "q", expected: "head dim ≤ 256".into(), actual: vec![hd] });
+    }
+    // SAFETY: every element is written by the kernel that returns it.
+    let out = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
+    if n == 0 {
+        return Ok(wrap(&dev, out, (n, hq, hd)));
+    }
+    let (q, k, v) = (f32c(q)?, f32c(k)?, f32c(v)?);
+    let inv_freq = rope.map(|r| f32c(r.inv_freq)).transpose()?;
+    let (rot, freq_ptr) = match (&rope, &inv_freq) {
+        (Some(r), Some(f)) => (r.rotary_dim as i32, device_address::<f32>(f)?),
+        _ => (0, 0u64),
+    };
+    let (tables, slot_ptr, pos_ptr) =
+        (device_address::<i32>(pages.tables)?, device_address::<i32>(pages.row_slot)?, device_address::<i32>(pages.row_pos)?);
+    let (width, bs) = (pages.width as i32, pass.block_size as i32);
+    let (hqi, hkvi, hdi) = (hq as i32, hkv as i32, hd as i32);
+    let window = shape.window.map_or(0, |w| w as i32);
+    let (kc, vc) = (address(&k_cache.data), address(&v_cache.data));
+    // SAFETY: the append kernel writes every element.
+    let q_rot = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
+    let (qp, kp, vp) = (device_address::<f32>(&q)?, device_address::<f32>(&k)?, device_address::<f32>(&v)?);
+    let q_rot_ptr = address(&q_rot);
+    let append = dev.get_or_load_custom_func("attn_append", "attention", ptx::ATTENTION)?;
+    let threads = if hd <= 64 { 64 } else { 128 };
+    let mut l = append.builder();
+    l.arg(&qp).arg(&kp).arg(&vp).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
+    l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi);
+    unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
+
+    let out_ptr = address(&out);
+    if let Some(name) = tile_operands(shape.operands, pass, hd) {
+        // Tiles of up to 64 rows, never across sequences: (first row, rows, first position, slot).
+        let mut tiles: Vec<i32> = Vec::new();
+        for (s, seq) in pass.seqs.iter().enumerate() {
+            for n0 in (pass.cu[s]..pass.cu[s + 1]).step_by(TILE_M) {
+                let cnt = TILE_M.min(pass.cu[s + 1] - n0);
+                tiles.extend([n0 as i32, cnt as i32, (seq.start + n0 - pass.cu[s]) as i32, seq.slot as i32]);
+            }
+        }
+        let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
+        let smem = tile_smem(hd, 2);
+        let f = dev.get_or_load_custom_func(&format!("attn_tiles_{name}_d{hd}"), "attention", ptx::ATTENTION)?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+        let mut l = f.builder();
+        l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d);
+        l.arg(&hqi).arg(&hkvi).arg(&window).arg(&shape.scale).arg(&out_ptr);
+        unsafe { l.launch(grid(tiles.len() / 4, hq, 1, TILE_THREADS, smem as u32)) }.w()?;
+        return Ok(wrap(&dev, out, (n, hq, hd)));
+    }
+
+    let group = hq / hkv;
+    let gc = match group {
+        1 => 1,
+        2 => 2,
+        _ => 4,
+    };
+    let rows_fn = dev.get_or_load_custom_func(&format!("attn_rows_g{gc}"), "attention", ptx::ATTENTION)?;
+    let combine = dev.get_or_load_custom_func("attn_combine", "attention", ptx::ATTENTION)?;
+    let chunk = n.min(ROWS_PER_LAUNCH);
+    // SAFETY: the row kernel writes every split of every (row, head) before the combine reads it.
+    let part = unsafe { dev.alloc::<f32>(chunk * hq * SPLITS * hd) }?;
+    let ml = unsafe { dev.alloc::<f32>(chunk * hq * SPLITS * 2) }?;
+    let (part_ptr, ml_ptr) = (address(&part), address(&ml));
+    let f32b = std::mem::size_of::<f32>() as u64;
+    for r0 in (0..n).step_by(ROWS_PER_LAUNCH) {
+        let rows = ROWS_PER_LAUNCH.min(n - r0);
+        let q_at = q_rot_ptr + (r0 * hq * hd) as u64 * f32b;
+        let (slot_at, pos_at) = (slot_ptr + r0 as u64 * 4, pos_ptr + r0 as u64 * 4);
+        let mut l = rows_fn.builder();
+        l.arg(&q_at).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&slot_at).arg(&pos_at);
+        l.arg(&hqi).arg(&hkvi).arg(&hdi).arg(&window).arg(&shape.scale).arg(&part_ptr).arg(&ml_ptr);
+        unsafe { l.launch(grid(rows, hkv * group.div_ceil(gc), SPLITS, 128, 0)) }.w()?;
+        let out_at = out_ptr + (r0 * hq * hd) as u64 * f32b;
+        let mut l = combine.builder();
+        l.arg(&part_ptr).arg(&ml_ptr).arg(&out_at).arg(&hdi);
+        unsafe { l.launch(grid(rows * hq, 1, 1, hd.next_multiple_of(32).min(256) as u32, 0)) }.w()?;
+    }
+    Ok(wrap(&dev, out, (n, hq, hd)))
+}
