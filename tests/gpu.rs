@@ -103,39 +103,47 @@ fn gpu_ops_match_reference(dev: &Device) {
     }
 }
 
-/// Paged attention on the GPU equals the CPU's op: the fp32 row kernel (decode; f32 models;
-/// head dims that are not a power of two) to 1e-5, and the tensor-core tile kernel (bf16/f16
-/// prefill, head dims 64, 128, 256) to its operands' rounding. Three sequences in scattered
+/// Paged attention on the GPU equals the CPU's op (f32 cache): with an f32 cache, the fp32 row
+/// kernel to 1e-5; with a bf16/f16 cache (16-bit models), the row kernel (decode; head dim 80)
+/// and the tensor-core tile kernel (prefill, head dims 64, 128, 256) to their rounding, and
+/// the caches themselves to the rounding of their type. Three sequences in scattered
 /// blocks run a packed prefill (one of them longer than two 64-row tiles and several windows),
 /// a second packed pass that continues them, and two decode steps; GQA groups of 1 to 8, full
 /// and partial RoPE, none, sliding windows.
 fn gpu_paged_attention_matches_cpu(dev: &Device) {
     use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
+    // Passes: rows per slot (0 = not in the pass).
+    const SHORT: &[[usize; 3]] = &[[70, 5, 130], [1, 64, 1], [1, 1, 1], [0, 1, 1]];
+    // 38 tiles × 8 heads: more blocks than one wave of the H100 holds, so the tile kernel pairs
+    // long tiles with short ones (across the two prompts).
+    const LONG: &[[usize; 3]] = &[[2100, 0, 300], [1, 0, 1]];
     let cases = [
-        (8, 2, 256, 64, None, BF16),
-        (4, 4, 128, 128, Some(40), DType::F16),
-        (6, 2, 64, 64, None, BF16),
-        (4, 2, 32, 32, Some(7), DType::F32),
-        (8, 1, 80, 0, None, DType::F32),
-        (2, 2, 256, 256, None, DType::F32),
-        (8, 2, 256, 64, Some(100), DType::F32),
+        (8, 2, 256, 64, None, BF16, SHORT),
+        (4, 4, 128, 128, Some(40), DType::F16, SHORT),
+        (6, 2, 64, 64, None, BF16, SHORT),
+        (4, 2, 32, 32, Some(7), DType::F32, SHORT),
+        (8, 1, 80, 0, None, DType::F32, SHORT),
+        (2, 2, 256, 256, None, DType::F32, SHORT),
+        (8, 2, 256, 64, Some(100), DType::F32, SHORT),
+        (8, 2, 80, 80, None, BF16, SHORT),
+        (4, 1, 128, 64, Some(70), BF16, SHORT),
+        (8, 2, 128, 64, None, BF16, LONG),
     ];
-    let (bs, width, slots) = (16usize, 16usize, 3usize);
-    // Slot s's logical block j is physical block 47 − (3j + s): every table scattered.
+    let (bs, width, slots) = (16usize, 160usize, 3usize);
+    // Slot s's logical block j is physical block 479 − (3j + s): every table scattered.
     let tables: Vec<Vec<u32>> = (0..slots).map(|s| (0..width).map(|j| (slots * width - 1 - (3 * j + s)) as u32).collect()).collect();
     let flat: Vec<i32> = tables.iter().flatten().map(|&b| b as i32).collect();
     let dev_tables = Tensor::new(flat.as_slice(), dev).unwrap();
-    // Passes: rows per slot (0 = not in the pass).
-    let passes: [[usize; 3]; 4] = [[70, 5, 130], [1, 64, 1], [1, 1, 1], [0, 1, 1]];
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for (hq, hkv, hd, rot, window, dtype) in cases {
+    for (hq, hkv, hd, rot, window, dtype, passes) in cases {
         let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window, scale: (hd as f32).powf(-0.5), operands: dtype };
         let inv: Vec<f32> = (0..rot / 2).map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rot as f32)).collect();
         let (inv_cpu, inv_gpu) = (Tensor::new(inv.as_slice(), &Device::Cpu).unwrap(), Tensor::new(inv.as_slice(), dev).unwrap());
         let per_block = bs * hkv * hd;
         let mut cpu_cache = (SlotBuffer::zeros(slots * width, per_block), SlotBuffer::zeros(slots * width, per_block));
-        let mut gpu_cache =
-            (SlotBuffer::zeros_on(slots * width, per_block, dev).unwrap(), SlotBuffer::zeros_on(slots * width, per_block, dev).unwrap());
+        // The GPU keeps a 16-bit model's cache in its own type.
+        let gpu_zeros = || SlotBuffer::zeros_on_as(slots * width, per_block, dev, dtype).unwrap();
+        let mut gpu_cache = (gpu_zeros(), gpu_zeros());
         let mut seen = [0usize; 3];
         let mut worst = 0f64;
         for (p, lens) in passes.iter().enumerate() {
@@ -177,12 +185,11 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
             )
             .unwrap();
             let e = rel_err(&values(&got), &values(&want));
-            // Tensor cores round q, k, v and the probabilities to bf16/f16 in multi-row passes.
-            let tiles = dtype != DType::F32 && lens.iter().any(|&l| l > 1) && matches!(hd, 64 | 128 | 256);
-            let tol = match (tiles, dtype) {
-                (false, _) => 1e-5,
-                (true, DType::F16) => 3e-3,
-                (true, _) => 1.5e-2,
+            // A 16-bit cache rounds k and v; the tensor cores also round q and the probabilities.
+            let tol = match dtype {
+                DType::F32 => 1e-5,
+                DType::F16 => 3e-3,
+                _ => 1.5e-2,
             };
             assert!(e <= tol, "HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} pass {p}: rel err {e:.3e} > {tol:.0e}");
             worst = worst.max(e);
@@ -190,11 +197,17 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 seen[s] += lens[s];
             }
         }
-        // The caches agree too (keys after RoPE, values), in every block the sequences used.
+        // The caches agree too (keys after RoPE, values), in every block the sequences used, to
+        // the rounding of the cache's type (2⁻⁹ relative for bf16, 2⁻¹² for f16).
+        let cache_tol = match dtype {
+            DType::F32 => 1e-6,
+            DType::F16 => 3e-4,
+            _ => 2.5e-3,
+        };
         for (c, g) in [(&cpu_cache.0, &gpu_cache.0), (&cpu_cache.1, &gpu_cache.1)] {
             for b in 0..slots * width {
                 let e = rel_err(&g.slot_to_vec(b).unwrap(), &c.slot_to_vec(b).unwrap());
-                assert!(e <= 1e-6 || c.slot_to_vec(b).unwrap().iter().all(|&x| x == 0.0), "cache block {b}: {e:.3e}");
+                assert!(e <= cache_tol || c.slot_to_vec(b).unwrap().iter().all(|&x| x == 0.0), "cache block {b}: {e:.3e}");
             }
         }
         println!("paged attention HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?}: GPU vs CPU worst rel err {worst:.2e}");

@@ -2,6 +2,8 @@
 //! from it ([`CacheSpec`]); the [`StatePool`](crate::StatePool) is built from the model's list,
 //! so a new layer kind declares its cache here and leaves the pool and the scheduler alone.
 
+use candle_core::DType;
+
 /// What one layer keeps per sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheSpec {
@@ -14,12 +16,14 @@ pub enum CacheSpec {
         recurrent_state: usize,
     },
     /// A softmax-attention layer: keys and values of every token so far, in the pool's paged
-    /// KV cache (`[block_size, HKV, hd]` f32 per block, keys after RoPE).
+    /// KV cache (`[block_size, HKV, hd]` per block, keys after RoPE).
     Attention {
         /// HKV.
         kv_heads: usize,
         /// hd.
         head_dim: usize,
+        /// Element type of the cache: f32, or a 16-bit model's own type on a GPU.
+        dtype: DType,
     },
 }
 
@@ -37,7 +41,7 @@ impl CacheSpec {
     pub fn bytes_per_token(&self) -> usize {
         match *self {
             CacheSpec::Recurrent { .. } => 0,
-            CacheSpec::Attention { kv_heads, head_dim } => 2 * kv_heads * head_dim * std::mem::size_of::<f32>(),
+            CacheSpec::Attention { kv_heads, head_dim, dtype } => 2 * kv_heads * head_dim * dtype.size_in_bytes(),
         }
     }
 }

@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use deltaserve_kernels::SlotBuffer;
 
 use crate::block_table::DeviceBlockTable;
@@ -183,7 +183,7 @@ impl StatePool {
     /// KV blocks (recurrent models).
     pub fn new(specs: &[CacheSpec], slots: usize) -> Self {
         let size = PoolSize { slots, kv_blocks: 0, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: 0 };
-        let Ok(layers) = Self::layers(specs, size, |n, per| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(n, per)));
+        let Ok(layers) = Self::layers(specs, size, |n, per, _| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(n, per)));
         Self::from_layers(layers, size, None)
     }
 
@@ -192,7 +192,7 @@ impl StatePool {
         if size.block_size == 0 {
             return Err(EngineError::Invalid { field: "block_size", expected: "> 0".into(), actual: "0".into() });
         }
-        let layers = Self::layers(specs, size, |n, per| SlotBuffer::zeros_on(n, per, device))?;
+        let layers = Self::layers(specs, size, |n, per, dtype| SlotBuffer::zeros_on_as(n, per, device, dtype))?;
         let has_kv = specs.iter().any(|s| matches!(s, CacheSpec::Attention { .. }));
         let tables = if has_kv { DeviceBlockTable::new(size.slots, Self::max_blocks(size), device)? } else { None };
         Ok(Self::from_layers(layers, size, tables))
@@ -203,22 +203,23 @@ impl StatePool {
         size.max_seq_len.div_ceil(size.block_size.max(1)).min(size.kv_blocks)
     }
 
-    /// Every layer's buffers, made by `zeros(count, values each)`.
+    /// Every layer's buffers, made by `zeros(count, values each, element type)`.
     fn layers<E>(
         specs: &[CacheSpec],
         size: PoolSize,
-        mut zeros: impl FnMut(usize, usize) -> std::result::Result<SlotBuffer, E>,
+        mut zeros: impl FnMut(usize, usize, DType) -> std::result::Result<SlotBuffer, E>,
     ) -> std::result::Result<Vec<LayerCache>, E> {
         specs
             .iter()
             .map(|s| match *s {
                 CacheSpec::Recurrent { conv_state, recurrent_state } => Ok(LayerCache::Recurrent(LayerState {
-                    conv_state: zeros(size.slots, conv_state)?,
-                    recurrent_state: zeros(size.slots, recurrent_state)?,
+                    conv_state: zeros(size.slots, conv_state, DType::F32)?,
+                    recurrent_state: zeros(size.slots, recurrent_state, DType::F32)?,
                 })),
-                CacheSpec::Attention { kv_heads, head_dim } => {
+                CacheSpec::Attention { kv_heads, head_dim, dtype } => {
                     let per_block = size.block_size * kv_heads * head_dim;
-                    Ok(LayerCache::Attention(KvLayer { k: zeros(size.kv_blocks, per_block)?, v: zeros(size.kv_blocks, per_block)? }))
+                    let (k, v) = (zeros(size.kv_blocks, per_block, dtype)?, zeros(size.kv_blocks, per_block, dtype)?);
+                    Ok(LayerCache::Attention(KvLayer { k, v }))
                 }
             })
             .collect()
@@ -526,7 +527,10 @@ mod tests {
     use super::*;
 
     fn hybrid_pool(slots: usize, blocks: usize) -> StatePool {
-        let specs = [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 }, CacheSpec::Attention { kv_heads: 1, head_dim: 2 }];
+        let specs = [
+            CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 },
+            CacheSpec::Attention { kv_heads: 1, head_dim: 2, dtype: DType::F32 },
+        ];
         StatePool::new_on(&specs, PoolSize { slots, kv_blocks: blocks, block_size: 4, max_seq_len: 64 }, &Device::Cpu).unwrap()
     }
 
@@ -569,7 +573,7 @@ mod tests {
 
     #[test]
     fn a_sequence_holds_at_most_max_seq_len_tokens() {
-        let specs = [CacheSpec::Attention { kv_heads: 1, head_dim: 2 }];
+        let specs = [CacheSpec::Attention { kv_heads: 1, head_dim: 2, dtype: DType::F32 }];
         let mut p = StatePool::new_on(&specs, PoolSize { slots: 1, kv_blocks: 20, block_size: 4, max_seq_len: 8 }, &Device::Cpu).unwrap();
         let s = p.allocate().unwrap();
         assert!(p.reserve(s, 8).unwrap());

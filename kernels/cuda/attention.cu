@@ -1,39 +1,66 @@
 // Softmax attention over a paged KV cache (hybrid-spec.md §1.3–1.4, §3.5, §5.4). The cache of
-// one layer is two f32 buffers of blocks, [block_size, HKV, hd] each; a sequence finds its
-// blocks through its row of a [slots, width] block table that lives on the device (so a CUDA
-// graph of the decode step reads whatever table the pool holds when it is replayed).
+// one layer is two buffers of blocks, [block_size, HKV, hd] each, in C = f32 (f32 models) or
+// the model's bf16/f16 (as the references keep it); a sequence finds its blocks through its
+// row of a [slots, width] block table that lives on the device (so a CUDA graph of the decode
+// step reads whatever table the pool holds when it is replayed).
 //
-// attn_append     RoPE on q and k, then k and v into their blocks at each row's position.
-// attn_rows_*     one query row per block row of the grid, fp32 throughout: decode, and prefill
-//                 of f32 models. A fixed number of key splits per row, each a contiguous key
-//                 range that depends only on the row's own position, so a row's result does
-//                 not depend on which rows share the launch (batch invariance) or on the grid
-//                 (a CUDA graph captures one grid for every later context length).
-// attn_combine    the splits' partial softmaxes into the output.
-// attn_tiles_*    prefill of bf16/f16 models: 64 query rows of one sequence and one head against
-//                 64-key tiles on the tensor cores (operands rounded to T, as flash-attention
-//                 rounds them; scores, softmax and the output accumulate in fp32).
+// attn_append_C     RoPE on q and k, then k and v into their blocks at each row's position.
+// attn_rows_C_g*    one query row per block row of the grid, fp32 arithmetic: decode, and
+//                   prefill of f32 models. A fixed number of key splits per row, each a
+//                   contiguous key range that depends only on the row's own position, so a
+//                   row's result does not depend on which rows share the launch (batch
+//                   invariance) or on the grid (a CUDA graph captures one grid for every later
+//                   context length).
+// attn_combine      the splits' partial softmaxes into the output.
+// attn_tiles_T_d*   prefill of bf16/f16 models (cache in T): 64 query rows of one sequence and
+//                   one head against 64-key tiles with mma.sync on the tensor cores, keys and
+//                   values copied asynchronously into shared memory while the previous
+//                   product runs; scores, softmax and the output stay in registers, in fp32
+//                   (operands rounded to T, as flash-attention rounds them).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
-#include <mma.h>
 
 #include "common.cuh"
-
-using namespace nvcuda;
 
 #define SPLITS 16      // key splits per query row (attn_rows); ops/attention.rs knows it too
 #define MIN_SPLIT 64   // keys a split takes at least, so short rows use few splits
 #define ROW_THREADS 128
 
-// Offset of key position `pos`'s [HKV, hd] row in a cache buffer.
+// Cache elements to and from fp32.
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <typename C>
+__device__ __forceinline__ C from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+
+// Four consecutive cache elements as fp32 (one 16- or 8-byte load; p aligned to 4 elements).
+__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+template <typename C>
+__device__ __forceinline__ float4 load4(const C* p) {
+  union {
+    uint2 u;
+    C h[4];
+  } x;
+  x.u = __ldg(reinterpret_cast<const uint2*>(p));
+  return make_float4(to_f(x.h[0]), to_f(x.h[1]), to_f(x.h[2]), to_f(x.h[3]));
+}
+
+// Offset (in elements) of key position `pos`'s [HKV, hd] row in a cache buffer.
 __device__ __forceinline__ size_t kv_offset(const int* __restrict__ table, int pos, int bs, int row) {
   return ((size_t)table[pos / bs] * bs + pos % bs) * row;
 }
 
 // One (row, head) vector: rotated by the row's position over its first `rot` channels
 // (half-split pairs (i, i + rot/2), angle pos · inv_freq[i] in fp32), the rest copied.
-__device__ __forceinline__ void rope_copy(float* dst, const float* src, int hd, int pos, const float* inv_freq, int rot) {
+template <typename D>
+__device__ __forceinline__ void rope_copy(D* dst, const float* src, int hd, int pos, const float* inv_freq, int rot) {
   const int half = rot / 2;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float y = src[i];
@@ -43,17 +70,17 @@ __device__ __forceinline__ void rope_copy(float* dst, const float* src, int hd, 
       sincosf((float)pos * inv_freq[j], &s, &c);
       y = i < half ? src[i] * c - src[i + half] * s : src[i] * c + src[i - half] * s;
     }
-    dst[i] = y;
+    dst[i] = from_f<D>(y);
   }
 }
 
-// grid (N, HQ + HKV): blocks below HQ rotate a query head into q_out, the others rotate a key
-// head into the cache and copy its value head beside it. inv_freq may be null (no RoPE).
-extern "C" __global__ void attn_append(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                       float* __restrict__ q_out, float* __restrict__ kc, float* __restrict__ vc,
-                                       const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
-                                       const int* __restrict__ row_pos, const float* __restrict__ inv_freq, int rot, int HQ,
-                                       int HKV, int hd) {
+// grid (N, HQ + HKV): blocks below HQ rotate a query head into q_out (f32), the others rotate
+// a key head into the cache and copy its value head beside it. inv_freq may be null (no RoPE).
+template <typename C>
+__device__ void attn_append(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                            float* __restrict__ q_out, C* __restrict__ kc, C* __restrict__ vc, const int* __restrict__ tables,
+                            int width, int bs, const int* __restrict__ row_slot, const int* __restrict__ row_pos,
+                            const float* __restrict__ inv_freq, int rot, int HQ, int HKV, int hd) {
   const int n = blockIdx.x, h = blockIdx.y, pos = row_pos[n];
   const int r = inv_freq ? rot : 0;
   if (h < HQ) {
@@ -65,16 +92,27 @@ extern "C" __global__ void attn_append(const float* __restrict__ q, const float*
   const size_t src = ((size_t)n * HKV + kh) * hd;
   const size_t dst = kv_offset(tables + (size_t)row_slot[n] * width, pos, bs, HKV * hd) + (size_t)kh * hd;
   rope_copy(kc + dst, k + src, hd, pos, inv_freq, r);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) vc[dst + i] = v[src + i];
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) vc[dst + i] = from_f<C>(v[src + i]);
 }
+
+#define APPEND_KERNEL(NAME, C)                                                                                    \
+  extern "C" __global__ void attn_append_##NAME(const float* q, const float* k, const float* v, float* q_out, C* kc, \
+                                                C* vc, const int* tables, int width, int bs, const int* row_slot,   \
+                                                const int* row_pos, const float* inv_freq, int rot, int HQ, int HKV, \
+                                                int hd) {                                                           \
+    attn_append<C>(q, k, v, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd);      \
+  }
+APPEND_KERNEL(f32, float)
+APPEND_KERNEL(bf16, __nv_bfloat16)
+APPEND_KERNEL(f16, __half)
 
 // grid (N, HKV · ⌈G/GC⌉, SPLITS), ROW_THREADS threads: GC query heads of one KV head over one
 // key split of one row, in chunks of ROW_THREADS keys. Scores: a thread per key, its whole dot
 // product over hd (many independent loads in flight, q broadcast from shared memory). Then the
 // chunk's max and sum per head, and P·V with a thread per output channel (rows read coalesced).
 // Writes the split's unnormalised output and its (max, sum) for attn_combine.
-template <int GC>
-__device__ void attn_rows(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+template <int GC, typename C>
+__device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                           const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
                           const int* __restrict__ row_pos, int HQ, int HKV, int hd, int window, float scale,
                           float* __restrict__ part, float* __restrict__ ml) {
@@ -108,12 +146,12 @@ __device__ void attn_rows(const float* __restrict__ q, const float* __restrict__
     if (j < b) {
       const size_t off = kv_offset(table, j, bs, row) + (size_t)kvh * hd;
       off_s[t] = off;
-      const float* kr = kc + off;
+      const C* kr = kc + off;
 #pragma unroll
       for (int g = 0; g < GC; ++g) s[g] = 0.0f;
       if (vec) {
         for (int d = 0; d < hd; d += 4) {
-          const float4 k4 = __ldg(reinterpret_cast<const float4*>(kr + d));
+          const float4 k4 = load4(kr + d);
 #pragma unroll
           for (int g = 0; g < GC; ++g) {
             const float4 q4 = *reinterpret_cast<const float4*>(&q_s[g][d]);
@@ -122,7 +160,7 @@ __device__ void attn_rows(const float* __restrict__ q, const float* __restrict__
         }
       } else {
         for (int d = 0; d < hd; ++d) {
-          const float k1 = __ldg(kr + d);
+          const float k1 = to_f(kr[d]);
 #pragma unroll
           for (int g = 0; g < GC; ++g) s[g] += q_s[g][d] * k1;
         }
@@ -163,7 +201,7 @@ __device__ void attn_rows(const float* __restrict__ q, const float* __restrict__
       const int d = t + h2 * ROW_THREADS;
       if (d < hd) {
         for (int i = 0; i < keys; ++i) {
-          const float v = __ldg(vc + off_s[i] + d);
+          const float v = to_f(vc[off_s[i] + d]);
 #pragma unroll
           for (int g = 0; g < GC; ++g) acc[g][h2] += p_s[g][i] * v;
         }
@@ -185,16 +223,22 @@ __device__ void attn_rows(const float* __restrict__ q, const float* __restrict__
   }
 }
 
-#define ROWS_KERNEL(GC)                                                                                           \
-  extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                                       \
-      attn_rows_g##GC(const float* q, const float* kc, const float* vc, const int* tables, int width, int bs,        \
-                      const int* row_slot, const int* row_pos, int HQ, int HKV, int hd, int window, float scale,   \
-                      float* part, float* ml) {                                                                   \
-    attn_rows<GC>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, part, ml);         \
+#define ROWS_KERNEL(NAME, C, GC)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                                         \
+      attn_rows_##NAME##_g##GC(const float* q, const C* kc, const C* vc, const int* tables, int width, int bs,         \
+                               const int* row_slot, const int* row_pos, int HQ, int HKV, int hd, int window,          \
+                               float scale, float* part, float* ml) {                                               \
+    attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, part, ml);        \
   }
-ROWS_KERNEL(1)
-ROWS_KERNEL(2)
-ROWS_KERNEL(4)
+ROWS_KERNEL(f32, float, 1)
+ROWS_KERNEL(f32, float, 2)
+ROWS_KERNEL(f32, float, 4)
+ROWS_KERNEL(bf16, __nv_bfloat16, 1)
+ROWS_KERNEL(bf16, __nv_bfloat16, 2)
+ROWS_KERNEL(bf16, __nv_bfloat16, 4)
+ROWS_KERNEL(f16, __half, 1)
+ROWS_KERNEL(f16, __half, 2)
+ROWS_KERNEL(f16, __half, 4)
 
 // grid (N · HQ): out = Σ_s part_s · e^(m_s − M) / Σ_s l_s · e^(m_s − M), splits in order.
 extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml, float* __restrict__ out,
@@ -221,193 +265,268 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
 
 // ---- prefill on the tensor cores ----
 
-#define TILE_M 64
-#define TILE_N 64
+#define TILE_M 64  // query rows of a block: 16 per warp
+#define TILE_N 64  // keys of a tile
 #define TILE_THREADS 128
 
-template <typename T>
-__device__ __forceinline__ T to_t(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_t<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half to_t<__half>(float x) { return __float2half(x); }
-
-// Dynamic shared memory of attn_tiles for head dim HD and operand type T (ops/attention.rs
-// computes the same sum).
+// Shared memory of attn_tiles: Q, K and V tiles of T, rows padded by 16 bytes so that the
+// eight rows an ldmatrix reads fall in distinct banks (ops/attention.rs computes the same).
 template <typename T, int HD>
 struct TileSmem {
-  static constexpr int QP = HD + 8, OP = HD + 4, SP = TILE_N + 4, PP = TILE_N + 8;
-  static constexpr size_t q = (size_t)TILE_M * QP * sizeof(T), k = (size_t)TILE_N * QP * sizeof(T), v = k;
-  static constexpr size_t s = (size_t)TILE_M * SP * 4, p = (size_t)TILE_M * PP * sizeof(T), o = (size_t)TILE_M * OP * 4;
-  static constexpr size_t total = q + k + v + s + p + o + 2 * TILE_M * 4;
+  static constexpr int P = HD + 8;
+  static constexpr size_t q = (size_t)TILE_M * P * sizeof(T), k = (size_t)TILE_N * P * sizeof(T);
+  static constexpr size_t offsets = 2 * TILE_N * sizeof(size_t);
+  static constexpr size_t total = q + 2 * k + offsets;
 };
 
-// Four f32 values to four T in shared memory (one 8-byte store).
-template <typename T>
-__device__ __forceinline__ void store4(T* d, float4 x) {
-  union {
-    T h[4];
-    uint2 u;
-  } pack;
-  pack.h[0] = to_t<T>(x.x), pack.h[1] = to_t<T>(x.y), pack.h[2] = to_t<T>(x.z), pack.h[3] = to_t<T>(x.w);
-  *reinterpret_cast<uint2*>(d) = pack.u;
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16 bytes global → shared without passing through registers; zeros when !ok.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
-// `rows` f32 rows of HD values from up to two sources (row r at a(r) and b(r); null: zeros) into
-// T tiles of pitch qp. Each thread issues LOADS_IN_FLIGHT loads before it converts and stores
-// any, so a tile costs a few memory latencies, not one per element group.
-#define LOADS_IN_FLIGHT 8
-template <typename T, int HD, typename SrcA, typename SrcB>
-__device__ __forceinline__ void load_tiles(T* da, T* db, int qp, int rows, SrcA a, SrcB b) {
-  constexpr int V4 = HD / 4;
-  const int total = rows * V4;
-  for (int base = 0; base < total; base += TILE_THREADS * LOADS_IN_FLIGHT) {
-    float4 xa[LOADS_IN_FLIGHT], xb[LOADS_IN_FLIGHT];
+// c += a · b for one m16n8k16 tile (PTX ISA "Matrix fragments for mma.m16n8k16").
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values as one register of two T (x in the low half: the lower column).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
+  __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Element offsets of keys kt..kt+TILE_N−1 of one KV head (0 past the last key), one thread
+// per key: the block table is read here once per tile, not once per 16-byte copy.
+__device__ __forceinline__ void key_offsets(size_t* off, const int* __restrict__ table, int kt, int keys, int bs, int row,
+                                            int head) {
+  const int j = threadIdx.x;
+  if (j < TILE_N) off[j] = j < keys ? kv_offset(table, kt + j, bs, row) + head : 0;
+}
+
+// The keys at `off` (rows ≥ keys zero-filled) into a shared tile, 16 bytes per cp.async.
+template <typename T, int HD>
+__device__ __forceinline__ void load_kv_tile(T* dst, const T* __restrict__ cache, const size_t* off, int keys) {
+  constexpr int CH = HD / 8;  // 16-byte chunks per key
 #pragma unroll
-    for (int u = 0; u < LOADS_IN_FLIGHT; ++u) {
-      const int i = base + u * TILE_THREADS + threadIdx.x, r = i / V4, c = (i % V4) * 4;
-      const float* pa = i < total ? a(r) : nullptr;
-      const float* pb = i < total && db ? b(r) : nullptr;
-      xa[u] = pa ? __ldg(reinterpret_cast<const float4*>(pa + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
-      xb[u] = pb ? __ldg(reinterpret_cast<const float4*>(pb + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < LOADS_IN_FLIGHT; ++u) {
-      const int i = base + u * TILE_THREADS + threadIdx.x, r = i / V4, c = (i % V4) * 4;
-      if (i < total) {
-        store4(da + r * qp + c, xa[u]);
-        if (db) store4(db + r * qp + c, xb[u]);
-      }
-    }
+  for (int i = threadIdx.x; i < TILE_N * CH; i += TILE_THREADS) {
+    const int j = i / CH, c = (i % CH) * 8;
+    cp_async16(smem_addr(dst + j * TileSmem<T, HD>::P + c), cache + off[j] + c, j < keys);
   }
 }
 
-// grid (tiles, HQ), TILE_THREADS: tile t = (first row n0, rows cnt ≤ 64, first position pos0,
-// slot) of one sequence; warp w owns query rows 16w..16w+15 (its scores, probabilities, output
-// rows and running max/sum), so warps meet only around the shared key/value tiles.
+// One tile t = (first row n0, rows cnt ≤ 64, first position pos0, slot) of one sequence and
+// query head h, by TILE_THREADS threads. Warp w owns query rows 16w..16w+15: its scores S (16 × 64), their
+// probabilities and its output rows (16 × HD) live in its registers in the mma fragment layout
+// (lane = 4g + i holds rows g and g + 8, columns 2i and 2i + 1 of every 8-column tile), so the
+// probabilities become the next product's A operand without leaving registers. Loop per key
+// tile: wait for K, start V's copy, S = Q Kᵀ and the online softmax, wait for V, start the
+// next K's copy, O += P V.
 template <typename T, int HD>
-__device__ void attn_tiles(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                           const int* __restrict__ tables, int width, int bs, const int4* __restrict__ tiles, int HQ,
-                           int HKV, int window, float scale, float* __restrict__ out) {
+__device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+                           const int* __restrict__ tables, int width, int bs, const int4 t, int h, int HQ, int HKV,
+                           int window, float scale, float* __restrict__ out) {
   typedef TileSmem<T, HD> L;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> FA;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> FBT;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> FB;
-  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FC;
+  constexpr int P = L::P, NT = TILE_N / 8, DT = HD / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T* Qs = reinterpret_cast<T*>(smem);
   T* Ks = reinterpret_cast<T*>(smem + L::q);
   T* Vs = reinterpret_cast<T*>(smem + L::q + L::k);
-  float* Ss = reinterpret_cast<float*>(smem + L::q + L::k + L::v);
-  T* Ps = reinterpret_cast<T*>(smem + L::q + L::k + L::v + L::s);
-  float* Os = reinterpret_cast<float*>(smem + L::q + L::k + L::v + L::s + L::p);
-  float* m_row = reinterpret_cast<float*>(smem + L::q + L::k + L::v + L::s + L::p + L::o);
-  float* l_row = m_row + TILE_M;
+  // Key offsets of the current and the next tile (double-buffered: the next tile's are written
+  // while the current tile's V copy may still read them).
+  size_t* offs = reinterpret_cast<size_t*>(smem + L::q + 2 * L::k);
 
-  const int4 t = tiles[blockIdx.x];
-  const int n0 = t.x, cnt = t.y, pos0 = t.z, h = blockIdx.y, kvh = h / (HQ / HKV);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, row = HKV * HD;
+  const int n0 = t.x, cnt = t.y, pos0 = t.z, kvh = h / (HQ / HKV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i4 = lane % 4;
+  const int row = HKV * HD;
   const int* table = tables + (size_t)t.w * width;
-  auto none = [](int) -> const float* { return nullptr; };
-  load_tiles<T, HD>(Qs, (T*)nullptr, L::QP, TILE_M,
-                    [&](int r) { return r < cnt ? q + ((size_t)(n0 + r) * HQ + h) * HD : nullptr; }, none);
-  for (int i = threadIdx.x; i < TILE_M * L::OP; i += TILE_THREADS) Os[i] = 0.0f;
-  for (int i = threadIdx.x; i < TILE_M; i += TILE_THREADS) m_row[i] = -INFINITY, l_row[i] = 0.0f;
-
   const int last = pos0 + cnt - 1;
   const int first_key = window > 0 ? max(0, pos0 - window + 1) : 0;
-  // Lane pair (2r, 2r+1) of warp w handles query row 16w + r, 32 key columns each.
-  const int r = warp * 16 + lane / 2, half = lane % 2, qpos = pos0 + r;
-  float* S_w = Ss + warp * 16 * L::SP;
-  T* P_w = Ps + warp * 16 * L::PP;
-  for (int kt = first_key; kt <= last; kt += TILE_N) {
-    __syncthreads();  // the previous tile's products are done with Ks and Vs
-    const int keys = min(TILE_N, last + 1 - kt);
-    auto key_row = [&](const float* cache) {
-      return [=](int j) { return j < keys ? cache + kv_offset(table, kt + j, bs, row) + (size_t)kvh * HD : nullptr; };
-    };
-    load_tiles<T, HD>(Ks, Vs, L::QP, TILE_N, key_row(kc), key_row(vc));
-    __syncthreads();
-    // S = Q Kᵀ for the warp's 16 rows.
-    FC s[TILE_N / 16];
-#pragma unroll
-    for (int j = 0; j < TILE_N / 16; ++j) wmma::fill_fragment(s[j], 0.0f);
-#pragma unroll 4
-    for (int kk = 0; kk < HD; kk += 16) {
-      FA a;
-      wmma::load_matrix_sync(a, Qs + warp * 16 * L::QP + kk, L::QP);
-#pragma unroll
-      for (int j = 0; j < TILE_N / 16; ++j) {
-        FBT bt;
-        wmma::load_matrix_sync(bt, Ks + j * 16 * L::QP + kk, L::QP);
-        wmma::mma_sync(s[j], a, bt, s[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < TILE_N / 16; ++j) wmma::store_matrix_sync(S_w + j * 16, s[j], L::SP, wmma::mem_row_major);
-    __syncwarp();
-    // Online softmax of the row: mask, max, probabilities (as T), rescale of the output row.
-    const float* srow = S_w + (lane / 2) * L::SP + half * 32;
-    float x[32], mx = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int kpos = kt + half * 32 + c;
-      const bool ok = r < cnt && kpos <= qpos && (window <= 0 || kpos > qpos - window);
-      x[c] = ok ? srow[c] * scale : -INFINITY;
-      mx = fmaxf(mx, x[c]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_old = m_row[r], m_new = fmaxf(m_old, mx);
-    const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-    float sum = 0.0f;
-    T* prow = P_w + (lane / 2) * L::PP + half * 32;
-#pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const float p = x[c] == -INFINITY ? 0.0f : expf(x[c] - m_new);
-      sum += p;
-      prow[c] = to_t<T>(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    __syncwarp();
-    if (half == 0) m_row[r] = m_new, l_row[r] = l_row[r] * corr + sum;
-    // The pair interleaves columns (adjacent words, fewer bank conflicts than halves).
-    float* orow = Os + r * L::OP;
-    if (corr != 1.0f)
-      for (int c = half; c < HD; c += 2) orow[c] *= corr;
-    __syncwarp();
-    // O += P V for the warp's rows, 16 output columns at a time.
-    float* O_w = Os + warp * 16 * L::OP;
-    FA pf[TILE_N / 16];
-#pragma unroll
-    for (int kk = 0; kk < TILE_N / 16; ++kk) wmma::load_matrix_sync(pf[kk], P_w + kk * 16, L::PP);
-#pragma unroll 2
-    for (int c = 0; c < HD; c += 16) {
-      FC o;
-      wmma::load_matrix_sync(o, O_w + c, L::OP, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < TILE_N / 16; ++kk) {
-        FB vf;
-        wmma::load_matrix_sync(vf, Vs + kk * 16 * L::QP + c, L::QP);
-        wmma::mma_sync(o, pf[kk], vf, o);
-      }
-      wmma::store_matrix_sync(O_w + c, o, L::OP, wmma::mem_row_major);
-    }
-    __syncwarp();
+
+  key_offsets(offs, table, first_key, min(TILE_N, last + 1 - first_key), bs, row, kvh * HD);
+  __syncthreads();
+  load_kv_tile<T, HD>(Ks, kc, offs, min(TILE_N, last + 1 - first_key));
+  cp_async_commit();
+  // Q (f32, after RoPE) → T, rows ≥ cnt zero.
+  for (int i = threadIdx.x; i < TILE_M * (HD / 4); i += TILE_THREADS) {
+    const int r = i / (HD / 4), c = (i % (HD / 4)) * 4;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < cnt) x = __ldg(reinterpret_cast<const float4*>(q + ((size_t)(n0 + r) * HQ + h) * HD + c));
+    uint2 u;
+    u.x = pack2<T>(x.x, x.y);
+    u.y = pack2<T>(x.z, x.w);
+    *reinterpret_cast<uint2*>(Qs + r * P + c) = u;
   }
-  __syncwarp();
-  if (r < cnt) {
-    const float inv = 1.0f / l_row[r];
-    float* dst = out + ((size_t)(n0 + r) * HQ + h) * HD;
-    const float* orow = Os + r * L::OP;
-    for (int c = half; c < HD; c += 2) dst[c] = orow[c] * inv;
+
+  float o[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  // Rows g and g + 8 of the warp: running max (in log2 units) and this lane's share of the sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int r0 = warp * 16 + g;
+  const int qpos[2] = {pos0 + r0, pos0 + r0 + 8};
+  const bool live[2] = {r0 < cnt, r0 + 8 < cnt};
+  const float sl2 = scale * 1.4426950408889634f;  // exp(x·scale) = 2^(x·sl2)
+  // ldmatrix row addresses: A (Q) rows lane % 16, columns 8·(lane / 16); K as B: keys
+  // lane % 8 + 8·(lane / 16), columns 8·(lane / 8 % 2); V as B (transposed): keys
+  // lane % 8 + 8·(lane / 8 % 2), columns 8·(lane / 16).
+  const uint32_t q_lane = smem_addr(Qs + (warp * 16 + lane % 16) * P + (lane / 16) * 8);
+  const uint32_t k_lane = smem_addr(Ks + (lane % 8 + (lane / 16) * 8) * P + (lane / 8 % 2) * 8);
+  const uint32_t v_lane = smem_addr(Vs + (lane % 8 + (lane / 8 % 2) * 8) * P + (lane / 16) * 8);
+
+  for (int kt = first_key, it = 0; kt <= last; kt += TILE_N, ++it) {
+    const int keys = min(TILE_N, last + 1 - kt);
+    size_t* off = offs + (it % 2) * TILE_N;
+    cp_async_wait_all();
+    __syncthreads();  // K is in; every warp is done with the previous V
+    load_kv_tile<T, HD>(Vs, vc, off, keys);
+    cp_async_commit();
+    const bool more = kt + TILE_N <= last;
+    if (more) key_offsets(offs + (1 - it % 2) * TILE_N, table, kt + TILE_N, min(TILE_N, last + 1 - kt - TILE_N), bs, row, kvh * HD);
+    // Only tiles on the diagonal, at the window's edge or with rows past cnt need a mask.
+    const bool whole = kt + TILE_N - 1 <= pos0 && cnt == TILE_M && (window <= 0 || kt > last - window);
+
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, q_lane + kk * 16 * sizeof(T));
+#pragma unroll
+      for (int jp = 0; jp < NT / 2; ++jp) {
+        uint32_t b[4];
+        ldsm_x4(b, k_lane + (jp * 16 * P + kk * 16) * sizeof(T));
+        mma16816<T>(s[2 * jp], a, b[0], b[1]);
+        mma16816<T>(s[2 * jp + 1], a, b[2], b[3]);
+      }
+    }
+    // Mask (causal, window, rows past cnt), new max per row, rescale of the output rows.
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (whole) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] *= sl2;
+          mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hr = e / 2, kpos = kt + 8 * j + 2 * i4 + e % 2;
+          const bool ok = live[hr] && kpos <= qpos[hr] && (window <= 0 || kpos > qpos[hr] - window);
+          s[j][e] = ok ? s[j][e] * sl2 : -INFINITY;
+          mx[hr] = fmaxf(mx[hr], s[j][e]);
+        }
+    }
+    float corr[2], m_new[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+      m_new[hr] = fmaxf(m[hr], mx[hr]);
+      corr[hr] = m_new[hr] == -INFINITY ? 1.0f : exp2f(m[hr] - m_new[hr]);
+      m[hr] = m_new[hr];
+      l[hr] *= corr[hr];
+    }
+#pragma unroll
+    for (int j = 0; j < DT; ++j) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+    // Probabilities, packed as the A operand of P·V: k-step kk covers key tiles 2kk, 2kk + 1.
+    uint32_t pa[TILE_N / 16][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = s[j][e] == -INFINITY ? 0.0f : exp2f(s[j][e] - m_new[e / 2]);
+        l[e / 2] += p[e];
+      }
+      pa[j / 2][(j % 2) * 2] = pack2<T>(p[0], p[1]);
+      pa[j / 2][(j % 2) * 2 + 1] = pack2<T>(p[2], p[3]);
+    }
+
+    cp_async_wait_all();
+    __syncthreads();  // V is in; every warp is done with K; the next tile's offsets are written
+    if (more) {
+      load_kv_tile<T, HD>(Ks, kc, offs + (1 - it % 2) * TILE_N, min(TILE_N, last + 1 - kt - TILE_N));
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int kk = 0; kk < TILE_N / 16; ++kk) {
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, v_lane + (kk * 16 * P + dp * 16) * sizeof(T));
+        mma16816<T>(o[2 * dp], pa[kk], b[0], b[1]);
+        mma16816<T>(o[2 * dp + 1], pa[kk], b[2], b[3]);
+      }
+    }
+  }
+  // The row sums across the lane quad (fixed order), then the normalised rows.
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+    if (!live[hr]) continue;
+    const float inv = 1.0f / l[hr];
+    float* dst = out + ((size_t)(n0 + r0 + 8 * hr) * HQ + h) * HD + 2 * i4;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * hr] * inv, o[j][2 * hr + 1] * inv);
   }
 }
 
+// grid (⌈tiles / per_block⌉, HQ): block b takes tiles b·per_block.. in turn (cnt 0 ends the
+// list early). Two a block when the grid would otherwise take more than one wave: the host
+// pairs long tiles with short ones, so that every block has about the same number of keys.
 #define TILES_KERNEL(NAME, T, HD)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(TILE_THREADS)                                                       \
-      attn_tiles_##NAME##_d##HD(const float* q, const float* kc, const float* vc, const int* tables, int width, int bs, \
-                                const int4* tiles, int HQ, int HKV, int window, float scale, float* out) {           \
-    attn_tiles<T, HD>(q, kc, vc, tables, width, bs, tiles, HQ, HKV, window, scale, out);                           \
+  extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                                    \
+      attn_tiles_##NAME##_d##HD(const float* q, const T* kc, const T* vc, const int* tables, int width, int bs,     \
+                                const int4* tiles, int per_block, int HQ, int HKV, int window, float scale,          \
+                                float* out) {                                                                       \
+    for (int i = 0; i < per_block; ++i) {                                                                           \
+      const int4 t = tiles[blockIdx.x * per_block + i];                                                             \
+      if (t.y == 0) break;                                                                                          \
+      if (i > 0) __syncthreads(); /* the previous tile is done with shared memory */                                \
+      attn_tiles<T, HD>(q, kc, vc, tables, width, bs, t, blockIdx.y, HQ, HKV, window, scale, out);                  \
+    }                                                                                                               \
   }
 TILES_KERNEL(bf16, __nv_bfloat16, 64)
 TILES_KERNEL(bf16, __nv_bfloat16, 128)

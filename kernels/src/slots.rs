@@ -59,7 +59,9 @@ enum Store {
     Cuda(crate::cuda::DeviceSlots),
 }
 
-/// `slots × per_slot` f32 values; slot `i` is the contiguous range `[i·per_slot, (i+1)·per_slot)`.
+/// `slots × per_slot` values; slot `i` is the contiguous range `[i·per_slot, (i+1)·per_slot)`.
+/// f32 in host memory; f32, bf16 or f16 in GPU memory (16-bit for the KV caches of 16-bit
+/// models). Reads and writes through this type are in f32 whatever the element type.
 #[derive(Debug, Clone)]
 pub struct SlotBuffer {
     per_slot: usize,
@@ -83,6 +85,31 @@ impl SlotBuffer {
         }
     }
 
+    /// Allocates zeroed slots of `dtype` values on `device`: f32 anywhere, bf16/f16 (an even
+    /// `per_slot`) on a GPU only.
+    pub fn zeros_on_as(slots: usize, per_slot: usize, device: &Device, dtype: DType) -> Result<Self> {
+        match (device, dtype) {
+            (_, DType::F32) => Self::zeros_on(slots, per_slot, device),
+            #[cfg(feature = "cuda")]
+            (Device::Cuda(d), DType::BF16 | DType::F16) if per_slot.is_multiple_of(2) => {
+                Ok(Self { per_slot, slots, store: Store::Cuda(crate::cuda::DeviceSlots::zeros_as(d, slots * per_slot, dtype)?) })
+            }
+            (device, dtype) => Err(KernelError::UnsupportedDevice {
+                op: "SlotBuffer::zeros_on_as",
+                device: format!("{dtype:?} slots of {per_slot} values on {device:?} (f32 anywhere; bf16/f16, even sizes, on a GPU)"),
+            }),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match &self.store {
+            Store::Host(_) => DType::F32,
+            #[cfg(feature = "cuda")]
+            Store::Cuda(d) => d.dtype(),
+        }
+    }
+
     /// Number of slots.
     pub fn slots(&self) -> usize {
         self.slots
@@ -95,7 +122,7 @@ impl SlotBuffer {
 
     /// Bytes held per slot.
     pub fn bytes_per_slot(&self) -> usize {
-        self.per_slot * std::mem::size_of::<f32>()
+        self.per_slot * self.dtype().size_in_bytes()
     }
 
     /// Whether the slots are in host memory (slices can be borrowed).
@@ -250,5 +277,13 @@ mod tests {
         assert!(b.slots_mut(&[0, 0]).is_err());
         let v = b.slots_mut(&[2, 0]).unwrap();
         assert_eq!(v[0], &[1.0, 2.0]);
+    }
+
+    #[test]
+    fn host_slots_are_f32_only() {
+        let f = SlotBuffer::zeros_on_as(2, 4, &Device::Cpu, DType::F32).unwrap();
+        assert_eq!((f.dtype(), f.bytes_per_slot()), (DType::F32, 16));
+        let err = SlotBuffer::zeros_on_as(2, 4, &Device::Cpu, DType::BF16).unwrap_err().to_string();
+        assert!(err.contains("BF16") && err.contains("on a GPU"), "{err}");
     }
 }

@@ -48,6 +48,11 @@ struct Args {
     /// prefill T=4096 and graph decode at batch 1 and 64; one `OURS {json}` line per figure.
     #[arg(long)]
     hybrid_dir: Option<std::path::PathBuf>,
+    /// With `--hybrid-dir`: after timing, run one bf16-mixer prefill and one graph decode step
+    /// of each batch between cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start
+    /// off --graph-profiling node`).
+    #[arg(long)]
+    profile_hybrid: bool,
     /// Only the paged-attention op at Qwen3.5's attention shape (8 query / 2 KV heads of 256,
     /// bf16): prefill T=4096 and decode at batch 1 and 64; one `OURS {json}` line per figure.
     #[arg(long)]
@@ -355,8 +360,9 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     // (sequences, context, new rows each): prefill of one prompt, decode steps.
     for (b, ctx, rows) in [(1usize, 4096usize, 4096usize), (1, 256, 1), (64, 256, 1), (1, 4096, 1), (64, 4096, 1)] {
         let width = ctx.div_ceil(bs);
-        let mut kc = SlotBuffer::zeros_on(b * width, bs * hkv * hd, dev)?;
-        let mut vc = SlotBuffer::zeros_on(b * width, bs * hkv * hd, dev)?;
+        // A bf16 model's cache is bf16 on the GPU.
+        let mut kc = SlotBuffer::zeros_on_as(b * width, bs * hkv * hd, dev, DType::BF16)?;
+        let mut vc = SlotBuffer::zeros_on_as(b * width, bs * hkv * hd, dev, DType::BF16)?;
         let tables: Vec<Vec<u32>> = (0..b).map(|s| (0..width).map(|j| (s * width + j) as u32).collect()).collect();
         let flat: Vec<i32> = tables.iter().flatten().map(|&x| x as i32).collect();
         let dev_tables = Tensor::new(flat.as_slice(), dev)?;
@@ -379,7 +385,7 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         // Causal flops of the new rows (QKᵀ and PV), and the cache bytes a decode step reads.
         let pairs: f64 = (0..rows).map(|i| (start + i + 1) as f64).sum::<f64>() * b as f64;
         let tflops = 4.0 * pairs * (hq * hd) as f64 / (ms * 1e-3) / 1e12;
-        let gbs = (b * ctx * hkv * hd * 4 * 2) as f64 / (ms * 1e-3) / 1e9;
+        let gbs = (b * ctx * hkv * hd * 2 * 2) as f64 / (ms * 1e-3) / 1e9;
         println!(
             "OURS {}",
             serde_json::json!({"what": "attention", "batch": b, "context": ctx, "rows": rows, "ms": ms, "tflops": tflops, "cache_gb_s": gbs})
@@ -392,7 +398,8 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
 /// The hybrid section: a Qwen3.5-layout checkpoint, bf16. Decode runs at a context of `ctx`
 /// tokens (each sequence prefilled first); the roofline counts weights read once, each
 /// sequence's recurrent state read and written, and its KV cache read, once a step.
-fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize) -> anyhow::Result<()> {
+fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool) -> anyhow::Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
     let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
@@ -416,6 +423,15 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize) -> anyhow::Res
             Ok(())
         })?;
         println!("OURS {}", serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms}));
+        if profile && algo == PrefillAlgo::ChunkedBf16 {
+            let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+            dev.synchronize()?;
+            profiler_start()?;
+            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+            dev.synchronize()?;
+            profiler_stop()?;
+            pool.release(slot)?;
+        }
     }
     for b in batches {
         let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
@@ -435,6 +451,13 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize) -> anyhow::Res
         let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
             "captured": graphs.captured()});
         println!("OURS {json}");
+        if profile {
+            dev.synchronize()?;
+            profiler_start()?;
+            graphs.decode(&model, &mut pool, &batch)?;
+            dev.synchronize()?;
+            profiler_stop()?;
+        }
         for s in slots {
             pool.release(s)?;
         }
@@ -455,7 +478,7 @@ fn main() -> anyhow::Result<()> {
     }
     #[cfg(feature = "cuda")]
     if let Some(dir) = &args.hybrid_dir {
-        return hybrid_table(&dev, dir, args.reps);
+        return hybrid_table(&dev, dir, args.reps, args.profile_hybrid);
     }
     if args.decode_only {
         return decode_table(&dev, args.reps);

@@ -87,9 +87,16 @@ impl Attention {
         })
     }
 
-    /// One sequence's cache: keys and values of every token, in the paged KV cache.
+    /// One sequence's cache: keys and values of every token, in the paged KV cache. A 16-bit
+    /// model on a GPU keeps them in its own type, as the references do (half the bytes, and the
+    /// tensor cores read them as they are); otherwise in f32.
     pub fn cache(&self) -> CacheSpec {
-        CacheSpec::Attention { kv_heads: self.spec.num_kv_heads, head_dim: self.spec.head_dim }
+        let w = self.qkv.weight();
+        let dtype = match w.dtype() {
+            DType::BF16 | DType::F16 if w.device().is_cuda() => w.dtype(),
+            _ => DType::F32,
+        };
+        CacheSpec::Attention { kv_heads: self.spec.num_kv_heads, head_dim: self.spec.head_dim, dtype }
     }
 
     /// q or k `[N, H·hd]` → normalised, `[N, H, hd]` f32.

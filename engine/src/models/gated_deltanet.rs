@@ -9,7 +9,7 @@ use deltaserve_kernels::{ConvActivation, StepSlots};
 use super::batch::Packed;
 use super::linear::{linear, FusedInput};
 use super::output_head::{HeadNames, OutputHead};
-use super::short_conv::ShortConv;
+use super::short_conv::{heads_of, ShortConv};
 use crate::cache::CacheSpec;
 use crate::config::{Family, ModelConfig};
 use crate::error::Result;
@@ -166,11 +166,11 @@ impl GatedDeltaNet {
         let y = self.input.forward(x)?;
         // Steps 1–2: projections, short conv + SiLU.
         let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs)?;
-        let (n, hv, vd) = (c.dim(0)?, self.num_v_heads, self.head_v_dim);
+        let (hv, vd) = (self.num_v_heads, self.head_v_dim);
         // Steps 3–7: l2norm of q and k, β and the log-decay in fp32 from the activation-dtype
         // projections (fla ≥ v0.5.1), read in place.
         let p = ops::prepare(&c, self.qk_layout(), &y.part(B)?, self.allow_neg_eigval, Some((&y.part(A)?, &self.a_log, &self.dt_bias)))?;
-        let v = c.narrow(1, self.v_offset(), hv * vd)?.reshape((n, hv, vd))?;
+        let v = heads_of(&c, self.v_offset(), hv, vd)?;
         // Step 8: the gated delta rule, chunkwise.
         let inputs = ops::MixerInputs { q: &p.q, k: &p.k, v: &v, beta: &p.beta, g: p.g.as_ref(), n: 1, scale: self.scale };
         let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo)?;

@@ -79,3 +79,14 @@ impl ShortConv {
         })
     }
 }
+
+/// Columns `offset..offset + heads·dim` of the conv output `c` `[N, C]` as `[N, heads, dim]`:
+/// a strided view when `offset` and `C` are multiples of `dim` (no copy; the kernels that read
+/// it convert or copy it once anyway), a copy otherwise.
+pub fn heads_of(c: &Tensor, offset: usize, heads: usize, dim: usize) -> Result<Tensor> {
+    let (n, channels) = c.dims2()?;
+    if dim > 0 && offset.is_multiple_of(dim) && channels.is_multiple_of(dim) && c.is_contiguous() {
+        return Ok(c.reshape((n, channels / dim, dim))?.narrow(1, offset / dim, heads)?);
+    }
+    Ok(c.narrow(1, offset, heads * dim)?.reshape((n, heads, dim))?)
+}

@@ -1,13 +1,14 @@
 //! Launchers of the paged-attention kernels (`kernels/cuda/attention.cu`): RoPE and the append
-//! into the cache, then either the fp32 row kernel (decode; prefill of f32 models) with its
-//! split combine, or the tensor-core tile kernel (prefill of bf16/f16 models).
+//! into the cache (f32, bf16 or f16), then either the fp32 row kernel (decode; prefill of f32
+//! models) with its split combine, or the tensor-core tile kernel (prefill of bf16/f16 models
+//! whose cache is in their own type).
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, device_address, f32c, grid, ptx, wrap, DeviceSlots};
+use super::{cuda_dev, device_address, f32c, grid, ptx, sm_count, wrap, DeviceSlots};
 use crate::cpu::attention::{AttentionShape, Paged};
 use crate::ops::attention::{DevicePages, RopeArgs};
 use crate::{KernelError, Result};
@@ -21,10 +22,25 @@ const TILE_M: usize = 64;
 const TILE_N: usize = 64;
 const TILE_THREADS: u32 = 128;
 
-/// Dynamic shared memory of `attn_tiles_*_d{hd}` (`TileSmem` in attention.cu).
-fn tile_smem(hd: usize, elem: usize) -> usize {
-    let (qp, op, sp, pp) = (hd + 8, hd + 4, TILE_N + 4, TILE_N + 8);
-    TILE_M * qp * elem + 2 * TILE_N * qp * elem + TILE_M * sp * 4 + TILE_M * pp * elem + TILE_M * op * 4 + 2 * TILE_M * 4
+/// Dynamic shared memory of `attn_tiles_*_d{hd}` (`TileSmem` in attention.cu): Q, K and V
+/// tiles of 16-bit values, rows padded by 8 values, and two tiles' key offsets.
+fn tile_smem(hd: usize) -> usize {
+    (TILE_M + 2 * TILE_N) * (hd + 8) * 2 + 2 * TILE_N * std::mem::size_of::<u64>()
+}
+
+/// The kernels' name for a cache element type.
+fn type_name(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        DType::F16 => Ok("f16"),
+        other => Err(KernelError::Shape {
+            op: "paged_attention",
+            input: "cache",
+            expected: "f32, bf16 or f16".into(),
+            actual: vec![other.size_in_bytes()],
+        }),
+    }
 }
 
 fn address<T>(s: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>) -> u64 {
@@ -32,16 +48,11 @@ fn address<T>(s: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>) -> u6
     ptr
 }
 
-/// The tensor-core kernel's operand type, when it applies to this pass: bf16/f16 operands, a
-/// head dim it was compiled for, and some sequence with more than one new row.
-fn tile_operands(operands: DType, pass: &Paged<'_>, hd: usize) -> Option<&'static str> {
-    let name = match operands {
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        _ => return None,
-    };
+/// Whether the tensor-core kernel takes this pass: bf16/f16 operands with the cache in the same
+/// type, a head dim it was compiled for, and some sequence with more than one new row.
+fn tiles_apply(operands: DType, cache: DType, pass: &Paged<'_>, hd: usize) -> bool {
     let multi_row = pass.cu.windows(2).any(|w| w[1] - w[0] > 1);
-    (multi_row && matches!(hd, 64 | 128 | 256)).then_some(name)
+    matches!(operands, DType::BF16 | DType::F16) && cache == operands && multi_row && matches!(hd, 64 | 128 | 256)
 }
 
 /// Appends `k`, `v` `[N, HKV, hd]` (RoPE on k) at each row's position and attends with `q`
@@ -78,12 +89,21 @@ pub fn paged_attention(
     let (width, bs) = (pages.width as i32, pass.block_size as i32);
     let (hqi, hkvi, hdi) = (hq as i32, hkv as i32, hd as i32);
     let window = shape.window.map_or(0, |w| w as i32);
+    if k_cache.dtype() != v_cache.dtype() {
+        return Err(KernelError::Shape {
+            op: OP,
+            input: "v cache",
+            expected: format!("{:?} as the k cache", k_cache.dtype()),
+            actual: vec![],
+        });
+    }
+    let cache = type_name(k_cache.dtype())?;
     let (kc, vc) = (address(&k_cache.data), address(&v_cache.data));
     // SAFETY: the append kernel writes every element.
     let q_rot = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
     let (qp, kp, vp) = (device_address::<f32>(&q)?, device_address::<f32>(&k)?, device_address::<f32>(&v)?);
     let q_rot_ptr = address(&q_rot);
-    let append = dev.get_or_load_custom_func("attn_append", "attention", ptx::ATTENTION)?;
+    let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}"), "attention", ptx::ATTENTION)?;
     let threads = if hd <= 64 { 64 } else { 128 };
     let mut l = append.builder();
     l.arg(&qp).arg(&kp).arg(&vp).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
@@ -91,23 +111,40 @@ pub fn paged_attention(
     unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
 
     let out_ptr = address(&out);
-    if let Some(name) = tile_operands(shape.operands, pass, hd) {
-        // Tiles of up to 64 rows, never across sequences: (first row, rows, first position, slot).
-        let mut tiles: Vec<i32> = Vec::new();
+    if tiles_apply(shape.operands, k_cache.dtype(), pass, hd) {
+        // Tiles of up to 64 rows, never across sequences: (first row, rows, first position,
+        // slot), those with the most keys first so that the short ones fill the last wave.
+        let mut tiles: Vec<[i32; 4]> = Vec::new();
         for (s, seq) in pass.seqs.iter().enumerate() {
             for n0 in (pass.cu[s]..pass.cu[s + 1]).step_by(TILE_M) {
                 let cnt = TILE_M.min(pass.cu[s + 1] - n0);
-                tiles.extend([n0 as i32, cnt as i32, (seq.start + n0 - pass.cu[s]) as i32, seq.slot as i32]);
+                tiles.push([n0 as i32, cnt as i32, (seq.start + n0 - pass.cu[s]) as i32, seq.slot as i32]);
             }
         }
+        let keys = |t: &[i32; 4]| {
+            let last = t[2] + t[1];
+            shape.window.map_or(last, |w| last.min(w as i32 + t[1]))
+        };
+        tiles.sort_by_key(|t| std::cmp::Reverse(keys(t)));
+        // More blocks than one wave holds (two an SM): pair the longest tiles with the shortest.
+        let per_block = if tiles.len() * hq > 2 * sm_count(&dev)? { 2 } else { 1 };
+        let tiles: Vec<i32> = if per_block == 2 {
+            let half = tiles.len().div_ceil(2);
+            let (long, short) = tiles.split_at(half);
+            let mut short = short.iter().rev();
+            long.iter().flat_map(|l| [*l, short.next().copied().unwrap_or([0; 4])]).flatten().collect()
+        } else {
+            tiles.into_iter().flatten().collect()
+        };
         let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
-        let smem = tile_smem(hd, 2);
-        let f = dev.get_or_load_custom_func(&format!("attn_tiles_{name}_d{hd}"), "attention", ptx::ATTENTION)?;
+        let smem = tile_smem(hd);
+        let f = dev.get_or_load_custom_func(&format!("attn_tiles_{cache}_d{hd}"), "attention", ptx::ATTENTION)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         let mut l = f.builder();
-        l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d);
+        let per_block_i = per_block as i32;
+        l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d).arg(&per_block_i);
         l.arg(&hqi).arg(&hkvi).arg(&window).arg(&shape.scale).arg(&out_ptr);
-        unsafe { l.launch(grid(tiles.len() / 4, hq, 1, TILE_THREADS, smem as u32)) }.w()?;
+        unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq, 1, TILE_THREADS, smem as u32)) }.w()?;
         return Ok(wrap(&dev, out, (n, hq, hd)));
     }
 
@@ -117,7 +154,7 @@ pub fn paged_attention(
         2 => 2,
         _ => 4,
     };
-    let rows_fn = dev.get_or_load_custom_func(&format!("attn_rows_g{gc}"), "attention", ptx::ATTENTION)?;
+    let rows_fn = dev.get_or_load_custom_func(&format!("attn_rows_{cache}_g{gc}"), "attention", ptx::ATTENTION)?;
     let combine = dev.get_or_load_custom_func("attn_combine", "attention", ptx::ATTENTION)?;
     let chunk = n.min(ROWS_PER_LAUNCH);
     // SAFETY: the row kernel writes every split of every (row, head) before the combine reads it.

@@ -61,11 +61,11 @@ pub fn conv_prefill(
     let (si, ri, ci, wi, act) = (slots.len() as i32, rows as i32, c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
         let mut b = outputs.builder();
-        b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(&states.data).arg(&cu).arg(&sl).arg(&si);
+        b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&si);
         b.arg(&mut y).arg(&ri).arg(&ci).arg(&wi).arg(&act);
         unsafe { b.launch(grid(c.div_ceil(ch * BLOCK), rows.div_ceil(tile), 1, BLOCK as u32, 0)) }.w()?;
         let mut b = new_states.builder();
-        b.arg(&xa.ptr).arg(&xa.ld).arg(&mut states.data).arg(&cu).arg(&sl).arg(&ci).arg(&wi);
+        b.arg(&xa.ptr).arg(&xa.ld).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&ci).arg(&wi);
         unsafe { b.launch(grid(c.div_ceil(BLOCK), slots.len(), 1, BLOCK as u32, 0)) }.w()?;
     });
     Ok(wrap(&dev, y, (rows, c)))
@@ -92,7 +92,7 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: S
     let (ci, wi, act) = (c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
         let mut l = f.builder();
-        l.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(&mut states.data);
+        l.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?);
         sl.push(&mut l);
         l.arg(&mut y).arg(&ci).arg(&wi).arg(&act);
         unsafe { l.launch(grid(c.div_ceil(BLOCK), b, 1, BLOCK as u32, 0)) }.w()?;

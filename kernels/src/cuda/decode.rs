@@ -139,7 +139,7 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
         let mut l = f.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&bv);
         push_gate(&mut l, &gp);
-        launch_with_state(l, &mut states.data, &sl, &mut o, &ints, &x.scale, cfg)?;
+        launch_with_state(l, states.state_words("gated_delta_step")?, &sl, &mut o, &ints, &x.scale, cfg)?;
     });
     Ok(wrap(&dev, o, (b, hv, v)))
 }
@@ -258,6 +258,6 @@ pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slo
     let ints = [k as i32, v as i32, n as i32];
     let mut l = f.builder();
     l.arg(&args);
-    launch_with_state(l, &mut states.data, &sl, &mut o, &ints, &x.scale, cfg)?;
+    launch_with_state(l, states.state_words("gated_delta_step")?, &sl, &mut o, &ints, &x.scale, cfg)?;
     Ok(wrap(&dev, o, (b, hv, v)))
 }

@@ -37,43 +37,127 @@ pub fn retain_freed_memory(dev: &CudaDevice) -> Result<()> {
     Ok(())
 }
 
-/// A GPU allocation of f32 state slots.
+/// A GPU allocation of state slots: f32 values (recurrent and conv states, f32 KV caches), or
+/// bf16/f16 values for the KV caches of 16-bit models. The allocation is counted in 32-bit
+/// words either way (two 16-bit values a word); the kernels take its address and know its
+/// element type from [`Self::dtype`].
 #[derive(Debug, Clone)]
 pub struct DeviceSlots {
     dev: CudaDevice,
     data: CudaSlice<f32>,
+    dtype: DType,
+}
+
+/// A 16-bit element type's conversions.
+fn to_16(dtype: DType, x: f32) -> u16 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_bits(),
+        _ => half::f16::from_f32(x).to_bits(),
+    }
+}
+
+fn from_16(dtype: DType, bits: u16) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_bits(bits).to_f32(),
+        _ => half::f16::from_bits(bits).to_f32(),
+    }
 }
 
 impl DeviceSlots {
     /// `len` zeroed f32 values on `dev`.
     pub fn zeros(dev: &CudaDevice, len: usize) -> Result<Self> {
-        Ok(Self { dev: dev.clone(), data: dev.alloc_zeros::<f32>(len.max(1))? })
+        Self::zeros_as(dev, len, DType::F32)
     }
 
-    /// Copies `len` values at `offset` to the host.
+    /// `len` zeroed values of `dtype` (f32, bf16 or f16; an even `len` for 16-bit types).
+    pub fn zeros_as(dev: &CudaDevice, len: usize, dtype: DType) -> Result<Self> {
+        let words = match dtype {
+            DType::F32 => len,
+            DType::BF16 | DType::F16 if len.is_multiple_of(2) => len / 2,
+            _ => {
+                return Err(KernelError::Shape {
+                    op: "DeviceSlots",
+                    input: "dtype",
+                    expected: "f32, or bf16/f16 with an even length".into(),
+                    actual: vec![len],
+                })
+            }
+        };
+        Ok(Self { dev: dev.clone(), data: dev.alloc_zeros::<f32>(words.max(1))?, dtype })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The f32 values of a recurrent or conv state (whose kernels take no other type).
+    fn state_words(&mut self, op: &'static str) -> Result<&mut CudaSlice<f32>> {
+        if self.dtype != DType::F32 {
+            return Err(KernelError::Shape { op, input: "states", expected: "f32 slots".into(), actual: vec![self.dtype.size_in_bytes()] });
+        }
+        Ok(&mut self.data)
+    }
+
+    /// Values per 32-bit word.
+    fn per_word(&self) -> usize {
+        if self.dtype == DType::F32 {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Word range of `len` values at `offset` (both even for 16-bit types: slots are).
+    fn words(&self, offset: usize, len: usize) -> std::ops::Range<usize> {
+        let w = self.per_word();
+        offset / w..(offset + len).div_ceil(w)
+    }
+
+    /// Copies `len` values at `offset` to the host, as f32.
     pub fn read(&self, offset: usize, len: usize) -> Result<Vec<f32>> {
-        Ok(self.dev.cuda_stream().clone_dtoh(&self.data.slice(offset..offset + len)).w()?)
+        let words = self.dev.cuda_stream().clone_dtoh(&self.data.slice(self.words(offset, len))).w()?;
+        if self.dtype == DType::F32 {
+            return Ok(words);
+        }
+        let halves = words.iter().flat_map(|w| {
+            let b = w.to_bits();
+            [(b & 0xffff) as u16, (b >> 16) as u16]
+        });
+        Ok(halves.take(len).map(|h| from_16(self.dtype, h)).collect())
     }
 
-    /// Copies `values` from the host to `offset`.
+    /// Copies `values` from the host to `offset` (rounded to the element type).
     pub fn write(&mut self, offset: usize, values: &[f32]) -> Result<()> {
+        let range = self.words(offset, values.len());
+        let words: Vec<f32> = if self.dtype == DType::F32 {
+            values.to_vec()
+        } else {
+            let d = self.dtype;
+            values
+                .chunks(2)
+                .map(|p| f32::from_bits(to_16(d, p[0]) as u32 | (to_16(d, p.get(1).copied().unwrap_or(0.0)) as u32) << 16))
+                .collect()
+        };
         let stream = self.dev.cuda_stream();
-        stream.memcpy_htod(values, &mut self.data.slice_mut(offset..offset + values.len())).w()?;
+        stream.memcpy_htod(&words, &mut self.data.slice_mut(range)).w()?;
         Ok(())
     }
 
     /// Zeroes `len` values at `offset`.
     pub fn zero(&mut self, offset: usize, len: usize) -> Result<()> {
+        let range = self.words(offset, len);
         let stream = self.dev.cuda_stream();
-        stream.memset_zeros(&mut self.data.slice_mut(offset..offset + len)).w()?;
+        stream.memset_zeros(&mut self.data.slice_mut(range)).w()?;
         Ok(())
     }
 
     /// Copies `len` values from `src` to `dst` (non-overlapping slots).
     pub fn copy(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
+        let (from, to) = (self.words(src, len), self.words(dst, len));
         let stream = self.dev.cuda_stream();
-        let tmp = stream.clone_dtod(&self.data.slice(src..src + len)).w()?;
-        stream.memcpy_dtod(&tmp, &mut self.data.slice_mut(dst..dst + len)).w()?;
+        let tmp = stream.clone_dtod(&self.data.slice(from)).w()?;
+        stream.memcpy_dtod(&tmp, &mut self.data.slice_mut(to)).w()?;
         Ok(())
     }
 }

@@ -168,7 +168,14 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
                             if !lo {
                                 l.arg(&vv_);
                             }
-                            l.arg(&w).arg(&u).arg(&p).arg(&gc).arg(&mut states.data).arg(&cu).arg(&sl).arg(&mut o);
+                            l.arg(&w)
+                                .arg(&u)
+                                .arg(&p)
+                                .arg(&gc)
+                                .arg(states.state_words("gated_delta_prefill")?)
+                                .arg(&cu)
+                                .arg(&sl)
+                                .arg(&mut o);
                             for i in &ints {
                                 l.arg(i);
                             }

@@ -36,7 +36,8 @@ pub struct DevicePages<'a> {
 
 /// Appends `k`, `v` (`[N, HKV, hd]`) at each sequence's next positions and attends with `q`
 /// (`[N, HQ, hd]`); rows `pass.cu[s]..pass.cu[s+1]` belong to `pass.seqs[s]`. The caches hold
-/// one block per slot, `[block_size, HKV, hd]` f32. GPU caches also need `device` (the same
+/// one block per slot, `[block_size, HKV, hd]`: f32, or on a GPU also bf16/f16 (prefill of
+/// 16-bit operands then runs on the tensor cores). GPU caches also need `device` (the same
 /// tables and positions in device memory). Returns `[N, HQ, hd]` f32.
 pub fn paged_attention(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
