@@ -102,9 +102,6 @@ __device__ void attn_append(const float* __restrict__ q, const float* __restrict
                                                 int hd) {                                                           \
     attn_append<C>(q, k, v, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd);      \
   }
-APPEND_KERNEL(f32, float)
-APPEND_KERNEL(bf16, __nv_bfloat16)
-APPEND_KERNEL(f16, __half)
 
 // grid (N, HKV · ⌈G/GC⌉, SPLITS), ROW_THREADS threads: GC query heads of one KV head over one
 // key split of one row, in chunks of ROW_THREADS keys. Scores: a thread per key, its whole dot
@@ -230,15 +227,15 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
                                float scale, float* part, float* ml) {                                               \
     attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, part, ml);        \
   }
-ROWS_KERNEL(f32, float, 1)
-ROWS_KERNEL(f32, float, 2)
-ROWS_KERNEL(f32, float, 4)
-ROWS_KERNEL(bf16, __nv_bfloat16, 1)
-ROWS_KERNEL(bf16, __nv_bfloat16, 2)
-ROWS_KERNEL(bf16, __nv_bfloat16, 4)
-ROWS_KERNEL(f16, __half, 1)
-ROWS_KERNEL(f16, __half, 2)
-ROWS_KERNEL(f16, __half, 4)
+// The append and the row kernels for each cache type (GC = 1, 2, 4 query heads a block).
+#define CACHE_KERNELS(NAME, C) \
+  APPEND_KERNEL(NAME, C)       \
+  ROWS_KERNEL(NAME, C, 1)      \
+  ROWS_KERNEL(NAME, C, 2)      \
+  ROWS_KERNEL(NAME, C, 4)
+CACHE_KERNELS(f32, float)
+CACHE_KERNELS(bf16, __nv_bfloat16)
+CACHE_KERNELS(f16, __half)
 
 // grid (N · HQ): out = Σ_s part_s · e^(m_s − M) / Σ_s l_s · e^(m_s − M), splits in order.
 extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml, float* __restrict__ out,
@@ -528,9 +525,6 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
       attn_tiles<T, HD>(q, kc, vc, tables, width, bs, t, blockIdx.y, HQ, HKV, window, scale, out);                  \
     }                                                                                                               \
   }
-TILES_KERNEL(bf16, __nv_bfloat16, 64)
-TILES_KERNEL(bf16, __nv_bfloat16, 128)
-TILES_KERNEL(bf16, __nv_bfloat16, 256)
-TILES_KERNEL(f16, __half, 64)
-TILES_KERNEL(f16, __half, 128)
-TILES_KERNEL(f16, __half, 256)
+#define TILES_KERNELS(NAME, T) TILES_KERNEL(NAME, T, 64) TILES_KERNEL(NAME, T, 128) TILES_KERNEL(NAME, T, 256)
+TILES_KERNELS(bf16, __nv_bfloat16)
+TILES_KERNELS(f16, __half)
