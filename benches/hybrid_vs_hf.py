@@ -15,6 +15,12 @@ GPU, the same weights, in one run.
 3. Frees the GPU and runs `gpu_bench --hybrid-dir` on the saved checkpoint; prints both side by
    side as a markdown table with the ratios.
 
+`--moe` does the same for Qwen3.5-35B-A3B's per-layer shapes (hidden 2048, GDN 16 key / 32
+value heads of 128, attention 16 query / 2 KV heads of 256, 256 experts of 512 with top-8 and a
+512-wide shared expert, vocabulary 248,320), cut to 8 layers (6 GDN + 2 attention, 7.9 B
+parameters: transformers' model and ours each fit an 80 GB GPU in turn), with decode at batch 1,
+16 and 64.
+
 `--attention` instead compares the paged-attention op alone (`gpu_bench --attention-only`) with
 PyTorch's `scaled_dot_product_attention` (flash backend, GQA) at the model's attention shape:
 prefill T=4096 and decode at batch 1 and 64 over 256 and 4096 cached tokens.
@@ -45,15 +51,35 @@ def build(path):
         layer_types=layer_types, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
         bos_token_id=None, eos_token_id=248044, pad_token_id=None)
+    return init_and_save(Qwen3_5ForCausalLM, cfg, path)
+
+
+def init_and_save(cls, cfg, path):
+    """transformers' own init, on the GPU in bf16 (seconds instead of minutes on the host), saved
+    with `save_pretrained` unless `path` already holds a checkpoint."""
     torch.manual_seed(0)
-    # Initialised on the GPU in bf16 (transformers' own init, seconds instead of minutes on the host).
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = Qwen3_5ForCausalLM(cfg)
+        model = cls(cfg)
     torch.set_default_dtype(torch.float32)
     if not os.path.exists(os.path.join(path, "config.json")):
         model.save_pretrained(path)
     return model.eval()
+
+
+def build_moe(path, layers=8):
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    layer_types = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=2,
+        head_dim=256, rms_norm_eps=1e-6, max_position_embeddings=262144, linear_conv_kernel_dim=4,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+        num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        layer_types=layer_types, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+        bos_token_id=None, eos_token_id=248044, pad_token_id=None)
+    return init_and_save(Qwen3_5MoeForCausalLM, cfg, path)
 
 
 def median_ms(f, reps):
@@ -69,13 +95,13 @@ def median_ms(f, reps):
     return times[len(times) // 2]
 
 
-def time_hf(model):
+def time_hf(model, batches):
     out = {}
     vocab = model.config.vocab_size
     ids = (torch.arange(T_PREFILL, device="cuda") * 7919 + 13) % vocab
     with torch.inference_mode():
         out["prefill_ms"] = median_ms(lambda: model(input_ids=ids[None], use_cache=True, logits_to_keep=1), 5)
-        for b in BATCHES:
+        for b in batches:
             prompt = (torch.arange(CONTEXT, device="cuda")[None] * 131 + torch.arange(b, device="cuda")[:, None] * 7 + 1) % vocab
             mask = torch.ones_like(prompt)
 
@@ -131,7 +157,11 @@ def main():
     ap.add_argument("--dir", default="/tmp/deltaserve-qwen3_5-2b")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--attention", action="store_true", help="only the attention op against SDPA")
+    ap.add_argument("--moe", action="store_true", help="Qwen3.5-35B-A3B's layer shapes, 8 layers")
     args = ap.parse_args()
+    if args.moe and args.dir == "/tmp/deltaserve-qwen3_5-2b":
+        args.dir = "/tmp/deltaserve-qwen3_5_moe"
+    batches = (1, 16, 64) if args.moe else BATCHES
     if args.attention:
         return attention(args.bench_bin)
     import transformers
@@ -141,9 +171,9 @@ def main():
         fast = f"fla {fla.__version__} kernels for the GDN layers"
     except ImportError:
         fast = "no fla: transformers' torch GDN path"
-    model = build(args.dir)
+    model = build_moe(args.dir) if args.moe else build(args.dir)
     params = sum(p.numel() for p in model.parameters())
-    hf = time_hf(model)
+    hf = time_hf(model, batches)
     print("HF", json.dumps({"transformers": transformers.__version__, "fast_path": fast, "params": params, **hf}), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -160,7 +190,8 @@ def main():
             ours[key] = r
     if run.returncode != 0:
         raise SystemExit(f"gpu_bench failed: {run.returncode}")
-    print(f"\n## Qwen3.5-layout hybrid, {params / 1e9:.2f} B params, bf16, H100: deltaserve vs transformers "
+    what = "Qwen3.5-35B-A3B-layout MoE hybrid (8 layers)" if args.moe else "Qwen3.5-layout hybrid"
+    print(f"\n## {what}, {params / 1e9:.2f} B params, bf16, H100: deltaserve vs transformers "
           f"{transformers.__version__} ({fast}), one run\n")
     print("| | transformers | deltaserve | speed-up | deltaserve % of roofline |")
     print("|---|---|---|---|---|")
@@ -169,7 +200,7 @@ def main():
         tps = T_PREFILL / o * 1e3
         print(f"| prefill T={T_PREFILL} ({algo}) | {hf['prefill_ms']:.1f} ms | {o:.1f} ms ({tps / 1e3:.1f} k tok/s) | "
               f"{hf['prefill_ms'] / o:.2f}× | |")
-    for b in BATCHES:
+    for b in batches:
         r = ours[f"decode_{b}"]
         print(f"| decode batch {b}, context {CONTEXT} (ms/step) | {hf[f'decode_{b}_ms']:.2f} | {r['ms']:.2f} | "
               f"{hf[f'decode_{b}_ms'] / r['ms']:.1f}× | {100 * r['roofline_ms'] / r['ms']:.0f}% |")

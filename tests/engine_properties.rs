@@ -31,7 +31,7 @@ fn models() -> Vec<(String, CausalLm, tempfile::TempDir)> {
         let m = CausalLm::load(&c, &Checkpoint::open(dir.path()).unwrap(), DType::F32, &Device::Cpu, true).unwrap();
         out.push((format!("random{i}:{}", c.model_type()), m, dir));
     }
-    for name in ["gdn", "gdn-gva", "gdp", "delta_net", "delta_net-gated", "gdn-attn", "qwen3_5", "olmo_hybrid", "olmo_hybrid-rope"] {
+    for name in deltaserve_tests::COMPACT_MODELS {
         let dir = compact_dir().join(name);
         let c = deltaserve_engine::read_config(&dir).unwrap();
         let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();

@@ -118,13 +118,14 @@ async fn in_process_router_serves_greedy_completions_and_refusals() {
     assert!(text.lines().any(|l| l.starts_with("deltaserve:generation_tokens_total") && l.ends_with(" 5")), "{text}");
 }
 
-/// Hybrid checkpoints (fla attn layers, Qwen3.5, OLMo-Hybrid) served over HTTP: the greedy text
+/// Hybrid checkpoints (fla attn layers, Qwen3.5, OLMo-Hybrid, the MoE hybrids Qwen3-Next and
+/// Qwen3.5-MoE) served over HTTP: the greedy text
 /// is the reference library's own (its goldens), and the first token's logprob is the log-softmax
 /// of the reference's logits.
 #[tokio::test]
 async fn hybrid_models_serve_their_reference_greedy_text_and_logprobs() {
     let client = reqwest::Client::new();
-    for name in ["gdn-attn", "qwen3_5", "olmo_hybrid"] {
+    for name in ["gdn-attn", "qwen3_5", "olmo_hybrid", "qwen3_next", "qwen3_5_moe"] {
         let (base, engine) = serve(name).await;
         let case = &golden_cases(&compact_dir().join(format!("{name}.goldens.json")))[0];
         let reference = load_tensors(&compact_dir().join(format!("{name}.logits.safetensors")));

@@ -1,7 +1,8 @@
 //! Hybrid checkpoints in the layouts and file sets they come in: Qwen3.5's text-only class
 //! (`model.*` keys, `qwen3_5_text` config at the top level) and the released wrapper with an
 //! `mtp.*` head beside it, the template in `chat_template.jinja`, and stop ids listed in
-//! `generation_config.json`. Each variant must give the logits of the fixture as transformers saved it.
+//! `generation_config.json`; MoE experts packed (either axis order) or one by one. Each variant
+//! must give the logits of the fixture as its library saved it.
 
 use std::path::Path;
 
@@ -11,7 +12,12 @@ use deltaserve_tests::{compact_dir, golden_cases, load_tensors, rel_err, values}
 
 /// A copy of the `qwen3_5` fixture whose tensors and config are rewritten by `edit`.
 fn variant(edit: impl Fn(&mut Vec<(String, Tensor)>, &mut serde_json::Value)) -> tempfile::TempDir {
-    let src = compact_dir().join("qwen3_5");
+    variant_of("qwen3_5", edit)
+}
+
+/// A copy of fixture `name` whose tensors and config are rewritten by `edit`.
+fn variant_of(name: &str, edit: impl Fn(&mut Vec<(String, Tensor)>, &mut serde_json::Value)) -> tempfile::TempDir {
+    let src = compact_dir().join(name);
     let d = tempfile::tempdir().unwrap();
     for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(f), d.path().join(f)).unwrap();
@@ -27,13 +33,44 @@ fn variant(edit: impl Fn(&mut Vec<(String, Tensor)>, &mut serde_json::Value)) ->
 
 /// Last-token logits of golden case 0, and the fixture's reference logits.
 fn case0_error(dir: &Path) -> f64 {
+    case_error("qwen3_5", dir, 0)
+}
+
+/// The error of `dir`'s logits on golden case `case` of fixture `name`: all positions where the
+/// goldens have them, else the last.
+fn case_error(name: &str, dir: &Path, case: usize) -> f64 {
     let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
-    let case = &golden_cases(&compact_dir().join("qwen3_5.goldens.json"))[0];
-    let reference = load_tensors(&compact_dir().join("qwen3_5.logits.safetensors"));
+    let c = &golden_cases(&compact_dir().join(format!("{name}.goldens.json")))[case];
+    let reference = load_tensors(&compact_dir().join(format!("{name}.logits.safetensors")));
     let mut pool = engine.new_pool(1).unwrap();
     let s = pool.allocate().unwrap();
-    let got = engine.prefill(&mut pool, s, &case.input_ids, Logits::Last).unwrap();
-    rel_err(&values(&got), &values(&reference["case0.last_logits"]))
+    match reference.get(&format!("case{case}.all_logits")) {
+        Some(all) => rel_err(&values(&engine.prefill(&mut pool, s, &c.input_ids, Logits::All).unwrap()), &values(all)),
+        None => rel_err(
+            &values(&engine.prefill(&mut pool, s, &c.input_ids, Logits::Last).unwrap()),
+            &values(&reference[&format!("case{case}.last_logits")]),
+        ),
+    }
+}
+
+/// Packed `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] rewritten one
+/// expert at a time, as transformers 5.17 saves them.
+fn unpack_experts(tensors: &mut Vec<(String, Tensor)>) {
+    let packed: Vec<(String, Tensor)> = tensors.iter().filter(|(k, _)| k.contains(".experts.")).cloned().collect();
+    tensors.retain(|(k, _)| !k.contains(".experts."));
+    for (k, t) in packed {
+        let (prefix, what) = k.rsplit_once('.').unwrap();
+        for e in 0..t.dim(0).unwrap() {
+            let x = t.get(e).unwrap();
+            let i = x.dim(0).unwrap() / 2;
+            if what == "gate_up_proj" {
+                tensors.push((format!("{prefix}.{e}.gate_proj.weight"), x.narrow(0, 0, i).unwrap().contiguous().unwrap()));
+                tensors.push((format!("{prefix}.{e}.up_proj.weight"), x.narrow(0, i, i).unwrap().contiguous().unwrap()));
+            } else {
+                tensors.push((format!("{prefix}.{e}.down_proj.weight"), x.contiguous().unwrap()));
+            }
+        }
+    }
 }
 
 #[test]
@@ -74,4 +111,72 @@ fn stop_ids_from_generation_config_and_template_from_its_own_file() {
     std::fs::write(d.path().join("chat_template.jinja"), "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}").unwrap();
     let engine = Engine::load(&LoadOptions::cpu(d.path().to_str().unwrap())).unwrap();
     assert_eq!(engine.tokenizer().chat_template.as_deref(), Some("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"));
+}
+
+#[test]
+fn moe_experts_load_packed_in_either_axis_order_or_one_by_one() {
+    // The fixture as written: packed [E, 2I, D] / [E, D, I].
+    let e = case_error("qwen3_5_moe", &compact_dir().join("qwen3_5_moe"), 0);
+    assert!(e < 1e-4, "packed: {e:.3e}");
+    let d = variant_of("qwen3_5_moe", |tensors, _| unpack_experts(tensors));
+    let e = case_error("qwen3_5_moe", d.path(), 0);
+    assert!(e < 1e-4, "one by one: {e:.3e}");
+    // Qwen3-VL-MoE's convention: the last two axes swapped.
+    let d = variant_of("qwen3_5_moe", |tensors, _| {
+        for (k, t) in tensors.iter_mut() {
+            if k.ends_with("experts.gate_up_proj") || k.ends_with("experts.down_proj") {
+                *t = t.transpose(1, 2).unwrap().contiguous().unwrap();
+            }
+        }
+    });
+    let e = case_error("qwen3_5_moe", d.path(), 0);
+    assert!(e < 1e-4, "packed, transposed: {e:.3e}");
+}
+
+#[test]
+fn a_missing_expert_tensor_is_named_with_its_shape() {
+    let d = variant_of("qwen3_next", |tensors, _| tensors.retain(|(k, _)| k != "model.layers.3.mlp.experts.6.down_proj.weight"));
+    let e = Engine::load(&LoadOptions::cpu(d.path().to_str().unwrap())).unwrap_err().to_string();
+    assert!(e.contains("model.layers.3.mlp.experts.6.down_proj.weight") && e.contains("[64, 32]"), "{e}");
+}
+
+/// Layer 0 of both MoE fixtures gives experts 3 and 5 the same router row, so their
+/// probabilities tie exactly on every token; where the top-k boundary falls between them the
+/// reference took expert 3 (the lower index). The long case's logits match the goldens (also
+/// checked in `model_parity`), and swapping the two experts' weights moves them far away:
+/// the tie-break decides those logits, and ours is the reference's.
+#[test]
+fn router_ties_pick_the_experts_the_reference_picks() {
+    for name in ["qwen3_next", "qwen3_5_moe"] {
+        let goldens: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(compact_dir().join(format!("{name}.goldens.json"))).unwrap()).unwrap();
+        let r = &goldens["layer0_routing"];
+        assert_eq!(r["tied_experts"], serde_json::json!([3, 5]));
+        let case = r["case"].as_u64().unwrap() as usize;
+        let ties = r["boundary_ties"].as_u64().unwrap();
+        assert!(ties > 0, "{name}: the fixture has no tie at the top-k boundary");
+        // Wherever exactly one of the tied pair was chosen, the reference chose 3.
+        let chosen: Vec<Vec<u64>> = serde_json::from_value(r["experts"].clone()).unwrap();
+        assert!(chosen.iter().all(|e| !e.contains(&5) || e.contains(&3)), "{name}: {chosen:?}");
+        let e = case_error(name, &compact_dir().join(name), case);
+        assert!(e < 1e-4, "{name} case{case}: {e:.3e}");
+        let swapped = variant_of(name, |tensors, _| {
+            if name == "qwen3_5_moe" {
+                unpack_experts(tensors);
+            }
+            for (k, _) in tensors.iter_mut() {
+                for (a, b) in
+                    [(".layers.0.mlp.experts.3.", ".layers.0.mlp.experts.5."), (".layers.0.mlp.experts.5.", ".layers.0.mlp.experts.3.")]
+                {
+                    if k.contains(a) {
+                        *k = k.replace(a, b);
+                        break;
+                    }
+                }
+            }
+        });
+        let e = case_error(name, swapped.path(), case);
+        println!("{name}: {ties} boundary ties; logits error {e:.2e} with experts 3 and 5 swapped");
+        assert!(e > 1e-2, "{name}: swapping the tied experts changed nothing ({e:.3e})");
+    }
 }

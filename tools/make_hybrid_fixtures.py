@@ -8,6 +8,8 @@ forward.
     # Qwen3.5 and OLMo-Hybrid (transformers only; fla must NOT be importable, so that HF runs
     # its own torch paths instead of fla's kernels):
     python3 tools/make_hybrid_fixtures.py --lib hf --out tests/fixtures/compact
+    # The mixture-of-experts hybrids, Qwen3-Next and Qwen3.5-MoE (transformers only, as above):
+    python3 tools/make_hybrid_fixtures.py --lib hf-moe --out tests/fixtures/compact
 
 Weights are redrawn large (norm weights, conv filters and biases random too) so that greedy
 margins are real and a misapplied weight shows up. Goldens: f32, TF32 off, no cache (every greedy
@@ -29,9 +31,12 @@ import types
 
 import torch
 
-from fixture_goldens import redraw, reference_setup, write_goldens
+from fixture_goldens import logits_of, redraw, reference_setup, write_goldens
 
 STEPS = 32
+# Qwen3.5's vision tower, tiny: the checkpoints carry one so that skipping it is tested.
+TINY_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
+                   temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
 
 
 def fake_flash_attn():
@@ -104,9 +109,7 @@ def hf_models():
                 rope_parameters=dict(rope_type="default", rope_theta=1000000.0, partial_rotary_factor=0.25,
                                      mrope_section=[1, 1, 2], mrope_interleaved=True),
                 bos_token_id=None, eos_token_id=2, pad_token_id=None, tie_word_embeddings=False)
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16)
-    cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    cfg = Qwen3_5Config(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=False)
     torch.manual_seed(300)
     model = Qwen3_5ForConditionalGeneration._from_config(cfg, attn_implementation="eager").float()
     redraw(model, 3000, "qwen3_5", 64)
@@ -130,10 +133,94 @@ def hf_models():
         yield name, model.cuda().eval(), ver
 
 
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+# Layer 0 of each MoE fixture: experts 3 and 5 get the same router row, so their router logits
+# tie exactly for every token; the goldens then hold the reference's tie-break wherever the
+# top-k boundary falls between them.
+TIED = (3, 5)
+
+
+def tie_router(model):
+    router = next(m for n, m in model.named_modules() if n.endswith("layers.0.mlp.gate"))
+    with torch.no_grad():
+        router.weight[TIED[1]].copy_(router.weight[TIED[0]])
+    return router
+
+
+def hf_moe_models():
+    import transformers
+
+    ver = f"transformers {transformers.__version__}"
+    text = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=4096, linear_conv_kernel_dim=4,
+                linear_key_head_dim=16, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+                layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                bos_token_id=None, eos_token_id=2, pad_token_id=None, tie_word_embeddings=False, **MOE)
+    # Qwen3-Next: text-only, packed in_proj_qkvz / in_proj_ba, one dense MLP layer (2).
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    cfg = Qwen3NextConfig(intermediate_size=128, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2],
+                          rope_parameters=dict(rope_type="default", rope_theta=1000000.0, partial_rotary_factor=0.25),
+                          **text)
+    torch.manual_seed(500)
+    model = Qwen3NextForCausalLM._from_config(cfg, attn_implementation="eager").float()
+    redraw(model, 5000, "qwen3_5", 64)
+    tie_router(model)
+    yield "qwen3_next", model.cuda().eval(), ver
+    # Qwen3.5-MoE as released: the multimodal wrapper, every layer MoE, packed experts.
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    text = dict(text, rope_parameters=dict(rope_type="default", rope_theta=1000000.0, partial_rotary_factor=0.25,
+                                           mrope_section=[1, 1, 2], mrope_interleaved=True))
+    cfg = Qwen3_5MoeConfig(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=False)
+    torch.manual_seed(600)
+    model = Qwen3_5MoeForConditionalGeneration._from_config(cfg, attn_implementation="eager").float()
+    redraw(model, 6000, "qwen3_5", 64)
+    tie_router(model)
+    yield "qwen3_5_moe", model.cuda().eval(), ver
+
+
+@torch.no_grad()
+def pack_experts(model, out, ids):
+    """transformers 5.17 saves experts one by one; released checkpoints may hold them packed
+    (`experts.gate_up_proj` [E, 2I, D], `experts.down_proj` [E, D, I], transformers' in-memory
+    form). Rewrites the checkpoint in that packed form, and checks that transformers loads it
+    back to the same logits."""
+    from safetensors.torch import save_file
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    assert any(k.endswith("experts.gate_up_proj") for k in state), "in-memory experts are not packed"
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    again = type(model).from_pretrained(out, attn_implementation="eager", dtype=torch.float32).cuda().eval()
+    diff = (logits_of(again, ids) - logits_of(model, ids)).abs().max().item()
+    assert diff == 0.0, f"packed checkpoint reloads {diff} away"
+    print(f"packed experts written; transformers reloads them to identical logits", flush=True)
+
+
+@torch.no_grad()
+def routing_of(model, ids, k):
+    """Layer 0's chosen experts per token, read from the reference's own router output (or
+    from its router logits with the reference's softmax + torch.topk when the router module
+    returns logits only), and how many tokens had the tie at the top-k boundary."""
+    router = next(m for n, m in model.named_modules() if n.endswith("layers.0.mlp.gate"))
+    seen = {}
+    h = router.register_forward_hook(lambda _m, _i, out: seen.setdefault("out", out))
+    model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False)
+    h.remove()
+    out = seen["out"]
+    if isinstance(out, tuple):
+        logits, idx = out[0], out[-1]
+    else:
+        logits = out
+        idx = torch.topk(torch.softmax(logits.float(), dim=-1), k, dim=-1).indices
+    p = torch.softmax(logits.float(), dim=-1)
+    a, b = TIED
+    kth = torch.topk(p, k + 1, dim=-1).values
+    boundary = ((p[:, a] == p[:, b]) & (p[:, a] == kth[:, k - 1]) & (kth[:, k - 1] == kth[:, k])).sum().item()
+    return idx.reshape(len(ids), k).tolist(), int(boundary)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/fixtures/compact")
-    ap.add_argument("--lib", choices=["fla", "hf"], required=True)
+    ap.add_argument("--lib", choices=["fla", "hf", "hf-moe"], required=True)
     a = ap.parse_args()
     src, tok, prompts = reference_setup(a.out)
     # One prompt past every window and chunk: the long case repeated with its head cut off.
@@ -144,6 +231,8 @@ def main():
         import transformers.activations  # noqa: F401
         fake_flash_attn()
         models = fla_models()
+    elif a.lib == "hf-moe":
+        models = hf_moe_models()
     else:
         models = hf_models()
     for name, model, ver in models:
@@ -152,12 +241,28 @@ def main():
         model.save_pretrained(out, safe_serialization=True)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(src, f), out)
-        if name == "qwen3_5":
+        if name in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
             # Released Qwen checkpoints list several stop ids here.
             json.dump(dict(eos_token_id=[2, 5], bos_token_id=None, do_sample=False), open(os.path.join(out, "generation_config.json"), "w"), indent=1)
         print(name, "keys:", sorted({k.rsplit(".", 2)[0] for k in __import__("safetensors.torch", fromlist=["load_file"]).load_file(os.path.join(out, "model.safetensors")).keys()})[:80], flush=True)
+        if name == "qwen3_5_moe":
+            pack_experts(model, out, prompts[0][1])
+        if a.lib == "hf-moe":
+            from safetensors import safe_open
+            with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+                for k in sorted(f.keys()):
+                    if ".layers.0." in k or ".layers.2." in k:
+                        print(f"  {k} {list(f.get_slice(k).get_shape())}", flush=True)
         reference = f"{ver}, torch {torch.__version__}, f32, TF32 off, no cache, full recomputation per greedy step"
         write_goldens(name, model, prompts, tok, a.out, reference, STEPS)
+        if a.lib == "hf-moe":
+            path = os.path.join(a.out, f"{name}.goldens.json")
+            g = json.load(open(path))
+            ids = prompts[-1][1]
+            route, ties = routing_of(model, ids, MOE["num_experts_per_tok"])
+            g["layer0_routing"] = dict(tied_experts=list(TIED), case=len(prompts) - 1, boundary_ties=ties, experts=route)
+            json.dump(g, open(path, "w"), indent=1)
+            print(f"{name}: layer 0 top-k boundary ties between experts {TIED}: {ties} of {len(ids)} tokens", flush=True)
 
 
 if __name__ == "__main__":

@@ -132,10 +132,25 @@ pub fn check_greedy(label: &str, case: &GoldenCase, first: Tensor, mut next: imp
     checked
 }
 
+/// The compact model fixtures (`tests/fixtures/compact/NAME`), each made by its own library.
+pub const COMPACT_MODELS: [&str; 11] = [
+    "gdn",
+    "gdn-gva",
+    "gdp",
+    "delta_net",
+    "delta_net-gated",
+    "gdn-attn",
+    "qwen3_5",
+    "olmo_hybrid",
+    "olmo_hybrid-rope",
+    "qwen3_next",
+    "qwen3_5_moe",
+];
+
 /// Every model fixture: (name, checkpoint dir, goldens json, logits safetensors).
 pub fn model_fixtures(test: &str) -> Vec<(String, PathBuf, PathBuf, PathBuf)> {
     let c = compact_dir();
-    let mut v: Vec<_> = ["gdn", "gdn-gva", "gdp", "delta_net", "delta_net-gated", "gdn-attn", "qwen3_5", "olmo_hybrid", "olmo_hybrid-rope"]
+    let mut v: Vec<_> = COMPACT_MODELS
         .iter()
         .map(|n| (format!("compact/{n}"), c.join(n), c.join(format!("{n}.goldens.json")), c.join(format!("{n}.logits.safetensors"))))
         .collect();

@@ -395,18 +395,33 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-/// The hybrid section: a Qwen3.5-layout checkpoint, bf16. Decode runs at a context of `ctx`
-/// tokens (each sequence prefilled first); the roofline counts weights read once, each
-/// sequence's recurrent state read and written, and its KV cache read, once a step.
+/// The hybrid section: a Qwen3.5-layout checkpoint (dense or MoE), bf16. Decode runs at a
+/// context of `ctx` tokens (each sequence prefilled first); the roofline counts weights read
+/// once (of an MoE's routed experts, those the batch's tokens choose), each sequence's recurrent
+/// state read and written, and its KV cache read, once a step.
 fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool) -> anyhow::Result<()> {
     use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
     let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
-    let params: usize = ckpt.names().iter().filter_map(|n| ckpt.shape(n)).map(|s| s.iter().product::<usize>()).sum();
-    let (weight_bytes, state_bytes) = (params as f64 * 2.0, cfg.state_bytes_per_sequence() as f64);
+    let size_of = |n: &String| ckpt.shape(n).map(|s| s.iter().product::<usize>()).unwrap_or(0);
+    let params: usize = ckpt.names().iter().map(size_of).sum();
+    // MoE: a step reads the routed experts its tokens chose. With k of E chosen per token, b
+    // tokens touch E·(1 − (1 − k/E)^b) experts of a layer in expectation (uniform routing).
+    let expert_params: usize = ckpt.names().iter().filter(|n| n.contains(".mlp.experts.")).map(size_of).sum();
+    let moe = cfg.mlps.iter().find_map(|m| match m {
+        deltaserve_engine::config::MlpKind::Sparse(s) => Some(*s),
+        _ => None,
+    });
+    let touched = |b: usize| match moe {
+        Some(s) => 1.0 - (1.0 - s.top_k as f64 / s.num_experts as f64).powi(b as i32),
+        None => 1.0,
+    };
+    let weight_bytes = |b: usize| ((params - expert_params) as f64 + expert_params as f64 * touched(b)) * 2.0;
+    let state_bytes = cfg.state_bytes_per_sequence() as f64;
     let vocab = cfg.common.vocab_size as u32;
-    let (t, ctx, batches) = (4096usize, 256usize, [1usize, 64]);
+    let (t, ctx) = (4096usize, 256usize);
+    let batches: &[usize] = if moe.is_some() { &[1, 16, 64] } else { &[1, 64] };
     let size = deltaserve_engine::state::PoolSize::for_tokens(64, t + 64);
     let mut pool = model.new_pool_sized(size)?;
     let kv_per_token = pool.bytes_per_block() as f64 / pool.block_size() as f64;
@@ -433,7 +448,7 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool)
             pool.release(slot)?;
         }
     }
-    for b in batches {
+    for &b in batches {
         let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         for (i, s) in slots.iter().enumerate() {
             let prompt: Vec<u32> = (0..ctx as u32).map(|j| (j * 131 + i as u32 * 7 + 1) % vocab).collect();
@@ -447,9 +462,9 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool)
             Ok(())
         })?;
         let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
-        let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0 + kv) / COPY_BW * 1e3;
+        let roof_ms = (weight_bytes(b) + b as f64 * state_bytes * 2.0 + kv) / COPY_BW * 1e3;
         let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
-            "captured": graphs.captured()});
+            "weight_bytes": weight_bytes(b), "captured": graphs.captured()});
         println!("OURS {json}");
         if profile {
             dev.synchronize()?;

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use super::moe::{self, MlpKind};
 use super::{unsupported, Architecture, CommonFields, GatedDeltaNetFields};
 use crate::error::ConfigError;
 
@@ -13,16 +14,33 @@ pub const QWEN3_5: &str = "qwen3_5";
 pub const QWEN3_5_TEXT: &str = "qwen3_5_text";
 /// `model_type` of OLMo-Hybrid.
 pub const OLMO_HYBRID: &str = "olmo_hybrid";
+/// `model_type` of Qwen3-Next (text only, MoE).
+pub const QWEN3_NEXT: &str = "qwen3_next";
+/// `model_type` of Qwen3.5-MoE as released (the multimodal wrapper).
+pub const QWEN3_5_MOE: &str = "qwen3_5_moe";
+/// `model_type` of Qwen3.5-MoE's text model alone.
+pub const QWEN3_5_MOE_TEXT: &str = "qwen3_5_moe_text";
 
 /// Which library's conventions a checkpoint follows: names, norms and block order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     /// fla (`gated_deltanet`, `gated_deltaproduct`, `delta_net`), with or without `attn` layers.
     Fla,
-    /// transformers' Qwen3.5: zero-centred norms `x̂·(1+w)`, fused `in_proj_qkv`, gated attention.
+    /// transformers' Qwen3.5 and Qwen3.5-MoE: zero-centred norms `x̂·(1+w)`, fused
+    /// `in_proj_qkv`, gated attention.
     Qwen3_5,
+    /// transformers' Qwen3-Next: as Qwen3.5, but `in_proj_qkvz` / `in_proj_ba` packed per
+    /// key-head group (§4.2), text-only keys.
+    Qwen3Next,
     /// transformers' OLMo-Hybrid: fla-named GDN layers, post-norm attention blocks.
     OlmoHybrid,
+}
+
+impl Family {
+    /// Decoder norms are `x̂·(1 + w)` (transformers' Qwen models).
+    pub fn zero_centred(self) -> bool {
+        matches!(self, Self::Qwen3_5 | Self::Qwen3Next)
+    }
 }
 
 /// How an attention layer normalises q and k before RoPE.
@@ -78,11 +96,11 @@ pub enum LayerKind {
     Attention(AttentionSpec),
 }
 
-fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+pub(super) fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
     v.get(name).filter(|x| !x.is_null())
 }
 
-fn usize_or(v: &Value, name: &str, default: usize) -> Result<usize, ConfigError> {
+pub(super) fn usize_or(v: &Value, name: &str, default: usize) -> Result<usize, ConfigError> {
     match field(v, name) {
         None => Ok(default),
         Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| invalid(name, "a non-negative integer", x)),
@@ -96,18 +114,26 @@ fn f64_or(v: &Value, name: &str, default: f64) -> Result<f64, ConfigError> {
     }
 }
 
-fn bool_or(v: &Value, name: &str, default: bool) -> Result<bool, ConfigError> {
+pub(super) fn bool_or(v: &Value, name: &str, default: bool) -> Result<bool, ConfigError> {
     match field(v, name) {
         None => Ok(default),
         Some(x) => x.as_bool().ok_or_else(|| invalid(name, "true or false", x)),
     }
 }
 
-fn invalid(name: &str, expected: &str, actual: impl ToString) -> ConfigError {
+pub(super) fn invalid(name: &str, expected: &str, actual: impl ToString) -> ConfigError {
     ConfigError::Invalid { field: name.into(), expected: expected.into(), actual: actual.to_string() }
 }
 
-fn positive(name: &str, v: usize) -> Result<usize, ConfigError> {
+/// An entry of a list of layer indices (`attn.layers`, `mlp_only_layers`), below `layers`.
+pub(super) fn layer_index(i: &Value, layers: usize, name: &str) -> Result<usize, ConfigError> {
+    i.as_u64()
+        .map(|i| i as usize)
+        .filter(|&i| i < layers)
+        .ok_or_else(|| invalid(name, &format!("layer indices below num_hidden_layers ({layers})"), i))
+}
+
+pub(super) fn positive(name: &str, v: usize) -> Result<usize, ConfigError> {
     if v == 0 {
         return Err(invalid(name, "> 0", 0));
     }
@@ -156,11 +182,7 @@ pub fn fla_layers(attn: Option<&Value>, layers: usize, hidden_size: usize) -> Re
         };
         let Some(Value::Array(idx)) = s.get("layers") else { return Err(ConfigError::Missing("attn.layers")) };
         for i in idx {
-            let i = i
-                .as_u64()
-                .map(|i| i as usize)
-                .filter(|&i| i < layers)
-                .ok_or_else(|| invalid("attn.layers", &format!("layer indices below num_hidden_layers ({layers})"), i))?;
+            let i = layer_index(i, layers, "attn.layers")?;
             if kinds[i] != LayerKind::Linear {
                 return Err(invalid("attn.layers", "each layer listed once", i));
             }
@@ -227,29 +249,66 @@ pub struct Parsed {
     pub layers: Vec<LayerKind>,
     /// Which conventions.
     pub family: Family,
+    /// Each layer's channel mixer.
+    pub mlps: Vec<MlpKind>,
 }
 
-/// Parses `qwen3_5` / `qwen3_5_text` (hybrid-spec.md §3.1) and `olmo_hybrid` (§5.1).
+/// Defaults of one family's text config (transformers 5.17).
+struct Defaults {
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    intermediate: usize,
+    vocab: usize,
+    max_positions: usize,
+}
+
+const QWEN3_5_DEFAULTS: Defaults =
+    Defaults { hidden: 4096, layers: 32, heads: 16, kv_heads: 4, head_dim: 256, intermediate: 12288, vocab: 248320, max_positions: 32768 };
+const QWEN3_5_MOE_DEFAULTS: Defaults =
+    Defaults { hidden: 2048, layers: 40, heads: 16, kv_heads: 2, head_dim: 256, intermediate: 12288, vocab: 248320, max_positions: 32768 };
+const QWEN3_NEXT_DEFAULTS: Defaults =
+    Defaults { hidden: 2048, layers: 48, heads: 16, kv_heads: 2, head_dim: 256, intermediate: 5632, vocab: 151936, max_positions: 32768 };
+
+/// Parses `qwen3_5` / `qwen3_5_text` (hybrid-spec.md §3.1), `qwen3_5_moe` /
+/// `qwen3_5_moe_text` and `qwen3_next` (§4.1), and `olmo_hybrid` (§5.1).
 pub fn parse(raw: &Value, model_type: &str) -> Result<Parsed, ConfigError> {
-    let family = if model_type == OLMO_HYBRID { Family::OlmoHybrid } else { Family::Qwen3_5 };
+    let family = match model_type {
+        OLMO_HYBRID => Family::OlmoHybrid,
+        QWEN3_NEXT => Family::Qwen3Next,
+        _ => Family::Qwen3_5,
+    };
+    let moe_everywhere = matches!(model_type, QWEN3_5_MOE | QWEN3_5_MOE_TEXT);
     let text = if family == Family::Qwen3_5 { raw.get("text_config").filter(|t| t.is_object()).unwrap_or(raw) } else { raw };
-    if let Some(t) = field(text, "model_type").and_then(Value::as_str).filter(|t| ![QWEN3_5, QWEN3_5_TEXT, OLMO_HYBRID].contains(t)) {
-        return Err(unsupported("text_config.model_type", t, "`qwen3_5_text`"));
+    let text_types: &[&str] =
+        if moe_everywhere { &[QWEN3_5_MOE, QWEN3_5_MOE_TEXT] } else { &[QWEN3_5, QWEN3_5_TEXT, OLMO_HYBRID, QWEN3_NEXT] };
+    if let Some(t) = field(text, "model_type").and_then(Value::as_str).filter(|t| !text_types.contains(t)) {
+        let expected: Vec<String> = text_types.iter().map(|t| format!("`{t}`")).collect();
+        return Err(unsupported("text_config.model_type", t, &expected.join(" or ")));
     }
-    for moe in ["num_experts", "moe_intermediate_size"] {
-        if let Some(v) = field(text, moe) {
-            return Err(unsupported(moe, v, "a dense model (mixture-of-experts hybrids are not supported yet)"));
+    if family == Family::Qwen3_5 && !moe_everywhere {
+        for key in ["num_experts", "moe_intermediate_size"] {
+            if let Some(v) = field(text, key) {
+                return Err(unsupported(key, v, "a dense model under `qwen3_5` (MoE checkpoints say `qwen3_5_moe`)"));
+            }
         }
     }
     let olmo = family == Family::OlmoHybrid;
-    let d = positive("hidden_size", usize_or(text, "hidden_size", if olmo { 3840 } else { 4096 })?)?;
-    let layers = positive("num_hidden_layers", usize_or(text, "num_hidden_layers", 32)?)?;
-    let hq = positive("num_attention_heads", usize_or(text, "num_attention_heads", if olmo { 30 } else { 16 })?)?;
-    let hkv = positive("num_key_value_heads", usize_or(text, "num_key_value_heads", if olmo { hq } else { 4 })?)?;
+    let def = match family {
+        Family::Qwen3Next => &QWEN3_NEXT_DEFAULTS,
+        _ if moe_everywhere => &QWEN3_5_MOE_DEFAULTS,
+        _ => &QWEN3_5_DEFAULTS,
+    };
+    let d = positive("hidden_size", usize_or(text, "hidden_size", if olmo { 3840 } else { def.hidden })?)?;
+    let layers = positive("num_hidden_layers", usize_or(text, "num_hidden_layers", def.layers)?)?;
+    let hq = positive("num_attention_heads", usize_or(text, "num_attention_heads", if olmo { 30 } else { def.heads })?)?;
+    let hkv = positive("num_key_value_heads", usize_or(text, "num_key_value_heads", if olmo { hq } else { def.kv_heads })?)?;
     if hq % hkv != 0 {
         return Err(invalid("num_key_value_heads", &format!("a divisor of num_attention_heads ({hq})"), hkv));
     }
-    let hd = positive("head_dim", usize_or(text, "head_dim", if olmo { d / hq } else { 256 })?)?;
+    let hd = positive("head_dim", usize_or(text, "head_dim", if olmo { d / hq } else { def.head_dim })?)?;
     let hk = positive("linear_num_key_heads", usize_or(text, "linear_num_key_heads", if olmo { hq } else { 16 })?)?;
     let hv = positive("linear_num_value_heads", usize_or(text, "linear_num_value_heads", if olmo { hq } else { 32 })?)?;
     let dk = positive(
@@ -257,6 +316,15 @@ pub fn parse(raw: &Value, model_type: &str) -> Result<Parsed, ConfigError> {
         usize_or(text, "linear_key_head_dim", if olmo { (0.75 * d as f64 / hk as f64) as usize } else { 128 })?,
     )?;
     let dv = positive("linear_value_head_dim", usize_or(text, "linear_value_head_dim", if olmo { 2 * dk } else { 128 })?)?;
+    if family == Family::Qwen3Next && hv % hk != 0 {
+        return Err(invalid("linear_num_value_heads", &format!("a multiple of linear_num_key_heads ({hk})"), hv));
+    }
+    let intermediate = positive("intermediate_size", usize_or(text, "intermediate_size", if olmo { 11008 } else { def.intermediate })?)?;
+    let mlps = match family {
+        Family::Qwen3Next => moe::parse(text, layers, intermediate, false)?,
+        _ if moe_everywhere => moe::parse(text, layers, intermediate, true)?,
+        _ => vec![MlpKind::Dense { intermediate }; layers],
+    };
     let act = field(text, "hidden_act").and_then(Value::as_str).unwrap_or("silu");
     if !matches!(act, "silu" | "swish") {
         return Err(unsupported("hidden_act", act, "`silu`"));
@@ -299,12 +367,12 @@ pub fn parse(raw: &Value, model_type: &str) -> Result<Parsed, ConfigError> {
         "expand_v": dv as f64 / dk as f64,
         "use_short_conv": true,
         "conv_size": positive("linear_conv_kernel_dim", usize_or(text, "linear_conv_kernel_dim", 4)?)?,
-        "max_position_embeddings": usize_or(text, "max_position_embeddings", if olmo { 65536 } else { 32768 })?,
-        "intermediate_size": positive("intermediate_size", usize_or(text, "intermediate_size", if olmo { 11008 } else { 12288 })?)?,
+        "max_position_embeddings": usize_or(text, "max_position_embeddings", if olmo { 65536 } else { def.max_positions })?,
+        "intermediate_size": intermediate,
         "hidden_act": "swish",
         "num_hidden_layers": layers,
         "norm_eps": f64_or(text, "rms_norm_eps", 1e-6)?,
-        "vocab_size": positive("vocab_size", usize_or(text, "vocab_size", if olmo { 100352 } else { 248320 })?)?,
+        "vocab_size": positive("vocab_size", usize_or(text, "vocab_size", if olmo { 100352 } else { def.vocab })?)?,
         "tie_word_embeddings": tie,
         "allow_neg_eigval": olmo && bool_or(text, "linear_allow_neg_eigval", true)?,
         "bos_token_id": field(text, "bos_token_id").cloned(),
@@ -315,7 +383,7 @@ pub fn parse(raw: &Value, model_type: &str) -> Result<Parsed, ConfigError> {
     common.value_head_dim = Some(dv);
     let arch =
         Architecture::GatedDeltaNet(GatedDeltaNetFields { num_v_heads: Some(hv), use_gate: true, output_gate_activation: "swish".into() });
-    Ok(Parsed { common, arch, layers: kinds, family })
+    Ok(Parsed { common, arch, layers: kinds, family, mlps })
 }
 
 #[cfg(test)]
@@ -353,9 +421,36 @@ mod tests {
     }
 
     #[test]
+    fn moe_layers_follow_mlp_only_layers_and_the_sparse_step() {
+        use crate::config::{MlpKind, MoeSpec};
+        let c = ModelConfig::from_json_str(
+            r#"{"model_type":"qwen3_next","num_hidden_layers":6,"num_experts":8,"num_experts_per_tok":2,"decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false,"intermediate_size":96}"#,
+        )
+        .unwrap();
+        let sparse = MoeSpec { num_experts: 8, top_k: 2, expert_intermediate: 512, shared_intermediate: 512, norm_topk_prob: false };
+        let dense = MlpKind::Dense { intermediate: 96 };
+        // Sparse where (i + 1) % 2 == 0, except layer 3.
+        assert_eq!(c.mlps, vec![dense, MlpKind::Sparse(sparse), dense, dense, dense, MlpKind::Sparse(sparse)]);
+        assert_eq!((c.model_type(), c.common.vocab_size, c.common.hidden_size), ("qwen3_next", 151936, 2048));
+        // Qwen3.5-MoE: every layer sparse, weights always renormalised, its own defaults.
+        let c = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_moe","text_config":{"num_hidden_layers":2,"norm_topk_prob":false}}"#)
+            .unwrap();
+        let spec = MoeSpec { num_experts: 256, top_k: 8, expert_intermediate: 512, shared_intermediate: 512, norm_topk_prob: true };
+        assert_eq!(c.mlps, vec![MlpKind::Sparse(spec); 2]);
+        assert_eq!((c.model_type(), c.common.vocab_size), ("qwen3_5_moe", 248320));
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5","text_config":{"num_experts":8}}"#).unwrap_err().to_string();
-        assert!(e.contains("`num_experts`") && e.contains("mixture-of-experts"), "{e}");
+        assert!(e.contains("`num_experts`") && e.contains("qwen3_5_moe"), "{e}");
+        let e =
+            ModelConfig::from_json_str(r#"{"model_type":"qwen3_next","num_experts":4,"num_experts_per_tok":5}"#).unwrap_err().to_string();
+        assert!(e.contains("`num_experts_per_tok`") && e.contains("at most num_experts (4)") && e.contains('5'), "{e}");
+        let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_next","num_hidden_layers":4,"mlp_only_layers":[4]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`mlp_only_layers`") && e.contains("below num_hidden_layers (4)"), "{e}");
         let e =
             ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_text","rope_parameters":{"rope_type":"yarn"}}"#).unwrap_err().to_string();
         assert!(e.contains("`rope_parameters.rope_type`") && e.contains("yarn"), "{e}");

@@ -7,7 +7,9 @@ use serde_json::Value;
 use crate::error::ConfigError;
 
 pub mod hybrid;
+pub mod moe;
 pub use hybrid::{AttentionSpec, Family, LayerKind, QkNorm, RopeSpec};
+pub use moe::{MlpKind, MoeSpec};
 
 /// `model_type` of fla's Gated DeltaNet.
 pub const GATED_DELTANET: &str = "gated_deltanet";
@@ -226,6 +228,8 @@ pub struct ModelConfig {
     pub family: Family,
     /// Each layer's token mixer kind.
     pub layers: Vec<LayerKind>,
+    /// Each layer's channel mixer kind (fla: dense, of [`ModelConfig::intermediate_size`]).
+    pub mlps: Vec<MlpKind>,
 }
 
 fn unsupported(field: &str, value: impl ToString, supported: &str) -> ConfigError {
@@ -243,9 +247,17 @@ impl ModelConfig {
     pub fn from_value(raw: Value) -> Result<Self, ConfigError> {
         let model_type = raw.get("model_type").and_then(Value::as_str).ok_or(ConfigError::Missing("model_type"))?;
         let json = |e: serde_json::Error| ConfigError::Json(e.to_string());
-        if matches!(model_type, hybrid::QWEN3_5 | hybrid::QWEN3_5_TEXT | hybrid::OLMO_HYBRID) {
+        if matches!(
+            model_type,
+            hybrid::QWEN3_5
+                | hybrid::QWEN3_5_TEXT
+                | hybrid::OLMO_HYBRID
+                | hybrid::QWEN3_NEXT
+                | hybrid::QWEN3_5_MOE
+                | hybrid::QWEN3_5_MOE_TEXT
+        ) {
             let p = hybrid::parse(&raw, model_type)?;
-            let cfg = Self { common: p.common, arch: p.arch, raw, family: p.family, layers: p.layers };
+            let cfg = Self { common: p.common, arch: p.arch, raw, family: p.family, layers: p.layers, mlps: p.mlps };
             cfg.validate()?;
             return Ok(cfg);
         }
@@ -263,7 +275,7 @@ impl ModelConfig {
             common.head_dim = k;
             common.expand_v = v as f64 / k as f64;
             let layers = hybrid::fla_layers(common.attn.as_ref(), common.num_hidden_layers, common.hidden_size)?;
-            let cfg = Self { common, arch: Architecture::DeltaNet(d), raw, family: Family::Fla, layers };
+            let cfg = Self { common, arch: Architecture::DeltaNet(d), raw, family: Family::Fla, layers, mlps: vec![] }.with_dense_mlps();
             cfg.validate()?;
             return Ok(cfg);
         }
@@ -275,21 +287,29 @@ impl ModelConfig {
             GATED_DELTAPRODUCT => {
                 Architecture::GatedDeltaProduct(serde_json::from_value(raw.clone()).map_err(|e| ConfigError::Json(e.to_string()))?)
             }
-            "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" => {
-                return Err(unsupported("model_type", model_type, "a dense model (mixture-of-experts hybrids are not supported yet)"))
-            }
             other => {
                 return Err(unsupported(
                     "model_type",
                     other,
-                    "`gated_deltanet`, `gated_deltaproduct`, `delta_net`, `qwen3_5`, `qwen3_5_text` or `olmo_hybrid`",
+                    "`gated_deltanet`, `gated_deltaproduct`, `delta_net`, `qwen3_5`, `qwen3_5_text`, `qwen3_5_moe`, `qwen3_5_moe_text`, `qwen3_next` or `olmo_hybrid`",
                 ))
             }
         };
         let layers = hybrid::fla_layers(common.attn.as_ref(), common.num_hidden_layers, common.hidden_size)?;
-        let cfg = Self { common, arch, raw, family: Family::Fla, layers };
+        let cfg = Self { common, arch, raw, family: Family::Fla, layers, mlps: vec![] }.with_dense_mlps();
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// fla's models: every layer a dense MLP of [`Self::intermediate_size`].
+    fn with_dense_mlps(mut self) -> Self {
+        self.mlps = vec![MlpKind::Dense { intermediate: self.intermediate_size() }; self.common.num_hidden_layers];
+        self
+    }
+
+    /// Whether any layer is a sparse MoE block.
+    pub fn is_moe(&self) -> bool {
+        self.mlps.iter().any(|m| matches!(m, MlpKind::Sparse(_)))
     }
 
     /// Rejects anything this engine cannot compute exactly.
@@ -370,7 +390,9 @@ impl ModelConfig {
     /// `model_type` string.
     pub fn model_type(&self) -> &'static str {
         match self.family {
+            Family::Qwen3_5 if self.is_moe() => return hybrid::QWEN3_5_MOE,
             Family::Qwen3_5 => return hybrid::QWEN3_5,
+            Family::Qwen3Next => return hybrid::QWEN3_NEXT,
             Family::OlmoHybrid => return hybrid::OLMO_HYBRID,
             Family::Fla => {}
         }

@@ -14,6 +14,7 @@ use super::delta_net::DeltaNet;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::mlp::Mlp;
+use super::moe::SparseMoe;
 use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
 use crate::error::Result;
@@ -67,6 +68,8 @@ impl TokenMixer {
 pub enum ChannelMixer {
     /// [`Mlp`].
     Mlp(Mlp),
+    /// [`SparseMoe`] (Qwen3-Next, Qwen3.5-MoE).
+    Moe(SparseMoe),
 }
 
 impl ChannelMixer {
@@ -74,6 +77,7 @@ impl ChannelMixer {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Mlp(m) => m.forward(x),
+            Self::Moe(m) => m.forward(x),
         }
     }
 }

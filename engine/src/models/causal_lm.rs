@@ -15,9 +15,10 @@ use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::linear::project;
 use super::mlp::Mlp;
+use super::moe::SparseMoe;
 use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
-use crate::config::{Architecture, Family, LayerKind, ModelConfig};
+use crate::config::{Architecture, Family, LayerKind, MlpKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::state::{DeviceKv, PoolSize, SlotId, StatePool};
 use crate::weights::{Checkpoint, Weights};
@@ -63,7 +64,7 @@ impl CausalLm {
             _ => root.pp("model"),
         };
         let embeddings = m.pp(if fla { "embeddings" } else { "embed_tokens" }).get(&[vocab, d], "weight")?;
-        let zero_centred = cfg.family == Family::Qwen3_5;
+        let zero_centred = cfg.family.zero_centred();
         let norm = |w: &crate::weights::Weights<'_>, names: &[&str]| -> Result<RmsNorm> {
             let name = names.iter().find(|n| w.contains(&format!("{n}.weight"))).unwrap_or(&names[0]);
             if zero_centred {
@@ -73,7 +74,7 @@ impl CausalLm {
             }
         };
         let mut layers = Vec::with_capacity(cfg.common.num_hidden_layers);
-        for (i, kind) in cfg.layers.iter().enumerate() {
+        for (i, (kind, mlp)) in cfg.layers.iter().zip(&cfg.mlps).enumerate() {
             let l = m.pp("layers").pp(i);
             let (mixer, placement, attn_norm, mlp_norm) = match (cfg.family, kind) {
                 (Family::Fla, _) => ("attn", NormPlacement::Pre, vec!["attn_norm"], vec!["mlp_norm"]),
@@ -107,7 +108,10 @@ impl CausalLm {
                 attn_norm: norm(&l, &attn_norm)?,
                 attn,
                 mlp_norm: norm(&l, &mlp_norm)?,
-                mlp: ChannelMixer::Mlp(Mlp::load(&l.pp("mlp"), d, cfg.intermediate_size())?),
+                mlp: match mlp {
+                    MlpKind::Dense { intermediate } => ChannelMixer::Mlp(Mlp::load(&l.pp("mlp"), d, *intermediate)?),
+                    MlpKind::Sparse(spec) => ChannelMixer::Moe(SparseMoe::load(&l.pp("mlp"), spec, d)?),
+                },
             });
         }
         let tied = cfg.common.tie_word_embeddings || (!fla && !ckpt.contains("lm_head.weight"));

@@ -49,6 +49,28 @@ pub struct GatedDeltaNet {
     pub(crate) scale: f32,
 }
 
+/// Qwen3-Next's `in_proj_qkvz` `[HK·(2dk + 2G·dv), D]` and `in_proj_ba` `[HK·2G, D]`, packed
+/// per key-head group (hybrid-spec.md §4.2), unpacked into Qwen3.5's flat projections:
+/// `[q, k, v, z, b, a]`, value head `g·G + j` belonging to key head g.
+fn unpack_qkvz_ba(cfg: &ModelConfig, w: &Weights<'_>) -> Result<[Linear; 6]> {
+    let (d, hk, dk, dv) = (cfg.common.hidden_size, cfg.num_heads(), cfg.head_k_dim(), cfg.head_v_dim());
+    let g = cfg.num_v_heads() / hk;
+    let group = 2 * dk + 2 * g * dv;
+    let qkvz = w.get(&[hk * group, d], "in_proj_qkvz.weight")?.reshape((hk, group, d))?;
+    let ba = w.get(&[hk * 2 * g, d], "in_proj_ba.weight")?.reshape((hk, 2 * g, d))?;
+    let rows = |t: &Tensor, at: usize, n: usize| -> Result<Linear> {
+        Ok(Linear::new(t.narrow(1, at, n)?.contiguous()?.reshape((hk * n, d))?, None))
+    };
+    Ok([
+        rows(&qkvz, 0, dk)?,
+        rows(&qkvz, dk, dk)?,
+        rows(&qkvz, 2 * dk, g * dv)?,
+        rows(&qkvz, 2 * dk + g * dv, g * dv)?,
+        rows(&ba, 0, g)?,
+        rows(&ba, g, g)?,
+    ])
+}
+
 impl GatedDeltaNet {
     /// Loads the layer's weights, checking every shape against `cfg`.
     pub fn load(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
@@ -74,7 +96,13 @@ impl GatedDeltaNet {
         let (d, key_dim, value_dim, hv) = (cfg.common.hidden_size, cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
         let conv_dim = 2 * key_dim + value_dim;
         let (q, k, v, a, b, names);
-        if cfg.family == Family::Qwen3_5 {
+        let mut z = None;
+        if cfg.family == Family::Qwen3Next {
+            let parts = unpack_qkvz_ba(cfg, w)?;
+            (q, k, v, z, b, a) =
+                (parts[0].clone(), parts[1].clone(), parts[2].clone(), Some(parts[3].clone()), parts[4].clone(), parts[5].clone());
+            names = HeadNames { gate: None, norm: "norm.weight", out: "out_proj.weight" };
+        } else if cfg.family == Family::Qwen3_5 {
             let qkv = w.get(&[conv_dim, d], "in_proj_qkv.weight")?;
             let rows = |at: usize, n: usize| -> Result<Linear> { Ok(Linear::new(qkv.narrow(0, at, n)?, None)) };
             (q, k, v) = (rows(0, key_dim)?, rows(key_dim, key_dim)?, rows(2 * key_dim, value_dim)?);
@@ -114,7 +142,10 @@ impl GatedDeltaNet {
             }
             ShortConv::load(w, &parts, width, true, ConvActivation::Silu)?
         };
-        let (out, g) = OutputHead::load_named(w, d, (hv, cfg.head_v_dim()), &names, cfg.linear_norm_eps(), cfg.gate_activation())?;
+        let (mut out, mut g) = OutputHead::load_named(w, d, (hv, cfg.head_v_dim()), &names, cfg.linear_norm_eps(), cfg.gate_activation())?;
+        if z.is_some() {
+            (out.gated, g) = (true, z);
+        }
         Self::assemble(cfg, w, [&q, &k, &v, &a, &b], g.as_ref(), conv, out)
     }
 

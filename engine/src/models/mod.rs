@@ -12,6 +12,7 @@ pub mod gated_deltanet;
 pub mod gated_deltaproduct;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod output_head;
 pub mod rope;

@@ -114,7 +114,7 @@ pub fn logits(model: &CausalLm, tokens: &[u32], qk: &[QkProj], mut observer: Opt
         };
         let r = (h + a)?;
         let x = ops::rms_norm(&r, &b.mlp_norm.weight, b.mlp_norm.eps)?;
-        let ChannelMixer::Mlp(mlp_) = &b.mlp;
+        let ChannelMixer::Mlp(mlp_) = &b.mlp else { return Err(hybrid_error(model)) };
         h = (&r + mlp(mlp_, &x)?)?;
     }
     let h = ops::rms_norm(&h, &model.norm.weight, model.norm.eps)?;

@@ -428,6 +428,7 @@ mod attention;
 mod conv;
 mod decode;
 mod gemv;
+mod moe;
 mod prefill;
 mod rows;
 
@@ -435,5 +436,6 @@ pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemv::{gemv, gemv_swiglu};
+pub use moe::sparse_moe;
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs};

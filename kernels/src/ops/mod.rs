@@ -5,7 +5,7 @@
 //! dtype they are asked for or were given.
 //!
 //! One file per op family, mirroring `cpu/` and `cuda/`: [`conv`], [`prep`], [`norm`],
-//! [`gemv`], [`step`] and [`prefill`]. The dispatchers check shapes and pick the device's
+//! [`gemv`], [`step`], [`prefill`], [`attention`] and [`moe`]. The dispatchers check shapes and pick the device's
 //! implementation; the CPU loops live in `cpu/`.
 
 use candle_core::{DType, Device, Tensor};
@@ -15,6 +15,7 @@ use crate::{KernelError, Result};
 pub mod attention;
 pub mod conv;
 pub mod gemv;
+pub mod moe;
 pub mod norm;
 pub mod prefill;
 pub mod prep;
@@ -23,6 +24,7 @@ pub mod step;
 pub use attention::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
+pub use moe::{sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
 pub use norm::gated_rms_norm;
 pub use prefill::{
     gated_delta_prefill, gated_delta_prefill_packed, interleave_householder, last_householder_step, MixerInputs, PrefillAlgo,

@@ -1,0 +1,342 @@
+// Sparse mixture-of-experts on the device (hybrid-spec.md §4.3), with nothing sized by the
+// routing on the host, so that a decode step holding it can be captured as a CUDA graph:
+//   moe_route_T    one block a token: fp32 softmax of its router logits, top-k (an exact tie
+//                  goes to the lower expert), weights renormalised, rounded to T;
+//   moe_sort       one block: the N·k (token, choice) pairs grouped by expert (counts, offsets,
+//                  a stable-enough scatter: the order inside a group changes no result);
+//   moe_up_T       per expert, per 16 output columns: h = silu(gate x) · up x over the rows that
+//                  chose it, gate and up rows of `gate_up` read once for 8 rows at a time;
+//   moe_down_T     per expert: y = h · downᵀ, fp32 out;
+//   moe_combine_T  per token: Σ_j w_j · y[pair j] (+ σ(shared gate) · shared), rounded once.
+// T is the activation dtype (f32, bf16, f16); accumulation is fp32 throughout. For prompts
+// (many rows an expert), moe_up_tc_T / moe_down_tc_T do the two projections on the tensor
+// cores instead (bf16/f16): 64×64 output tiles over the expert's rows, listed by moe_sort.
+#include <mma.h>
+
+#include "common.cuh"
+#include "dtype.cuh"
+
+#define MOE_THREADS 256
+#define MOE_WARPS (MOE_THREADS / 32)
+// Output columns a warp computes, rows of x a pass reads.
+#define MOE_COLS 2
+#define MOE_ROWS 8
+
+// (value, index) maximum with ties to the lower index, over the block; every thread gets it.
+__device__ __forceinline__ void block_argmax(float& v, int& i) {
+  __shared__ float sv[MOE_WARPS];
+  __shared__ int si[MOE_WARPS];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+  }
+  const int w = threadIdx.x >> 5;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sv[w] = v, si[w] = i;
+  __syncthreads();
+  v = sv[0], i = si[0];
+  for (int j = 1; j < MOE_WARPS; ++j)
+    if (sv[j] > v || (sv[j] == v && si[j] < i)) v = sv[j], i = si[j];
+}
+
+__device__ __forceinline__ float block_sum(float s) {
+  __shared__ float part[MOE_WARPS];
+  s = warp_sum(s);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float t = 0.0f;
+  for (int j = 0; j < MOE_WARPS; ++j) t += part[j];
+  return t;
+}
+
+// Token blockIdx.x: logits [E] (row stride ld) → ids [k], weights [k] (fp32 of T-rounded values).
+// Probabilities as torch's fp32 softmax: exp(x − max) / Σ (IEEE exp and division), so equal
+// logits give equal probabilities and the tie rule decides.
+template <typename T>
+__device__ void route(const T* logits, long ld, int E, int k, int normalise, int* ids, float* weights) {
+  extern __shared__ float p[];
+  const int t = blockIdx.x;
+  const T* l = logits + (size_t)t * ld;
+  float m = -INFINITY;
+  for (int e = threadIdx.x; e < E; e += MOE_THREADS) m = fmaxf(m, p[e] = to_f32(l[e]));
+  int dummy = 0;
+  block_argmax(m, dummy);
+  float s = 0.0f;
+  for (int e = threadIdx.x; e < E; e += MOE_THREADS) s += (p[e] = expf(p[e] - m));
+  s = block_sum(s);
+  for (int e = threadIdx.x; e < E; e += MOE_THREADS) p[e] = p[e] / s;
+  __syncthreads();
+  float total = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float v = -1.0f;
+    int i = 0x7fffffff;
+    for (int e = threadIdx.x; e < E; e += MOE_THREADS)
+      if (p[e] > v) v = p[e], i = e;  // ascending e: a tie keeps the lower index
+    block_argmax(v, i);
+    if (threadIdx.x == 0) {
+      ids[t * k + j] = i;
+      weights[t * k + j] = v;
+      p[i] = -1.0f;  // probabilities are ≥ 0: taken
+    }
+    total += v;
+    __syncthreads();
+  }
+  if (threadIdx.x < k) {
+    float w = weights[t * k + threadIdx.x];
+    if (normalise) w = w / total;
+    weights[t * k + threadIdx.x] = to_f32(from_f32<T>(w));
+  }
+}
+
+// Rows and output columns of a tensor-core tile.
+#define TC_M 64
+#define TC_N 64
+#define TC_K 32
+#define TC_LD (TC_K + 8)
+
+// pairs P = N·k of expert ids → offsets [E+1], order [P] (pair at each grouped position),
+// pos [P] (grouped position of each pair), and the tensor-core kernels' row tiles: tiles[t] =
+// (expert, first row) for each TC_M rows of each expert, ntiles[0] of them. One block; shared
+// memory 2E ints.
+extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int* offsets, int* order, int* pos,
+                                                            int2* tiles, int* ntiles) {
+  extern __shared__ int cnt[];
+  for (int e = threadIdx.x; e < 2 * E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int o = 0, t = 0;
+    for (int e = 0; e < E; ++e) {
+      offsets[e] = o;
+      cnt[E + e] = o;
+      for (int r = 0; r < cnt[e]; r += TC_M) tiles[t++] = make_int2(e, r);
+      o += cnt[e];
+    }
+    offsets[E] = o;
+    ntiles[0] = t;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int at = atomicAdd(&cnt[E + ids[p]], 1);
+    order[at] = p;
+    pos[p] = at;
+  }
+}
+
+// Expert blockIdx.y, output columns from (blockIdx.x·warps + warp)·MOE_COLS. Rows of x: the
+// expert's grouped positions [offsets[e], offsets[e+1]); row r reads x + src(r)·ldx where
+// src(r) = order[r] / k (the token of a pair) when `gather`, else r. W: [E, Nw, K]; GATED reads
+// rows n and n + N of W (gate and up) and writes T(silu(T(g)) · T(u)) rounded as transformers'
+// bf16 ops do; otherwise writes the fp32 dot. out: [P, N] of T (GATED) or f32.
+template <typename T, bool GATED>
+__device__ void grouped(const T* __restrict__ x, long ldx, const int* __restrict__ order, int k, int gather,
+                        const int* __restrict__ offsets, const T* __restrict__ w, int N, int K, void* out) {
+  const int e = blockIdx.y, o0 = offsets[e], o1 = offsets[e + 1];
+  if (o0 == o1) return;
+  const int lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * MOE_COLS;
+  if (n0 >= N) return;
+  const int Nw = GATED ? 2 * N : N;
+  const T* we = w + (size_t)e * Nw * K;
+  constexpr int WR = GATED ? 2 * MOE_COLS : MOE_COLS;
+  for (int r0 = o0; r0 < o1; r0 += MOE_ROWS) {
+    const int nr = min(MOE_ROWS, o1 - r0);
+    const T* xr[MOE_ROWS];
+#pragma unroll
+    for (int b = 0; b < MOE_ROWS; ++b) {
+      const int r = r0 + min(b, nr - 1);
+      xr[b] = x + (size_t)(gather ? order[r] / k : r) * ldx;
+    }
+    float acc[WR][MOE_ROWS] = {};
+    for (int kk = lane * 8; kk < K; kk += 256) {
+      float wv[WR][8];
+#pragma unroll
+      for (int c = 0; c < WR; ++c) {
+        const int n = GATED ? (c < MOE_COLS ? n0 + c : N + n0 + c - MOE_COLS) : n0 + c;
+        if ((c % MOE_COLS) + n0 < N) {
+          load_vec<8>(wv[c], we + (size_t)n * K + kk);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wv[c][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < MOE_ROWS; ++b) {
+        if (b < nr) {
+          float xv[8];
+          load_vec<8>(xv, xr[b] + kk);
+#pragma unroll
+          for (int c = 0; c < WR; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[c][b] += wv[c][i] * xv[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < WR; ++c)
+#pragma unroll
+      for (int b = 0; b < MOE_ROWS; ++b) acc[c][b] = warp_sum(acc[c][b]);
+    if (lane == 0) {
+#pragma unroll
+      for (int c = 0; c < MOE_COLS; ++c) {
+        if (n0 + c >= N) continue;
+#pragma unroll
+        for (int b = 0; b < MOE_ROWS; ++b) {
+          if (b >= nr) continue;
+          const size_t at = (size_t)(r0 + b) * N + n0 + c;
+          if constexpr (GATED) {
+            const float g = to_f32(from_f32<T>(acc[c][b])), u = to_f32(from_f32<T>(acc[MOE_COLS + c][b]));
+            static_cast<T*>(out)[at] = from_f32<T>(to_f32(from_f32<T>(g / (1.0f + expf(-g)))) * u);
+          } else {
+            static_cast<float*>(out)[at] = acc[c][b];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Token blockIdx.x: out[t] = Σ_j w[t, j] · y[pos[t·k + j]] (+ σ(sgate[t]) · shared[t]), fp32
+// sums, one rounding to T.
+template <typename T>
+__device__ void combine(const float* y, const int* pos, const float* w, int k, const T* shared, long lds, const T* sgate,
+                        long ldg, T* out, int D) {
+  const int t = blockIdx.x;
+  const float gate = shared ? 1.0f / (1.0f + expf(-to_f32(sgate[(size_t)t * ldg]))) : 0.0f;
+  for (int d = threadIdx.x; d < D; d += MOE_THREADS) {
+    float s = 0.0f;
+    for (int j = 0; j < k; ++j) s += w[t * k + j] * y[(size_t)pos[t * k + j] * D + d];
+    if (shared) s += gate * to_f32(shared[(size_t)t * lds + d]);
+    out[(size_t)t * D + d] = from_f32<T>(s);
+  }
+}
+
+// Tensor-core tiles (bf16/f16). Tile blockIdx.x of moe_sort's list (expert e, rows r0..r0+64
+// of its group), output columns blockIdx.y·64. A = the rows (gathered tokens of x when
+// `gather`, else rows of h), B = W_e's rows as columns: C = A·W_eᵀ, fp32, over K in steps of 32,
+// each step's global loads issued before the previous step's products. Eight warps: warp w
+// computes rows (w % 4)·16 and columns (w / 4)·32 (GATED: of both the gate and the up rows).
+// The epilogue goes through shared memory, as moe_up_T / moe_down_T round and store.
+template <typename T, bool GATED>
+__device__ void grouped_tc(const T* __restrict__ x, long ldx, const int* __restrict__ order, int k, int gather,
+                           const int* __restrict__ offsets, const int2* __restrict__ tiles, const int* __restrict__ ntiles,
+                           const T* __restrict__ w, int N, int K, void* out) {
+  using namespace nvcuda;
+  constexpr int BR = GATED ? 2 * TC_N : TC_N;  // weight rows a tile reads
+  constexpr int CLD = TC_N + 4;
+  constexpr int LOAD_BYTES = (TC_M + BR) * TC_LD * (int)sizeof(T);
+  constexpr int EPI_BYTES = (GATED ? 2 : 1) * TC_M * CLD * (int)sizeof(float);
+  __shared__ __align__(128) unsigned char smem[LOAD_BYTES > EPI_BYTES ? LOAD_BYTES : EPI_BYTES];
+  if ((int)blockIdx.x >= ntiles[0]) return;
+  const int2 tile = tiles[blockIdx.x];
+  const int e = tile.x, m0 = tile.y, o0 = offsets[e], rows = min(TC_M, offsets[e + 1] - o0 - m0);
+  const int n0 = blockIdx.y * TC_N;
+  if (n0 >= N) return;
+  T* As = reinterpret_cast<T*>(smem);
+  T* Bs = As + TC_M * TC_LD;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const T* we = w + (size_t)e * (GATED ? 2 * N : N) * K;
+  // This thread's 8-element pieces: one of A, BR / 64 of B.
+  const int ar = tid >> 2, ac = (tid & 3) * 8;
+  const T* a_src = nullptr;
+  if (ar < rows) a_src = x + (size_t)(gather ? order[o0 + m0 + ar] / k : o0 + m0 + ar) * ldx;
+  constexpr int BP = BR / 64;
+  const T* b_src[BP];
+#pragma unroll
+  for (int j = 0; j < BP; ++j) {
+    const int br = ar + 64 * j, col = br % TC_N;
+    const int n = GATED && br >= TC_N ? N + n0 + col : n0 + col;
+    b_src[j] = n0 + col < N ? we + (size_t)n * K : nullptr;
+  }
+  uint4 a_reg, b_reg[BP];
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  auto fetch = [&](int k0) {
+    a_reg = a_src ? *reinterpret_cast<const uint4*>(a_src + k0 + ac) : zero;
+#pragma unroll
+    for (int j = 0; j < BP; ++j) b_reg[j] = b_src[j] ? *reinterpret_cast<const uint4*>(b_src[j] + k0 + ac) : zero;
+  };
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> FA;
+  typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> FB;
+  typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FC;
+  constexpr int NF = GATED ? 4 : 2;
+  FC acc[NF];
+#pragma unroll
+  for (int f = 0; f < NF; ++f) wmma::fill_fragment(acc[f], 0.0f);
+  const int wr = (warp & 3) * 16, wc = (warp >> 2) * 32;
+  fetch(0);
+  for (int k0 = 0; k0 < K; k0 += TC_K) {
+    *reinterpret_cast<uint4*>(As + ar * TC_LD + ac) = a_reg;
+#pragma unroll
+    for (int j = 0; j < BP; ++j) *reinterpret_cast<uint4*>(Bs + (ar + 64 * j) * TC_LD + ac) = b_reg[j];
+    __syncthreads();
+    if (k0 + TC_K < K) fetch(k0 + TC_K);
+#pragma unroll
+    for (int kk = 0; kk < TC_K; kk += 16) {
+      FA a;
+      wmma::load_matrix_sync(a, As + wr * TC_LD + kk, TC_LD);
+#pragma unroll
+      for (int f = 0; f < NF; ++f) {
+        // Fragment f: columns wc + 16·(f % 2) of the gate (f < 2) or up (f ≥ 2) rows.
+        FB b;
+        wmma::load_matrix_sync(b, Bs + ((f / 2) * TC_N + wc + 16 * (f % 2)) * TC_LD + kk, TC_LD);
+        wmma::mma_sync(acc[f], a, b, acc[f]);
+      }
+    }
+    __syncthreads();
+  }
+  float* C = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+    wmma::store_matrix_sync(C + (f / 2) * TC_M * CLD + wr * CLD + wc + 16 * (f % 2), acc[f], CLD, wmma::mem_row_major);
+  __syncthreads();
+  for (int i = tid; i < TC_M * TC_N; i += MOE_THREADS) {
+    const int r = i / TC_N, c = i % TC_N;
+    if (r >= rows || n0 + c >= N) continue;
+    const size_t at = (size_t)(o0 + m0 + r) * N + n0 + c;
+    if constexpr (GATED) {
+      const float g = to_f32(from_f32<T>(C[r * CLD + c])), u = to_f32(from_f32<T>(C[TC_M * CLD + r * CLD + c]));
+      static_cast<T*>(out)[at] = from_f32<T>(to_f32(from_f32<T>(g / (1.0f + expf(-g)))) * u);
+    } else {
+      static_cast<float*>(out)[at] = C[r * CLD + c];
+    }
+  }
+}
+
+#define MOE_TC_ENTRIES(T, NAME)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
+      moe_up_tc_##NAME(const T* x, long ldx, const int* order, int k, const int* offsets, const int2* tiles,         \
+                       const int* ntiles, const T* w, int N, int K, T* out) {                                       \
+    grouped_tc<T, true>(x, ldx, order, k, 1, offsets, tiles, ntiles, w, N, K, out);                                 \
+  }                                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down_tc_##NAME(                                     \
+      const T* h, const int* offsets, const int2* tiles, const int* ntiles, const T* w, int N, int K, float* out) { \
+    grouped_tc<T, false>(h, K, nullptr, 1, 0, offsets, tiles, ntiles, w, N, K, out);                                \
+  }
+MOE_TC_ENTRIES(__nv_bfloat16, bf16)
+MOE_TC_ENTRIES(__half, f16)
+
+#define MOE_ENTRIES(T, NAME)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
+      moe_route_##NAME(const T* logits, long ld, int E, int k, int normalise, int* ids, float* weights) {             \
+    route<T>(logits, ld, E, k, normalise, ids, weights);                                                            \
+  }                                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_##NAME(                                          \
+      const T* x, long ldx, const int* order, int k, const int* offsets, const T* w, int N, int K, T* out) {         \
+    grouped<T, true>(x, ldx, order, k, 1, offsets, w, N, K, out);                                                   \
+  }                                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
+      moe_down_##NAME(const T* h, const int* offsets, const T* w, int N, int K, float* out) {                        \
+    grouped<T, false>(h, K, nullptr, 1, 0, offsets, w, N, K, out);                                                  \
+  }                                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_combine_##NAME(                                     \
+      const float* y, const int* pos, const float* w, int k, const T* shared, long lds, const T* sgate, long ldg,    \
+      T* out, int D) {                                                                                              \
+    combine<T>(y, pos, w, k, shared, lds, sgate, ldg, out, D);                                                      \
+  }
+MOE_ENTRIES(float, f32)
+MOE_ENTRIES(__nv_bfloat16, bf16)
+MOE_ENTRIES(__half, f16)
