@@ -64,7 +64,12 @@ fn truncated_safetensors_names_the_file() {
     std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
     let e = load_err(d.path());
     assert!(e.starts_with("cannot read weights from ") && e.contains("model.safetensors"), "{e}");
-    assert!(e.contains("MetadataIncompleteBuffer"), "{e}");
+    let (want, got) = (bytes.len(), bytes.len() - 1000);
+    assert!(e.contains(&format!("truncated: expected {want} bytes (from its header), the file has {got}")), "{e}");
+    // Cut inside the header: the header's own length is what the file lacks.
+    std::fs::write(&path, &bytes[..100]).unwrap();
+    let e = load_err(d.path());
+    assert!(e.contains("truncated: expected") && e.contains("the file has 100"), "{e}");
 }
 
 #[test]

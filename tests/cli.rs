@@ -82,6 +82,11 @@ fn bad_arguments_fail_with_a_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("`top_p`") && err.contains("1.5"), "{err}");
+    // A served model name clients could not send is refused before anything loads.
+    let out = deltaserve(&["serve", "--model", model.to_str().unwrap(), "--served-model-name", ""]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--served-model-name") && err.contains("must not be empty"), "{err}");
 }
 
 #[test]

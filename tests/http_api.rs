@@ -36,8 +36,10 @@ async fn start(extra: &[&str]) -> Server {
 /// As [`start`]; with `keep_log == false` the read end of the server's stderr is closed as soon
 /// as the address is logged, so every later log line fails to write.
 async fn start_with(extra: &[&str], keep_log: bool) -> Server {
+    let host: &[&str] = if extra.contains(&"--host") { &[] } else { &["--host", "127.0.0.1"] };
     let mut child = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
-        .args(["--log-json", "serve", "--model", &model_dir(), "--host", "127.0.0.1", "--port", "0"])
+        .args(["--log-json", "serve", "--model", &model_dir(), "--port", "0"])
+        .args(host)
         .args(extra)
         .env("DELTASERVE_LOG", "info")
         .stderr(Stdio::piped())
@@ -392,68 +394,131 @@ async fn bad_requests_get_the_right_status_and_type() {
     let c = "/v1/completions";
     let chat = "/v1/chat/completions";
     let user = json!([{"role": "user", "content": "hi"}]);
-    let cases: Vec<(&str, Value, u16, &str)> = vec![
-        (c, json!({}), 400, "invalid_request_error"),
-        (c, json!({"prompt": 5}), 400, "invalid_request_error"),
-        (c, json!({"prompt": []}), 400, "invalid_request_error"),
-        (c, json!({"prompt": null}), 400, "invalid_request_error"),
-        (c, json!({"prompt": [[]]}), 400, "invalid_request_error"),
-        (c, json!({"prompt": [1, "a"]}), 400, "invalid_request_error"),
-        (c, json!({"prompt": [99999]}), 400, "invalid_request_error"),
-        (c, json!({"prompt": [-1]}), 400, "invalid_request_error"),
-        (c, json!({"prompt": long_ids}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "max_tokens": 100}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "max_tokens": 0}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "max_tokens": -3}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "temperature": -0.5}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "temperature": "hot"}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "top_p": 0}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "top_p": 1.5}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "top_k": -2}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "min_p": 2}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "n": 0}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "n": 5}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "best_of": 3}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "logprobs": 21}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "logprobs": -1}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "presence_penalty": 3}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "frequency_penalty": -2.5}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "repetition_penalty": 0}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "logit_bias": {"abc": 1}}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "logit_bias": {"5": 500}}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "logit_bias": {"99999": 1}}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "stop": 5}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "stop_token_ids": [123456]}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "stream_options": {"include_usage": true}}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "suffix": "zz"}), 400, "invalid_request_error"),
-        (c, json!({"prompt": "a", "model": "other"}), 404, "not_found_error"),
-        (c, json!({"prompt": big}), 413, "invalid_request_error"),
-        (chat, json!({"messages": []}), 400, "invalid_request_error"),
-        (chat, json!({"messages": "hi"}), 400, "invalid_request_error"),
-        (chat, json!({"messages": [{"role": "robot", "content": "x"}]}), 400, "invalid_request_error"),
-        (chat, json!({"messages": [{"role": "user"}]}), 400, "invalid_request_error"),
-        (chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "invalid_request_error"),
-        (chat, json!({"messages": user, "top_logprobs": 2}), 400, "invalid_request_error"),
-        (chat, json!({"messages": user, "logprobs": true, "top_logprobs": 50}), 400, "invalid_request_error"),
-        (chat, json!({"messages": user, "max_tokens": 5, "max_completion_tokens": 6}), 400, "invalid_request_error"),
-        ("/tokenize", json!({"prompt": "a", "messages": user}), 400, "invalid_request_error"),
-        ("/detokenize", json!({"tokens": [-5]}), 400, "invalid_request_error"),
-        ("/v1/nothing", json!({}), 404, "not_found_error"),
+    let long_chat = json!([{"role": "user", "content": "a ".repeat(80)}]);
+    let cases: Vec<(&str, Value, u16, &str, Option<&str>)> = vec![
+        (c, json!({}), 400, "invalid_request_error", Some("prompt")),
+        (c, json!({"prompt": 5}), 400, "invalid_request_error", Some("prompt")),
+        (c, json!({"prompt": []}), 400, "invalid_request_error", Some("prompt")),
+        (c, json!({"prompt": null}), 400, "invalid_request_error", Some("prompt")),
+        (c, json!({"prompt": [[]]}), 400, "invalid_request_error", Some("prompt[0]")),
+        (c, json!({"prompt": [1, "a"]}), 400, "invalid_request_error", Some("prompt[1]")),
+        (c, json!({"prompt": [99999]}), 400, "invalid_request_error", Some("prompt[0]")),
+        (c, json!({"prompt": [-1]}), 400, "invalid_request_error", Some("prompt[0]")),
+        (c, json!({"prompt": long_ids}), 400, "invalid_request_error", Some("prompt")),
+        (c, json!({"prompt": "a", "max_tokens": 100}), 400, "invalid_request_error", Some("max_tokens")),
+        (c, json!({"prompt": "a", "max_tokens": 0}), 400, "invalid_request_error", Some("max_tokens")),
+        (c, json!({"prompt": "a", "max_tokens": -3}), 400, "invalid_request_error", Some("max_tokens")),
+        (c, json!({"prompt": "a", "temperature": -0.5}), 400, "invalid_request_error", Some("temperature")),
+        (c, json!({"prompt": "a", "temperature": "hot"}), 400, "invalid_request_error", Some("temperature")),
+        (c, json!({"prompt": "a", "top_p": 0}), 400, "invalid_request_error", Some("top_p")),
+        (c, json!({"prompt": "a", "top_p": 1.5}), 400, "invalid_request_error", Some("top_p")),
+        (c, json!({"prompt": "a", "top_k": -2}), 400, "invalid_request_error", Some("top_k")),
+        (c, json!({"prompt": "a", "min_p": 2}), 400, "invalid_request_error", Some("min_p")),
+        (c, json!({"prompt": "a", "n": 0}), 400, "invalid_request_error", Some("n")),
+        (c, json!({"prompt": "a", "n": 5}), 400, "invalid_request_error", Some("n")),
+        (c, json!({"prompt": "a", "best_of": 3}), 400, "invalid_request_error", Some("best_of")),
+        (c, json!({"prompt": "a", "logprobs": 21}), 400, "invalid_request_error", Some("logprobs")),
+        (c, json!({"prompt": "a", "logprobs": -1}), 400, "invalid_request_error", Some("logprobs")),
+        (c, json!({"prompt": "a", "presence_penalty": 3}), 400, "invalid_request_error", Some("presence_penalty")),
+        (c, json!({"prompt": "a", "frequency_penalty": -2.5}), 400, "invalid_request_error", Some("frequency_penalty")),
+        (c, json!({"prompt": "a", "repetition_penalty": 0}), 400, "invalid_request_error", Some("repetition_penalty")),
+        (c, json!({"prompt": "a", "logit_bias": {"abc": 1}}), 400, "invalid_request_error", Some("logit_bias")),
+        (c, json!({"prompt": "a", "logit_bias": {"5": 500}}), 400, "invalid_request_error", Some("logit_bias")),
+        (c, json!({"prompt": "a", "logit_bias": {"99999": 1}}), 400, "invalid_request_error", Some("logit_bias")),
+        (c, json!({"prompt": "a", "stop": 5}), 400, "invalid_request_error", Some("stop")),
+        (c, json!({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}), 400, "invalid_request_error", Some("stop")),
+        (c, json!({"prompt": "a", "stop_token_ids": [123456]}), 400, "invalid_request_error", Some("stop_token_ids")),
+        (c, json!({"prompt": "a", "stream_options": {"include_usage": true}}), 400, "invalid_request_error", Some("stream_options")),
+        (c, json!({"prompt": "a", "suffix": "zz"}), 400, "invalid_request_error", Some("suffix")),
+        (c, json!({"prompt": "a", "model": "other"}), 404, "not_found_error", Some("model")),
+        (c, json!({"prompt": big}), 413, "invalid_request_error", None),
+        (chat, json!({"messages": []}), 400, "invalid_request_error", Some("messages")),
+        (chat, json!({"messages": "hi"}), 400, "invalid_request_error", Some("messages")),
+        (chat, json!({"messages": [{"role": "robot", "content": "x"}]}), 400, "invalid_request_error", Some("messages[0].role")),
+        (chat, json!({"messages": [{"role": "user"}]}), 400, "invalid_request_error", Some("messages[0].content")),
+        (
+            chat,
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            400,
+            "invalid_request_error",
+            Some("messages[0].content[0]"),
+        ),
+        (chat, json!({"messages": user, "top_logprobs": 2}), 400, "invalid_request_error", Some("top_logprobs")),
+        (chat, json!({"messages": user, "logprobs": true, "top_logprobs": 50}), 400, "invalid_request_error", Some("top_logprobs")),
+        (
+            chat,
+            json!({"messages": user, "max_tokens": 5, "max_completion_tokens": 6}),
+            400,
+            "invalid_request_error",
+            Some("max_completion_tokens"),
+        ),
+        ("/tokenize", json!({"prompt": "a", "messages": user}), 400, "invalid_request_error", Some("prompt")),
+        ("/detokenize", json!({"tokens": [-5]}), 400, "invalid_request_error", Some("tokens[0]")),
+        ("/v1/nothing", json!({}), 404, "not_found_error", None),
+        (c, json!({"prompt": "a", "max_tokens": "16"}), 400, "invalid_request_error", Some("max_tokens")),
+        (c, json!({"prompt": "a", "stream": "yes"}), 400, "invalid_request_error", Some("stream")),
+        (
+            c,
+            json!({"prompt": "a", "stream_options": {"include_usage": 1}}),
+            400,
+            "invalid_request_error",
+            Some("stream_options.include_usage"),
+        ),
+        (c, json!({"prompt": ["a", "b", "c"], "n": 2}), 400, "invalid_request_error", Some("n")),
+        (c, json!({"prompt": "a", "response_format": {"type": "json_object"}}), 400, "invalid_request_error", Some("response_format")),
+        (c, json!({"prompt": "a", "guided_json": {"type": "object"}}), 400, "invalid_request_error", Some("guided_json")),
+        (
+            chat,
+            json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            400,
+            "invalid_request_error",
+            Some("tools"),
+        ),
+        (chat, json!({"messages": user, "tool_choice": "required"}), 400, "invalid_request_error", Some("tool_choice")),
+        (chat, json!({"messages": user, "functions": [{"name": "f"}]}), 400, "invalid_request_error", Some("functions")),
+        (
+            chat,
+            json!({"messages": user, "response_format": {"type": "json_schema"}}),
+            400,
+            "invalid_request_error",
+            Some("response_format"),
+        ),
+        (chat, json!({"messages": long_chat}), 400, "invalid_request_error", Some("messages")),
+        (chat, json!({"messages": user, "max_completion_tokens": 100}), 400, "invalid_request_error", Some("max_completion_tokens")),
+        (chat, json!({"messages": user, "max_completion_tokens": 0}), 400, "invalid_request_error", Some("max_completion_tokens")),
+        (chat, json!({"messages": user, "model": "x".repeat(3000)}), 404, "not_found_error", Some("model")),
     ];
-    assert!(cases.len() >= 30);
-    for (path, body, status, kind) in &cases {
+    assert!(cases.len() >= 60, "{}", cases.len());
+    for (path, body, status, kind, param) in &cases {
         let (st, v) = srv.post(path, body.clone()).await;
         assert_eq!(st, *status, "{path} {body}: {v}");
         assert_eq!(v["error"]["type"], *kind, "{path} {body}: {v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert_eq!(v["error"]["param"].as_str(), *param, "{path} {body}: {v}");
+        // Never an echo of unbounded input.
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty() && m.len() < 600), "{v}");
     }
+    // Asking for nothing unserved passes: plain text, no tools.
+    let ok = json!({"messages": user, "max_tokens": 2, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none"});
+    let (st, v) = srv.post(chat, ok).await;
+    assert_eq!(st, 200, "{v}");
+    let (_, v) = srv.post(c, json!({"prompt": "a", "model": "other"})).await;
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    // A temperature too small to divide by is greedy: the text of temperature 0.
+    let mut texts = vec![];
+    for t in [1e-39, 0.0] {
+        let (st, v) = srv.post(c, json!({"prompt": "The", "max_tokens": 12, "temperature": t, "seed": 1})).await;
+        assert_eq!(st, 200, "{v}");
+        texts.push(v["choices"][0]["text"].clone());
+    }
+    assert_eq!(texts[0], texts[1], "temperature 1e-39 against greedy");
     // Malformed JSON and a wrong content type.
     let r =
         srv.client.post(format!("{}{c}", srv.base)).header("content-type", "application/json").body("{\"prompt\": ").send().await.unwrap();
     assert_eq!(r.status(), 400);
     let r = srv.client.post(format!("{}{c}", srv.base)).header("content-type", "text/plain").body("{}").send().await.unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 415);
+    let r = srv.client.post(format!("{}{c}", srv.base)).body("{}").send().await.unwrap();
+    assert_eq!(r.status(), 415, "no Content-Type");
     let r = srv.client.get(format!("{}{c}", srv.base)).send().await.unwrap();
     assert_eq!(r.status(), 405);
     // Messages name field, expected and actual.
@@ -625,4 +690,26 @@ async fn scrape_with_real_prometheus(srv: &Server) {
 
 fn which(name: &str) -> Result<std::path::PathBuf, ()> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file())).ok_or(())
+}
+
+/// `--host` takes a host name, as vLLM's does: `localhost` resolves and serves.
+#[tokio::test]
+async fn a_host_name_resolves() {
+    let srv = start(&["--host", "localhost"]).await;
+    let (st, _) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
+    assert_eq!(st, 200);
+}
+
+/// The CPU state pool is committed at start: the process's resident memory covers the pool it
+/// reports (a lazily mapped pool showed 12 GB in the gauge and 53 MB resident, so running out
+/// of memory would come under load instead of at start).
+#[tokio::test]
+async fn the_state_pool_is_resident_from_the_start() {
+    let srv = start(&["--max-num-seqs", "6000"]).await;
+    let pool = sample(&srv.metrics().await, "deltaserve:state_memory_bytes", "");
+    assert!(pool > 100e6, "pool of {pool} bytes: too small to tell");
+    let pid = srv.child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc (Linux)");
+    let rss_kb: f64 = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap();
+    assert!(rss_kb * 1024.0 >= pool, "resident {} MB below the {} MB pool", rss_kb / 1024.0, pool / 1e6);
 }

@@ -21,6 +21,11 @@ async fn serve(model: &str) -> (String, Engine) {
 
 /// [`serve`] with `slots` state slots and `kv_blocks` KV blocks (of 16 tokens; used by hybrids).
 async fn serve_with(model: &str, slots: usize, kv_blocks: usize) -> (String, Engine) {
+    serve_queued(model, slots, kv_blocks, 8).await
+}
+
+/// [`serve_with`] with `max_queue` requests allowed to wait.
+async fn serve_queued(model: &str, slots: usize, kv_blocks: usize, max_queue: usize) -> (String, Engine) {
     let dir = compact_dir().join(model);
     let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
     let metrics = Arc::new(Metrics::new("gdn").unwrap());
@@ -46,7 +51,7 @@ async fn serve_with(model: &str, slots: usize, kv_blocks: usize) -> (String, Eng
     let cfg = SchedulerConfig {
         max_num_seqs: slots,
         kv_blocks,
-        max_queue: 8,
+        max_queue,
         max_model_len: 4096,
         prefill_budget: 64,
         request_timeout: Duration::from_secs(60),
@@ -168,4 +173,96 @@ async fn kv_cache_admission_waits_for_blocks_and_refuses_what_never_fits() {
     let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(text.lines().any(|l| l.starts_with("deltaserve:kv_blocks_total") && l.ends_with(" 8")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("deltaserve:kv_cache_usage_perc")), "{text}");
+}
+
+/// Admission counts free slots: with `--max-queue 0` requests that find a slot run (none is
+/// refused while one is free), and an instantaneous burst is refused only past slots + queue.
+#[tokio::test]
+async fn admission_refuses_only_when_slots_and_queue_are_full() {
+    let client = reqwest::Client::new();
+    let body = |n: usize| json!({"prompt": "a", "max_tokens": n, "ignore_eos": true, "temperature": 0});
+    let statuses = |base: String, count: usize, max_tokens: usize| {
+        let client = client.clone();
+        async move {
+            let reqs = (0..count).map(|_| client.post(format!("{base}/v1/completions")).json(&body(max_tokens)).send());
+            let mut s: Vec<u16> = futures::future::join_all(reqs).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect();
+            s.sort_unstable();
+            s
+        }
+    };
+    // No waiting line, two slots: two concurrent requests both run.
+    let (base, _) = serve_queued("gdn", 2, 0, 0).await;
+    assert_eq!(statuses(base.clone(), 2, 4).await, vec![200, 200], "--max-queue 0 with free slots");
+    assert_eq!(statuses(base, 1, 4).await, vec![200]);
+    // Two slots, two queued: a burst of four all run; of six long ones, two are refused.
+    let (base, _) = serve_queued("gdn", 2, 0, 2).await;
+    assert_eq!(statuses(base.clone(), 4, 4).await, vec![200; 4], "a burst within slots + queue");
+    assert_eq!(statuses(base, 6, 1500).await, vec![200, 200, 200, 200, 429, 429], "a burst past slots + queue");
+}
+
+/// Probes are not errors: `/ready` answering 503 while the model loads is not counted in
+/// `request_errors_total`; a real request refused meanwhile is. With an API key, two
+/// `Authorization` headers are refused (401), not resolved by taking the first.
+#[tokio::test]
+async fn probes_are_not_errors_and_duplicate_credentials_are_refused() {
+    let metrics = Arc::new(Metrics::new("gdn").unwrap());
+    let state = AppState {
+        serving: Arc::new(OnceLock::new()),
+        metrics: metrics.clone(),
+        api_key: Some("k".into()),
+        draining: Arc::new(AtomicBool::new(false)),
+        model_name: "gdn".into(),
+        body_limit: 1 << 20,
+        created: 0,
+        next_id: Arc::new(AtomicU64::new(0)),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app(state)).await });
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        assert_eq!(client.get(format!("{base}/ready")).send().await.unwrap().status(), 503);
+    }
+    let errors = |code: &str| -> f64 {
+        let text = metrics.render().unwrap();
+        let line = text.lines().find(|l| l.starts_with("deltaserve:request_errors_total") && l.contains(&format!("code=\"{code}\"")));
+        line.and_then(|l| l.rsplit(' ').next()).map_or(0.0, |v| v.parse().unwrap())
+    };
+    assert_eq!(errors("503"), 0.0, "readiness probes counted as errors");
+    let r = client.post(format!("{base}/v1/completions")).bearer_auth("k").json(&json!({"prompt": "a"})).send().await.unwrap();
+    assert_eq!(r.status(), 503, "still loading");
+    assert_eq!(errors("503"), 1.0, "a refused request is an error");
+    let r = client
+        .get(format!("{base}/v1/models"))
+        .header("Authorization", "Bearer k")
+        .header("Authorization", "Bearer someone-else")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "two Authorization headers");
+    let r = client.get(format!("{base}/v1/models")).bearer_auth("k").send().await.unwrap();
+    assert_ne!(r.status(), 401);
+}
+
+/// A prompt too long in bytes to fit `max_model_len` tokens under any tokenization is refused
+/// by its byte length, before the tokenizer runs (the message counts bytes, not tokens); one
+/// just past the limit in tokens still gets the token count.
+#[tokio::test]
+async fn an_oversized_prompt_is_refused_by_its_bytes_before_tokenizing() {
+    let (base, engine) = serve("gdn").await;
+    let client = reqwest::Client::new();
+    let bound = 4096 * engine.tokenizer().max_token_bytes() * 2;
+    let huge = "ab ".repeat(bound / 3 + 10);
+    for (path, body) in
+        [("/v1/completions", json!({"prompt": huge})), ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": huge}]}))]
+    {
+        let v: Value = client.post(format!("{base}{path}")).json(&body).send().await.unwrap().json().await.unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        assert!(msg.contains(&format!("{} bytes", huge.len())) && msg.len() < 300, "{msg}");
+        assert_eq!(v["error"]["param"], if path.contains("chat") { "messages" } else { "prompt" });
+    }
+    let long = "ab ".repeat(3000);
+    let v: Value = client.post(format!("{base}/v1/completions")).json(&json!({"prompt": long})).send().await.unwrap().json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("tokens"), "{v}");
 }

@@ -136,6 +136,14 @@ pub enum EngineError {
         /// Tokens per block.
         block_size: usize,
     },
+    /// The model produced NaN or infinite logits: no token can be sampled from them.
+    #[error("the model produced {count} non-finite logits (first at token {first}): refusing to sample from them")]
+    NonFiniteLogits {
+        /// How many of the vocabulary's logits are NaN or ±∞.
+        count: usize,
+        /// The first such token id.
+        first: usize,
+    },
     /// A kernel failed.
     #[error(transparent)]
     Kernel(#[from] deltaserve_kernels::KernelError),

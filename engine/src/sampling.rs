@@ -2,7 +2,8 @@
 //!
 //! Order (as vLLM): logit bias, repetition penalty (prompt + output), presence and frequency
 //! penalties (output only, OpenAI semantics), temperature, then top-k, top-p and min-p
-//! filtering of the distribution. `temperature == 0` is greedy.
+//! filtering of the distribution. A temperature below [`GREEDY_BELOW`] is greedy (vLLM's
+//! rule: dividing by a smaller one overflows).
 
 use std::collections::HashMap;
 
@@ -11,10 +12,14 @@ use rand_chacha::ChaCha20Rng;
 
 use crate::error::{EngineError, Result};
 
+/// Temperatures below this sample greedily: 1/T past ~1e38 overflows to ∞ and turns the
+/// probabilities into NaN (vLLM uses the same 1e-5).
+pub const GREEDY_BELOW: f32 = 1e-5;
+
 /// What a request asks of the sampler. Neutral values switch a stage off.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// 0 → greedy; otherwise logits are divided by it.
+    /// Below [`GREEDY_BELOW`] (0 included) → greedy; otherwise logits are divided by it.
     pub temperature: f32,
     /// Keep the k most likely tokens; 0 → off.
     pub top_k: usize,
@@ -160,12 +165,18 @@ impl Sampler {
         }
     }
 
-    /// Picks the next token from raw logits (they are not modified).
-    pub fn sample(&mut self, raw: &[f32]) -> Sampled {
+    /// Picks the next token from raw logits (they are not modified). Non-finite logits are an
+    /// error: any token picked from them would be arbitrary.
+    pub fn sample(&mut self, raw: &[f32]) -> Result<Sampled> {
+        let bad = raw.iter().filter(|l| !l.is_finite()).count();
+        if bad > 0 {
+            let first = raw.iter().position(|l| !l.is_finite()).unwrap_or(0);
+            return Err(EngineError::NonFiniteLogits { count: bad, first });
+        }
         let mut logits = raw.to_vec();
         self.process(&mut logits);
-        let token = if self.params.temperature == 0.0 { argmax(&logits) } else { self.sample_stochastic(&logits) };
-        Sampled { token, logprob: log_softmax_at(raw, token as usize) }
+        let token = if self.params.temperature < GREEDY_BELOW { argmax(&logits) } else { self.sample_stochastic(&logits) };
+        Ok(Sampled { token, logprob: log_softmax_at(raw, token as usize) })
     }
 
     fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
@@ -254,7 +265,7 @@ mod tests {
         let mut s = Sampler::new(params, &[]);
         (0..n)
             .map(|_| {
-                let t = s.sample(logits).token;
+                let t = s.sample(logits).unwrap().token;
                 s.accept(t);
                 t
             })
@@ -321,5 +332,25 @@ mod tests {
         assert!((total - 1.0).abs() < 1e-6);
         let top = top_logprobs(&l, 2);
         assert_eq!(top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    #[test]
+    fn a_tiny_temperature_is_greedy_not_nan() {
+        // 1/1e-39 overflows: without the greedy floor every probability was NaN and the walk
+        // fell through to the least likely candidate.
+        let logits = [0.5, 3.0, -1.0, 2.0];
+        for t in [1e-39, 1e-20, 9e-6] {
+            let p = SamplingParams { temperature: t, seed: Some(1), ..SamplingParams::default() };
+            assert_eq!(run(p, &logits, 5), vec![1; 5], "temperature {t}");
+        }
+    }
+
+    #[test]
+    fn non_finite_logits_are_an_error_not_a_token() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut s = Sampler::new(SamplingParams { seed: Some(3), ..SamplingParams::default() }, &[]);
+            let e = s.sample(&[0.0, bad, 1.0, bad]).unwrap_err().to_string();
+            assert!(e.contains("2 non-finite logits") && e.contains("token 1"), "{e}");
+        }
     }
 }

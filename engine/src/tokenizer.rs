@@ -108,6 +108,14 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The longest token's text in UTF-8 bytes: an upper bound on the input bytes one token
+    /// covers (byte-level and SentencePiece vocabularies spell a byte with one to three UTF-8
+    /// bytes). So a text of B bytes needs at least B / this many tokens, known without
+    /// tokenizing it (normalisers that shrink text aside, which is why callers allow a margin).
+    pub fn max_token_bytes(&self) -> usize {
+        self.inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1)
+    }
+
     /// Tokenizes a prompt; BOS is prepended once when `add_bos_token` asks for it (the
     /// tokenizer's own post-processor may already have added it).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {

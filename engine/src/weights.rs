@@ -41,6 +41,26 @@ fn file_err(path: &Path, message: impl ToString) -> WeightError {
     WeightError::File { path: path.to_path_buf(), message: message.to_string() }
 }
 
+/// A truncated file, said in bytes: the size its header promises against the size it has.
+fn check_length(path: &Path, bytes: &[u8]) -> Result<(), WeightError> {
+    let truncated =
+        |expected: usize| file_err(path, format!("truncated: expected {expected} bytes (from its header), the file has {}", bytes.len()));
+    let Some(n) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize) else {
+        return Err(truncated(8));
+    };
+    let Some(header) = bytes.get(8..8usize.saturating_add(n)) else { return Err(truncated(8 + n)) };
+    // The data's end is the largest end offset any tensor claims; a bad header is left to
+    // `deserialize` to describe.
+    let end = serde_json::from_slice::<serde_json::Value>(header)
+        .ok()
+        .and_then(|h| h.as_object()?.values().filter_map(|t| t.get("data_offsets")?.as_array()?.get(1)?.as_u64()).max().map(|e| e as usize))
+        .unwrap_or(0);
+    if bytes.len() < 8 + n + end {
+        return Err(truncated(8 + n + end));
+    }
+    Ok(())
+}
+
 impl Checkpoint {
     /// Opens `model.safetensors`, or every shard named by `model.safetensors.index.json`.
     pub fn open(dir: &Path) -> Result<Self, WeightError> {
@@ -62,7 +82,8 @@ impl Checkpoint {
             let file = std::fs::File::open(&path).map_err(|e| file_err(&path, e))?;
             // SAFETY: the file is opened read-only and checkpoints are not modified while served.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| file_err(&path, e))?;
-            // `deserialize` validates the header and that the data fits the file (truncation).
+            check_length(&path, &mmap)?;
+            // `deserialize` validates the header and that the data fits the file.
             SafeTensors::deserialize(&mmap).map_err(|e| file_err(&path, format!("{e:?}")))?;
             let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| file_err(&path, format!("{e:?}")))?;
             let base = 8 + header_len;

@@ -70,9 +70,17 @@ pub struct SlotBuffer {
 }
 
 impl SlotBuffer {
-    /// Allocates `slots` zeroed slots of `per_slot` values each in host memory.
+    /// Allocates `slots` zeroed slots of `per_slot` values each in host memory, committed: every
+    /// page is written now, so that a pool the machine cannot hold fails (or is clamped) at
+    /// start, not under load when a sequence first touches its slot.
     pub fn zeros(slots: usize, per_slot: usize) -> Self {
-        Self { per_slot, slots, store: Store::Host(vec![0.0; slots * per_slot]) }
+        let mut v = vec![0.0f32; slots * per_slot];
+        // A zeroed allocation is mapped lazily; one write a 4 KiB page commits it.
+        for i in (0..v.len()).step_by(1024) {
+            // SAFETY: `i` is in bounds; a volatile write is not optimised away.
+            unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), 0.0) };
+        }
+        Self { per_slot, slots, store: Store::Host(v) }
     }
 
     /// Allocates zeroed slots on `device` (host memory for the CPU).

@@ -27,16 +27,22 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
     list.iter()
         .enumerate()
         .map(|(i, m)| {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
-            if !matches!(role, "system" | "user" | "assistant") {
-                return Err(ApiError::invalid(
-                    &format!("messages[{i}].role"),
-                    "one of `system`, `user`, `assistant`",
-                    short(m.get("role").unwrap_or(&Value::Null)),
-                ));
-            }
+            let role = match m.get("role").and_then(Value::as_str).unwrap_or_default() {
+                // OpenAI's newer name for the system role; chat templates know `system`.
+                "developer" => "system",
+                r @ ("system" | "user" | "assistant") => r,
+                _ => {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].role"),
+                        "one of `system`, `developer`, `user`, `assistant`",
+                        short(m.get("role").unwrap_or(&Value::Null)),
+                    ))
+                }
+            };
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
+                // An assistant turn that only called tools has no content.
+                Some(Value::Null) | None if role == "assistant" => String::new(),
                 Some(Value::Array(parts)) => {
                     let mut text = String::new();
                     for (j, p) in parts.iter().enumerate() {
@@ -77,11 +83,13 @@ pub fn short(v: &Value) -> String {
     }
 }
 
-/// A compiled chat template.
+/// A compiled chat template, or why the checkpoint's does not compile.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The compile error of a broken template: every render fails with it.
+    broken: Option<String>,
 }
 
 fn raise_exception(msg: String) -> Result<String, JinjaError> {
@@ -94,12 +102,26 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned("chat", template.to_owned()).map_err(|e| format!("chat_template does not compile: {e}"))?;
-        Ok(Self { env, bos_token: bos_token.unwrap_or_default().to_owned(), eos_token: eos_token.unwrap_or_default().to_owned() })
+        Ok(Self {
+            env,
+            bos_token: bos_token.unwrap_or_default().to_owned(),
+            eos_token: eos_token.unwrap_or_default().to_owned(),
+            broken: None,
+        })
+    }
+
+    /// A template that failed to compile with `error`: chat requests fail with that error
+    /// (500: the checkpoint is at fault, not the request).
+    pub fn unusable(error: String) -> Self {
+        Self { env: Environment::new(), bos_token: String::new(), eos_token: String::new(), broken: Some(error) }
     }
 
     /// Renders the prompt for `messages`, ending with the assistant turn's opening; `kwargs`
     /// (a JSON object, vLLM's `chat_template_kwargs`) adds template variables.
     pub fn render(&self, messages: &[Message], kwargs: Option<&serde_json::Value>) -> Result<String, ApiError> {
+        if let Some(e) = &self.broken {
+            return Err(ApiError::Internal(format!("this model's {e}")));
+        }
         let t = self.env.get_template("chat").map_err(|e| ApiError::Internal(e.to_string()))?;
         let extra = match kwargs {
             None | Some(serde_json::Value::Null) => minijinja::Value::from(()),
@@ -147,6 +169,31 @@ mod tests {
         let e = parse_messages(Some(&json!([{"role":"user","content":[{"type":"image_url"}]}]))).unwrap_err().to_string();
         assert!(e.contains("`messages[0].content[0]`"), "{e}");
         assert!(parse_messages(Some(&json!([]))).is_err());
+        let e = parse_messages(Some(&json!([{"role":"user","content":null}]))).unwrap_err().to_string();
+        assert!(e.contains("`messages[0].content`"), "{e}");
+    }
+
+    #[test]
+    fn developer_turns_are_system_turns_and_tool_call_turns_have_empty_content() {
+        let m = parse_messages(Some(&json!([
+            {"role":"developer","content":"be brief"},
+            {"role":"user","content":"hi"},
+            {"role":"assistant","content":null,"tool_calls":[]},
+            {"role":"assistant"}
+        ])))
+        .unwrap();
+        let roles: Vec<_> = m.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+        assert_eq!(roles, vec![("system", "be brief"), ("user", "hi"), ("assistant", ""), ("assistant", "")]);
+    }
+
+    #[test]
+    fn a_template_that_does_not_compile_fails_chat_with_its_error() {
+        let e = ChatTemplate::new("{% for m in messages %}", None, None).err().unwrap();
+        let t = ChatTemplate::unusable(e);
+        let err = t.render(&[Message { role: "user".into(), content: "hi".into() }], None).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("chat_template does not compile") && !text.contains("no `chat_template`"), "{text}");
+        assert_eq!(err.status(), 500);
     }
 
     #[test]

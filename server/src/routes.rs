@@ -115,7 +115,8 @@ where
         let value = match Json::<Value>::from_request(req, state).await {
             Ok(Json(v)) => v,
             Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(ApiError::PayloadTooLarge { limit }),
-            Err(rej) => return Err(ApiError::bad_request(json_rejection_message(&rej), None, "invalid_json")),
+            Err(JsonRejection::MissingJsonContentType(_)) => return Err(ApiError::UnsupportedMediaType),
+            Err(rej) => return Err(ApiError::bad_request(rej.body_text(), None, "invalid_json")),
         };
         if !value.is_object() {
             return Err(ApiError::bad_request(
@@ -124,14 +125,9 @@ where
                 "invalid_json",
             ));
         }
-        T::from_body(&value).map(Self).map_err(|m| ApiError::bad_request(format!("invalid request body: {m}"), None, "invalid_type"))
-    }
-}
-
-fn json_rejection_message(rej: &JsonRejection) -> String {
-    match rej {
-        JsonRejection::MissingJsonContentType(_) => "expected `Content-Type: application/json`".into(),
-        other => other.body_text(),
+        T::from_body(&value)
+            .map(Self)
+            .map_err(|e| ApiError::bad_request(format!("invalid request body: {}", e.message), e.path.as_deref(), "invalid_type"))
     }
 }
 
@@ -143,7 +139,9 @@ async fn count_errors(State(state): State<AppState>, mut req: Request, next: Nex
     let path = req.uri().path().to_owned();
     let res = next.run(req).await;
     let status = res.status();
-    if status.is_client_error() || status.is_server_error() {
+    // Liveness and readiness probes answer 503 by design while loading or draining: not errors.
+    let probe = path == "/health" || path == "/ready";
+    if (status.is_client_error() || status.is_server_error()) && !probe {
         state.metrics.request_errors.with_label_values(&[status.as_str()]).inc();
         if let Some(e) = res.extensions().get::<crate::api::error::ErrorLogged>() {
             tracing::info!(%path, status = status.as_u16(), error = %e.0, "request refused");
@@ -154,6 +152,10 @@ async fn count_errors(State(state): State<AppState>, mut req: Request, next: Nex
 
 async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
+        // Two Authorization headers are ambiguous: refuse rather than pick one.
+        if headers.get_all(header::AUTHORIZATION).iter().count() > 1 {
+            return ApiError::Unauthorized.into_response();
+        }
         let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_ref()) {
             return ApiError::Unauthorized.into_response();

@@ -32,14 +32,22 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
-    /// The waiting queue is full (429 with Retry-After).
-    #[error("the server is at capacity: {waiting} requests are waiting (limit {limit}); retry later")]
+    /// Every slot is taken and the waiting queue is full (429 with Retry-After).
+    #[error("the server is at capacity: {in_flight} requests are running or waiting (limit: {slots} slots + {queue} queued); retry later")]
     QueueFull {
-        /// Requests waiting.
-        waiting: usize,
+        /// Requests running or waiting.
+        in_flight: usize,
+        /// `--max-num-seqs`.
+        slots: usize,
         /// `--max-queue`.
-        limit: usize,
+        queue: usize,
     },
+    /// The request names a model this server does not serve (404, `model_not_found`).
+    #[error("{0}")]
+    ModelNotFound(String),
+    /// The body is not declared as JSON (415).
+    #[error("expected `Content-Type: application/json`")]
+    UnsupportedMediaType,
     /// Not ready, or draining for shutdown (503).
     #[error("{0}")]
     Unavailable(String),
@@ -85,7 +93,8 @@ impl ApiError {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::NotFound(_) | Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -100,7 +109,8 @@ impl ApiError {
         match self {
             Self::InvalidRequest { .. } | Self::PayloadTooLarge { .. } | Self::MethodNotAllowed => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
-            Self::NotFound(_) => "not_found_error",
+            Self::NotFound(_) | Self::ModelNotFound(_) => "not_found_error",
+            Self::UnsupportedMediaType => "invalid_request_error",
             Self::QueueFull { .. } => "rate_limit_error",
             Self::Unavailable(_) => "unavailable_error",
             Self::Timeout(_) => "timeout_error",
@@ -111,6 +121,7 @@ impl ApiError {
     fn param(&self) -> Option<&str> {
         match self {
             Self::InvalidRequest { param, .. } => param.as_deref(),
+            Self::ModelNotFound(_) => Some("model"),
             _ => None,
         }
     }
@@ -120,6 +131,8 @@ impl ApiError {
             Self::InvalidRequest { code, .. } => code,
             Self::Unauthorized => "invalid_api_key",
             Self::NotFound(_) => "not_found",
+            Self::ModelNotFound(_) => "model_not_found",
+            Self::UnsupportedMediaType => "unsupported_media_type",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::QueueFull { .. } => "queue_full",
@@ -172,7 +185,7 @@ impl From<crate::scheduler::SchedulerError> for ApiError {
     fn from(e: crate::scheduler::SchedulerError) -> Self {
         use crate::scheduler::SchedulerError as S;
         match e {
-            S::QueueFull { waiting, limit } => Self::QueueFull { waiting, limit },
+            S::QueueFull { in_flight, slots, queue } => Self::QueueFull { in_flight, slots, queue },
             S::Stopped | S::ShutDown => Self::Unavailable(e.to_string()),
             S::Timeout(secs) => Self::Timeout(secs),
             S::Invalid { field, expected, actual } => Self::invalid(field, expected, actual),

@@ -7,19 +7,28 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// A body field of the wrong JSON type: its path (`None` for the body itself) and the message.
+#[derive(Debug)]
+pub struct TypeError {
+    /// The field's path, e.g. `max_tokens` or `stream_options.include_usage`.
+    pub path: Option<String>,
+    /// What was wrong.
+    pub message: String,
+}
+
 /// A request body built from parsed JSON, with the failing field's path in type errors.
 pub trait FromBody: Sized {
     /// Deserializes `v`.
-    fn from_body(v: &Value) -> Result<Self, String>;
+    fn from_body(v: &Value) -> Result<Self, TypeError>;
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, String> {
+fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, TypeError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         if path == "." {
-            e.inner().to_string()
+            TypeError { path: None, message: e.inner().to_string() }
         } else {
-            format!("`{path}`: {}", e.inner())
+            TypeError { message: format!("`{path}`: {}", e.inner()), path: Some(path) }
         }
     })
 }
@@ -27,14 +36,14 @@ fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, String> {
 macro_rules! from_body {
     ($t:ty) => {
         impl FromBody for $t {
-            fn from_body(v: &Value) -> Result<Self, String> {
+            fn from_body(v: &Value) -> Result<Self, TypeError> {
                 typed(v)
             }
         }
     };
     ($t:ty, common) => {
         impl FromBody for $t {
-            fn from_body(v: &Value) -> Result<Self, String> {
+            fn from_body(v: &Value) -> Result<Self, TypeError> {
                 let mut r: Self = typed(v)?;
                 // Shared fields live in the same JSON object; a flattened struct would lose
                 // the field path in error messages.
@@ -99,6 +108,24 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     /// End-user id (logged only).
     pub user: Option<String>,
+    /// Structured output (OpenAI): only `{"type": "text"}` is served yet; others are refused.
+    pub response_format: Option<Value>,
+    /// Tool definitions: refused unless empty, until tool calls are served.
+    pub tools: Option<Value>,
+    /// Tool choice: refused unless `"none"` or `"auto"` without tools.
+    pub tool_choice: Option<Value>,
+    /// The deprecated `functions`: refused unless empty.
+    pub functions: Option<Value>,
+    /// The deprecated `function_call`: refused unless `"none"` or `"auto"`.
+    pub function_call: Option<Value>,
+    /// vLLM's guided decoding fields: refused.
+    pub guided_json: Option<Value>,
+    /// See `guided_json`.
+    pub guided_regex: Option<Value>,
+    /// See `guided_json`.
+    pub guided_choice: Option<Value>,
+    /// See `guided_json`.
+    pub guided_grammar: Option<Value>,
 }
 
 /// `POST /v1/completions`.

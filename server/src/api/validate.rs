@@ -50,10 +50,15 @@ pub struct ValidRequest {
 pub fn check_model(model: Option<&str>, limits: &Limits) -> Result<(), ApiError> {
     match model {
         Some(m) if m != limits.served_model_name => {
-            Err(ApiError::NotFound(format!("model `{m}` does not exist; this server serves `{}`", limits.served_model_name)))
+            Err(ApiError::ModelNotFound(format!("model `{}` does not exist; this server serves `{}`", clip(m), limits.served_model_name)))
         }
         _ => Ok(()),
     }
+}
+
+/// At most 80 characters of `s` (error messages never echo unbounded input).
+fn clip(s: &str) -> String {
+    short(&Value::String(s.to_owned())).trim_matches('"').to_owned()
 }
 
 fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
@@ -121,33 +126,76 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
+/// Fields implemented elsewhere (structured outputs, tools) or not at all: a request that asks
+/// for them gets a 400 naming the field rather than an answer that silently ignores it. The
+/// values that ask for nothing (`{"type": "text"}`, no tools, `"none"`/`"auto"`) pass.
+fn refuse_unserved(c: &CommonParams) -> Result<(), ApiError> {
+    let unserved = |field: &str, v: &Value| {
+        ApiError::bad_request(format!("`{field}` is not supported by this server yet; got {}", short(v)), Some(field), "unsupported_field")
+    };
+    let empty_list = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
+    let no_choice = |v: &Value| v.is_null() || matches!(v.as_str(), Some("none" | "auto"));
+    if let Some(v) = c.response_format.as_ref().filter(|v| !v.is_null() && v.get("type").and_then(Value::as_str) != Some("text")) {
+        return Err(unserved("response_format", v));
+    }
+    for (field, v) in [("tools", &c.tools), ("functions", &c.functions)] {
+        if let Some(v) = v.as_ref().filter(|v| !empty_list(v)) {
+            return Err(unserved(field, v));
+        }
+    }
+    for (field, v) in [("tool_choice", &c.tool_choice), ("function_call", &c.function_call)] {
+        if let Some(v) = v.as_ref().filter(|v| !no_choice(v)) {
+            return Err(unserved(field, v));
+        }
+    }
+    let guided = [("guided_json", &c.guided_json), ("guided_regex", &c.guided_regex), ("guided_choice", &c.guided_choice)];
+    for (field, v) in guided.into_iter().chain([("guided_grammar", &c.guided_grammar)]) {
+        if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+            return Err(unserved(field, v));
+        }
+    }
+    Ok(())
+}
+
+/// What the request calls its prompt and its token limit (chat: `messages`, and
+/// `max_completion_tokens` when that was the field given), for the fields errors name.
+#[derive(Clone, Copy)]
+struct Names {
+    prompt: &'static str,
+    max_tokens: &'static str,
+}
+
 /// Checks the shared fields; `default_max_tokens` gives `max_tokens` from the prompt length
 /// when the request has none.
 fn common(
     c: &CommonParams,
     prompts: &[Vec<u32>],
     limits: &Limits,
-    max_tokens: Option<i64>,
+    (max_tokens, names): (Option<i64>, Names),
     default_max_tokens: impl Fn(usize) -> usize,
     logprobs: Option<usize>,
 ) -> Result<(GenParams, bool, bool), ApiError> {
+    refuse_unserved(c)?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     if longest >= limits.max_model_len {
         return Err(ApiError::bad_request(
             format!("the prompt has {longest} tokens; `max_model_len` is {}, which leaves no room to generate", limits.max_model_len),
-            Some("prompt"),
+            Some(names.prompt),
             "context_length_exceeded",
         ));
     }
-    let max_tokens = match nonneg("max_tokens", max_tokens)? {
-        Some(0) => return Err(ApiError::invalid("max_tokens", ">= 1", 0)),
+    let max_tokens = match nonneg(names.max_tokens, max_tokens)? {
+        Some(0) => return Err(ApiError::invalid(names.max_tokens, ">= 1", 0)),
         Some(m) => m,
         None => default_max_tokens(longest).max(1),
     };
     if longest + max_tokens > limits.max_model_len {
         return Err(ApiError::bad_request(
-            format!("the prompt ({longest} tokens) plus `max_tokens` ({max_tokens}) exceeds `max_model_len` ({})", limits.max_model_len),
-            Some("max_tokens"),
+            format!(
+                "the prompt ({longest} tokens) plus `{}` ({max_tokens}) exceeds `max_model_len` ({})",
+                names.max_tokens, limits.max_model_len
+            ),
+            Some(names.max_tokens),
             "context_length_exceeded",
         ));
     }
@@ -160,9 +208,10 @@ fn common(
         if need > blocks {
             return Err(ApiError::bad_request(
                 format!(
-                    "{n} choices of {longest} prompt tokens plus `max_tokens` ({max_tokens}) need {need} KV-cache blocks of {block_size} tokens; the cache has {blocks}"
+                    "{n} choices of {longest} prompt tokens plus `{}` ({max_tokens}) need {need} KV-cache blocks of {block_size} tokens; the cache has {blocks}",
+                    names.max_tokens
                 ),
-                Some("max_tokens"),
+                Some(names.max_tokens),
                 "context_length_exceeded",
             ));
         }
@@ -215,14 +264,38 @@ fn common(
     Ok((params, stream, include_usage))
 }
 
+/// Refuses text too long to fit `max_model_len` tokens before tokenizing it (a 4 MB prompt took
+/// 3.8 s of CPU to tokenize only to be refused): `bytes` needs at least `bytes /
+/// max_token_bytes` tokens; twice that bound is allowed, for normalisers that shrink text.
+fn check_text_bytes(field: &str, bytes: usize, tok: &Tokenizer, limits: &Limits) -> Result<(), ApiError> {
+    let bound = limits.max_model_len.saturating_mul(tok.max_token_bytes()).saturating_mul(2);
+    if bytes > bound {
+        return Err(ApiError::bad_request(
+            format!(
+                "the prompt has {bytes} bytes: more than {} tokens at any tokenization, past `max_model_len` ({})",
+                limits.max_model_len, limits.max_model_len
+            ),
+            Some(field),
+            "context_length_exceeded",
+        ));
+    }
+    Ok(())
+}
+
 /// Validates a completions request.
 pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> Result<ValidRequest, ApiError> {
     check_model(req.common.model.as_deref(), limits)?;
+    let text_bytes = match req.prompt.as_ref() {
+        Some(Value::String(s)) => s.len(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(str::len).max().unwrap_or(0),
+        _ => 0,
+    };
+    check_text_bytes("prompt", text_bytes, tok, limits)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
             "absent or empty (insertion is not supported)",
-            format!("{:?}", req.suffix.as_deref().unwrap_or_default()),
+            clip(&format!("{:?}", req.suffix.as_deref().unwrap_or_default())),
         ));
     }
     let logprobs = match nonneg("logprobs", req.logprobs)? {
@@ -230,13 +303,18 @@ pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> 
         other => other,
     };
     let prompts = parse_prompt(req.prompt.as_ref(), tok, limits.vocab_size)?;
+    let names = Names { prompt: "prompt", max_tokens: "max_tokens" };
     let (mut params, stream, include_usage) =
-        common(&req.common, &prompts, limits, req.common.max_tokens, |_| DEFAULT_COMPLETION_MAX_TOKENS, logprobs)?;
+        common(&req.common, &prompts, limits, (req.common.max_tokens, names), |_| DEFAULT_COMPLETION_MAX_TOKENS, logprobs)?;
     let echo = req.echo.unwrap_or(false);
     params.prompt_logprobs = echo && logprobs.is_some();
     let max_n = limits.max_n;
     if prompts.len() * params.n > max_n {
-        return Err(ApiError::invalid("prompt", format!("at most {max_n} prompts × n choices"), prompts.len() * params.n));
+        return Err(ApiError::invalid(
+            "n",
+            format!("in [1, {}] for {} prompts (at most {max_n} choices in all)", max_n / prompts.len(), prompts.len()),
+            params.n,
+        ));
     }
     Ok(ValidRequest { prompts, params, stream, include_usage, echo })
 }
@@ -245,6 +323,7 @@ pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> 
 pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>, limits: &Limits) -> Result<ValidRequest, ApiError> {
     check_model(req.common.model.as_deref(), limits)?;
     let messages = parse_messages(req.messages.as_ref())?;
+    check_text_bytes("messages", messages.iter().map(|m| m.content.len()).sum(), tok, limits)?;
     let template = template.ok_or_else(|| {
         ApiError::bad_request(
             "this model's tokenizer_config.json has no `chat_template`; use /v1/completions",
@@ -269,9 +348,12 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
         ));
     }
     let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
+    let names =
+        Names { prompt: "messages", max_tokens: if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" } };
     let prompts = vec![prompt];
     let max_len = limits.max_model_len;
-    let (params, stream, include_usage) = common(&req.common, &prompts, limits, max_tokens, |len| max_len.saturating_sub(len), logprobs)?;
+    let (params, stream, include_usage) =
+        common(&req.common, &prompts, limits, (max_tokens, names), |len| max_len.saturating_sub(len), logprobs)?;
     Ok(ValidRequest { prompts, params, stream, include_usage, echo: false })
 }
 

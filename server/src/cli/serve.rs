@@ -27,12 +27,13 @@ pub struct ServeArgs {
     #[arg(long, env = "DELTASERVE_PORT", default_value_t = 8000)]
     port: u16,
     /// Name clients use in `model` (default: the checkpoint directory's name).
-    #[arg(long, env = "DELTASERVE_SERVED_MODEL_NAME")]
+    #[arg(long, env = "DELTASERVE_SERVED_MODEL_NAME", value_parser = non_empty)]
     served_model_name: Option<String>,
     /// Sequences decoded together: slots in the state pool (clamped to what fits in memory).
     #[arg(long, env = "DELTASERVE_MAX_NUM_SEQS", default_value_t = 64)]
     max_num_seqs: usize,
-    /// Requests allowed to wait for a slot; further ones get 429.
+    /// Requests allowed to wait when every slot is taken; further ones get 429 (0: no waiting
+    /// line, requests run while a slot is free).
     #[arg(long, env = "DELTASERVE_MAX_QUEUE", default_value_t = 256)]
     max_queue: usize,
     /// Prompt + generated tokens per sequence.
@@ -81,6 +82,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     rt.block_on(serve(args))
 }
 
+/// Refuses an empty value (a model name clients could not send).
+fn non_empty(v: &str) -> Result<String, String> {
+    if v.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(v.to_owned())
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let model_spec = args.model.model.clone().unwrap_or_else(crate::cli::default_model);
     let model_name: Arc<str> = args
@@ -101,9 +110,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         created: unix_now(),
         next_id: Arc::new(AtomicU64::new(0)),
     };
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .map_err(|e| anyhow::anyhow!("invalid `--host`/`--port` {}:{}: {e}", args.host, args.port))?;
+    // Host names (`localhost`) resolve; the first address is bound.
+    let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot resolve `--host` {}: {e}", args.host))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("`--host` {} resolves to no address", args.host))?;
     // Bind before loading so /health answers and /ready says "loading" meanwhile.
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, model = %model_spec, "listening; loading model");
@@ -193,8 +205,8 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         Some(t) => match ChatTemplate::new(t, tokenizer.bos_token.as_deref(), tokenizer.eos_token.as_deref()) {
             Ok(t) => Some(Arc::new(t)),
             Err(e) => {
-                tracing::warn!(error = %e, "chat template unusable; /v1/chat/completions will refuse requests");
-                None
+                tracing::warn!(error = %e, "chat template unusable; /v1/chat/completions will answer with this error");
+                Some(Arc::new(ChatTemplate::unusable(e)))
             }
         },
         None => None,

@@ -90,6 +90,7 @@ impl Scheduler {
                 reserved,
                 kv_tokens,
                 kv_reserved,
+                _ticket: r.ticket,
             });
         }
     }

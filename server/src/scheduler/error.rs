@@ -4,13 +4,15 @@
 /// A scheduler-side failure of one request.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SchedulerError {
-    /// `--max-queue` requests already wait.
-    #[error("the server is at capacity: {waiting} requests are waiting (limit {limit}); retry later")]
+    /// Every slot is taken and `--max-queue` requests already wait.
+    #[error("the server is at capacity: {in_flight} requests are running or waiting (limit: {slots} slots + {queue} queued); retry later")]
     QueueFull {
-        /// Requests waiting.
-        waiting: usize,
+        /// Requests running or waiting.
+        in_flight: usize,
+        /// `--max-num-seqs`.
+        slots: usize,
         /// `--max-queue`.
-        limit: usize,
+        queue: usize,
     },
     /// The engine thread has stopped.
     #[error("the engine thread has stopped")]

@@ -31,8 +31,9 @@ use sequence::{send, Seq};
 /// Counters the HTTP layer reads without locking, and the shutdown flag it sets.
 #[derive(Debug, Default)]
 struct Shared {
-    waiting: AtomicUsize,
-    running: AtomicUsize,
+    /// Requests accepted by [`SchedulerHandle::submit`] and not yet dropped by the engine thread
+    /// (queued in the channel, waiting, or running): what admission counts.
+    accepted: AtomicUsize,
     alive: AtomicBool,
     /// Set at shutdown past the drain deadline: fail everything still in flight.
     abort: AtomicBool,
@@ -43,35 +44,45 @@ struct Shared {
 pub struct SchedulerHandle {
     tx: mpsc::Sender<GenRequest>,
     shared: Arc<Shared>,
+    max_num_seqs: usize,
     max_queue: usize,
 }
 
+/// One accepted request's place in the admission count, given back when the engine thread drops
+/// the request (finished, failed, cancelled or timed out) or it never reaches the thread.
+#[derive(Debug)]
+pub struct Ticket(Arc<Shared>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.accepted.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl SchedulerHandle {
-    /// Queues a request, or refuses it at once when `max_queue` requests wait.
-    pub fn submit(&self, req: GenRequest) -> Result<(), SchedulerError> {
-        let limit = self.max_queue;
-        let prev = self.shared.waiting.fetch_add(1, Ordering::SeqCst);
-        if prev >= limit {
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(SchedulerError::QueueFull { waiting: prev, limit });
+    /// Queues a request, or refuses it at once when `max_num_seqs` requests could run and
+    /// `max_queue` more already wait: free slots count as room, so `--max-queue 0` means no
+    /// waiting line, not "refuse everything".
+    pub fn submit(&self, mut req: GenRequest) -> Result<(), SchedulerError> {
+        let prev = self.shared.accepted.fetch_add(1, Ordering::SeqCst);
+        req.ticket = Some(Ticket(self.shared.clone()));
+        if prev >= self.max_num_seqs + self.max_queue {
+            return Err(SchedulerError::QueueFull { in_flight: prev, slots: self.max_num_seqs, queue: self.max_queue });
         }
-        // The count above lags the engine thread's own by at most a step, so the bounded channel
-        // can still be full in a burst: that is the same answer, the queue is full.
+        // The channel holds as many requests as the count admits, so it is full only if the
+        // engine thread is gone or behind on dropping finished requests: the same answer.
         match self.tx.try_send(req) {
             Ok(()) => Ok(()),
-            Err(e) => {
-                self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                Err(match e {
-                    mpsc::error::TrySendError::Full(_) => SchedulerError::QueueFull { waiting: limit, limit },
-                    mpsc::error::TrySendError::Closed(_) => SchedulerError::Stopped,
-                })
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                Err(SchedulerError::QueueFull { in_flight: prev, slots: self.max_num_seqs, queue: self.max_queue })
             }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SchedulerError::Stopped),
         }
     }
 
-    /// Requests waiting or running.
+    /// Requests accepted and not yet done: on their way to the engine thread, waiting or running.
     pub fn in_flight(&self) -> usize {
-        self.shared.waiting.load(Ordering::SeqCst) + self.shared.running.load(Ordering::SeqCst)
+        self.shared.accepted.load(Ordering::SeqCst)
     }
 
     /// Whether the engine thread is still running.
@@ -91,9 +102,9 @@ pub fn spawn(
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<(SchedulerHandle, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = mpsc::channel(cfg.max_queue.max(1));
+    let (tx, rx) = mpsc::channel((cfg.max_num_seqs + cfg.max_queue).max(1));
     let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
-    let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue };
+    let handle = SchedulerHandle { tx, shared: shared.clone(), max_num_seqs: cfg.max_num_seqs, max_queue: cfg.max_queue };
     // The pool is allocated up front so that running out of (GPU) memory fails the start-up.
     let size =
         PoolSize { slots: cfg.max_num_seqs, kv_blocks: cfg.kv_blocks, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: cfg.max_model_len };
@@ -139,6 +150,8 @@ struct Active {
     kv_tokens: usize,
     /// KV blocks promised to this request's forks but not yet taken.
     kv_reserved: usize,
+    /// Held while the request is alive: it counts against admission until dropped.
+    _ticket: Option<Ticket>,
 }
 
 impl Active {
@@ -201,8 +214,6 @@ impl Scheduler {
     }
 
     fn publish_gauges(&self) {
-        self.shared.waiting.store(self.waiting.len(), Ordering::SeqCst);
-        self.shared.running.store(self.requests.len(), Ordering::SeqCst);
         self.metrics.num_requests_waiting.set(self.waiting.len() as i64);
         self.metrics.num_requests_running.set(self.requests.len() as i64);
         self.metrics.state_slots_used.set(self.pool.used() as i64);
@@ -265,11 +276,11 @@ mod tests {
     #[test]
     fn a_full_channel_is_a_full_queue_and_a_closed_one_a_stopped_engine() {
         let (tx, rx) = mpsc::channel(1);
-        let handle = SchedulerHandle { tx, shared: Arc::new(Shared::default()), max_queue: 8 };
+        let handle = SchedulerHandle { tx, shared: Arc::new(Shared::default()), max_num_seqs: 2, max_queue: 6 };
         let (a, _ra) = GenRequest::new("a".into(), vec![1], params());
         assert_eq!(handle.submit(a), Ok(()));
         let (b, _rb) = GenRequest::new("b".into(), vec![1], params());
-        assert_eq!(handle.submit(b), Err(SchedulerError::QueueFull { waiting: 8, limit: 8 }));
+        assert_eq!(handle.submit(b), Err(SchedulerError::QueueFull { in_flight: 1, slots: 2, queue: 6 }));
         assert_eq!(handle.in_flight(), 1, "the refused request is not counted");
         drop(rx);
         let (c, _rc) = GenRequest::new("c".into(), vec![1], params());

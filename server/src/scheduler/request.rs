@@ -133,6 +133,8 @@ pub struct GenRequest {
     pub events: mpsc::Sender<Event>,
     /// When the HTTP layer accepted it.
     pub arrived: Instant,
+    /// Its place in the admission count (set by `submit`), held until the request is dropped.
+    pub(crate) ticket: Option<super::Ticket>,
 }
 
 impl GenRequest {
@@ -143,7 +145,7 @@ impl GenRequest {
     pub fn new(id: String, prompt: Vec<u32>, params: GenParams) -> (Self, mpsc::Receiver<Event>) {
         let cap = params.n.saturating_mul(params.max_tokens.saturating_add(2)).saturating_add(prompt.len()).saturating_add(2);
         let (events, rx) = mpsc::channel(cap.clamp(1, MAX_EVENTS));
-        (Self { id, prompt, params, events, arrived: Instant::now() }, rx)
+        (Self { id, prompt, params, events, arrived: Instant::now(), ticket: None }, rx)
     }
 }
 

@@ -69,7 +69,16 @@ impl Seq {
             return;
         }
         let p = cx.params;
-        let sampled = self.sampler.sample(logits);
+        let sampled = match self.sampler.sample(logits) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(request = %id, error = %e, "sampling failed");
+                send(events, Event::Error(e.into()));
+                self.finished = true;
+                self.pending = None;
+                return;
+            }
+        };
         let t = sampled.token;
         self.sampler.accept(t);
         self.generated += 1;
