@@ -456,6 +456,8 @@ async fn bad_requests_get_the_right_status_and_type() {
         ("/detokenize", json!({"tokens": [-5]}), 400, "invalid_request_error", Some("tokens[0]")),
         ("/v1/nothing", json!({}), 404, "not_found_error", None),
         (c, json!({"prompt": "a", "max_tokens": "16"}), 400, "invalid_request_error", Some("max_tokens")),
+        (c, json!({"prompt": "a", "max_tokens": "9".repeat(5000)}), 400, "invalid_request_error", Some("max_tokens")),
+        (c, json!({"prompt": "a", "suffix": "z".repeat(5000)}), 400, "invalid_request_error", Some("suffix")),
         (c, json!({"prompt": "a", "stream": "yes"}), 400, "invalid_request_error", Some("stream")),
         (
             c,

@@ -125,9 +125,17 @@ where
                 "invalid_json",
             ));
         }
-        T::from_body(&value)
-            .map(Self)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {}", e.message), e.path.as_deref(), "invalid_type"))
+        T::from_body(&value).map(Self).map_err(|e| {
+            ApiError::bad_request(format!("invalid request body: {}", clip(&e.message, 200)), e.path.as_deref(), "invalid_type")
+        })
+    }
+}
+
+/// At most `n` bytes of `s` (serde's messages quote the offending value whole).
+fn clip(s: &str, n: usize) -> String {
+    match (0..=n.min(s.len())).rev().find(|&i| s.is_char_boundary(i)) {
+        Some(cut) if cut < s.len() => format!("{}…", &s[..cut]),
+        _ => s.to_owned(),
     }
 }
 
