@@ -23,6 +23,8 @@ pub struct Tokenizer {
     pub bos_token: Option<String>,
     /// EOS text (for chat templates).
     pub eos_token: Option<String>,
+    /// The longest token's text in UTF-8 bytes (see [`Self::max_token_bytes`]), found at load.
+    max_token_bytes: usize,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -100,7 +102,8 @@ impl Tokenizer {
                 }
             }
         };
-        Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token })
+        let max_token_bytes = inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+        Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token, max_token_bytes })
     }
 
     /// Vocabulary size including added tokens.
@@ -113,7 +116,7 @@ impl Tokenizer {
     /// bytes). So a text of B bytes needs at least B / this many tokens, known without
     /// tokenizing it (normalisers that shrink text aside, which is why callers allow a margin).
     pub fn max_token_bytes(&self) -> usize {
-        self.inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1)
+        self.max_token_bytes
     }
 
     /// Tokenizes a prompt; BOS is prepended once when `add_bos_token` asks for it (the
