@@ -17,7 +17,8 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 14] = [
+const TESTS: [GpuTest; 15] = [
+    ("gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch", gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch),
     ("gpu_sparse_moe_matches_cpu", gpu_sparse_moe_matches_cpu),
     ("gpu_paged_attention_matches_cpu", gpu_paged_attention_matches_cpu),
     ("gpu_ops_match_reference", gpu_ops_match_reference),
@@ -489,6 +490,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 check_weights: false,
                 prefill_algo,
                 cuda_graphs: true,
+                batch_invariant: false,
             };
             Engine::load(&opts).unwrap()
         };
@@ -783,6 +785,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
                 check_weights: false,
                 prefill_algo: PrefillAlgo::Chunked,
                 cuda_graphs: true,
+                batch_invariant: false,
             };
             let engine = Engine::load(&opts).unwrap();
             let e = packed_model_prefill_error(engine.model(), 23);
@@ -896,4 +899,42 @@ fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
             assert_eq!(sorted, vec![1, 3, 70], "{name} {dtype:?}: every size seen twice is captured");
         }
     }
+}
+
+/// `--batch-invariant`: every compact model in bf16, a sequence alone against batches of 2, 7
+/// and 32 (packed prefill, decode steps, other slots and rows) and against its prompt cut at
+/// chunk boundaries: bit for bit with the mode on. The default mode's differences are printed.
+fn gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch(dev: &Device) {
+    use deltaserve_kernels::ops::{linear, set_batch_invariant};
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            set_batch_invariant(false);
+        }
+    }
+    let _off = Off;
+    for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
+        let dir = compact_dir().join(name);
+        let c = deltaserve_engine::read_config(&dir).unwrap();
+        let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
+        let m = deltaserve_engine::CausalLm::load(&c, &ckpt, DType::BF16, dev, false).unwrap();
+        set_batch_invariant(false);
+        let default = deltaserve_tests::invariance::batch_differences(&m, 40 + i as u64);
+        set_batch_invariant(true);
+        let invariant = deltaserve_tests::invariance::batch_differences(&m, 40 + i as u64);
+        for (case, differ) in &invariant {
+            assert_eq!(*differ, 0, "{name} bf16, batch-invariant: {case}: {differ} logits differ from the sequence alone");
+        }
+        let moved: Vec<String> = default.iter().filter(|(_, d)| *d > 0).map(|(c, d)| format!("{c}: {d}")).collect();
+        println!(
+            "  {name} bf16: {} cases bit-identical with the mode on; default mode differs in {} ({})",
+            invariant.len(),
+            moved.len(),
+            moved.join("; ")
+        );
+    }
+    // The mode takes bf16/f16 projections only, and says so.
+    let x = Tensor::ones((3, 64), DType::F32, dev).unwrap();
+    let e = linear(&x, &Tensor::ones((5, 64), DType::F32, dev).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("bf16 or f16"), "{e}");
 }

@@ -646,7 +646,13 @@ async fn metrics_parse_as_prometheus_text() {
     }
     assert_eq!(sample(&m, "deltaserve:generation_tokens_total", ""), 3.0);
     assert_eq!(sample(&m, "deltaserve:time_to_first_token_seconds_count", ""), 1.0);
+    assert_eq!(sample(&m, "deltaserve:request_success_total", "finished_reason=\"length\""), 1.0);
     scrape_with_real_prometheus(&srv).await;
+    // A request of three choices is one request (vLLM's meaning), not three.
+    let (st, _) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 2, "n": 3, "ignore_eos": true})).await;
+    assert_eq!(st, 200);
+    let m = srv.metrics().await;
+    assert_eq!(sample(&m, "deltaserve:request_success_total", "finished_reason=\"length\""), 2.0, "{m}");
 }
 
 /// If Debian's `prometheus` is installed, scrape the server for real and query a metric back.
@@ -714,4 +720,68 @@ async fn the_state_pool_is_resident_from_the_start() {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc (Linux)");
     let rss_kb: f64 = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap();
     assert!(rss_kb * 1024.0 >= pool, "resident {} MB below the {} MB pool", rss_kb / 1024.0, pool / 1e6);
+}
+
+/// An impossible `--max-num-seqs` is clamped at start to what the memory budget holds (a
+/// warning in the log), never reserved lazily and found missing under load.
+#[tokio::test]
+async fn an_impossible_max_num_seqs_is_clamped_to_the_memory_budget_at_start() {
+    let srv = start(&["--max-num-seqs", "1000000000000", "--state-memory-fraction", "0.01"]).await;
+    let avail: f64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .unwrap()
+        * 1024.0;
+    let pool = sample(&srv.metrics().await, "deltaserve:state_memory_bytes", "");
+    assert!(pool > 0.0 && pool <= 0.012 * avail, "pool {pool} bytes against 1% of {avail} available");
+    let (st, _) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
+    assert_eq!(st, 200);
+}
+
+/// Slow clients: a connection whose headers stop arriving is closed after
+/// `--header-read-timeout`, and a body shorter than its Content-Length gets 408 after
+/// `--body-read-timeout`; meanwhile other requests are served.
+#[tokio::test]
+async fn slow_headers_and_short_bodies_are_cut_off_at_their_timeouts() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let srv = start(&["--header-read-timeout", "1", "--body-read-timeout", "1"]).await;
+    let addr = srv.base.trim_start_matches("http://").to_owned();
+    let read_all = |mut s: tokio::net::TcpStream| async move {
+        let mut out = Vec::new();
+        // Bounded: a server that never closes fails here after 10 s (before: 45 s or more).
+        let r = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+        (r.is_ok(), String::from_utf8_lossy(&out).into_owned())
+    };
+
+    // Headers that never finish.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n").await.unwrap();
+    let started = Instant::now();
+    let slow_headers = tokio::spawn(read_all(s));
+    // Another client is served while that one dawdles.
+    let (st, _) = srv.post("/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
+    assert_eq!(st, 200);
+    let (closed, text) = slow_headers.await.unwrap();
+    assert!(closed, "a connection with unfinished headers stayed open 10 s");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(900), "closed after {waited:?}, before the 1 s timeout");
+    assert!(!text.contains("200 OK"), "{text}");
+
+    // A body 10 bytes short of its Content-Length.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = br#"{"prompt": "a", "max_tokens": 2}"#;
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len() + 10
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let (closed, text) = read_all(s).await;
+    assert!(closed, "a short body held its connection 10 s");
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\"") && text.contains("--body-read-timeout"), "{text}");
+    let m = srv.metrics().await;
+    assert_eq!(sample(&m, "deltaserve:request_errors_total", "code=\"408\""), 1.0, "{m}");
 }

@@ -29,6 +29,7 @@ pub use cache::CacheSpec;
 pub use candle_core::{DType, Device, Tensor};
 pub use config::ModelConfig;
 pub use deltaserve_kernels::ops::PrefillAlgo;
+pub use deltaserve_kernels::PREFILL_CHUNK;
 pub use error::{ConfigError, EngineError, Result, WeightError};
 pub use models::{CausalLm, Logits};
 pub use sampling::{Sampled, Sampler, SamplingParams};
@@ -52,6 +53,9 @@ pub struct LoadOptions {
     /// Run GPU decode steps as CUDA graphs (one capture per batch size, then one launch a
     /// step); no effect on the CPU.
     pub cuda_graphs: bool,
+    /// On the GPU, make a sequence's logits independent of its batch (bf16/f16 models; the CPU
+    /// in f32 always is): sets the process-wide [`deltaserve_kernels::ops::set_batch_invariant`].
+    pub batch_invariant: bool,
 }
 
 impl LoadOptions {
@@ -64,6 +68,7 @@ impl LoadOptions {
             check_weights: false,
             prefill_algo: PrefillAlgo::Chunked,
             cuda_graphs: true,
+            batch_invariant: false,
         }
     }
 }
@@ -131,6 +136,14 @@ pub fn read_config(dir: &Path) -> Result<ModelConfig> {
 impl Engine {
     /// Resolves, reads and checks a checkpoint, then builds the model.
     pub fn load(opts: &LoadOptions) -> Result<Self> {
+        if opts.batch_invariant && opts.device.is_cuda() && opts.dtype == DType::F32 {
+            return Err(EngineError::Invalid {
+                field: "batch_invariant",
+                expected: "a bf16 or f16 model on the GPU (the CPU is batch-invariant in f32 without it)".into(),
+                actual: "f32 on the GPU".into(),
+            });
+        }
+        deltaserve_kernels::ops::set_batch_invariant(opts.batch_invariant && opts.device.is_cuda());
         let dir = hub::resolve_model(&opts.model)?;
         let cfg = read_config(&dir)?;
         let ckpt = weights::Checkpoint::open(&dir)?;

@@ -16,6 +16,7 @@ struct PlainRows {
   const T* x;
   long ldx;
   __device__ __forceinline__ void load(float (&d)[8], int b, int k) const { load_vec<8>(d, x + (size_t)b * ldx + k); }
+  __device__ __forceinline__ void skip(int rows) { x += (size_t)rows * ldx; }
 };
 
 // x = silu(gate) · up, rounded to T (swiglu.cu's arithmetic), from rows of gate and up.
@@ -24,6 +25,10 @@ struct SwigluRows {
   const T* gate;
   const T* up;
   long ld;
+  __device__ __forceinline__ void skip(int rows) {
+    gate += (size_t)rows * ld;
+    up += (size_t)rows * ld;
+  }
   __device__ __forceinline__ void load(float (&d)[8], int b, int k) const {
     float g[8], u[8];
     load_vec<8>(g, gate + (size_t)b * ld + k);
@@ -37,15 +42,19 @@ struct SwigluRows {
 // 256-column steps), walking it in 16-byte pieces (eight elements a lane, 256 a warp) for all
 // NB rows of x at once (X loads them); the `splits` warps of a row pair sit side by side in a
 // block and add their partial sums through shared memory in a fixed order. Grid
-// ceil(N·splits / (8·GEMV_ROWS)). Splitting K gives rows few enough to leave SMs idle (N =
+// (row groups, ceil(N·splits / (8·GEMV_ROWS))): blockIdx.x picks NB rows of x (and of y), so
+// the blocks that read one slice of W run side by side and share it through L2; a row's sums
+// do not depend on NB or on the other rows. Splitting K gives rows few enough to leave SMs idle (N =
 // 2048: 128 blocks) more warps to keep loads in flight. K, the row strides and the addresses
 // are multiples of 8 elements (checked by the launcher).
 template <typename T, int NB, typename X>
-__device__ void gemv(const X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits) {
+__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits) {
   __shared__ float part[8][GEMV_ROWS][NB];
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = wib % splits;
-  const int n0 = (blockIdx.x * (8 / splits) + wib / splits) * GEMV_ROWS;
+  const int n0 = (blockIdx.y * (8 / splits) + wib / splits) * GEMV_ROWS;
+  x.skip(blockIdx.x * NB);
+  y += (size_t)blockIdx.x * NB * N;
   const int steps = (K + 255) / 256, per = (steps + splits - 1) / splits;
   const int k_end = min(K, (s + 1) * per * 256);
   float acc[GEMV_ROWS][NB] = {};

@@ -15,6 +15,11 @@ pub use cpu::conv::ConvActivation;
 pub use cpu::norm::GateActivation;
 pub use slots::{SlotBuffer, StepSlots};
 
+/// Chunk length of the chunkwise-parallel (WY/UT) prefill, CPU and GPU. A prompt prefilled in
+/// pieces that end at multiples of it gives the same bits as the whole prompt at once (each
+/// piece's chunks are the whole prompt's chunks).
+pub const PREFILL_CHUNK: usize = 64;
+
 /// Errors raised by the kernels.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -45,6 +50,14 @@ pub enum KernelError {
         op: &'static str,
         /// The device, in words.
         device: String,
+    },
+    /// The op cannot take these inputs (dtype, alignment, size) in the mode asked for.
+    #[error("{op}: unsupported: {what}")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// What it cannot take, in words.
+        what: String,
     },
     /// A tensor operation failed.
     #[error(transparent)]

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod chat;
+pub mod listen;
 pub mod metrics;
 pub mod response;
 pub mod routes;

@@ -119,7 +119,12 @@ impl Metrics {
             },
             prompt_tokens: counter(&r, "deltaserve:prompt_tokens_total", "Prompt tokens prefilled.")?,
             generation_tokens: counter(&r, "deltaserve:generation_tokens_total", "Tokens generated.")?,
-            request_success: counter_vec(&r, "deltaserve:request_success_total", "Finished choices by finish reason.", "finished_reason")?,
+            request_success: counter_vec(
+                &r,
+                "deltaserve:request_success_total",
+                "Requests finished without error, by the finish reason of their last choice to finish.",
+                "finished_reason",
+            )?,
             request_errors: counter_vec(&r, "deltaserve:request_errors_total", "Error responses by HTTP status code.", "code")?,
             requests_rejected: counter_vec(&r, "deltaserve:requests_rejected_total", "Requests refused before queueing.", "reason")?,
             client_disconnects: counter(&r, "deltaserve:client_disconnects_total", "Requests cancelled because the client went away.")?,

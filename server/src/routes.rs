@@ -55,6 +55,8 @@ pub struct AppState {
     pub model_name: Arc<str>,
     /// Body size limit in bytes.
     pub body_limit: usize,
+    /// Longest a request body may take to arrive (`--body-read-timeout`).
+    pub body_timeout: std::time::Duration,
     /// Unix time the server started.
     pub created: u64,
     /// Request-id counter.
@@ -112,7 +114,11 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let limit = req.extensions().get::<BodyLimit>().map_or(0, |l| l.0);
-        let value = match Json::<Value>::from_request(req, state).await {
+        let within = req.extensions().get::<BodyTimeout>().map_or(std::time::Duration::MAX, |t| t.0);
+        // A body shorter than its Content-Length, or dripped in, would hold the request forever.
+        let read = tokio::time::timeout(within, Json::<Value>::from_request(req, state)).await;
+        let Ok(read) = read else { return Err(ApiError::BodyTimeout(within.as_secs())) };
+        let value = match read {
             Ok(Json(v)) => v,
             Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(ApiError::PayloadTooLarge { limit }),
             Err(JsonRejection::MissingJsonContentType(_)) => return Err(ApiError::UnsupportedMediaType),
@@ -142,8 +148,12 @@ fn clip(s: &str, n: usize) -> String {
 #[derive(Clone, Copy)]
 struct BodyLimit(usize);
 
+#[derive(Clone, Copy)]
+struct BodyTimeout(std::time::Duration);
+
 async fn count_errors(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     req.extensions_mut().insert(BodyLimit(state.body_limit));
+    req.extensions_mut().insert(BodyTimeout(state.body_timeout));
     let path = req.uri().path().to_owned();
     let res = next.run(req).await;
     let status = res.status();

@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests: fixture locations and error measures.
 
+pub mod invariance;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

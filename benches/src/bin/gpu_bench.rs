@@ -53,6 +53,10 @@ struct Args {
     /// off --graph-profiling node`).
     #[arg(long)]
     profile_hybrid: bool,
+    /// With `--hybrid-dir`: time everything twice in one run, in the default mode and with
+    /// `--batch-invariant` (lines with `"batch_invariant": true`).
+    #[arg(long)]
+    batch_invariant: bool,
     /// Only the paged-attention op at Qwen3.5's attention shape (8 query / 2 KV heads of 256,
     /// bf16): prefill T=4096 and decode at batch 1 and 64; one `OURS {json}` line per figure.
     #[arg(long)]
@@ -399,7 +403,7 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
 /// context of `ctx` tokens (each sequence prefilled first); the roofline counts weights read
 /// once (of an MoE's routed experts, those the batch's tokens choose), each sequence's recurrent
 /// state read and written, and its KV cache read, once a step.
-fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool) -> anyhow::Result<()> {
+fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool, invariant_too: bool) -> anyhow::Result<()> {
     use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
@@ -430,53 +434,60 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool)
         serde_json::json!({"what": "model", "params": params, "state_bytes": state_bytes, "kv_bytes_per_token": kv_per_token})
     );
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-    for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
-        let ms = median_ms(dev, 5, || {
-            let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
-            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
-            pool.release(slot)?;
-            Ok(())
-        })?;
-        println!("OURS {}", serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms}));
-        if profile && algo == PrefillAlgo::ChunkedBf16 {
-            let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
-            dev.synchronize()?;
-            profiler_start()?;
-            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
-            dev.synchronize()?;
-            profiler_stop()?;
-            pool.release(slot)?;
+    for bi in if invariant_too { vec![false, true] } else { vec![false] } {
+        deltaserve_kernels::ops::set_batch_invariant(bi);
+        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+            let ms = median_ms(dev, 5, || {
+                let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+                model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+                pool.release(slot)?;
+                Ok(())
+            })?;
+            println!(
+                "OURS {}",
+                serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms, "batch_invariant": bi})
+            );
+            if profile && !bi && algo == PrefillAlgo::ChunkedBf16 {
+                let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+                dev.synchronize()?;
+                profiler_start()?;
+                model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+                dev.synchronize()?;
+                profiler_stop()?;
+                pool.release(slot)?;
+            }
+        }
+        for &b in batches {
+            let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+            for (i, s) in slots.iter().enumerate() {
+                let prompt: Vec<u32> = (0..ctx as u32).map(|j| (j * 131 + i as u32 * 7 + 1) % vocab).collect();
+                model.prefill(&mut pool, *s, &prompt, Logits::Last, PrefillAlgo::Chunked)?;
+            }
+            let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % vocab)).collect();
+            let mut graphs = deltaserve_engine::decode_graph::DecodeGraphs::default();
+            // Each step advances the sequences: the context grows from `ctx` by `3 + reps` tokens.
+            let ms = median_ms(dev, reps, || {
+                graphs.decode(&model, &mut pool, &batch)?;
+                Ok(())
+            })?;
+            let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
+            let roof_ms = (weight_bytes(b) + b as f64 * state_bytes * 2.0 + kv) / COPY_BW * 1e3;
+            let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
+                "weight_bytes": weight_bytes(b), "captured": graphs.captured(), "batch_invariant": bi});
+            println!("OURS {json}");
+            if profile && !bi {
+                dev.synchronize()?;
+                profiler_start()?;
+                graphs.decode(&model, &mut pool, &batch)?;
+                dev.synchronize()?;
+                profiler_stop()?;
+            }
+            for s in slots {
+                pool.release(s)?;
+            }
         }
     }
-    for &b in batches {
-        let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
-        for (i, s) in slots.iter().enumerate() {
-            let prompt: Vec<u32> = (0..ctx as u32).map(|j| (j * 131 + i as u32 * 7 + 1) % vocab).collect();
-            model.prefill(&mut pool, *s, &prompt, Logits::Last, PrefillAlgo::Chunked)?;
-        }
-        let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % vocab)).collect();
-        let mut graphs = deltaserve_engine::decode_graph::DecodeGraphs::default();
-        // Each step advances the sequences: the context grows from `ctx` by `3 + reps` tokens.
-        let ms = median_ms(dev, reps, || {
-            graphs.decode(&model, &mut pool, &batch)?;
-            Ok(())
-        })?;
-        let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
-        let roof_ms = (weight_bytes(b) + b as f64 * state_bytes * 2.0 + kv) / COPY_BW * 1e3;
-        let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
-            "weight_bytes": weight_bytes(b), "captured": graphs.captured()});
-        println!("OURS {json}");
-        if profile {
-            dev.synchronize()?;
-            profiler_start()?;
-            graphs.decode(&model, &mut pool, &batch)?;
-            dev.synchronize()?;
-            profiler_stop()?;
-        }
-        for s in slots {
-            pool.release(s)?;
-        }
-    }
+    deltaserve_kernels::ops::set_batch_invariant(false);
     Ok(())
 }
 
@@ -493,7 +504,7 @@ fn main() -> anyhow::Result<()> {
     }
     #[cfg(feature = "cuda")]
     if let Some(dir) = &args.hybrid_dir {
-        return hybrid_table(&dev, dir, args.reps, args.profile_hybrid);
+        return hybrid_table(&dev, dir, args.reps, args.profile_hybrid, args.batch_invariant);
     }
     if args.decode_only {
         return decode_table(&dev, args.reps);

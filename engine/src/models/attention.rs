@@ -3,7 +3,7 @@
 //! windowed) GQA attention over the paged KV cache, Qwen's output gate, `o_proj`.
 
 use candle_core::{DType, Tensor};
-use candle_nn::{Linear, Module};
+use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq};
 
 use super::linear::project;
@@ -116,7 +116,7 @@ impl Attention {
     pub fn forward(&self, x: &Tensor, cache: &mut KvLayer, kv: &KvPlan) -> Result<Tensor> {
         let s = &self.spec;
         let (n, hq, hkv, hd) = (x.dim(0)?, s.num_heads, s.num_kv_heads, s.head_dim);
-        let y = if self.qkv.bias().is_some() { self.qkv.forward(x)? } else { project(&self.qkv, x)? };
+        let y = project(&self.qkv, x)?;
         let gate_rows = if s.output_gate { hq * hd } else { 0 };
         let q = self.norm(&y.narrow(1, 0, hq * hd)?, self.q_norm.as_ref(), hq)?;
         let k = self.norm(&y.narrow(1, hq * hd + gate_rows, hkv * hd)?, self.k_norm.as_ref(), hkv)?;
@@ -141,6 +141,6 @@ impl Attention {
             o = (o * candle_nn::ops::sigmoid(&gate)?)?;
         }
         let o = o.to_dtype(x.dtype())?;
-        Ok(if self.o_proj.bias().is_some() { self.o_proj.forward(&o)? } else { project(&self.o_proj, &o)? })
+        project(&self.o_proj, &o)
     }
 }

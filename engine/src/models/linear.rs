@@ -1,9 +1,9 @@
-//! Bias-free projections as the layers run them: a decode step's few rows through the
-//! small-batch GEMV kernel where it applies, everything else through candle's GEMM; and several
-//! projections of one input stacked into one GEMM.
+//! Projections as the layers run them ([`deltaserve_kernels::ops::linear`]: batch-invariant on
+//! the CPU, a decode step's few rows through the small-batch GEMV kernel on the GPU), and
+//! several projections of one input stacked into one GEMM.
 
 use candle_core::Tensor;
-use candle_nn::{Linear, Module};
+use candle_nn::Linear;
 
 use crate::error::Result;
 use crate::weights::Weights;
@@ -13,15 +13,14 @@ pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Res
     Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
 }
 
-/// `l`'s forward for inference: a decode step's few rows go through the small-batch kernel
-/// where it applies (GPU, bf16/f16), everything else through candle's GEMM.
+/// `l`'s forward for inference, through [`deltaserve_kernels::ops::linear`] (its bias, if any,
+/// added after).
 pub fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
-    if l.bias().is_none() {
-        if let Some(y) = deltaserve_kernels::ops::small_batch_linear(x, l.weight())? {
-            return Ok(y);
-        }
-    }
-    Ok(l.forward(x)?)
+    let y = deltaserve_kernels::ops::linear(x, l.weight())?;
+    Ok(match l.bias() {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
 }
 
 /// Projections of one input run as one GEMM: their weights stacked by rows.

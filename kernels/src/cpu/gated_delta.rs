@@ -11,8 +11,7 @@
 
 use rayon::prelude::*;
 
-/// Chunk length of the chunkwise-parallel (WY/UT) prefill.
-pub const CHUNK: usize = 64;
+pub use crate::PREFILL_CHUNK as CHUNK;
 
 /// Problem sizes of one gated-delta-rule call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

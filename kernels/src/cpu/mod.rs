@@ -3,5 +3,6 @@
 pub mod attention;
 pub mod conv;
 pub mod gated_delta;
+pub mod linear;
 pub mod norm;
 pub mod prep;

@@ -5,7 +5,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
 use super::{alloc_rows, cuda_dev, first_element_address_any, grid, ptx, sm_count, RowsArg};
-use crate::Result;
+use crate::{KernelError, Result};
 
 /// Most rows of x the kernels take (`gemv_{dtype}_b1` .. `_b8` in gemv.cu).
 const GEMV_MAX_ROWS: usize = 8;
@@ -20,7 +20,64 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let Some((b, n, k, suffix)) = accepts(x, w)? else { return Ok(None) };
     let xa = RowsArg::new(x)?;
     let Some(wa) = vector_rows(w, k)?.filter(|_| xa.vectorisable(8, k)) else { return Ok(None) };
-    launch(x, &format!("gemv_{suffix}_b{b}"), (b, n, k), XArgs::Plain { x: xa.ptr, ld: xa.ld }, &wa)
+    let y = alloc_rows(&cuda_dev(x, "gemv")?, x.dtype(), b, n)?;
+    let splits = k_splits(n, k, b, sm_count(&cuda_dev(x, "gemv")?)?);
+    launch(x, &format!("gemv_{suffix}_b{b}"), (1, b, n, k), splits, XArgs::Plain { x: xa.ptr, ld: xa.ld }, &wa, &y, 0)?;
+    Ok(Some(y))
+}
+
+/// `x` `[M, K]` times `w` `[N, K]`ᵀ for any M, bf16 or f16, each row of the result the same bits
+/// whatever M and wherever the row sits in `x`: rows in groups of 8 through the GEMV kernel (a
+/// row's sums never depend on the rows beside it) with the K split chosen for 8 rows, whatever
+/// M. The batch-invariant mode's projection; errors name what the kernel cannot take.
+pub fn gemv_invariant(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    const OP: &str = "linear (batch-invariant)";
+    let (m, k) = x.dims2()?;
+    let (n, kw) = w.dims2()?;
+    let suffix = match (x.dtype(), w.dtype()) {
+        (DType::BF16, DType::BF16) => "bf16",
+        (DType::F16, DType::F16) => "f16",
+        (a, b) => return Err(KernelError::Unsupported { op: OP, what: format!("x {a:?} with w {b:?} (bf16 or f16 both)") }),
+    };
+    if kw != k || !k.is_multiple_of(8) || n == 0 {
+        return Err(KernelError::Shape {
+            op: OP,
+            input: "w",
+            expected: format!("[N ≥ 1, {k}] with {k} a multiple of 8"),
+            actual: vec![n, kw],
+        });
+    }
+    let w = if w.is_contiguous() { w.clone() } else { w.contiguous()? };
+    let Some(wa) = vector_rows(&w, k)? else {
+        return Err(KernelError::Unsupported { op: OP, what: "weight rows not 16-byte aligned".into() });
+    };
+    let mut xa = RowsArg::new(x)?;
+    let x = if xa.vectorisable(8, k) { x.clone() } else { x.contiguous()? };
+    xa = RowsArg::new(&x)?;
+    let dev = cuda_dev(&x, "gemv")?;
+    let y = alloc_rows(&dev, x.dtype(), m, n)?;
+    let splits = k_splits(n, k, GEMV_MAX_ROWS, sm_count(&dev)?);
+    let (full, tail) = (m / GEMV_MAX_ROWS, m % GEMV_MAX_ROWS);
+    let elem = x.dtype().size_in_bytes();
+    if full > 0 {
+        let name = format!("gemv_{suffix}_b{GEMV_MAX_ROWS}");
+        launch(&x, &name, (full, GEMV_MAX_ROWS, n, k), splits, XArgs::Plain { x: xa.ptr, ld: xa.ld }, &wa, &y, 0)?;
+    }
+    if tail > 0 {
+        let rows = full * GEMV_MAX_ROWS;
+        let at = xa.ptr + (rows as u64) * (xa.ld as u64) * elem as u64;
+        launch(
+            &x,
+            &format!("gemv_{suffix}_b{tail}"),
+            (1, tail, n, k),
+            splits,
+            XArgs::Plain { x: at, ld: xa.ld },
+            &wa,
+            &y,
+            rows * n * elem,
+        )?;
+    }
+    Ok(y)
 }
 
 /// [`gemv`] of `silu(gate) · up` (rounded to their dtype, as [`super::swiglu`] stores it) for
@@ -37,7 +94,12 @@ pub fn gemv_swiglu(gate: &Tensor, up: &Tensor, w: &Tensor) -> Result<Option<Tens
         return Ok(None);
     }
     let Some(wa) = vector_rows(w, k)? else { return Ok(None) };
-    launch(gate, &format!("gemv_swiglu_{suffix}_b{b}"), (b, n, k), XArgs::Swiglu { gate: ga.ptr, up: ua.ptr, ld: ga.ld }, &wa)
+    let dev = cuda_dev(gate, "gemv")?;
+    let y = alloc_rows(&dev, gate.dtype(), b, n)?;
+    let splits = k_splits(n, k, b, sm_count(&dev)?);
+    let args = XArgs::Swiglu { gate: ga.ptr, up: ua.ptr, ld: ga.ld };
+    launch(gate, &format!("gemv_swiglu_{suffix}_b{b}"), (1, b, n, k), splits, args, &wa, &y, 0)?;
+    Ok(Some(y))
 }
 
 /// `(B, N, K, dtype suffix)` when `x` `[B, K]` and `w` `[N, K]` suit the kernels' shapes and
@@ -89,13 +151,22 @@ enum XArgs {
     Swiglu { gate: u64, up: u64, ld: i64 },
 }
 
-/// Launches `name` with `x_args`, then `(w, y, N, K, splits)`; returns `y` `[B, N]`.
-fn launch(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs, wa: &RowsArg) -> Result<Option<Tensor>> {
+/// Launches `name` over `groups` groups of `nb` rows with `x_args`, then `(w, y, N, K, splits)`,
+/// writing `y` from `y_offset` bytes on.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    x: &Tensor,
+    name: &str,
+    (groups, nb, n, k): (usize, usize, usize, usize),
+    splits: usize,
+    x_args: XArgs,
+    wa: &RowsArg,
+    y: &Tensor,
+    y_offset: usize,
+) -> Result<()> {
     let dev = cuda_dev(x, "gemv")?;
-    let y = alloc_rows(&dev, x.dtype(), b, n)?;
     let f = dev.get_or_load_custom_func(name, "gemv", ptx::GEMV)?;
-    let y_ptr = first_element_address_any(&y)?;
-    let splits = k_splits(n, k, b, sm_count(&dev)?);
+    let y_ptr = first_element_address_any(y)? + y_offset as u64;
     let (ni, ki, si) = (n as i32, k as i32, splits as i32);
     let mut l = f.builder();
     match &x_args {
@@ -104,6 +175,12 @@ fn launch(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArg
     };
     l.arg(&wa.ptr).arg(&y_ptr).arg(&ni).arg(&ki).arg(&si);
     let blocks = (n * splits).div_ceil(ROWS_PER_WARP * WARPS);
-    unsafe { l.launch(grid(blocks, 1, 1, (32 * WARPS) as u32, 0)) }.w()?;
-    Ok(Some(y))
+    if nb > GEMV_MAX_ROWS || blocks > 65_535 {
+        return Err(KernelError::Unsupported {
+            op: "gemv",
+            what: format!("{nb} rows a group, {blocks} column blocks (at most 8 and 65535)"),
+        });
+    }
+    unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, 0)) }.w()?;
+    Ok(())
 }

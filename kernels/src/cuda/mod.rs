@@ -17,7 +17,7 @@ mod ptx {
 
 /// Largest key head dim the decode and chunk kernels take.
 pub const MAX_HEAD_K: usize = 256;
-const CHUNK: usize = 64;
+use crate::PREFILL_CHUNK as CHUNK;
 
 /// Keeps memory freed on `dev` in its stream-ordered allocation pool instead of handing it back
 /// to the driver at every synchronisation (the pool's default release threshold is 0). Without
@@ -435,7 +435,7 @@ mod rows;
 pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
-pub use gemv::{gemv, gemv_swiglu};
+pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs};

@@ -84,7 +84,9 @@ pub fn sparse_moe(
     let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
     // Prompts (8 or more rows an expert on average) on the tensor cores; decode steps as
     // weight-streaming GEMVs over each expert's few rows.
-    let tensor_cores = suffix != "f32" && pairs >= 8 * e && d.is_multiple_of(32) && i.is_multiple_of(32);
+    // Batch-invariant mode keeps every pair on the GEMVs: a row's sums then never depend on
+    // how many rows the batch routes to its expert.
+    let tensor_cores = !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * e && d.is_multiple_of(32) && i.is_multiple_of(32);
     if tensor_cores {
         let f = dev.get_or_load_custom_func(&format!("moe_up_tc_{suffix}"), "moe", ptx::MOE)?;
         let mut l = f.builder();

@@ -1,7 +1,7 @@
-//! The MLP's SwiGLU and the small-batch projections of a decode step (GPU kernels that stream
-//! each weight once; elsewhere the caller's GEMM runs).
+//! Projections `x Wᵀ` (batch-invariant on the CPU, small-batch GEMV kernels on the GPU) and
+//! the MLP's SwiGLU.
 
-use candle_core::Tensor;
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
 use super::{dims2, expect_dims};
 use crate::Result;
@@ -18,6 +18,68 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         return crate::cuda::swiglu(gate, up);
     }
     Ok((gate.silu()? * up.to_dtype(gate.dtype())?)?)
+}
+
+static BATCH_INVARIANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the GPU's batch-invariant mode on or off for this process (the CPU is always
+/// batch-invariant in f32). On, every GPU projection runs [`crate::cuda::gemv_invariant`]'s
+/// kernel (a row's result never depends on the rows beside it), the MLP's fused SwiGLU-GEMV and
+/// the MoE's tensor-core tiles stand aside, and only bf16/f16 projections are taken.
+pub fn set_batch_invariant(on: bool) {
+    BATCH_INVARIANT.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`set_batch_invariant`] turned the GPU's batch-invariant mode on.
+pub fn batch_invariant() -> bool {
+    BATCH_INVARIANT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `x Wᵀ` for `x` `[.., K]` and `w` `[N, K]`. On the CPU in f32, every output row is computed
+/// the same way whatever rows come with it ([`crate::cpu::linear`]): a sequence's logits do not
+/// depend on its batch. On the GPU a few rows go through [`small_batch_linear`], the rest through
+/// candle's GEMM, or all through the batch-invariant kernel ([`set_batch_invariant`]); other CPU
+/// dtypes run candle's GEMM.
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    const OP: &str = "linear";
+    let (n, k) = dims2(OP, "w", w)?;
+    let dims = x.dims().to_vec();
+    if dims.last() != Some(&k) {
+        return Err(crate::KernelError::Shape { op: OP, input: "x", expected: format!("[.., {k}]"), actual: dims });
+    }
+    let rows = dims[..dims.len() - 1].iter().product::<usize>();
+    let mut out_dims = dims.clone();
+    *out_dims.last_mut().expect("rank ≥ 1") = n;
+    if matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && w.dtype() == DType::F32 {
+        let (x, w) = (x.contiguous()?, w.contiguous()?);
+        let mut y = vec![0f32; rows * n];
+        with_cpu_f32(&x, |xs| with_cpu_f32(&w, |ws| crate::cpu::linear::linear(xs, ws, k, &mut y)))??;
+        return Ok(Tensor::from_vec(y, out_dims, &Device::Cpu)?);
+    }
+    let x2 = x.reshape((rows, k))?;
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && batch_invariant() {
+        return Ok(crate::cuda::gemv_invariant(&x2, w)?.reshape(out_dims)?);
+    }
+    let y = match small_batch_linear(&x2, w)? {
+        Some(y) => y,
+        None => x2.matmul(&w.t()?)?,
+    };
+    Ok(y.reshape(out_dims)?)
+}
+
+/// Runs `f` on a contiguous f32 CPU tensor's values where they lie (weights are not copied).
+fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(CpuStorage::F32(v)), Some((from, to))) => Ok(f(&v[from..to])),
+        _ => Err(crate::KernelError::Shape {
+            op: "linear",
+            input: "operand",
+            expected: "a contiguous f32 tensor on the CPU".into(),
+            actual: t.dims().to_vec(),
+        }),
+    }
 }
 
 /// `x Wᵀ` for `x` `[B, K]` and `w` `[N, K]` when B is small: on the GPU, for B ≤ 8 and bf16
@@ -46,7 +108,7 @@ pub fn small_batch_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 pub fn small_batch_swiglu_linear(gate: &Tensor, up: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if gate.device().is_cuda() && w.device().is_cuda() {
-        if small_batch_gemv_off() || gate.dim(0)? > SWIGLU_LINEAR_MAX_ROWS {
+        if small_batch_gemv_off() || batch_invariant() || gate.dim(0)? > SWIGLU_LINEAR_MAX_ROWS {
             return Ok(None);
         }
         return crate::cuda::gemv_swiglu(gate, up, w);

@@ -23,7 +23,9 @@ pub mod step;
 
 pub use attention::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
-pub use gemv::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
+pub use gemv::{
+    batch_invariant, linear, set_batch_invariant, small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS,
+};
 pub use moe::{sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
 pub use norm::gated_rms_norm;
 pub use prefill::{

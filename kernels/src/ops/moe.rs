@@ -107,9 +107,9 @@ pub fn sparse_moe(
         let idx = Tensor::new(rows.as_slice(), x.device())?;
         let w = Tensor::new(weights.as_slice(), x.device())?.reshape((rows.len(), 1))?;
         let xs = x.index_select(&idx, 0)?;
-        let y = xs.matmul(&experts.gate_up.i(ex)?.t()?)?;
+        let y = super::linear(&xs, &experts.gate_up.i(ex)?)?;
         let h = super::swiglu(&y.narrow(1, 0, i)?, &y.narrow(1, i, i)?)?;
-        let y = h.matmul(&experts.down.i(ex)?.t()?)?.to_dtype(DType::F32)?.broadcast_mul(&w)?;
+        let y = super::linear(&h, &experts.down.i(ex)?)?.to_dtype(DType::F32)?.broadcast_mul(&w)?;
         out = out.index_add(&idx, &y, 0)?;
     }
     if let Some(s) = shared {

@@ -51,6 +51,9 @@ pub enum ApiError {
     /// Not ready, or draining for shutdown (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The body did not arrive within `--body-read-timeout` seconds (408).
+    #[error("the request body did not arrive within {0} s (`--body-read-timeout`)")]
+    BodyTimeout(u64),
     /// The request ran past `--request-timeout` (504).
     #[error("request timed out after {0} s")]
     Timeout(u64),
@@ -99,6 +102,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -113,7 +117,7 @@ impl ApiError {
             Self::UnsupportedMediaType => "invalid_request_error",
             Self::QueueFull { .. } => "rate_limit_error",
             Self::Unavailable(_) => "unavailable_error",
-            Self::Timeout(_) => "timeout_error",
+            Self::Timeout(_) | Self::BodyTimeout(_) => "timeout_error",
             Self::Internal(_) => "server_error",
         }
     }
@@ -138,6 +142,7 @@ impl ApiError {
             Self::QueueFull { .. } => "queue_full",
             Self::Unavailable(_) => "unavailable",
             Self::Timeout(_) => "timeout",
+            Self::BodyTimeout(_) => "body_timeout",
             Self::Internal(_) => "internal_error",
         })
     }

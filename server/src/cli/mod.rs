@@ -65,6 +65,11 @@ pub struct ModelArgs {
     /// one launch a step). For debugging and comparison; no effect on the CPU.
     #[arg(long, env = "DELTASERVE_NO_CUDA_GRAPHS")]
     pub no_cuda_graphs: bool,
+    /// On the GPU, make every sequence's logits the same bits whatever else is in its batch
+    /// (so a seed gives the same text under any load), at a cost in speed (docs/performance.md);
+    /// bf16/f16 models. The CPU in f32 is batch-invariant without it.
+    #[arg(long, env = "DELTASERVE_BATCH_INVARIANT")]
+    pub batch_invariant: bool,
 }
 
 /// `--mixer-precision`.
@@ -90,6 +95,7 @@ impl ModelArgs {
                 MixerPrecision::Bf16 => PrefillAlgo::ChunkedBf16,
             },
             cuda_graphs: !self.no_cuda_graphs,
+            batch_invariant: self.batch_invariant,
         };
         Ok(Engine::load(&opts)?)
     }

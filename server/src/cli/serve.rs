@@ -14,6 +14,7 @@ use deltaserve::metrics::Metrics;
 use deltaserve::routes::{app, unix_now, AppState, Serving};
 use deltaserve::scheduler::{self, SchedulerConfig};
 use deltaserve_engine::state::DEFAULT_BLOCK_SIZE;
+use deltaserve_engine::PREFILL_CHUNK;
 
 /// Serve the OpenAI-compatible HTTP API.
 #[derive(Debug, Clone, Args)]
@@ -40,7 +41,8 @@ pub struct ServeArgs {
     #[arg(long, env = "DELTASERVE_MAX_MODEL_LEN", default_value_t = 32768)]
     max_model_len: usize,
     /// Prompt tokens prefilled per engine step, shared by all prefilling requests; keeps
-    /// running streams decoding while long prompts are ingested.
+    /// running streams decoding while long prompts are ingested. At least 64: prompts are cut
+    /// at multiples of 64 tokens, so a prompt's logits do not depend on what shares the budget.
     #[arg(long, env = "DELTASERVE_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
     max_num_batched_tokens: usize,
     /// Require `Authorization: Bearer KEY` on /v1 and tokenize routes.
@@ -52,6 +54,13 @@ pub struct ServeArgs {
     /// Seconds a request may run in total.
     #[arg(long, env = "DELTASERVE_REQUEST_TIMEOUT", default_value_t = 600)]
     request_timeout: u64,
+    /// Seconds a client may take to send a request's headers before its connection is closed
+    /// (slow clients hold a connection each).
+    #[arg(long, env = "DELTASERVE_HEADER_READ_TIMEOUT", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout: u64,
+    /// Seconds a client may take to send a request's body (408 after).
+    #[arg(long, env = "DELTASERVE_BODY_READ_TIMEOUT", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    body_read_timeout: u64,
     /// Largest accepted request body in bytes.
     #[arg(long, env = "DELTASERVE_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -71,7 +80,11 @@ fn available_memory() -> Option<usize> {
 /// Runs the server until SIGTERM / ctrl-c and the drain finish.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.max_num_seqs >= 1, "invalid `--max-num-seqs`: expected >= 1, got 0");
-    anyhow::ensure!(args.max_num_batched_tokens >= 1, "invalid `--max-num-batched-tokens`: expected >= 1, got 0");
+    anyhow::ensure!(
+        args.max_num_batched_tokens >= PREFILL_CHUNK,
+        "invalid `--max-num-batched-tokens`: expected >= {PREFILL_CHUNK} (the prefill's chunk length), got {}",
+        args.max_num_batched_tokens
+    );
     anyhow::ensure!(args.max_model_len >= 2, "invalid `--max-model-len`: expected >= 2, got {}", args.max_model_len);
     anyhow::ensure!(
         args.state_memory_fraction > 0.0 && args.state_memory_fraction <= 1.0,
@@ -107,6 +120,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         draining: Arc::new(AtomicBool::new(false)),
         model_name: model_name.clone(),
         body_limit: args.max_body_bytes,
+        body_timeout: Duration::from_secs(args.body_read_timeout),
         created: unix_now(),
         next_id: Arc::new(AtomicU64::new(0)),
     };
@@ -128,13 +142,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let shutdown_state = state.clone();
     let shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
-    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app(state.clone())).with_graceful_shutdown(async move {
+    let stop = async move {
         shutdown_signal().await;
         drain(&shutdown_state, shutdown_timeout).await;
-        let _ = drained_tx.send(());
-    });
-    let server = tokio::spawn(async move { server.await });
+    };
+    // After the drain, connections get a moment to close, then the process exits regardless.
+    let header_timeout = Duration::from_secs(args.header_read_timeout);
+    let server = tokio::spawn(deltaserve::listen::serve(listener, app(state.clone()), header_timeout, stop, Duration::from_secs(5)));
 
     // A failed load ends the process with the error.
     match loader.await {
@@ -142,13 +156,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Ok(Err(e)) => return Err(e),
         Err(e) => anyhow::bail!("model loading panicked: {e}"),
     }
-    // After the drain, give connections a moment to close, then exit regardless.
-    tokio::select! {
-        r = server => { r??; }
-        _ = async { let _ = drained_rx.await; tokio::time::sleep(Duration::from_secs(5)).await; } => {
-            tracing::warn!("connections still open 5 s after the drain; exiting");
-        }
-    }
+    server.await?;
     tracing::info!("shut down");
     Ok(())
 }

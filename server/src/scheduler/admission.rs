@@ -91,6 +91,8 @@ impl Scheduler {
                 kv_tokens,
                 kv_reserved,
                 _ticket: r.ticket,
+                finished_reason: None,
+                failed: false,
             });
         }
     }

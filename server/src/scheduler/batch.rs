@@ -3,23 +3,33 @@
 
 use std::time::Instant;
 
-use deltaserve_engine::Logits;
+use deltaserve_engine::{Logits, PREFILL_CHUNK};
 
 use super::sequence::{logprob_entry, send, Seq};
 use super::{Event, Scheduler, SchedulerError};
 
 /// The prompt chunks of one step: oldest request first, `(request, tokens)` for every request
-/// with prompt left (`left[i]`, 0 for none), until `budget` tokens are planned.
-pub(super) fn plan_prefill(left: &[usize], mut budget: usize) -> Vec<(usize, usize)> {
+/// with prompt left (`(done, left)` per request, `left` 0 for none), until `budget` tokens are
+/// planned. A chunk that stops short of its prompt's end stops at a multiple of `align`, so a
+/// prompt is cut at the same places whatever other requests share the budget and its logits
+/// are the bits of prefilling it alone; a request whose next aligned piece does not fit waits
+/// for the next step (with `budget` ≥ `align`, the oldest always advances).
+pub(super) fn plan_prefill(left: &[(usize, usize)], mut budget: usize, align: usize) -> Vec<(usize, usize)> {
     let mut plan = Vec::new();
-    for (i, &l) in left.iter().enumerate() {
+    for (i, &(done, l)) in left.iter().enumerate() {
         if budget == 0 {
             break;
         }
         if l == 0 {
             continue;
         }
-        let take = budget.min(l);
+        let mut take = budget.min(l);
+        if take < l {
+            take = ((done + take) / align * align).saturating_sub(done);
+        }
+        if take == 0 {
+            continue;
+        }
         budget -= take;
         plan.push((i, take));
     }
@@ -32,9 +42,12 @@ impl Scheduler {
     /// requests that want prompt logprobs, which need every position's logits and run alone.
     pub(super) fn prefill(&mut self) {
         let started = Instant::now();
-        let left: Vec<usize> =
-            self.requests.iter().map(|r| if r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }).collect();
-        let plan = plan_prefill(&left, self.cfg.prefill_budget);
+        let left: Vec<(usize, usize)> = self
+            .requests
+            .iter()
+            .map(|r| (r.prefilled, if r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }))
+            .collect();
+        let plan = plan_prefill(&left, self.cfg.prefill_budget, PREFILL_CHUNK);
         if plan.is_empty() {
             return;
         }
@@ -185,9 +198,21 @@ mod tests {
 
     #[test]
     fn prefill_plan_takes_oldest_first_within_the_budget() {
-        assert_eq!(plan_prefill(&[100, 0, 30, 500], 512), vec![(0, 100), (2, 30), (3, 382)]);
-        assert_eq!(plan_prefill(&[600, 10], 512), vec![(0, 512)]);
-        assert_eq!(plan_prefill(&[0, 0], 512), vec![]);
-        assert_eq!(plan_prefill(&[5, 5, 5], 11), vec![(0, 5), (1, 5), (2, 1)]);
+        let fresh = |l: &[usize]| l.iter().map(|&l| (0, l)).collect::<Vec<_>>();
+        assert_eq!(plan_prefill(&fresh(&[100, 0, 30, 500]), 512, 1), vec![(0, 100), (2, 30), (3, 382)]);
+        assert_eq!(plan_prefill(&fresh(&[600, 10]), 512, 1), vec![(0, 512)]);
+        assert_eq!(plan_prefill(&fresh(&[0, 0]), 512, 1), vec![]);
+        assert_eq!(plan_prefill(&fresh(&[5, 5, 5]), 11, 1), vec![(0, 5), (1, 5), (2, 1)]);
+    }
+
+    #[test]
+    fn prefill_plan_cuts_prompts_only_at_aligned_positions() {
+        // 382 tokens of budget left for the third: it takes 320 (a multiple of 64), not 382.
+        assert_eq!(plan_prefill(&[(0, 100), (0, 0), (0, 30), (0, 500)], 512, 64), vec![(0, 100), (2, 30), (3, 320)]);
+        // A prompt 64 in, with 500 tokens of budget, continues to 512, not 564.
+        assert_eq!(plan_prefill(&[(64, 1000)], 500, 64), vec![(0, 448)]);
+        // A prompt's last piece needs no alignment; one whose aligned piece does not fit waits.
+        assert_eq!(plan_prefill(&[(0, 500), (0, 40), (0, 100)], 600, 64), vec![(0, 500), (1, 40)]);
+        assert_eq!(plan_prefill(&[(0, 70), (0, 70)], 100, 64), vec![(0, 70)]);
     }
 }

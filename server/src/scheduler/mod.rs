@@ -152,6 +152,10 @@ struct Active {
     kv_reserved: usize,
     /// Held while the request is alive: it counts against admission until dropped.
     _ticket: Option<Ticket>,
+    /// The finish reason of the choice that finished last, and whether any choice failed:
+    /// `request_success_total` counts the request once, by that reason, when none failed.
+    finished_reason: Option<&'static str>,
+    failed: bool,
 }
 
 impl Active {
@@ -163,6 +167,7 @@ impl Active {
         for s in &mut self.seqs {
             s.finished = true;
         }
+        self.failed = true;
     }
 }
 
@@ -241,6 +246,10 @@ impl Scheduler {
             for s in r.seqs.iter().filter(|s| s.finished) {
                 // Cannot fail: every seq owns an allocated slot until it is retired here.
                 let _ = self.pool.release(s.slot);
+                match s.finish_reason {
+                    Some(reason) => r.finished_reason = Some(reason),
+                    None => r.failed = true,
+                }
             }
             r.seqs.retain(|s| !s.finished);
             // Forks are only made from a live first sequence, so no sequences left means done.
@@ -248,6 +257,9 @@ impl Scheduler {
                 self.reserved -= r.reserved;
                 self.kv_reserved -= r.kv_reserved;
                 self.metrics.e2e_latency.observe(now.duration_since(r.arrived).as_secs_f64());
+                if let (false, Some(reason)) = (r.failed, r.finished_reason) {
+                    self.metrics.request_success.with_label_values(&[reason]).inc();
+                }
                 self.requests.swap_remove(i);
             } else {
                 i += 1;

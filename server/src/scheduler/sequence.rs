@@ -41,6 +41,8 @@ pub(super) struct Seq {
     /// The last sampled token, not yet fed to the model.
     pub pending: Option<u32>,
     pub finished: bool,
+    /// Why the choice finished, when it finished normally (not by an error).
+    pub finish_reason: Option<&'static str>,
     last_token: Option<Instant>,
 }
 
@@ -58,6 +60,7 @@ impl Seq {
             generated: 0,
             pending: None,
             finished: false,
+            finish_reason: None,
             last_token: None,
         }
     }
@@ -127,7 +130,7 @@ impl Seq {
                         send(events, Event::Text { choice: self.choice, text: tail });
                     }
                 }
-                metrics.request_success.with_label_values(&[reason.as_str()]).inc();
+                self.finish_reason = Some(reason.as_str());
                 send(events, Event::Finished { choice: self.choice, reason, tokens: self.generated });
                 self.finished = true;
                 self.pending = None;

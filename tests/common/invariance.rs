@@ -1,0 +1,96 @@
+//! Batch invariance: a sequence's logits alone against the same sequence in batches, for the
+//! CPU test (`batch_invariance.rs`) and the GPU's (`gpu.rs`).
+
+use deltaserve_engine::{CausalLm, Logits, PrefillAlgo, SlotId, StatePool};
+use rand::{Rng, SeedableRng};
+
+use crate::values;
+
+/// Decode steps compared after the prompt.
+const STEPS: usize = 3;
+
+pub fn tokens(rng: &mut impl Rng, vocab: usize, n: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+/// The logits after the prompt and after each of `next`, for `prompt` alone in a one-slot pool.
+fn alone(m: &CausalLm, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
+    let mut pool = m.new_pool(1).unwrap();
+    let s = pool.allocate().unwrap();
+    let mut out = vec![values(&m.prefill(&mut pool, s, prompt, Logits::Last, PrefillAlgo::Chunked).unwrap())];
+    for &t in next {
+        out.push(values(&m.decode(&mut pool, &[(s, t)]).unwrap()));
+    }
+    out
+}
+
+/// The same, with `prompt` packed into one prefill among `others` at row `at`, then decoded
+/// in batches with the others at batch row `at`, the target in slot `slot_skip` of the pool.
+fn in_batch(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>], at: usize, slot_skip: usize) -> Vec<Vec<f32>> {
+    let v = m.config().common.vocab_size;
+    let mut pool = m.new_pool(others.len() + 1 + slot_skip).unwrap();
+    let spare: Vec<SlotId> = (0..slot_skip).map(|_| pool.allocate().unwrap()).collect();
+    let mut slots: Vec<SlotId> = (0..others.len() + 1).map(|_| pool.allocate().unwrap()).collect();
+    let n = slots.len();
+    slots.rotate_left(at % n);
+    let mut seqs: Vec<&[u32]> = others.iter().map(Vec::as_slice).collect();
+    seqs.insert(at, prompt);
+    let batch: Vec<(SlotId, &[u32])> = slots.iter().copied().zip(seqs).collect();
+    let first = values(&m.prefill_many(&mut pool, &batch, PrefillAlgo::Chunked).unwrap());
+    let mut out = vec![first[at * v..(at + 1) * v].to_vec()];
+    for (step, &t) in next.iter().enumerate() {
+        let step_batch: Vec<(SlotId, u32)> =
+            slots.iter().enumerate().map(|(i, &s)| (s, if i == at { t } else { (i + step) as u32 % v as u32 })).collect();
+        let y = values(&m.decode(&mut pool, &step_batch).unwrap());
+        out.push(y[at * v..(at + 1) * v].to_vec());
+    }
+    drop(spare);
+    out
+}
+
+/// `prompt` prefilled in pieces ending at `cuts` (then the rest), then decoded alone.
+fn split(m: &CausalLm, pool: &mut StatePool, prompt: &[u32], cuts: &[usize]) -> Vec<f32> {
+    let s = pool.allocate().unwrap();
+    let mut from = 0;
+    let mut last = None;
+    for &to in cuts.iter().chain(std::iter::once(&prompt.len())) {
+        last = Some(values(&m.prefill(pool, s, &prompt[from..to], Logits::Last, PrefillAlgo::Chunked).unwrap()));
+        from = to;
+    }
+    pool.release(s).unwrap();
+    last.unwrap()
+}
+
+/// Logits that differ in their bits.
+fn differing(a: &[f32], b: &[f32]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+}
+
+/// For one model: `(case, logits that differ from alone)` for a 37-token prompt and 3 decode
+/// steps packed and decoded in batches of 2, 7 and 32 (in other slots and rows), and for a
+/// 200-token prompt cut at chunk boundaries against the whole.
+pub fn batch_differences(m: &CausalLm, seed: u64) -> Vec<(String, usize)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v = m.config().common.vocab_size;
+    let prompt = tokens(&mut rng, v, 37);
+    let next = tokens(&mut rng, v, STEPS);
+    let solo = alone(m, &prompt, &next);
+    let mut out = Vec::new();
+    for (b, at, skip) in [(2, 1, 0), (7, 3, 2), (32, 31, 5), (32, 0, 1)] {
+        let others: Vec<Vec<u32>> = (0..b - 1).map(|i| tokens(&mut rng, v, 1 + (i * 29 + 11) % 150)).collect();
+        let got = in_batch(m, &prompt, &next, &others, at, skip);
+        for (step, (g, s)) in got.iter().zip(&solo).enumerate() {
+            out.push((
+                format!("batch of {b} (row {at}), {}", if step == 0 { "packed prefill".into() } else { format!("decode step {step}") }),
+                differing(g, s),
+            ));
+        }
+    }
+    let long = tokens(&mut rng, v, 200);
+    let mut pool = m.new_pool(1).unwrap();
+    let whole = split(m, &mut pool, &long, &[]);
+    for cuts in [vec![64], vec![128], vec![64, 128, 192], vec![192]] {
+        out.push((format!("200-token prompt cut at {cuts:?}"), differing(&split(m, &mut pool, &long, &cuts), &whole)));
+    }
+    out
+}
