@@ -14,6 +14,21 @@ use deltaserve_engine::{Engine, LoadOptions, Logits};
 use deltaserve_tests::{compact_dir, golden_cases, load_tensors, values};
 use serde_json::{json, Value};
 
+/// The router's state for the model name "gdn", before a model is set.
+fn app_state(metrics: Arc<Metrics>, api_key: Option<&str>) -> AppState {
+    AppState {
+        serving: Arc::new(OnceLock::new()),
+        metrics,
+        api_key: api_key.map(Into::into),
+        draining: Arc::new(AtomicBool::new(false)),
+        model_name: "gdn".into(),
+        body_limit: 1 << 20,
+        body_timeout: Duration::from_secs(60),
+        created: 0,
+        next_id: Arc::new(AtomicU64::new(0)),
+    }
+}
+
 /// The app over a compact fixture, served on a loopback port by this process.
 async fn serve(model: &str) -> (String, Engine) {
     serve_with(model, 4, 1024).await
@@ -29,17 +44,7 @@ async fn serve_queued(model: &str, slots: usize, kv_blocks: usize, max_queue: us
     let dir = compact_dir().join(model);
     let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
     let metrics = Arc::new(Metrics::new("gdn").unwrap());
-    let state = AppState {
-        serving: Arc::new(OnceLock::new()),
-        metrics: metrics.clone(),
-        api_key: None,
-        draining: Arc::new(AtomicBool::new(false)),
-        model_name: "gdn".into(),
-        body_limit: 1 << 20,
-        body_timeout: Duration::from_secs(60),
-        created: 0,
-        next_id: Arc::new(AtomicU64::new(0)),
-    };
+    let state = app_state(metrics.clone(), None);
     let kv_capacity = engine.config().is_hybrid().then_some((kv_blocks, 16));
     let limits = Limits {
         served_model_name: "gdn".into(),
@@ -207,17 +212,7 @@ async fn admission_refuses_only_when_slots_and_queue_are_full() {
 #[tokio::test]
 async fn probes_are_not_errors_and_duplicate_credentials_are_refused() {
     let metrics = Arc::new(Metrics::new("gdn").unwrap());
-    let state = AppState {
-        serving: Arc::new(OnceLock::new()),
-        metrics: metrics.clone(),
-        api_key: Some("k".into()),
-        draining: Arc::new(AtomicBool::new(false)),
-        model_name: "gdn".into(),
-        body_limit: 1 << 20,
-        body_timeout: Duration::from_secs(60),
-        created: 0,
-        next_id: Arc::new(AtomicU64::new(0)),
-    };
+    let state = app_state(metrics.clone(), Some("k"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app(state)).await });
