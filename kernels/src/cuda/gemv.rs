@@ -20,10 +20,7 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let Some((b, n, k, suffix)) = accepts(x, w)? else { return Ok(None) };
     let xa = RowsArg::new(x)?;
     let Some(wa) = vector_rows(w, k)?.filter(|_| xa.vectorisable(8, k)) else { return Ok(None) };
-    let y = alloc_rows(&cuda_dev(x, "gemv")?, x.dtype(), b, n)?;
-    let splits = k_splits(n, k, b, sm_count(&cuda_dev(x, "gemv")?)?);
-    launch(x, &format!("gemv_{suffix}_b{b}"), (1, b, n, k), splits, XArgs::Plain { x: xa.ptr, ld: xa.ld }, &wa, &y, 0)?;
-    Ok(Some(y))
+    launch_rows(x, &format!("gemv_{suffix}_b{b}"), (b, n, k), XArgs::Plain { x: xa.ptr, ld: xa.ld }, &wa).map(Some)
 }
 
 /// `x` `[M, K]` times `w` `[N, K]`ᵀ for any M, bf16 or f16, each row of the result the same bits
@@ -51,9 +48,8 @@ pub fn gemv_invariant(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let Some(wa) = vector_rows(&w, k)? else {
         return Err(KernelError::Unsupported { op: OP, what: "weight rows not 16-byte aligned".into() });
     };
-    let mut xa = RowsArg::new(x)?;
-    let x = if xa.vectorisable(8, k) { x.clone() } else { x.contiguous()? };
-    xa = RowsArg::new(&x)?;
+    let x = if RowsArg::new(x)?.vectorisable(8, k) { x.clone() } else { x.contiguous()? };
+    let xa = RowsArg::new(&x)?;
     let dev = cuda_dev(&x, "gemv")?;
     let y = alloc_rows(&dev, x.dtype(), m, n)?;
     let splits = k_splits(n, k, GEMV_MAX_ROWS, sm_count(&dev)?);
@@ -94,12 +90,8 @@ pub fn gemv_swiglu(gate: &Tensor, up: &Tensor, w: &Tensor) -> Result<Option<Tens
         return Ok(None);
     }
     let Some(wa) = vector_rows(w, k)? else { return Ok(None) };
-    let dev = cuda_dev(gate, "gemv")?;
-    let y = alloc_rows(&dev, gate.dtype(), b, n)?;
-    let splits = k_splits(n, k, b, sm_count(&dev)?);
     let args = XArgs::Swiglu { gate: ga.ptr, up: ua.ptr, ld: ga.ld };
-    launch(gate, &format!("gemv_swiglu_{suffix}_b{b}"), (1, b, n, k), splits, args, &wa, &y, 0)?;
-    Ok(Some(y))
+    launch_rows(gate, &format!("gemv_swiglu_{suffix}_b{b}"), (b, n, k), args, &wa).map(Some)
 }
 
 /// `(B, N, K, dtype suffix)` when `x` `[B, K]` and `w` `[N, K]` suit the kernels' shapes and
@@ -149,6 +141,15 @@ enum XArgs {
     Plain { x: u64, ld: i64 },
     /// `(gate, up, ld)`.
     Swiglu { gate: u64, up: u64, ld: i64 },
+}
+
+/// One launch of `name` over the `b` rows of `x_args` (K split for `b` rows); returns `y` `[B, N]`.
+fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs, wa: &RowsArg) -> Result<Tensor> {
+    let dev = cuda_dev(x, "gemv")?;
+    let y = alloc_rows(&dev, x.dtype(), b, n)?;
+    let splits = k_splits(n, k, b, sm_count(&dev)?);
+    launch(x, name, (1, b, n, k), splits, x_args, wa, &y, 0)?;
+    Ok(y)
 }
 
 /// Launches `name` over `groups` groups of `nb` rows with `x_args`, then `(w, y, N, K, splits)`,
