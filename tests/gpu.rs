@@ -10,14 +10,15 @@ use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, g
 use deltaserve_kernels::SlotBuffer;
 use deltaserve_tests::{
     check_greedy, check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, prune_half, rel_err,
-    shared_dir, values,
+    shared_dir, values, GREEDY_MARGIN,
 };
 use rand::{Rng, SeedableRng};
 
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 15] = [
+const TESTS: [GpuTest; 16] = [
+    ("gpu_prefix_cache_snapshots_match_whole_prefills", gpu_prefix_cache_snapshots_match_whole_prefills),
     ("gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch", gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch),
     ("gpu_sparse_moe_matches_cpu", gpu_sparse_moe_matches_cpu),
     ("gpu_paged_attention_matches_cpu", gpu_paged_attention_matches_cpu),
@@ -270,7 +271,7 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
                 }
                 let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(device).unwrap();
                 let (xw, sw, wt) = (on(&x_wide), on(&step_wide), weight.to_device(device).unwrap());
-                let y = conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act).unwrap();
+                let y = conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act, &[]).unwrap();
                 let prefill_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
                 let ys = conv_step(&sw.narrow(1, offset, c).unwrap(), &wt, &mut states, &step_slots, act).unwrap();
                 let step_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
@@ -619,7 +620,7 @@ fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
         for l in lens {
             cu.push(cu.last().unwrap() + l);
         }
-        let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked).unwrap();
+        let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked, &[]).unwrap();
         let mut worst = 0f64;
         for (i, case) in cases.iter().enumerate() {
             let mut alone = SlotBuffer::zeros_on(1, per, dev).unwrap();
@@ -937,4 +938,36 @@ fn gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch(dev: &Device) {
     let x = Tensor::ones((3, 64), DType::F32, dev).unwrap();
     let e = linear(&x, &Tensor::ones((5, 64), DType::F32, dev).unwrap()).unwrap_err().to_string();
     assert!(e.contains("bf16 or f16"), "{e}");
+}
+
+/// Snapshots written inside a GPU prefill pass (the f32 and the bf16 state kernels, the conv
+/// states, shared KV blocks) continue a prompt as a whole prefill does: within the f32 model
+/// tolerance in f32 (bf16's in bf16), with the same greedy token wherever the margin is ≥ 1e-3.
+fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
+    for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
+        let dir = compact_dir().join(name);
+        let c = deltaserve_engine::read_config(&dir).unwrap();
+        let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
+        for (dtype, algo, tol) in [(DType::F32, PrefillAlgo::Chunked, F32_TOL), (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL)] {
+            let m = deltaserve_engine::CausalLm::load(&c, &ckpt, dtype, dev, false).unwrap();
+            let cases = deltaserve_tests::prefix::cached_against_whole(&m, 40 + i as u64, algo);
+            assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
+            let (mut worst, mut greedy) = (0f64, 0);
+            for (case, cached, whole) in &cases {
+                for (step, (a, b)) in cached.iter().zip(whole).enumerate() {
+                    let e = rel_err(a, b);
+                    worst = worst.max(e);
+                    assert!(e <= tol, "{name} {dtype:?}: {case}, step {step}: {e:.3e}");
+                    let mut sorted = b.clone();
+                    sorted.sort_by(|x, y| y.total_cmp(x));
+                    if (sorted[0] - sorted[1]) as f64 >= GREEDY_MARGIN {
+                        greedy += 1;
+                        let top = |v: &[f32]| deltaserve_engine::sampling::argmax(v);
+                        assert_eq!(top(a), top(b), "{name} {dtype:?}: {case}, step {step}: greedy token");
+                    }
+                }
+            }
+            println!("  {name} {dtype:?}: {} cases, worst {worst:.2e}, {greedy} greedy tokens equal", cases.len());
+        }
+    }
 }

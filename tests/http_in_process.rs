@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use deltaserve::api::validate::Limits;
 use deltaserve::metrics::Metrics;
-use deltaserve::scheduler::{self, SchedulerConfig};
+use deltaserve::scheduler::{self, PrefixCacheConfig, SchedulerConfig};
 use deltaserve::{app, AppState, Serving};
 use deltaserve_engine::sampling::argmax;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
@@ -41,11 +41,41 @@ async fn serve_with(model: &str, slots: usize, kv_blocks: usize) -> (String, Eng
 
 /// [`serve_with`] with `max_queue` requests allowed to wait.
 async fn serve_queued(model: &str, slots: usize, kv_blocks: usize, max_queue: usize) -> (String, Engine) {
-    let dir = compact_dir().join(model);
+    let setup = Setup { slots, kv_blocks, max_queue, ..Setup::default() };
+    serve_dir(&compact_dir().join(model), setup).await
+}
+
+/// How a test server is set up.
+struct Setup {
+    slots: usize,
+    kv_blocks: usize,
+    max_queue: usize,
+    cache: PrefixCacheConfig,
+    /// A chat template (the compact fixtures have none).
+    template: Option<&'static str>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            slots: 4,
+            kv_blocks: 1024,
+            max_queue: 8,
+            cache: PrefixCacheConfig { snapshots: 32, grid: 64 },
+            template: None,
+            metrics: None,
+        }
+    }
+}
+
+/// The app over the checkpoint in `dir`, served on a loopback port by this process, and the
+/// engine loaded again for the test to compare with.
+async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) {
     let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
-    let metrics = Arc::new(Metrics::new("gdn").unwrap());
+    let metrics = setup.metrics.unwrap_or_else(|| Arc::new(Metrics::new("gdn").unwrap()));
     let state = app_state(metrics.clone(), None);
-    let kv_capacity = engine.config().is_hybrid().then_some((kv_blocks, 16));
+    let kv_capacity = engine.config().is_hybrid().then_some((setup.kv_blocks, 16));
     let limits = Limits {
         served_model_name: "gdn".into(),
         max_model_len: 4096,
@@ -54,16 +84,18 @@ async fn serve_queued(model: &str, slots: usize, kv_blocks: usize, max_queue: us
         kv_capacity,
     };
     let tokenizer = engine.tokenizer_arc();
+    let template = setup.template.map(|t| Arc::new(deltaserve::chat::ChatTemplate::new(t, None, None).unwrap()));
     let cfg = SchedulerConfig {
-        max_num_seqs: slots,
-        kv_blocks,
-        max_queue,
+        max_num_seqs: setup.slots,
+        kv_blocks: setup.kv_blocks,
+        max_queue: setup.max_queue,
         max_model_len: 4096,
+        prefix_cache: setup.cache,
         prefill_budget: 64,
         request_timeout: Duration::from_secs(60),
     };
     let (handle, _thread) = scheduler::spawn(engine, cfg, metrics).unwrap();
-    let _ = state.serving.set(Serving { scheduler: handle, tokenizer, template: None, limits });
+    let _ = state.serving.set(Serving { scheduler: handle, tokenizer, template, limits });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app(state)).await });
@@ -301,4 +333,189 @@ async fn seeded_sampling_gives_the_same_text_alone_and_among_32_concurrent_reque
         let distinct: std::collections::HashSet<String> = alone.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect();
         assert!(distinct.len() > 16, "{model}: only {} distinct texts of 32", distinct.len());
     }
+}
+
+/// The value of an unlabelled metric (`name{model_name=...} value`) in `/metrics`.
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{name}{{"))).unwrap_or_else(|| panic!("no {name} in /metrics"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Two servers of one model, with the prefix cache (`snapshots` slots) and without it.
+async fn cached_and_uncached(dir: &std::path::Path, snapshots: usize, template: Option<&'static str>) -> (String, String) {
+    let setup =
+        |snapshots| Setup { slots: 8, max_queue: 16, cache: PrefixCacheConfig { snapshots, grid: 64 }, template, ..Setup::default() };
+    (serve_dir(dir, setup(snapshots)).await.0, serve_dir(dir, setup(0)).await.0)
+}
+
+/// Deterministic token ids below 200 (in every fixture's vocabulary).
+fn ids(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + seed * 101 + i * i % 11) % 200 + 3).collect()
+}
+
+#[tokio::test]
+async fn prefix_cache_hits_change_no_tokens_or_logprobs_at_grid_points_and_around_them() {
+    let client = reqwest::Client::new();
+    for model in ["gdn", "gdp", "qwen3_5"] {
+        let (on, off) = cached_and_uncached(&compact_dir().join(model), 32, None).await;
+        let shared = ids(1, 200);
+        // Prompts ending one before, on and one after the grid point 128, and going on past it;
+        // then the first prompt again (echo + logprobs: every prompt token's logprob, cached
+        // prefix or not) and with n = 2.
+        let mut bodies = vec![];
+        for len in [127, 128, 129, 200] {
+            bodies.push(json!({"prompt": &shared[..len], "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 2}));
+        }
+        bodies.push(json!({"prompt": ([&shared[..150], &ids(2, 30)[..]].concat()), "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 2}));
+        bodies.push(json!({"prompt": &shared[..129], "max_tokens": 4, "temperature": 0, "ignore_eos": true, "logprobs": 1, "echo": true}));
+        bodies.push(
+            json!({"prompt": &shared[..190], "max_tokens": 5, "temperature": 0.9, "seed": 7, "n": 2, "ignore_eos": true, "logprobs": 1}),
+        );
+        for (i, body) in bodies.iter().enumerate() {
+            let (a, b) = (complete(&client, &on, body.clone()).await, complete(&client, &off, body.clone()).await);
+            assert!(b["choices"][0]["text"].is_string(), "{model} request {i}: {b}");
+            assert_eq!(a["choices"], b["choices"], "{model} request {i}: the cache changed the output");
+        }
+        let echoed = complete(&client, &on, bodies[5].clone()).await;
+        assert_eq!(echoed["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 129 + 4, "{model}: {echoed}");
+        // 127: nothing yet (it leaves 64); 128: 64 (at most 127 tokens; it leaves 128); 129,
+        // 200, the 180-token prompt and n = 2: 128.
+        let (hits, queries) = (
+            metric(&client, &on, "deltaserve:prefix_cache_hits_total").await,
+            metric(&client, &on, "deltaserve:prefix_cache_queries_total").await,
+        );
+        assert_eq!(hits, (64 + 4 * 128) as f64, "{model}: hits");
+        assert_eq!(queries, (127 + 128 + 129 + 200 + 180 + 190) as f64, "{model}: queries (echo + logprobs does not look up)");
+        assert_eq!(metric(&client, &off, "deltaserve:prefix_cache_queries_total").await, 0.0, "{model}: no cache, no queries");
+        println!("{model}: {hits} of {queries} prompt tokens from the cache, same outputs as without it");
+    }
+}
+
+#[tokio::test]
+async fn identical_prefixes_arriving_together_are_prefilled_once() {
+    let client = reqwest::Client::new();
+    let (on, off) = cached_and_uncached(&compact_dir().join("gdn-attn"), 64, None).await;
+    let shared = ids(3, 300);
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| json!({"prompt": ([&shared[..], &ids(10 + i, 5 + i as usize)[..]].concat()), "max_tokens": 5, "temperature": 0, "ignore_eos": true, "logprobs": 1}))
+        .collect();
+    let together = futures::future::join_all(bodies.iter().map(|b| complete(&client, &on, b.clone()))).await;
+    for (i, (t, b)) in together.iter().zip(&bodies).enumerate() {
+        let alone = complete(&client, &off, b.clone()).await;
+        assert_eq!(t["choices"], alone["choices"], "request {i}");
+    }
+    // The 300 shared tokens hold 4 grid points: the first request prefills them, the other 7
+    // wait for its snapshots and start at 256.
+    let hits = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await;
+    assert_eq!(hits, (7 * 256) as f64, "hits");
+}
+
+#[tokio::test]
+async fn a_tiny_cache_evicts_least_recently_used_prefixes_and_stays_exact() {
+    let client = reqwest::Client::new();
+    let (on, off) = cached_and_uncached(&compact_dir().join("qwen3_5"), 2, None).await;
+    for round in 0..2 {
+        for p in 0..4u32 {
+            let body = json!({"prompt": ids(20 + p, 140), "max_tokens": 4, "temperature": 0, "ignore_eos": true, "logprobs": 1});
+            let (a, b) = (complete(&client, &on, body.clone()).await, complete(&client, &off, body).await);
+            assert_eq!(a["choices"], b["choices"], "round {round}, prompt {p}");
+        }
+    }
+    // Each prompt snapshots 64 and 128 into the 2 slots, evicting the previous prompt's two.
+    assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_entries").await, 2.0);
+    assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_evictions_total").await, 14.0);
+    assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_hits_total").await, 0.0, "every prompt was evicted before it came back");
+    let mem = metric(&client, &on, "deltaserve:prefix_cache_memory_bytes").await;
+    assert!(mem > 0.0, "snapshot states and their KV blocks: {mem}");
+}
+
+/// A chat template in the shape of Qwen's.
+/// (The generation prompt is an expression: Jinja drops a template's final newline.)
+const TEMPLATE: &str =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ '<|im_start|>assistant\\n' }}";
+
+#[tokio::test]
+async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
+    let client = reqwest::Client::new();
+    let demo = deltaserve_tests::tests_dir().join("../models/gdn-demo");
+    let (on, off) = cached_and_uncached(&demo, 64, Some(TEMPLATE)).await;
+    let engine = Engine::load(&LoadOptions::cpu(demo.to_str().unwrap())).unwrap();
+    let template = deltaserve::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
+    // The prompt the server renders for `messages`.
+    let prompt = |m: &Value| {
+        let msgs = deltaserve::chat::parse_messages(Some(m)).unwrap();
+        deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None).unwrap()
+    };
+    // The 40 greedy tokens the engine generates after `ids` (what the server answers).
+    let answer = |ids: &[u32]| {
+        let mut pool = engine.new_pool(1).unwrap();
+        let s = pool.allocate().unwrap();
+        let mut logits = engine.prefill(&mut pool, s, ids, Logits::Last).unwrap();
+        let mut out = vec![];
+        for _ in 0..40 {
+            let t = argmax(&logits.to_vec1::<f32>().unwrap());
+            out.push(t);
+            logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
+        }
+        out
+    };
+    let mut messages = json!([{"role": "system", "content": "You write Python. ".repeat(30)}]);
+    let (mut prev, mut beyond_prompt) = (Vec::new(), 0);
+    for turn in 0..4 {
+        messages.as_array_mut().unwrap().push(json!({"role": "user", "content": format!("Question {turn}: define a function.")}));
+        let this = prompt(&messages);
+        let body = json!({"messages": messages, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "logprobs": true});
+        let before = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await;
+        let (a, b) =
+            (client.post(format!("{on}/v1/chat/completions")).json(&body), client.post(format!("{off}/v1/chat/completions")).json(&body));
+        let (a, b): (Value, Value) = (a.send().await.unwrap().json().await.unwrap(), b.send().await.unwrap().json().await.unwrap());
+        assert_eq!(a["choices"], b["choices"], "turn {turn}: the cache changed the answer");
+        let hits = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await - before;
+        // The previous prompt's grid points that this one shares, and those of the previous
+        // prompt with its answer (re-prefilled for the cache): the hit is the longer.
+        let shared = deltaserve_tests::common_prefix(&prev, &this).min(this.len() - 1) / 64 * 64;
+        let with_answer = if prev.is_empty() { vec![] } else { [&prev[..], &answer(&prev)[..]].concat() };
+        let grid = |n: usize| n.min(this.len() - 1) / 64 * 64;
+        let want = grid(deltaserve_tests::common_prefix(&with_answer, &this)).max(shared);
+        println!(
+            "turn {turn}: {hits} of {} prompt tokens from the cache (the previous prompt gives {shared}, with its answer {want})",
+            this.len()
+        );
+        assert_eq!(hits, want as f64, "turn {turn}");
+        beyond_prompt += want - shared;
+        let answer = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": answer}));
+        prev = this;
+        // The answer is re-prefilled for the cache after it is sent; give it a moment.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(beyond_prompt > 0, "the re-prefilled answers were never hit");
+}
+
+#[tokio::test]
+async fn a_cancelled_stream_leaves_its_prompt_cached_and_the_cache_consistent() {
+    let client = reqwest::Client::new();
+    let (on, off) = cached_and_uncached(&compact_dir().join("gdn-attn"), 32, None).await;
+    let prompt = ids(5, 300);
+    // A long stream, dropped after its first event: the prompt was prefilled (and snapshotted),
+    // the decode is cancelled and its slot and KV blocks freed.
+    let body = json!({"prompt": prompt, "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut res = client.post(format!("{on}/v1/completions")).json(&body).send().await.unwrap();
+    assert!(res.chunk().await.unwrap().is_some());
+    drop(res);
+    for _ in 0..100 {
+        if metric(&client, &on, "deltaserve:client_disconnects_total").await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&client, &on, "deltaserve:num_requests_running").await, 0.0);
+    let again = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true, "logprobs": 1});
+    let (a, b) = (complete(&client, &on, again.clone()).await, complete(&client, &off, again).await);
+    assert_eq!(a["choices"], b["choices"]);
+    assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_hits_total").await, 256.0, "the cancelled request's snapshots");
+    // Nothing runs; the snapshots at 64 … 256 hold the first 256 tokens' 16 blocks, shared.
+    assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_entries").await, 4.0);
+    assert_eq!(metric(&client, &on, "deltaserve:kv_blocks_used").await, 16.0);
 }

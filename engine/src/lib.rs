@@ -33,7 +33,7 @@ pub use deltaserve_kernels::PREFILL_CHUNK;
 pub use error::{ConfigError, EngineError, Result, WeightError};
 pub use models::{CausalLm, Logits};
 pub use sampling::{Sampled, Sampler, SamplingParams};
-pub use state::{SlotId, StatePool};
+pub use state::{SlotId, SnapId, SnapshotAt, StatePool};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// How to load a model.
@@ -126,6 +126,21 @@ pub fn parse_device(s: &str) -> Result<Device> {
     Ok(dev)
 }
 
+/// Bytes of memory free on `device` now: the GPU's free memory, or the host's `MemAvailable`
+/// (`None` where it cannot be read).
+pub fn free_memory(device: &Device) -> Option<usize> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => deltaserve_kernels::cuda::free_memory(d).ok(),
+        _ => {
+            let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        }
+    }
+}
+
 /// Reads and validates `DIR/config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
@@ -214,7 +229,13 @@ impl Engine {
     /// Prefills several sequences together (see [`CausalLm::prefill_many`]); returns the f32
     /// logits after each one's last token, `[S, vocab]`.
     pub fn prefill_many(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])]) -> Result<Tensor> {
-        self.model.prefill_many(pool, batch, self.prefill_algo)
+        self.model.prefill_many_with(pool, batch, self.prefill_algo, &[])
+    }
+
+    /// [`Self::prefill_many`], also writing `snapshots` on the way (see
+    /// [`CausalLm::prefill_many_with`]).
+    pub fn prefill_many_with(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], snapshots: &[SnapshotAt]) -> Result<Tensor> {
+        self.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots)
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.

@@ -73,7 +73,8 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
                                 const bf16* __restrict__ W, const bf16* __restrict__ T2, const bf16* __restrict__ P,
                                 const float* __restrict__ Gin,
                                 float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
-                                float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+                                const int* __restrict__ snap, int has_snap, float* __restrict__ o, int H, int HV, int K,
+                                int V, float scale) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr int SB = BV + 8, NB = BV / 8;
   // Rows of S per warp: KT ≥ 8 gives each warp KT/8 whole row tiles; KT = 4 splits each row
@@ -130,8 +131,9 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       }
     }
   };
-  // Visits this warp's S entries with their row and column in the tile; inside K × vw only.
-  auto for_s = [&](auto f) {
+  // Visits this warp's S entries with their address in the state `base` (Sg, or a snapshot's);
+  // inside K × vw only.
+  auto for_s_in = [&](float* base, auto f) {
 #pragma unroll
     for (int r = 0; r < RPW; ++r)
 #pragma unroll
@@ -139,9 +141,10 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = srt[r] * 16 + g8 + (e >> 1) * 8, col = (sn0 + j) * 8 + 2 * t4 + (e & 1);
-          if (row < K && col < vw) f(s[r][j][e], Sg + (size_t)row * V + col);
+          if (row < K && col < vw) f(s[r][j][e], base + (size_t)row * V + col);
         }
   };
+  auto for_s = [&](auto f) { for_s_in(Sg, f); };
 #pragma unroll
   for (int r = 0; r < RPW; ++r)
 #pragma unroll
@@ -304,6 +307,9 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       }
     }
     publish_s();
+    // A capture after this chunk: this warp's part of the state into snapshot slot snap − 1.
+    const int d = has_snap ? snap[t0] : 0;
+    if (d > 0) for_s_in(states + ((size_t)(d - 1) * HV + hv) * K * V + v0, [](float& x, float* g) { *g = x; });
     __syncthreads();  // K, P, T2, V, G and V' consumed; the bf16 S is complete
     if (!DB && more) {
       load_kpug(t0 + CH, L1, 0);
@@ -319,8 +325,9 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
       chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, const bf16* W, const bf16* T2,     \
                                      const bf16* P, const float* G, float* states, const int* cu, const int* slots,  \
-                                     float* o, int H, int HV, int K, int V, float scale) {                          \
-    chunk_mma_state<KT, BV>(q, k, v, W, T2, P, G, states, cu, slots, o, H, HV, K, V, scale);                        \
+                                     const int* snap, int has_snap, float* o, int H, int HV, int K, int V,          \
+                                     float scale) {                                                                  \
+    chunk_mma_state<KT, BV>(q, k, v, W, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);        \
   }
 MMA_ENTRY(4, 32, 2)
 MMA_ENTRY(4, 64, 2)

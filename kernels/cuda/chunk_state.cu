@@ -10,7 +10,8 @@ template <typename TI, int BV>
 __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ k, const float* __restrict__ W,
                                const float* __restrict__ U, const float* __restrict__ P, const float* __restrict__ Gin,
                                float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
-                               float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+                               const int* __restrict__ snap, int has_snap, float* __restrict__ o, int H, int HV, int K,
+                               int V, float scale) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr int SP = BV + 4;  // fp32 [.., BV] tiles, padded
   constexpr int SB = BV + 8;  // bf16 [.., BV] tiles, padded
@@ -143,6 +144,15 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
       const int r = i / BV, cc = i % BV;
       put(Sf[r * SP + cc], Sh, Sl, r * SB + cc);
     }
+    // A capture after this chunk: the state so far into snapshot slot snap − 1.
+    const int d = has_snap ? snap[t0] : 0;
+    if (d > 0) {
+      float* Sd = states + ((size_t)(d - 1) * HV + hv) * K * V + v0;
+      for (int i = tid; i < K * BV; i += THREADS) {
+        const int r = i / BV, cc = i % BV;
+        if (cc < vw) Sd[(size_t)r * V + cc] = Sf[r * SP + cc];
+      }
+    }
   }
   __syncthreads();
   for (int i = tid; i < K * BV; i += THREADS) {
@@ -154,8 +164,9 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
 #define STATE_ENTRY(NAME, TI, BVV)                                                                                   \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
       NAME(const TI* q, const TI* k, const float* W, const float* U, const float* P, const float* G, float* states,  \
-           const int* cu, const int* slots, float* o, int H, int HV, int K, int V, float scale) {                     \
-    chunk_tc_state<TI, BVV>(q, k, W, U, P, G, states, cu, slots, o, H, HV, K, V, scale);                            \
+           const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV, int K, int V,     \
+           float scale) {                                                                                            \
+    chunk_tc_state<TI, BVV>(q, k, W, U, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);            \
   }
 STATE_ENTRY(chunk_tc_state_f32_bv64, float, 64)
 STATE_ENTRY(chunk_tc_state_f32_bv32, float, 32)

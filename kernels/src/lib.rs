@@ -20,6 +20,20 @@ pub use slots::{SlotBuffer, StepSlots};
 /// piece's chunks are the whole prompt's chunks).
 pub const PREFILL_CHUNK: usize = 64;
 
+/// A copy of one packed sequence's state taken inside a prefill pass (the prefix cache's
+/// snapshots): after the first `tokens` tokens of sequence `seq`, its state is also written to
+/// slot `slot` of the same buffer. `tokens` is a positive multiple of [`PREFILL_CHUNK`], so the
+/// copy holds the bits a pass that stopped there would have left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capture {
+    /// The sequence's index in the pass.
+    pub seq: usize,
+    /// Tokens of the sequence in this pass before the copy (≤ its length in the pass).
+    pub tokens: usize,
+    /// Where the copy goes: a slot no sequence of the pass owns.
+    pub slot: usize,
+}
+
 /// Errors raised by the kernels.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {

@@ -61,6 +61,18 @@ pub struct Metrics {
     pub step_duration: HistogramVec,
     /// Sequences per decode step.
     pub decode_batch_size: Histogram,
+    /// Prompt tokens of requests that looked up the prefix cache (vLLM's `prefix_cache_queries`).
+    pub prefix_cache_queries: IntCounter,
+    /// Of those, tokens found cached (vLLM's `prefix_cache_hits`).
+    pub prefix_cache_hits: IntCounter,
+    /// Snapshots dropped to make room.
+    pub prefix_cache_evictions: IntCounter,
+    /// Cached prefixes.
+    pub prefix_cache_entries: IntGauge,
+    /// Bytes the cache holds: snapshot states and the KV blocks only snapshots reference.
+    pub prefix_cache_memory_bytes: IntGauge,
+    /// Snapshot slots allocated for the cache (0: off).
+    pub prefix_cache_snapshots_total: IntGauge,
 }
 
 fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -144,6 +156,20 @@ impl Metrics {
             )?,
             step_duration,
             decode_batch_size: histogram(&r, "deltaserve:decode_batch_size", "Sequences per batched decode step.", BATCH_BUCKETS)?,
+            prefix_cache_queries: counter(
+                &r,
+                "deltaserve:prefix_cache_queries_total",
+                "Prompt tokens of requests that looked up the prefix cache.",
+            )?,
+            prefix_cache_hits: counter(&r, "deltaserve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.")?,
+            prefix_cache_evictions: counter(&r, "deltaserve:prefix_cache_evictions_total", "Prefix-cache snapshots evicted.")?,
+            prefix_cache_entries: gauge(&r, "deltaserve:prefix_cache_entries", "Prefixes held by the prefix cache.")?,
+            prefix_cache_memory_bytes: gauge(
+                &r,
+                "deltaserve:prefix_cache_memory_bytes",
+                "Bytes held by prefix-cache snapshots (states, and KV blocks of hybrids).",
+            )?,
+            prefix_cache_snapshots_total: gauge(&r, "deltaserve:prefix_cache_snapshots_total", "Snapshot slots of the prefix cache.")?,
             registry: r,
         };
         // Pre-create the common label values so the series exist from the start.

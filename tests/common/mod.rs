@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: fixture locations and error measures.
 
 pub mod invariance;
+pub mod prefix;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -230,4 +231,9 @@ pub fn prune_half(
         device,
     };
     (deltaserve_pruning::prune(&opts), out)
+}
+
+/// Tokens two sequences share from the start.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -171,7 +171,7 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
             let (q, kk, vv) = (q.to_dtype(dtype)?, kk.to_dtype(dtype)?, vv.to_dtype(dtype)?);
             let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
             median_gpu_ms(dev, reps, timing, || {
-                gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked)?;
+                gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked, &[])?;
                 Ok(())
             })
         };

@@ -1,15 +1,36 @@
-//! Load generator for a running deltaserve (or any OpenAI-compatible server): N concurrent
-//! streaming clients, each sending requests back to back; reports throughput and TTFT / ITL
-//! percentiles. Only loopback or your own hosts are sensible targets.
+//! Load generator for a running deltaserve (or any OpenAI-compatible server). Two workloads:
+//! `completions` (N concurrent streaming clients sending requests back to back; throughput and
+//! TTFT / ITL percentiles) and `chat` (N concurrent conversations of `--turns` streamed chat
+//! turns after one shared system prompt, each turn re-sending the conversation so far; TTFT of
+//! the first turn and of the later ones, the prefix cache's workload). Only loopback or your
+//! own hosts are sensible targets.
 
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    /// Independent completions of one prompt.
+    Completions,
+    /// Multi-turn chat conversations sharing a system prompt.
+    Chat,
+}
+
 #[derive(Debug, Parser)]
-#[command(about = "Concurrent streaming load against /v1/completions")]
+#[command(about = "Concurrent streaming load against /v1/completions or /v1/chat/completions")]
 struct Args {
+    /// What to send.
+    #[arg(long, value_enum, default_value_t = Workload::Completions)]
+    workload: Workload,
+    /// Chat: turns per conversation (`--clients` conversations run at once, `--requests` is
+    /// ignored).
+    #[arg(long, default_value_t = 5)]
+    turns: usize,
+    /// Chat: approximate length of the shared system prompt in tokens.
+    #[arg(long, default_value_t = 2000)]
+    system_tokens: usize,
     /// Server base URL.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     url: String,
@@ -25,6 +46,14 @@ struct Args {
     /// Tokens generated per request (EOS ignored).
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// Sampling temperature (0: greedy, which keeps the server's per-token sampling cost out of
+    /// the TTFT of a large vocabulary).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Completions: start every prompt with its request number, so that no two share a
+    /// cacheable prefix (every request misses the prefix cache).
+    #[arg(long)]
+    distinct: bool,
     /// Stop after this many seconds even if requests remain.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
@@ -46,24 +75,32 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn one(client: &reqwest::Client, url: &str, prompt: &str, max_tokens: usize, s: &mut Sample) {
-    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "temperature": 0.8, "stream": true});
+async fn one(client: &reqwest::Client, url: &str, prompt: &str, (max_tokens, temperature): (usize, f64), s: &mut Sample) {
+    let body =
+        serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "temperature": temperature, "stream": true});
+    stream_tokens(client, &format!("{url}/v1/completions"), &body, s).await;
+}
+
+/// Posts a streaming request, recording TTFT and ITL per SSE chunk; returns the text streamed
+/// (`choices[0].text`, or `.delta.content` for chat), `None` on an error.
+async fn stream_tokens(client: &reqwest::Client, url: &str, body: &serde_json::Value, s: &mut Sample) -> Option<String> {
     let t0 = Instant::now();
-    let Ok(resp) = client.post(format!("{url}/v1/completions")).json(&body).send().await else {
+    let Ok(resp) = client.post(url).json(body).send().await else {
         s.errors += 1;
-        return;
+        return None;
     };
     if !resp.status().is_success() {
         s.errors += 1;
-        return;
+        return None;
     }
+    let mut text = String::new();
     let mut stream = resp.bytes_stream();
     let mut last: Option<Instant> = None;
     let mut buf = String::new();
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             s.errors += 1;
-            return;
+            return None;
         };
         buf.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = buf.find("\n\n") {
@@ -72,7 +109,16 @@ async fn one(client: &reqwest::Client, url: &str, prompt: &str, max_tokens: usiz
             if data == "[DONE]" {
                 continue;
             }
-            // One SSE chunk per generated token (empty texts included).
+            // One SSE chunk per generated token (empty texts included); a chat stream's first
+            // chunk carries only the role and is no token.
+            let parsed = serde_json::from_str::<serde_json::Value>(data).ok();
+            let c = parsed.as_ref().map(|v| &v["choices"][0]);
+            if c.is_some_and(|c| c["delta"].get("role").is_some()) {
+                continue;
+            }
+            if let Some(c) = c {
+                text.push_str(c["text"].as_str().or(c["delta"]["content"].as_str()).unwrap_or(""));
+            }
             let now = Instant::now();
             match last {
                 None => s.ttft.push(now.duration_since(t0).as_secs_f64()),
@@ -82,26 +128,87 @@ async fn one(client: &reqwest::Client, url: &str, prompt: &str, max_tokens: usiz
             s.tokens += 1;
         }
     }
+    Some(text)
+}
+
+/// One conversation: `turns` streamed chat turns after `system`, each re-sending the
+/// conversation so far; TTFTs go to `first` (turn 1) or `later`.
+async fn conversation(client: &reqwest::Client, url: &str, system: &str, id: usize, a: &Args, first: &mut Sample, later: &mut Sample) {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    for turn in 0..a.turns {
+        let ask = format!("Conversation {id}, question {turn}: write a function that adds {turn} to a number, with a test.");
+        messages.push(serde_json::json!({"role": "user", "content": ask}));
+        let body = serde_json::json!({"messages": messages, "max_tokens": a.max_tokens, "ignore_eos": true, "temperature": a.temperature, "stream": true});
+        let sample = if turn == 0 { &mut *first } else { &mut *later };
+        let Some(answer) = stream_tokens(client, &format!("{url}/v1/chat/completions"), &body, sample).await else { return };
+        messages.push(serde_json::json!({"role": "assistant", "content": answer}));
+    }
+}
+
+/// The chat workload: `--clients` conversations at once; one table row per turn group.
+async fn chat(a: &Args) {
+    let system = format!(
+        "You are a careful Python assistant. {}",
+        "Answer with code:\ndef add(a, b):\n    return a + b\n\n".repeat((a.system_tokens / 16).max(1))
+    );
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let tasks = (0..a.clients).map(|id| {
+        let (client, url, system) = (client.clone(), a.url.clone(), system.clone());
+        let a = Args { workload: a.workload, url: a.url.clone(), ..*a };
+        tokio::spawn(async move {
+            let (mut first, mut later) = (Sample::default(), Sample::default());
+            conversation(&client, &url, &system, id, &a, &mut first, &mut later).await;
+            (first, later)
+        })
+    });
+    let (mut first, mut later) = (Sample::default(), Sample::default());
+    for (f, l) in futures::future::join_all(tasks).await.into_iter().flatten() {
+        for (all, t) in [(&mut first, f), (&mut later, l)] {
+            all.ttft.extend(t.ttft);
+            all.itl.extend(t.itl);
+            all.tokens += t.tokens;
+            all.errors += t.errors;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    for (name, s) in [("turn 1", &mut first), ("turns 2+", &mut later)] {
+        println!(
+            "| {} | {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            a.clients,
+            s.ttft.len(),
+            1e3 * pct(&mut s.ttft, 0.5),
+            1e3 * pct(&mut s.ttft, 0.99),
+            1e3 * pct(&mut s.itl, 0.5),
+            s.tokens as f64 / secs,
+            s.errors
+        );
+    }
 }
 
 #[tokio::main]
 async fn main() {
     let a = Args::parse();
+    if a.workload == Workload::Chat {
+        chat(&a).await;
+        return;
+    }
     let prompt = "def add(a, b):\n    return a + b\n\n".repeat((a.prompt_tokens / 14).max(1));
     let client = reqwest::Client::new();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(a.timeout_s);
     let per_client = a.requests.div_ceil(a.clients);
-    let tasks = (0..a.clients).map(|_| {
+    let tasks = (0..a.clients).map(|c| {
         let (client, url, prompt) = (client.clone(), a.url.clone(), prompt.clone());
-        let max_tokens = a.max_tokens;
+        let (max_tokens, distinct, temperature) = (a.max_tokens, a.distinct, a.temperature);
         tokio::spawn(async move {
             let mut s = Sample::default();
-            for _ in 0..per_client {
+            for i in 0..per_client {
                 if Instant::now() > deadline {
                     break;
                 }
-                one(&client, &url, &prompt, max_tokens, &mut s).await;
+                let p = if distinct { format!("# request {c}-{i}\n{prompt}") } else { prompt.clone() };
+                one(&client, &url, &p, (max_tokens, temperature), &mut s).await;
             }
             s
         })

@@ -2,7 +2,7 @@
 
 use candle_core::Tensor;
 use deltaserve_kernels::ops::PrefillAlgo;
-use deltaserve_kernels::StepSlots;
+use deltaserve_kernels::{Capture, StepSlots};
 
 /// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and
 /// continues from the state of `slots[s]`.
@@ -12,6 +12,9 @@ pub struct Packed<'a> {
     pub cu: &'a [usize],
     /// Each sequence's state slot (distinct).
     pub slots: &'a [usize],
+    /// States to copy into other slots at chunk boundaries inside the pass (prefix-cache
+    /// snapshots); recurrent layers honour them, attention layers share KV blocks instead.
+    pub captures: &'a [Capture],
 }
 
 /// One forward pass: a packed prefill, or one decode token for each of B slots.

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::ops::PrefillAlgo;
-use deltaserve_kernels::StepSlots;
+use deltaserve_kernels::{Capture, StepSlots, PREFILL_CHUNK};
 
 use super::attention::Attention;
 use super::batch::{Packed, Pass};
@@ -20,7 +20,7 @@ use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
 use crate::config::{Architecture, Family, LayerKind, MlpKind, ModelConfig};
 use crate::error::{EngineError, Result};
-use crate::state::{DeviceKv, PoolSize, SlotId, StatePool};
+use crate::state::{DeviceKv, PoolSize, SlotId, SnapshotAt, StatePool};
 use crate::weights::{Checkpoint, Weights};
 
 /// Which logits a prefill returns.
@@ -227,7 +227,7 @@ impl CausalLm {
         self.check_tokens(tokens)?;
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
         let (cu, slots) = ([0, tokens.len()], [slot.index()]);
-        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots }, algo };
+        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &[] }, algo };
         let res = self.blocks(self.embed(tokens)?, pool, &pass)?;
         match logits {
             Logits::All => self.head(&res),
@@ -240,6 +240,19 @@ impl CausalLm {
     /// kernels see all of them at once (one varlen launch on a GPU). Returns the f32 logits
     /// after each sequence's last token, `[S, vocab]`.
     pub fn prefill_many(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], algo: PrefillAlgo) -> Result<Tensor> {
+        self.prefill_many_with(pool, batch, algo, &[])
+    }
+
+    /// [`Self::prefill_many`] that also writes `snapshots`: each receives its sequence's caches
+    /// after its first `tokens` tokens of the pass (recurrent states copied at that chunk
+    /// boundary, KV blocks shared), as a pass that stopped there would have left them.
+    pub fn prefill_many_with(
+        &self,
+        pool: &mut StatePool,
+        batch: &[(SlotId, &[u32])],
+        algo: PrefillAlgo,
+        snapshots: &[SnapshotAt],
+    ) -> Result<Tensor> {
         if batch.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::Invalid {
                 field: "batch",
@@ -259,9 +272,26 @@ impl CausalLm {
             cu.push(cu[cu.len() - 1] + tokens.len());
         }
         let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = cu[cu.len() - 1]).entered();
+        let mut captures = Vec::with_capacity(snapshots.len());
+        for s in snapshots {
+            pool.check_snapshot(s.snap)?;
+            let len = batch.get(s.seq).map(|(_, t)| t.len());
+            if !matches!(len, Some(len) if s.tokens > 0 && s.tokens <= len && s.tokens.is_multiple_of(PREFILL_CHUNK)) {
+                return Err(EngineError::Invalid {
+                    field: "snapshots",
+                    expected: format!("a positive multiple of {PREFILL_CHUNK} tokens within sequence {}'s {len:?}", s.seq),
+                    actual: s.tokens.to_string(),
+                });
+            }
+            captures.push(Capture { seq: s.seq, tokens: s.tokens, slot: s.snap.index() });
+        }
+        let starts: Vec<usize> = batch.iter().map(|(slot, _)| pool.seen(*slot)).collect();
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots }, algo };
+        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &captures }, algo };
         let res = self.blocks(self.embed(&all)?, pool, &pass)?;
+        for s in snapshots {
+            pool.seal(s.snap, slots[s.seq], starts[s.seq] + s.tokens);
+        }
         let last: Vec<u32> = cu[1..].iter().map(|&c| (c - 1) as u32).collect();
         let last = Tensor::new(last.as_slice(), &self.device)?;
         self.head(&res.rows(|t| t.index_select(&last, 0))?)

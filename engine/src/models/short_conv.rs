@@ -57,7 +57,7 @@ impl ShortConv {
     /// state of `slots[s]`, which they update). Returns `[ΣT, C]` f32.
     pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act)?),
+            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act, seqs.captures)?),
             None => self.without_conv(x),
         }
     }

@@ -57,18 +57,48 @@ pub fn conv_prefill(
     // fla's default width 4 has kernels with the width compiled in (see conv.cu).
     let w4 = if w == 4 { "_w4" } else { "" };
     let outputs = dev.get_or_load_custom_func(&format!("conv_prefill_{}{x4}{w4}", xa.suffix), "conv", ptx::CONV)?;
-    let new_states = dev.get_or_load_custom_func(&format!("conv_state_{}", xa.suffix), "conv", ptx::CONV)?;
     let (si, ri, ci, wi, act) = (slots.len() as i32, rows as i32, c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
         let mut b = outputs.builder();
         b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&si);
         b.arg(&mut y).arg(&ri).arg(&ci).arg(&wi).arg(&act);
         unsafe { b.launch(grid(c.div_ceil(ch * BLOCK), rows.div_ceil(tile), 1, BLOCK as u32, 0)) }.w()?;
-        let mut b = new_states.builder();
-        b.arg(&xa.ptr).arg(&xa.ld).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&ci).arg(&wi);
-        unsafe { b.launch(grid(c.div_ceil(BLOCK), slots.len(), 1, BLOCK as u32, 0)) }.w()?;
     });
+    write_states(&dev, &xa, states, &cu, &sl, slots.len(), c, w)?;
     Ok(wrap(&dev, y, (rows, c)))
+}
+
+/// Writes into `slots[s]` the conv state after rows `cu_seqlens[s]..cu_seqlens[s+1]` of `x`
+/// `[rows, C]` (their last W rows; the slot's old values where a sequence is shorter).
+pub fn conv_states(x: &Tensor, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize], w: usize) -> Result<()> {
+    let dev = cuda_dev(x, "conv_states")?;
+    let c = x.dim(1)?;
+    if slots.is_empty() || c == 0 {
+        return Ok(());
+    }
+    let xa = RowsArg::new(x)?;
+    let (tables, [r_cu, r_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
+    write_states(&dev, &xa, states, &tables.slice(r_cu), &tables.slice(r_sl), slots.len(), c, w)
+}
+
+/// The `conv_state_*` launch: one block row a sequence.
+#[allow(clippy::too_many_arguments)]
+fn write_states(
+    dev: &candle_core::cuda_backend::CudaDevice,
+    xa: &RowsArg,
+    states: &mut DeviceSlots,
+    cu: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, i32>,
+    sl: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, i32>,
+    n: usize,
+    c: usize,
+    w: usize,
+) -> Result<()> {
+    let f = dev.get_or_load_custom_func(&format!("conv_state_{}", xa.suffix), "conv", ptx::CONV)?;
+    let (ci, wi) = (c as i32, w as i32);
+    let mut b = f.builder();
+    b.arg(&xa.ptr).arg(&xa.ld).arg(states.state_words("conv")?).arg(cu).arg(sl).arg(&ci).arg(&wi);
+    unsafe { b.launch(grid(c.div_ceil(BLOCK), n, 1, BLOCK as u32, 0)) }.w()?;
+    Ok(())
 }
 
 /// One conv step: row `b` of `x` `[B, C]` shifts into the conv state of `slots[b]`. Returns

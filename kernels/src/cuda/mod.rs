@@ -19,6 +19,11 @@ mod ptx {
 pub const MAX_HEAD_K: usize = 256;
 use crate::PREFILL_CHUNK as CHUNK;
 
+/// Bytes of `dev`'s memory free now (for sizing caches).
+pub fn free_memory(dev: &CudaDevice) -> Result<usize> {
+    Ok(dev.cuda_stream().context().mem_get_info().w()?.0)
+}
+
 /// Keeps memory freed on `dev` in its stream-ordered allocation pool instead of handing it back
 /// to the driver at every synchronisation (the pool's default release threshold is 0). Without
 /// it each prefill maps its scratch buffers (hundreds of MB for long prompts) afresh; with it
@@ -433,7 +438,7 @@ mod prefill;
 mod rows;
 
 pub use attention::paged_attention;
-pub use conv::{conv_prefill, conv_step};
+pub use conv::{conv_prefill, conv_states, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;

@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor};
 
 use super::{check_head_dim, cuda_dev, f32c, grid, index_tables, ptx, push_gate, sm_count, wrap, DeviceSlots, GatePtr, CHUNK};
 use crate::ops::MixerInputs;
-use crate::Result;
+use crate::{Capture, Result};
 
 /// Shared memory of the tensor-core kernels, in bytes (each buffer rounded up to 128 bytes, as
 /// the kernels' allocator does).
@@ -92,7 +92,15 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
 /// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
 /// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32; the
 /// engine's path), bf16 (k and v converted to it) uses single bf16 operands, as fla does.
-pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize]) -> Result<Tensor> {
+/// Each capture also copies its sequence's state, at the end of the chunk it ends on, into its
+/// slot.
+pub fn gated_delta_chunk_tc(
+    x: &MixerInputs<'_>,
+    states: &mut DeviceSlots,
+    cu_seqlens: &[usize],
+    slots: &[usize],
+    captures: &[Capture],
+) -> Result<Tensor> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use half::bf16;
     let dev = cuda_dev(x.q, "gated_delta_chunk_tc")?;
@@ -118,8 +126,16 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
     }
     // SAFETY: the state pass writes every row of every chunk.
     let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
-    let (tables, [r_crow, r_clen, r_cu, r_sl]) = index_tables(&dev, [&crow, &clen, cu_seqlens, slots])?;
+    // Per row: 1 + the slot that takes the state after the chunk starting there, or 0 (an
+    // empty table when nothing is captured: the kernels then skip the lookup).
+    let mut snap = vec![0usize; if captures.is_empty() { 0 } else { rows }];
+    for c in captures {
+        snap[cu_seqlens[c.seq] + c.tokens - CHUNK] = c.slot + 1;
+    }
+    let (tables, [r_crow, r_clen, r_cu, r_sl, r_snap]) = index_tables(&dev, [&crow, &clen, cu_seqlens, slots, &snap])?;
     let (crow_d, clen_d, cu, sl) = (tables.slice(r_crow), tables.slice(r_clen), tables.slice(r_cu), tables.slice(r_sl));
+    let snap_d = tables.slice(r_snap);
+    let has_snap = !captures.is_empty() as i32;
     let mut gc = unsafe { dev.alloc::<f32>(rows * hv) }?;
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
@@ -175,6 +191,8 @@ pub fn gated_delta_chunk_tc(x: &MixerInputs<'_>, states: &mut DeviceSlots, cu_se
                                 .arg(states.state_words("gated_delta_prefill")?)
                                 .arg(&cu)
                                 .arg(&sl)
+                                .arg(&snap_d)
+                                .arg(&has_snap)
                                 .arg(&mut o);
                             for i in &ints {
                                 l.arg(i);

@@ -3,19 +3,20 @@
 
 use candle_core::Tensor;
 
-use super::{check_packing, check_rows, cpu_f32, dims2, expect_dims};
+use super::{check_captures, check_packing, check_rows, cpu_f32, dims2, expect_dims};
 use crate::cpu::conv;
-use crate::{ConvActivation, KernelError, Result, SlotBuffer, StepSlots};
+use crate::{Capture, ConvActivation, KernelError, Result, SlotBuffer, StepSlots};
 
 /// Causal depthwise conv over a prompt chunk `x` `[T, C]` with `weight` `[C, W]`, continuing
 /// from and updating the conv state `[C, W]` of `slot`. Returns `[T, C]` f32.
 pub fn conv_prefill(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slot: usize, act: ConvActivation) -> Result<Tensor> {
     let t = dims2("conv_prefill", "x", x)?.0;
-    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act)
+    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act, &[])
 }
 
 /// [`conv_prefill`] over several sequences packed in `x` `[Σ T, C]`: sequence `s` owns rows
-/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`.
+/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`. Each capture also writes
+/// the state its sequence has after `tokens` tokens (the W inputs before) into its slot.
 pub fn conv_prefill_packed(
     x: &Tensor,
     weight: &Tensor,
@@ -23,13 +24,14 @@ pub fn conv_prefill_packed(
     cu_seqlens: &[usize],
     slots: &[usize],
     act: ConvActivation,
+    captures: &[Capture],
 ) -> Result<Tensor> {
     const OP: &str = "conv_prefill";
     let (t, c) = dims2(OP, "x", x)?;
     let (_, w) = dims2(OP, "weight", weight)?;
     expect_dims(OP, "weight", weight, &[c, w])?;
     check_packing(OP, t, cu_seqlens, slots)?;
-    states.check_distinct(slots)?;
+    check_captures(OP, cu_seqlens, slots, captures, states)?;
     if states.per_slot() != c * w {
         return Err(KernelError::Shape { op: OP, input: "state", expected: format!("[{c}, {w}]"), actual: vec![states.per_slot()] });
     }
@@ -38,11 +40,40 @@ pub fn conv_prefill_packed(
         if w > 8 {
             return Err(KernelError::Shape { op: OP, input: "weight", expected: "conv width ≤ 8".into(), actual: vec![c, w] });
         }
-        return crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu);
+        let y = crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu)?;
+        if !captures.is_empty() {
+            // Every capture ends ≥ 64 rows into its sequence and 64 past the one before, so
+            // back to back they pack as sequences whose state is their last W rows.
+            let mut caps = captures.to_vec();
+            caps.sort_unstable_by_key(|c| cu_seqlens[c.seq] + c.tokens);
+            let ends: Vec<usize> = caps.iter().map(|c| cu_seqlens[c.seq] + c.tokens).collect();
+            let cu: Vec<usize> = std::iter::once(ends[0] - w).chain(ends.iter().copied()).collect();
+            let to: Vec<usize> = caps.iter().map(|c| c.slot).collect();
+            crate::cuda::conv_states(x, d, &cu, &to, w)?;
+        }
+        return Ok(y);
     }
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; t * c];
     conv::causal_conv1d_prefill_packed(&xs, &ws, w, act, states.slots_mut(slots)?, cu_seqlens, &mut y);
+    if !captures.is_empty() && w > crate::PREFILL_CHUNK {
+        return Err(KernelError::Shape {
+            op: OP,
+            input: "weight",
+            expected: format!("conv width ≤ {} with captures", crate::PREFILL_CHUNK),
+            actual: vec![c, w],
+        });
+    }
+    for cap in captures {
+        // The state after `tokens` tokens: the W inputs before, oldest first, per channel.
+        let end = cu_seqlens[cap.seq] + cap.tokens;
+        let st = states.slot_mut(cap.slot)?;
+        for ch in 0..c {
+            for i in 0..w {
+                st[ch * w + i] = xs[(end - w + i) * c + ch];
+            }
+        }
+    }
     Ok(Tensor::from_vec(y, (t, c), x.device())?)
 }
 

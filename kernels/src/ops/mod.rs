@@ -10,7 +10,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::{KernelError, Result};
+use crate::{KernelError, Result, SlotBuffer};
 
 pub mod attention;
 pub mod conv;
@@ -69,6 +69,32 @@ pub(crate) fn check_packing(op: &'static str, rows: usize, cu_seqlens: &[usize],
         });
     }
     Ok(())
+}
+
+/// Checks captures against a packing: each on a chunk boundary inside its sequence, into a
+/// distinct slot of the buffer that no sequence of the pass owns.
+pub(crate) fn check_captures(
+    op: &'static str,
+    cu_seqlens: &[usize],
+    slots: &[usize],
+    captures: &[crate::Capture],
+    buffer: &SlotBuffer,
+) -> Result<()> {
+    let mut all: Vec<usize> = slots.to_vec();
+    for c in captures {
+        let len = cu_seqlens.get(c.seq + 1).zip(cu_seqlens.get(c.seq)).map(|(b, a)| b - a);
+        let ok = matches!(len, Some(len) if c.tokens > 0 && c.tokens <= len && c.tokens.is_multiple_of(crate::PREFILL_CHUNK));
+        if !ok {
+            return Err(KernelError::Shape {
+                op,
+                input: "captures",
+                expected: format!("a positive multiple of {} tokens within sequence {}'s {len:?}", crate::PREFILL_CHUNK, c.seq),
+                actual: vec![c.tokens],
+            });
+        }
+        all.push(c.slot);
+    }
+    buffer.check_distinct(&all)
 }
 
 pub(crate) fn check_rows(op: &'static str, rows: usize, slots: &[usize]) -> Result<()> {

@@ -3,9 +3,9 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{check_packing, cpu_f32, expect_dims};
+use super::{check_captures, check_packing, cpu_f32, expect_dims};
 use crate::cpu::gated_delta as gd;
-use crate::{KernelError, Result, SlotBuffer};
+use crate::{Capture, KernelError, Result, SlotBuffer};
 
 /// Which algorithm runs a multi-token prefill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,25 +117,27 @@ pub(super) fn check_state(op: &'static str, d: gd::Dims, per_slot: usize) -> Res
 /// in place). Returns `o` `[T, HV, V]` f32.
 pub fn gated_delta_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, slot: usize, algo: PrefillAlgo) -> Result<Tensor> {
     let t = x.q.dim(0)?;
-    gated_delta_prefill_packed(x, states, &[0, t], &[slot], algo)
+    gated_delta_prefill_packed(x, states, &[0, t], &[slot], algo, &[])
 }
 
 /// [`gated_delta_prefill`] over several sequences packed along the token axis: sequence `s`
 /// owns tokens `cu_seqlens[s]..cu_seqlens[s+1]` and the state of `slots[s]`. On a GPU all
 /// sequences go through the tensor-core chunked kernels at once (varlen; `Recurrent` runs as
-/// `Chunked` there); the CPU runs them one after another.
+/// `Chunked` there); the CPU runs them one after another. `captures` copy states at chunk
+/// boundaries inside the pass into other slots.
 pub fn gated_delta_prefill_packed(
     x: MixerInputs<'_>,
     states: &mut SlotBuffer,
     cu_seqlens: &[usize],
     slots: &[usize],
     algo: PrefillAlgo,
+    captures: &[Capture],
 ) -> Result<Tensor> {
     const OP: &str = "gated_delta_prefill";
     let (t, d) = x.dims(OP)?;
     check_packing(OP, t, cu_seqlens, slots)?;
     check_state(OP, d, states.per_slot())?;
-    states.check_distinct(slots)?;
+    check_captures(OP, cu_seqlens, slots, captures, states)?;
     if algo == PrefillAlgo::ChunkedBf16 {
         // bf16 q/k/v select the single-bf16 kernels on the GPU; the CPU computes on their values.
         let on_host = states.is_host();
@@ -145,7 +147,7 @@ pub fn gated_delta_prefill_packed(
         };
         let (q, k, v) = (round(x.q)?, round(x.k)?, round(x.v)?);
         let rounded = MixerInputs { q: &q, k: &k, v: &v, ..x };
-        return gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked);
+        return gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked, captures);
     }
     let n = x.n.max(1);
     if n > 1 {
@@ -153,21 +155,34 @@ pub fn gated_delta_prefill_packed(
         let (q, g) = interleave_householder(x.q, x.g, n)?;
         let cu: Vec<usize> = cu_seqlens.iter().map(|c| c * n).collect();
         let one_step = MixerInputs { q: &q, g: g.as_ref(), n: 1, ..x };
-        return last_householder_step(&gated_delta_prefill_packed(one_step, states, &cu, slots, algo)?, n);
+        // A token's n steps are n rows: a capture after `tokens` tokens comes after tokens·n rows.
+        let caps: Vec<Capture> = captures.iter().map(|c| Capture { tokens: c.tokens * n, ..*c }).collect();
+        return last_householder_step(&gated_delta_prefill_packed(one_step, states, &cu, slots, algo, &caps)?, n);
     }
     #[cfg(feature = "cuda")]
     if let Some(dev) = states.device_slots() {
-        return crate::cuda::gated_delta_chunk_tc(&x, dev, cu_seqlens, slots);
+        return crate::cuda::gated_delta_chunk_tc(&x, dev, cu_seqlens, slots, captures);
     }
     let mut outs = Vec::with_capacity(slots.len());
     for (s, &slot) in slots.iter().enumerate() {
         let (t0, len) = (cu_seqlens[s], cu_seqlens[s + 1] - cu_seqlens[s]);
-        if len == 0 {
-            continue;
+        // Runs the sequence in pieces ending at its captures: pieces of whole chunks, so the
+        // same chunks and the same bits as one piece.
+        let mut cuts: Vec<(usize, Option<usize>)> = captures.iter().filter(|c| c.seq == s).map(|c| (c.tokens, Some(c.slot))).collect();
+        cuts.sort_unstable();
+        cuts.push((len, None));
+        let mut from = 0;
+        for (to, copy) in cuts {
+            if to > from {
+                let (q, k, v, beta, g) = x.rows(t0 + from, to - from)?;
+                let one = MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: g.as_ref(), ..x };
+                outs.push(prefill_host(one, states.slot_mut(slot)?, algo)?);
+                from = to;
+            }
+            if let Some(dst) = copy {
+                states.copy_slot(slot, dst)?;
+            }
         }
-        let (q, k, v, beta, g) = x.rows(t0, len)?;
-        let one = MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: g.as_ref(), ..x };
-        outs.push(prefill_host(one, states.slot_mut(slot)?, algo)?);
     }
     if outs.is_empty() {
         return Ok(Tensor::zeros((0, d.hv, d.v), DType::F32, x.q.device())?);

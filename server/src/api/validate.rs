@@ -260,6 +260,7 @@ fn common(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         logprobs,
         prompt_logprobs: false,
+        cache_output: false,
     };
     Ok((params, stream, include_usage))
 }
@@ -352,8 +353,10 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
         Names { prompt: "messages", max_tokens: if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" } };
     let prompts = vec![prompt];
     let max_len = limits.max_model_len;
-    let (params, stream, include_usage) =
+    let (mut params, stream, include_usage) =
         common(&req.common, &prompts, limits, (max_tokens, names), |len| max_len.saturating_sub(len), logprobs)?;
+    // The next turn re-sends this conversation with the answer: keep its state.
+    params.cache_output = true;
     Ok(ValidRequest { prompts, params, stream, include_usage, echo: false })
 }
 

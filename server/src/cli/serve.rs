@@ -12,7 +12,7 @@ use deltaserve::api::validate::Limits;
 use deltaserve::chat::ChatTemplate;
 use deltaserve::metrics::Metrics;
 use deltaserve::routes::{app, unix_now, AppState, Serving};
-use deltaserve::scheduler::{self, SchedulerConfig};
+use deltaserve::scheduler::{self, PrefixCacheConfig, SchedulerConfig};
 use deltaserve_engine::state::DEFAULT_BLOCK_SIZE;
 use deltaserve_engine::PREFILL_CHUNK;
 
@@ -67,15 +67,56 @@ pub struct ServeArgs {
     /// Fraction of available memory the state pool and the KV cache (hybrid models) may take.
     #[arg(long, env = "DELTASERVE_STATE_MEMORY_FRACTION", default_value_t = 0.5)]
     state_memory_fraction: f64,
+    /// Memory for prefix-cache snapshots (recurrent states of cached prefixes): bytes (`512MiB`,
+    /// `4GB`, `1000000`) or a fraction of the memory free at start (`0.1`). The default, 0.1, is
+    /// capped at 256 MiB on the CPU.
+    #[arg(long, env = "DELTASERVE_PREFIX_CACHE_MEMORY", default_value = "0.1", value_parser = parse_memory)]
+    prefix_cache_memory: Memory,
+    /// Prompt tokens between prefix-cache snapshots: a multiple of 64 (the prefill's chunk).
+    #[arg(long, env = "DELTASERVE_PREFIX_CACHE_GRID", default_value_t = PREFILL_CHUNK)]
+    prefix_cache_grid: usize,
+    /// Turn the prefix cache off.
+    #[arg(long, env = "DELTASERVE_NO_PREFIX_CACHE")]
+    no_prefix_cache: bool,
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes.
-fn available_memory() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// An amount of memory: bytes, or a fraction of what is free.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Memory {
+    /// Bytes.
+    Bytes(usize),
+    /// A fraction in (0, 1] of the memory free at start.
+    Fraction(f64),
 }
+
+/// Parses `512MiB`, `4GB`, `1000000` (bytes) or `0.1` (a fraction).
+fn parse_memory(s: &str) -> Result<Memory, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
+    let scale: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => return Err(format!("expected bytes (e.g. 512MiB, 4GB) or a fraction in (0, 1], got `{s}`")),
+    };
+    if unit.is_empty() && num.contains('.') {
+        let f: f64 = num.parse().map_err(|_| format!("expected a fraction in (0, 1], got `{s}`"))?;
+        return if f > 0.0 && f <= 1.0 { Ok(Memory::Fraction(f)) } else { Err(format!("expected a fraction in (0, 1], got `{s}`")) };
+    }
+    let n: f64 = num.parse().map_err(|_| format!("expected bytes (e.g. 512MiB, 4GB) or a fraction in (0, 1], got `{s}`"))?;
+    if n < 0.0 {
+        return Err(format!("expected a non-negative size, got `{s}`"));
+    }
+    Ok(Memory::Bytes((n * scale as f64) as usize))
+}
+
+/// The CPU's default prefix-cache size: 0.1 of free memory, at most this.
+const CPU_DEFAULT_CACHE_CAP: usize = 256 << 20;
 
 /// Runs the server until SIGTERM / ctrl-c and the drain finish.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -86,6 +127,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.max_num_batched_tokens
     );
     anyhow::ensure!(args.max_model_len >= 2, "invalid `--max-model-len`: expected >= 2, got {}", args.max_model_len);
+    anyhow::ensure!(
+        args.prefix_cache_grid >= PREFILL_CHUNK && args.prefix_cache_grid.is_multiple_of(PREFILL_CHUNK),
+        "invalid `--prefix-cache-grid`: expected a positive multiple of {PREFILL_CHUNK} (the prefill's chunk), got {}",
+        args.prefix_cache_grid
+    );
     anyhow::ensure!(
         args.state_memory_fraction > 0.0 && args.state_memory_fraction <= 1.0,
         "invalid `--state-memory-fraction`: expected in (0, 1], got {}",
@@ -167,7 +213,8 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
     let per_slot = cfg.state_bytes_per_sequence().max(1);
     let specs = engine.model().cache_specs();
     let per_block = specs.iter().map(|s| s.bytes_per_token()).sum::<usize>() * DEFAULT_BLOCK_SIZE;
-    let budget = available_memory().map(|avail| (avail as f64 * args.state_memory_fraction) as usize);
+    let free = deltaserve_engine::free_memory(engine.model().device());
+    let budget = free.map(|avail| (avail as f64 * args.state_memory_fraction) as usize);
     let mut slots = args.max_num_seqs;
     if let Some(budget) = budget {
         let fit = (budget / per_slot).max(1);
@@ -226,11 +273,29 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         vocab_size: cfg.common.vocab_size,
         kv_capacity: (per_block > 0).then_some((kv_blocks, DEFAULT_BLOCK_SIZE)),
     };
+    let snapshots = if args.no_prefix_cache {
+        0
+    } else {
+        let bytes = match args.prefix_cache_memory {
+            Memory::Bytes(b) => b,
+            Memory::Fraction(f) => {
+                let b = (free.unwrap_or(0) as f64 * f) as usize;
+                if engine.model().device().is_cpu() && args.prefix_cache_memory == Memory::Fraction(0.1) {
+                    b.min(CPU_DEFAULT_CACHE_CAP)
+                } else {
+                    b
+                }
+            }
+        };
+        bytes / per_slot
+    };
+    tracing::info!(snapshots, grid = args.prefix_cache_grid, bytes = snapshots * per_slot, "prefix cache");
     let sched_cfg = SchedulerConfig {
         max_num_seqs: slots,
         kv_blocks,
         max_queue: args.max_queue,
         max_model_len,
+        prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid },
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
     };

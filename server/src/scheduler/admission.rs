@@ -34,7 +34,7 @@ impl Scheduler {
     }
 
     /// Slots neither in use nor promised to a prefilling request's other choices.
-    fn free_slots(&self) -> usize {
+    pub(super) fn free_slots(&self) -> usize {
         self.pool.capacity() - self.pool.used() - self.reserved
     }
 
@@ -48,12 +48,17 @@ impl Scheduler {
     /// promised to it; so a running sequence never runs short of blocks.
     pub(super) fn admit(&mut self) {
         while let Some(head) = self.waiting.front() {
-            if head.params.n > self.free_slots() {
+            let (n, kv_tokens) = (head.params.n, self.kv_tokens(head.prompt.len(), head.params.max_tokens));
+            // Cache re-prefills and cached KV blocks give way to requests.
+            self.cancel_tails_for(n);
+            if n > self.free_slots() {
                 break;
             }
-            let kv_tokens = self.kv_tokens(head.prompt.len(), head.params.max_tokens);
             let kv_blocks = self.pool.blocks_for(kv_tokens);
-            if head.params.n * kv_blocks > self.pool.kv_blocks_available().saturating_sub(self.kv_reserved) {
+            if n * kv_blocks > self.pool.kv_blocks_available().saturating_sub(self.kv_reserved) {
+                self.free_kv_for(n * kv_blocks);
+            }
+            if n * kv_blocks > self.pool.kv_blocks_available().saturating_sub(self.kv_reserved) {
                 break;
             }
             let Some(r) = self.waiting.pop_front() else {
@@ -85,6 +90,7 @@ impl Scheduler {
                 events: r.events,
                 arrived: r.arrived,
                 prefilled: 0,
+                started: false,
                 prev_logits: None,
                 seqs: vec![seq0],
                 reserved,

@@ -42,24 +42,42 @@ impl Scheduler {
     /// requests that want prompt logprobs, which need every position's logits and run alone.
     pub(super) fn prefill(&mut self) {
         let started = Instant::now();
+        // Cached prefixes first: restored requests start later in their prompts, and those
+        // whose prefix an older request is about to snapshot wait for it.
+        let waits = self.use_cache();
         let left: Vec<(usize, usize)> = self
             .requests
             .iter()
-            .map(|r| (r.prefilled, if r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }))
+            .zip(&waits)
+            .map(|(r, &wait)| (r.prefilled, if wait || r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }))
             .collect();
         let plan = plan_prefill(&left, self.cfg.prefill_budget, PREFILL_CHUNK);
-        if plan.is_empty() {
+        let tokens: usize = plan.iter().map(|(_, take)| take).sum();
+        // Finished chat turns re-prefilled for the cache get what budget is left.
+        let tail_left: Vec<(usize, usize)> = self.tails.iter().map(|t| (t.done, t.end - t.done)).collect();
+        let tails = plan_prefill(&tail_left, self.cfg.prefill_budget - tokens, PREFILL_CHUNK);
+        if plan.is_empty() && tails.is_empty() {
             return;
         }
-        let tokens: usize = plan.iter().map(|(_, take)| take).sum();
+        for &(i, _) in &plan {
+            let r = &mut self.requests[i];
+            if !r.started {
+                r.started = true;
+                // A query is a request that looked the cache up (echo + logprobs do not).
+                if self.cache.is_some() && !r.params.prompt_logprobs {
+                    self.metrics.prefix_cache_queries.inc_by(r.prompt.len() as u64);
+                    self.metrics.prefix_cache_hits.inc_by(r.prefilled as u64);
+                }
+            }
+        }
         let (alone, packed): (Vec<_>, Vec<_>) = plan.into_iter().partition(|(i, _)| self.requests[*i].params.prompt_logprobs);
         for (i, take) in alone {
             if let Err(e) = self.prefill_with_logprobs(i, take).and_then(|last| self.finish_chunk(i, take, last)) {
                 self.requests[i].fail(e);
             }
         }
-        if !packed.is_empty() {
-            match self.prefill_packed(&packed) {
+        if !packed.is_empty() || !tails.is_empty() {
+            match self.prefill_packed(&packed, &tails) {
                 Ok(lasts) => {
                     for ((i, take), last) in packed.into_iter().zip(lasts) {
                         if let Err(e) = self.finish_chunk(i, take, last) {
@@ -71,24 +89,47 @@ impl Scheduler {
                     for (i, _) in packed {
                         self.requests[i].fail(e.clone());
                     }
+                    tracing::warn!(error = %e, "prefill failed; cache re-prefills dropped");
+                    self.tails.iter_mut().for_each(|t| t.done = t.end);
                 }
             }
+            self.end_tails(&tails);
         }
         self.metrics.step_duration.with_label_values(&["prefill"]).observe(started.elapsed().as_secs_f64());
         self.metrics.prompt_tokens.inc_by(tokens as u64);
     }
 
-    /// The next `take` prompt tokens of each `(request, take)` in one packed prefill; returns
-    /// each one's logits after its last token.
-    fn prefill_packed(&mut self, plan: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, SchedulerError> {
-        let batch: Vec<_> = plan
-            .iter()
-            .map(|&(i, take)| {
-                let r = &self.requests[i];
-                (r.seqs[0].slot, &r.prompt[r.prefilled..r.prefilled + take])
-            })
-            .collect();
-        self.engine.prefill_many(&mut self.pool, &batch)?.to_vec2::<f32>().map_err(|e| SchedulerError::Engine(e.to_string()))
+    /// The next `take` prompt tokens of each `(request, take)` and of each `(tail, take)` in
+    /// one packed prefill, snapshotting every grid point on the way that the cache lacks;
+    /// returns each request's logits after its last token.
+    fn prefill_packed(&mut self, plan: &[(usize, usize)], tails: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, SchedulerError> {
+        // (slot, the sequence's tokens, where this piece starts, its length)
+        let mut pieces: Vec<(deltaserve_engine::SlotId, &[u32], usize, usize)> = Vec::with_capacity(plan.len() + tails.len());
+        for &(i, take) in plan {
+            let r = &self.requests[i];
+            pieces.push((r.seqs[0].slot, &r.prompt, r.prefilled, take));
+        }
+        for &(i, take) in tails {
+            let t = &self.tails[i];
+            pieces.push((t.slot, &t.tokens, t.done, take));
+        }
+        let (snaps, keys) = match self.cache.as_mut() {
+            Some(c) => c.plan_snapshots(&mut self.pool, &pieces),
+            None => Default::default(),
+        };
+        let batch: Vec<_> = pieces.iter().map(|&(slot, toks, from, take)| (slot, &toks[from..from + take])).collect();
+        let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps).and_then(|l| Ok(l.to_vec2::<f32>()?));
+        if let Some(c) = self.cache.as_mut() {
+            for (s, (seq, len)) in snaps.iter().zip(keys) {
+                let done = out.is_ok() && c.insert(&pieces[seq].1[..len], s.snap).is_ok();
+                if !done {
+                    let _ = self.pool.drop_snapshot(s.snap);
+                }
+            }
+        }
+        let mut rows = out?;
+        rows.truncate(plan.len());
+        Ok(rows)
     }
 
     /// The next `take` prompt tokens of request `i`, sending their prompt logprobs; returns the

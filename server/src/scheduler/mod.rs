@@ -20,12 +20,14 @@ use crate::metrics::Metrics;
 
 mod admission;
 mod batch;
+mod caching;
 mod error;
+mod prefix_cache;
 mod request;
 mod sequence;
 
 pub use error::SchedulerError;
-pub use request::{Event, FinishReason, GenParams, GenRequest, SchedulerConfig, StopCause, TokenLogprob};
+pub use request::{Event, FinishReason, GenParams, GenRequest, PrefixCacheConfig, SchedulerConfig, StopCause, TokenLogprob};
 use sequence::{send, Seq};
 
 /// Counters the HTTP layer reads without locking, and the shutdown flag it sets.
@@ -106,14 +108,21 @@ pub fn spawn(
     let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
     let handle = SchedulerHandle { tx, shared: shared.clone(), max_num_seqs: cfg.max_num_seqs, max_queue: cfg.max_queue };
     // The pool is allocated up front so that running out of (GPU) memory fails the start-up.
-    let size =
-        PoolSize { slots: cfg.max_num_seqs, kv_blocks: cfg.kv_blocks, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: cfg.max_model_len };
+    let size = PoolSize {
+        slots: cfg.max_num_seqs,
+        snapshots: cfg.prefix_cache.snapshots,
+        kv_blocks: cfg.kv_blocks,
+        block_size: DEFAULT_BLOCK_SIZE,
+        max_seq_len: cfg.max_model_len,
+    };
     let pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
         metrics.state_slots_total.set(pool.capacity() as i64);
         metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
         metrics.kv_blocks_total.set(pool.kv_blocks_total() as i64);
         metrics.kv_memory_bytes.set((pool.kv_blocks_total() * pool.bytes_per_block()) as i64);
+        metrics.prefix_cache_snapshots_total.set(pool.snapshots_total() as i64);
+        let cache = (pool.snapshots_total() > 0).then(|| prefix_cache::PrefixCache::new(cfg.prefix_cache.grid));
         let mut s = Scheduler {
             engine,
             pool,
@@ -124,6 +133,8 @@ pub fn spawn(
             requests: Vec::new(),
             reserved: 0,
             kv_reserved: 0,
+            cache,
+            tails: Vec::new(),
         };
         s.run(rx);
         shared.alive.store(false, Ordering::SeqCst);
@@ -139,8 +150,10 @@ struct Active {
     events: mpsc::Sender<Event>,
     arrived: Instant,
     deadline: Instant,
-    /// Prompt tokens prefilled so far (into `seqs[0]`'s slot).
+    /// Prompt tokens prefilled so far (into `seqs[0]`'s slot), a cached prefix included.
     prefilled: usize,
+    /// Whether a chunk of the prompt has run (after that, no cached prefix is looked up).
+    started: bool,
     /// Logits after the last prefilled token, kept for prompt logprobs across chunks.
     prev_logits: Option<Vec<f32>>,
     seqs: Vec<Seq>,
@@ -183,12 +196,16 @@ struct Scheduler {
     reserved: usize,
     /// KV blocks reserved for those forks.
     kv_reserved: usize,
+    /// The prefix cache's index (`None` when off).
+    cache: Option<prefix_cache::PrefixCache>,
+    /// Finished chat turns being re-prefilled for the cache, oldest first.
+    tails: Vec<caching::Tail>,
 }
 
 impl Scheduler {
     fn run(&mut self, mut rx: mpsc::Receiver<GenRequest>) {
         loop {
-            if self.waiting.is_empty() && self.requests.is_empty() {
+            if self.waiting.is_empty() && self.requests.is_empty() && self.tails.is_empty() {
                 match rx.blocking_recv() {
                     Some(r) => self.waiting.push_back(r),
                     None => return,
@@ -225,6 +242,7 @@ impl Scheduler {
         let (used, total) = (self.pool.kv_blocks_used(), self.pool.kv_blocks_total());
         self.metrics.kv_blocks_used.set(used as i64);
         self.metrics.kv_cache_usage_perc.set(if total == 0 { 0.0 } else { used as f64 / total as f64 });
+        self.publish_cache();
     }
 
     fn fail_all(&mut self, e: SchedulerError) {
@@ -235,6 +253,9 @@ impl Scheduler {
             r.fail(e.clone());
         }
         self.retire_all();
+        for t in std::mem::take(&mut self.tails) {
+            let _ = self.pool.release(t.slot);
+        }
     }
 
     /// Frees finished sequences' slots and drops finished requests, in the same step.
@@ -243,15 +264,25 @@ impl Scheduler {
         let mut i = 0;
         while i < self.requests.len() {
             let r = &mut self.requests[i];
-            for s in r.seqs.iter().filter(|s| s.finished) {
-                // Cannot fail: every seq owns an allocated slot until it is retired here.
-                let _ = self.pool.release(s.slot);
+            let (finished, running): (Vec<_>, Vec<_>) = std::mem::take(&mut r.seqs).into_iter().partition(|s| s.finished);
+            r.seqs = running;
+            let keep_answer = r.params.cache_output && r.params.n == 1;
+            let prompt = if keep_answer { r.prompt.clone() } else { Vec::new() };
+            for s in finished {
                 match s.finish_reason {
-                    Some(reason) => r.finished_reason = Some(reason),
-                    None => r.failed = true,
+                    Some(reason) => self.requests[i].finished_reason = Some(reason),
+                    None => self.requests[i].failed = true,
+                }
+                let tail = keep_answer && s.finish_reason.is_some() && {
+                    let tokens = [prompt.as_slice(), &s.ids].concat();
+                    self.start_tail(s.slot, tokens, s.ids.len())
+                };
+                if !tail {
+                    // Cannot fail: every seq owns an allocated slot until it is retired here.
+                    let _ = self.pool.release(s.slot);
                 }
             }
-            r.seqs.retain(|s| !s.finished);
+            let r = &mut self.requests[i];
             // Forks are only made from a live first sequence, so no sequences left means done.
             if r.seqs.is_empty() {
                 self.reserved -= r.reserved;
@@ -282,6 +313,7 @@ mod tests {
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: false,
+            cache_output: false,
         }
     }
 

@@ -20,10 +20,22 @@ pub struct SchedulerConfig {
     pub max_queue: usize,
     /// Prompt + generated tokens allowed per sequence.
     pub max_model_len: usize,
+    /// The prefix cache: snapshot slots in the pool and the grid they are taken on.
+    pub prefix_cache: PrefixCacheConfig,
     /// Prompt tokens prefilled per step across all sequences.
     pub prefill_budget: usize,
     /// Wall-clock limit per request.
     pub request_timeout: Duration,
+}
+
+/// The prefix cache's size (`--prefix-cache-memory`, `--prefix-cache-grid`); 0 snapshots turns
+/// it off.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefixCacheConfig {
+    /// Snapshot slots in the pool.
+    pub snapshots: usize,
+    /// Tokens between snapshots, a multiple of the prefill chunk.
+    pub grid: usize,
 }
 
 /// What a request asks the scheduler for, already validated.
@@ -45,6 +57,9 @@ pub struct GenParams {
     pub logprobs: Option<usize>,
     /// Also return logprobs of the prompt tokens (completions `echo` + `logprobs`).
     pub prompt_logprobs: bool,
+    /// Snapshot the prompt and the answer for the prefix cache when the request ends (a chat
+    /// turn, whose next turn re-sends both).
+    pub cache_output: bool,
 }
 
 /// The log-probability of one token and its top alternatives.

@@ -38,6 +38,8 @@ pub(super) struct Seq {
     decoder: IncrementalDecoder,
     stops: StopMatcher,
     generated: usize,
+    /// Every token sampled, in order (the prefix cache snapshots prompt + these).
+    pub ids: Vec<u32>,
     /// The last sampled token, not yet fed to the model.
     pub pending: Option<u32>,
     pub finished: bool,
@@ -58,6 +60,7 @@ impl Seq {
             decoder: IncrementalDecoder::new(),
             stops: StopMatcher::new(params.stop.clone()),
             generated: 0,
+            ids: Vec::new(),
             pending: None,
             finished: false,
             finish_reason: None,
@@ -85,6 +88,7 @@ impl Seq {
         let t = sampled.token;
         self.sampler.accept(t);
         self.generated += 1;
+        self.ids.push(t);
         metrics.generation_tokens.inc();
         let now = Instant::now();
         match self.last_token {
@@ -160,6 +164,7 @@ mod tests {
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: false,
+            cache_output: false,
         }
     }
 

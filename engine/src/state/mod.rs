@@ -13,6 +13,12 @@
 //! owns a block table (logical block → physical block) shared by every attention layer, and a
 //! count of the tokens it has seen (its next position). Blocks can be *reserved* for a slot
 //! ahead of use, so that a sequence admitted with room for its whole output never runs short.
+//!
+//! Beside the sequence slots the pool keeps *snapshot* slots, the prefix cache's storage: a
+//! copy of a sequence's recurrent and conv states at some token, and references to the KV
+//! blocks before it. Blocks are reference-counted; a block a snapshot shares is never written
+//! again (sequences only append), so sharing needs no copy except for a partly filled last
+//! block, which is copied when a snapshot is restored.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -108,14 +114,20 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 pub struct StatePool {
     id: u64,
     layers: Vec<LayerCache>,
+    /// Sequence slots are `0..seq_slots`; snapshot slots follow.
+    seq_slots: usize,
     in_use: Vec<bool>,
     free: Vec<usize>,
-    /// Tokens each slot has run through the model.
+    /// Free snapshot slots.
+    free_snaps: Vec<usize>,
+    /// Tokens each slot has run through the model (a snapshot: the tokens it holds).
     seen: Vec<usize>,
     block_size: usize,
     /// KV blocks in all (0 without attention layers).
     total_blocks: usize,
     free_blocks: Vec<u32>,
+    /// Per block: the slots (sequences and snapshots) whose tables hold it.
+    refs: Vec<u32>,
     /// Per slot: its physical blocks in logical order.
     tables: Vec<Vec<u32>>,
     /// Per slot: blocks promised to it (held ones included).
@@ -137,12 +149,15 @@ impl Clone for StatePool {
         Self {
             id: next_pool_id(),
             layers: self.layers.clone(),
+            seq_slots: self.seq_slots,
             in_use: self.in_use.clone(),
             free: self.free.clone(),
+            free_snaps: self.free_snaps.clone(),
             seen: self.seen.clone(),
             block_size: self.block_size,
             total_blocks: self.total_blocks,
             free_blocks: self.free_blocks.clone(),
+            refs: self.refs.clone(),
             tables: self.tables.clone(),
             reserved: self.reserved.clone(),
             max_blocks: self.max_blocks,
@@ -158,6 +173,9 @@ impl Clone for StatePool {
 pub struct PoolSize {
     /// Sequence slots.
     pub slots: usize,
+    /// Snapshot slots of the prefix cache (recurrent and conv states only; KV blocks are
+    /// shared with the sequences').
+    pub snapshots: usize,
     /// KV blocks shared by all slots (ignored without attention layers).
     pub kv_blocks: usize,
     /// Tokens per KV block.
@@ -171,6 +189,7 @@ impl PoolSize {
     pub fn for_tokens(slots: usize, tokens_per_slot: usize) -> Self {
         Self {
             slots,
+            snapshots: 0,
             kv_blocks: slots * tokens_per_slot.div_ceil(DEFAULT_BLOCK_SIZE),
             block_size: DEFAULT_BLOCK_SIZE,
             max_seq_len: tokens_per_slot,
@@ -182,7 +201,7 @@ impl StatePool {
     /// Allocates `slots` zeroed slots for layers that declare `specs`, in host memory, without
     /// KV blocks (recurrent models).
     pub fn new(specs: &[CacheSpec], slots: usize) -> Self {
-        let size = PoolSize { slots, kv_blocks: 0, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: 0 };
+        let size = PoolSize { slots, snapshots: 0, kv_blocks: 0, block_size: DEFAULT_BLOCK_SIZE, max_seq_len: 0 };
         let Ok(layers) = Self::layers(specs, size, |n, per, _| Ok::<_, std::convert::Infallible>(SlotBuffer::zeros(n, per)));
         Self::from_layers(layers, size, None)
     }
@@ -213,8 +232,8 @@ impl StatePool {
             .iter()
             .map(|s| match *s {
                 CacheSpec::Recurrent { conv_state, recurrent_state } => Ok(LayerCache::Recurrent(LayerState {
-                    conv_state: zeros(size.slots, conv_state, DType::F32)?,
-                    recurrent_state: zeros(size.slots, recurrent_state, DType::F32)?,
+                    conv_state: zeros(size.slots + size.snapshots, conv_state, DType::F32)?,
+                    recurrent_state: zeros(size.slots + size.snapshots, recurrent_state, DType::F32)?,
                 })),
                 CacheSpec::Attention { kv_heads, head_dim, dtype } => {
                     let per_block = size.block_size * kv_heads * head_dim;
@@ -228,19 +247,22 @@ impl StatePool {
     fn from_layers(layers: Vec<LayerCache>, size: PoolSize, device_tables: Option<DeviceBlockTable>) -> Self {
         let has_kv = layers.iter().any(|l| matches!(l, LayerCache::Attention(_)));
         let total_blocks = if has_kv { size.kv_blocks } else { 0 };
-        let slots = size.slots;
+        let (slots, all) = (size.slots, size.slots + size.snapshots);
         // Lowest index first, so slot order is predictable in logs.
         Self {
             id: next_pool_id(),
             layers,
-            in_use: vec![false; slots],
+            seq_slots: slots,
+            in_use: vec![false; all],
             free: (0..slots).rev().collect(),
-            seen: vec![0; slots],
+            free_snaps: (slots..all).rev().collect(),
+            seen: vec![0; all],
             block_size: size.block_size,
             total_blocks,
             free_blocks: (0..total_blocks as u32).rev().collect(),
-            tables: vec![Vec::new(); slots],
-            reserved: vec![0; slots],
+            refs: vec![0; total_blocks],
+            tables: vec![Vec::new(); all],
+            reserved: vec![0; all],
             max_blocks: Self::max_blocks(size),
             device_tables,
         }
@@ -274,9 +296,9 @@ impl StatePool {
         self.layers.iter().any(|l| matches!(l, LayerCache::Attention(_)))
     }
 
-    /// Total slots.
+    /// Sequence slots in all.
     pub fn capacity(&self) -> usize {
-        self.in_use.len()
+        self.seq_slots
     }
 
     /// Slots currently owned by a sequence.
@@ -388,7 +410,7 @@ impl StatePool {
         }
         let first = self.tables[slot].len();
         for _ in 0..need {
-            let b = self.free_blocks.pop().ok_or(EngineError::KvCacheFull { needed: need, available: 0, block_size: self.block_size })?;
+            let b = self.take_block(need)?;
             self.tables[slot].push(b);
         }
         if let Some(t) = &self.device_tables {
@@ -461,11 +483,7 @@ impl StatePool {
         let Some(s) = self.free.pop() else { return Ok(None) };
         let mut table = Vec::with_capacity(blocks);
         for _ in 0..blocks {
-            table.push(self.free_blocks.pop().ok_or(EngineError::KvCacheFull {
-                needed: blocks,
-                available: 0,
-                block_size: self.block_size,
-            })?);
+            table.push(self.take_block(blocks)?);
         }
         for l in &mut self.layers {
             match l {
@@ -497,15 +515,33 @@ impl StatePool {
         self.check(slot)?;
         self.in_use[slot.0] = false;
         self.free.push(slot.0);
-        self.free_blocks.extend(self.tables[slot.0].drain(..).rev());
+        self.drop_table(slot.0);
         self.reserved[slot.0] = 0;
         self.seen[slot.0] = 0;
         Ok(())
     }
 
-    /// Errors unless `slot` is allocated.
+    /// A free block, now held once. `needed` is for the error.
+    fn take_block(&mut self, needed: usize) -> Result<u32> {
+        let b = self.free_blocks.pop().ok_or(EngineError::KvCacheFull { needed, available: 0, block_size: self.block_size })?;
+        self.refs[b as usize] = 1;
+        Ok(b)
+    }
+
+    /// Lets go of slot `i`'s blocks; those no other table holds become free.
+    fn drop_table(&mut self, i: usize) {
+        for b in std::mem::take(&mut self.tables[i]).into_iter().rev() {
+            let r = &mut self.refs[b as usize];
+            *r = r.saturating_sub(1);
+            if *r == 0 {
+                self.free_blocks.push(b);
+            }
+        }
+    }
+
+    /// Errors unless `slot` is an allocated sequence slot.
     pub fn check(&self, slot: SlotId) -> Result<()> {
-        if self.in_use.get(slot.0).copied() != Some(true) {
+        if slot.0 >= self.seq_slots || self.in_use.get(slot.0).copied() != Some(true) {
             return Err(EngineError::Invalid { field: "slot", expected: "an allocated slot".into(), actual: slot.to_string() });
         }
         Ok(())
@@ -522,73 +558,8 @@ impl StatePool {
     }
 }
 
+mod snapshots;
 #[cfg(test)]
-mod tests {
-    use super::*;
+mod tests;
 
-    fn hybrid_pool(slots: usize, blocks: usize) -> StatePool {
-        let specs = [
-            CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 },
-            CacheSpec::Attention { kv_heads: 1, head_dim: 2, dtype: DType::F32 },
-        ];
-        StatePool::new_on(&specs, PoolSize { slots, kv_blocks: blocks, block_size: 4, max_seq_len: 64 }, &Device::Cpu).unwrap()
-    }
-
-    #[test]
-    fn reservations_hold_blocks_back_from_other_slots() {
-        let mut p = hybrid_pool(3, 5);
-        let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
-        assert!(p.reserve(a, 12).unwrap(), "3 blocks of 5");
-        assert_eq!(p.kv_blocks_available(), 2);
-        assert!(!p.reserve(b, 12).unwrap(), "3 more do not fit");
-        assert!(p.reserve(b, 8).unwrap());
-        // b may not take a's promised blocks beyond its own promise...
-        assert!(matches!(p.plan(&[b.index()], &[9]), Err(EngineError::KvCacheFull { needed: 3, available: 2, .. })));
-        // ...but a gets all three of its own.
-        let plan = p.plan(&[a.index()], &[12]).unwrap();
-        assert_eq!((plan.starts.clone(), plan.tables[0].len(), plan.cu.clone()), (vec![0], 3, vec![0, 12]));
-        p.advance(&[a.index()], &[12]);
-        assert_eq!((p.seen(a), p.kv_blocks_used()), (12, 3));
-        p.release(a).unwrap();
-        assert_eq!((p.kv_blocks_used(), p.kv_blocks_available()), (0, 3));
-    }
-
-    #[test]
-    fn forks_copy_blocks_and_positions() {
-        let mut p = hybrid_pool(2, 4);
-        let a = p.allocate().unwrap();
-        let plan = p.plan(&[a.index()], &[5]).unwrap();
-        p.advance(&[a.index()], &[5]);
-        if let LayerCache::Attention(kv) = p.layer_mut(1) {
-            kv.k.write_slot(plan.tables[0][1] as usize, &[7.0; 8]).unwrap();
-        }
-        let f = p.fork(a).unwrap().unwrap();
-        assert_eq!((p.seen(f), p.kv_blocks_used()), (5, 4));
-        let LayerCache::Attention(kv) = p.layer(1) else { panic!("layer 1 is attention") };
-        let t = p.tables[f.index()].clone();
-        assert_ne!(t, plan.tables[0], "own blocks");
-        assert_eq!(kv.k.slot_to_vec(t[1] as usize).unwrap(), vec![7.0; 8]);
-        assert!(p.fork(a).unwrap().is_none(), "no slot left");
-    }
-
-    #[test]
-    fn a_sequence_holds_at_most_max_seq_len_tokens() {
-        let specs = [CacheSpec::Attention { kv_heads: 1, head_dim: 2, dtype: DType::F32 }];
-        let mut p = StatePool::new_on(&specs, PoolSize { slots: 1, kv_blocks: 20, block_size: 4, max_seq_len: 8 }, &Device::Cpu).unwrap();
-        let s = p.allocate().unwrap();
-        assert!(p.reserve(s, 8).unwrap());
-        let e = p.reserve(s, 9).unwrap_err().to_string();
-        assert!(e.contains("at most 8 cached tokens"), "{e}");
-        assert!(p.plan(&[s.index()], &[9]).is_err(), "the table holds 2 blocks");
-        assert_eq!(p.plan(&[s.index()], &[8]).unwrap().tables[0].len(), 2);
-    }
-
-    #[test]
-    fn recurrent_models_need_no_blocks() {
-        let mut p = StatePool::new(&[CacheSpec::Recurrent { conv_state: 2, recurrent_state: 2 }], 1);
-        let s = p.allocate().unwrap();
-        assert!(p.reserve(s, 1 << 20).unwrap());
-        assert!(p.plan(&[s.index()], &[1000]).unwrap().tables.is_empty());
-        assert_eq!(p.blocks_for(1000), 0);
-    }
-}
+pub use snapshots::{SnapId, SnapshotAt};

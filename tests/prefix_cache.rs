@@ -1,0 +1,28 @@
+//! The prefix cache changes no bits (CPU, f32): a prompt continued from a snapshot taken
+//! inside an earlier prompt's prefill gives the logits of the prompt prefilled whole, for every
+//! family (the hybrids' KV blocks shared, not copied). The GPU's counterpart is in gpu.rs; the
+//! server's use of the cache is tested in http_in_process.rs.
+
+use candle_core::{DType, Device};
+use deltaserve_engine::weights::Checkpoint;
+use deltaserve_engine::{CausalLm, PrefillAlgo};
+use deltaserve_tests::prefix::cached_against_whole;
+use deltaserve_tests::{compact_dir, COMPACT_MODELS};
+
+#[test]
+fn prompts_continued_from_snapshots_give_the_bits_of_whole_prefills() {
+    for (i, name) in COMPACT_MODELS.iter().enumerate() {
+        let dir = compact_dir().join(name);
+        let c = deltaserve_engine::read_config(&dir).unwrap();
+        let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();
+        let cases = cached_against_whole(&m, 40 + i as u64, PrefillAlgo::Chunked);
+        assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
+        for (case, cached, whole) in &cases {
+            for (step, (a, b)) in cached.iter().zip(whole).enumerate() {
+                let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "{name}: {case}, step {step}: {differ} of {} logits differ", a.len());
+            }
+        }
+        println!("{name}: {} cases bit-identical", cases.len());
+    }
+}
