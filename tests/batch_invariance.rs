@@ -4,17 +4,13 @@
 //! shares its per-step token budget). The GPU's counterpart (`--batch-invariant`) is in gpu.rs.
 
 use candle_core::{DType, Device};
-use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::CausalLm;
 use deltaserve_tests::invariance::batch_differences;
-use deltaserve_tests::{compact_dir, COMPACT_MODELS};
+use deltaserve_tests::{compact_model, COMPACT_MODELS};
 
 #[test]
 fn logits_are_bit_identical_alone_in_batches_of_2_7_and_32_and_split_at_chunks() {
     for (i, name) in COMPACT_MODELS.iter().enumerate() {
-        let dir = compact_dir().join(name);
-        let c = deltaserve_engine::read_config(&dir).unwrap();
-        let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();
+        let m = compact_model(name, DType::F32, &Device::Cpu);
         let cases = batch_differences(&m, 19 + i as u64);
         for (case, differ) in &cases {
             assert_eq!(*differ, 0, "{name}: {case}: {differ} logits differ from the sequence alone");

@@ -915,10 +915,7 @@ fn gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch(dev: &Device) {
     }
     let _off = Off;
     for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
-        let dir = compact_dir().join(name);
-        let c = deltaserve_engine::read_config(&dir).unwrap();
-        let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
-        let m = deltaserve_engine::CausalLm::load(&c, &ckpt, DType::BF16, dev, false).unwrap();
+        let m = deltaserve_tests::compact_model(name, DType::BF16, dev);
         set_batch_invariant(false);
         let default = deltaserve_tests::invariance::batch_differences(&m, 40 + i as u64);
         set_batch_invariant(true);
@@ -945,11 +942,8 @@ fn gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch(dev: &Device) {
 /// tolerance in f32 (bf16's in bf16), with the same greedy token wherever the margin is ≥ 1e-3.
 fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
     for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
-        let dir = compact_dir().join(name);
-        let c = deltaserve_engine::read_config(&dir).unwrap();
-        let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
         for (dtype, algo, tol) in [(DType::F32, PrefillAlgo::Chunked, F32_TOL), (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL)] {
-            let m = deltaserve_engine::CausalLm::load(&c, &ckpt, dtype, dev, false).unwrap();
+            let m = deltaserve_tests::compact_model(name, dtype, dev);
             let cases = deltaserve_tests::prefix::cached_against_whole(&m, 40 + i as u64, algo);
             assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
             let (mut worst, mut greedy) = (0f64, 0);

@@ -4,17 +4,14 @@
 //! server's use of the cache is tested in http_in_process.rs.
 
 use candle_core::{DType, Device};
-use deltaserve_engine::weights::Checkpoint;
-use deltaserve_engine::{CausalLm, PrefillAlgo};
+use deltaserve_engine::PrefillAlgo;
 use deltaserve_tests::prefix::cached_against_whole;
-use deltaserve_tests::{compact_dir, COMPACT_MODELS};
+use deltaserve_tests::{compact_model, COMPACT_MODELS};
 
 #[test]
 fn prompts_continued_from_snapshots_give_the_bits_of_whole_prefills() {
     for (i, name) in COMPACT_MODELS.iter().enumerate() {
-        let dir = compact_dir().join(name);
-        let c = deltaserve_engine::read_config(&dir).unwrap();
-        let m = CausalLm::load(&c, &Checkpoint::open(&dir).unwrap(), DType::F32, &Device::Cpu, false).unwrap();
+        let m = compact_model(name, DType::F32, &Device::Cpu);
         let cases = cached_against_whole(&m, 40 + i as u64, PrefillAlgo::Chunked);
         assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
         for (case, cached, whole) in &cases {

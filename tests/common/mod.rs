@@ -237,3 +237,11 @@ pub fn prune_half(
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
+
+/// The compact fixture `name` loaded as a model of `dtype` on `device`.
+pub fn compact_model(name: &str, dtype: candle_core::DType, device: &candle_core::Device) -> deltaserve_engine::CausalLm {
+    let dir = compact_dir().join(name);
+    let c = deltaserve_engine::read_config(&dir).unwrap();
+    let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
+    deltaserve_engine::CausalLm::load(&c, &ckpt, dtype, device, false).unwrap()
+}
