@@ -109,8 +109,8 @@ async fn stream_tokens(client: &reqwest::Client, url: &str, body: &serde_json::V
             if data == "[DONE]" {
                 continue;
             }
-            // One SSE chunk per generated token (empty texts included); a chat stream's first
-            // chunk carries only the role and is no token.
+            // One SSE chunk per generated token (with logprobs asked for, empty texts included);
+            // a chat stream's first chunk carries only the role and is no token.
             let parsed = serde_json::from_str::<serde_json::Value>(data).ok();
             let c = parsed.as_ref().map(|v| &v["choices"][0]);
             if c.is_some_and(|c| c["delta"].get("role").is_some()) {
@@ -138,7 +138,7 @@ async fn conversation(client: &reqwest::Client, url: &str, system: &str, id: usi
     for turn in 0..a.turns {
         let ask = format!("Conversation {id}, question {turn}: write a function that adds {turn} to a number, with a test.");
         messages.push(serde_json::json!({"role": "user", "content": ask}));
-        let body = serde_json::json!({"messages": messages, "max_tokens": a.max_tokens, "ignore_eos": true, "temperature": a.temperature, "stream": true});
+        let body = serde_json::json!({"messages": messages, "max_tokens": a.max_tokens, "ignore_eos": true, "temperature": a.temperature, "stream": true, "logprobs": true});
         let sample = if turn == 0 { &mut *first } else { &mut *later };
         let Some(answer) = stream_tokens(client, &format!("{url}/v1/chat/completions"), &body, sample).await else { return };
         messages.push(serde_json::json!({"role": "assistant", "content": answer}));
