@@ -18,7 +18,7 @@ enum Workload {
     Chat,
 }
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(about = "Concurrent streaming load against /v1/completions or /v1/chat/completions")]
 struct Args {
     /// What to send.
@@ -155,7 +155,7 @@ async fn chat(a: &Args) {
     let started = Instant::now();
     let tasks = (0..a.clients).map(|id| {
         let (client, url, system) = (client.clone(), a.url.clone(), system.clone());
-        let a = Args { workload: a.workload, url: a.url.clone(), ..*a };
+        let a = a.clone();
         tokio::spawn(async move {
             let (mut first, mut later) = (Sample::default(), Sample::default());
             conversation(&client, &url, &system, id, &a, &mut first, &mut later).await;

@@ -139,10 +139,9 @@ impl StatePool {
             }
             table[last] = copy;
         }
-        for (i, &b) in table.iter().enumerate() {
-            if !partial || i + 1 < table.len() {
-                self.refs[b as usize] += 1;
-            }
+        // The copy is held once already (take_block); the shared blocks gain this holder.
+        for &b in &table[..table.len() - usize::from(partial)] {
+            self.refs[b as usize] += 1;
         }
         for l in &mut self.layers {
             if let LayerCache::Recurrent(l) = l {

@@ -126,9 +126,14 @@ impl Scheduler {
         }
     }
 
-    /// The cache's gauges and eviction count.
-    pub(super) fn publish_cache(&self) {
+    /// The cache's gauges and eviction count, recounted only when the index changed (counting
+    /// the snapshots' KV blocks walks their tables).
+    pub(super) fn publish_cache(&mut self) {
         let Some(c) = &self.cache else { return };
+        if c.changes == self.cache_published {
+            return;
+        }
+        self.cache_published = c.changes;
         let m = &self.metrics;
         m.prefix_cache_entries.set(c.entries() as i64);
         let bytes =

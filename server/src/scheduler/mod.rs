@@ -135,6 +135,7 @@ pub fn spawn(
             kv_reserved: 0,
             cache,
             tails: Vec::new(),
+            cache_published: 0,
         };
         s.run(rx);
         shared.alive.store(false, Ordering::SeqCst);
@@ -200,6 +201,8 @@ struct Scheduler {
     cache: Option<prefix_cache::PrefixCache>,
     /// Finished chat turns being re-prefilled for the cache, oldest first.
     tails: Vec<caching::Tail>,
+    /// The cache's `changes` when its gauges were last published.
+    cache_published: u64,
 }
 
 impl Scheduler {
@@ -235,7 +238,7 @@ impl Scheduler {
         self.retire_all();
     }
 
-    fn publish_gauges(&self) {
+    fn publish_gauges(&mut self) {
         self.metrics.num_requests_waiting.set(self.waiting.len() as i64);
         self.metrics.num_requests_running.set(self.requests.len() as i64);
         self.metrics.state_slots_used.set(self.pool.used() as i64);

@@ -43,6 +43,8 @@ pub(super) struct PrefixCache {
     pub grid: usize,
     /// Snapshots dropped to make room, since start.
     pub evictions: u64,
+    /// Snapshots indexed or dropped, since start (the gauges need recounting when it moves).
+    pub changes: u64,
 }
 
 const ROOT: usize = 0;
@@ -50,7 +52,7 @@ const ROOT: usize = 0;
 impl PrefixCache {
     /// An empty index taking snapshots every `grid` tokens.
     pub fn new(grid: usize) -> Self {
-        Self { nodes: vec![Node::default()], free_nodes: Vec::new(), lru: BTreeSet::new(), tick: 0, grid, evictions: 0 }
+        Self { nodes: vec![Node::default()], free_nodes: Vec::new(), lru: BTreeSet::new(), tick: 0, grid, evictions: 0, changes: 0 }
     }
 
     /// Snapshots indexed.
@@ -157,6 +159,7 @@ impl PrefixCache {
         }
         self.nodes[at].snap = Some(snap);
         self.touch(at);
+        self.changes += 1;
         Ok(())
     }
 
@@ -166,6 +169,7 @@ impl PrefixCache {
         let n = &mut self.nodes[at];
         let snap = n.snap.take()?;
         self.lru.remove(&(n.last_used, at));
+        self.changes += 1;
         let mut at = at;
         while at != ROOT && self.nodes[at].snap.is_none() && self.nodes[at].children.len() <= 1 {
             let parent = self.nodes[at].parent;
