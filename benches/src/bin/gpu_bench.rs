@@ -40,6 +40,10 @@ struct Args {
     /// Only the whole-model section.
     #[arg(long)]
     model_only: bool,
+    /// Only the whole model's short packed prefills (B sequences of T tokens in one pass, as the
+    /// server batches prompt chunks), each mixer precision, with and without grid snapshots.
+    #[arg(long)]
+    small_prefill: bool,
     /// Only the decode-step MLP table (SwiGLU and down projection: two kernels or one).
     #[arg(long)]
     mlp_only: bool,
@@ -288,6 +292,9 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         "\n## Whole model: random Gated DeltaNet, {:.2} B params, bf16 (D=2048, 21 layers, H=6, K=256, expand_v=2)\n",
         params as f64 / 1e9
     );
+    if args.small_prefill {
+        return small_prefill_table(&model, dev, args.reps);
+    }
     let mut pool = model.new_pool(64)?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % 32000).collect();
@@ -347,6 +354,74 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         }
         for s in slots {
             pool.release(s)?;
+        }
+    }
+    Ok(())
+}
+
+/// Short packed prefills of the whole model: B sequences of T tokens each in one pass, host
+/// time to the logits on the host (what a server step waits for), per mixer precision; the
+/// snapshot column captures every 64-token grid point of each sequence on the way.
+fn small_prefill_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_engine::SnapshotAt;
+    println!("| B | T | mixer | snapshots | ms | k tokens/s |");
+    println!("|---|---|---|---|---|---|");
+    for (b, t) in [(1usize, 64usize), (1, 84), (1, 256), (1, 2048), (8, 64), (8, 160), (8, 256), (16, 128), (32, 64)] {
+        let size = deltaserve_engine::state::PoolSize { snapshots: b * (t / 64), ..deltaserve_engine::state::PoolSize::for_tokens(b, t) };
+        let mut pool = model.new_pool_sized(size)?;
+        let tokens: Vec<Vec<u32>> = (0..b).map(|s| (0..t as u32).map(|i| (i * 7919 + 13 + s as u32 * 101) % 32000).collect()).collect();
+        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+            for snap in [false, true] {
+                let ms = median_ms(dev, reps, || {
+                    // Fresh (zeroed) slots each time, as new requests get.
+                    let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+                    let batch: Vec<_> = slots.iter().zip(&tokens).map(|(s, t)| (*s, t.as_slice())).collect();
+                    let mut at = Vec::new();
+                    if snap {
+                        for seq in 0..b {
+                            for k in 1..=t / 64 {
+                                let id = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
+                                at.push(SnapshotAt { seq, tokens: k * 64, snap: id });
+                            }
+                        }
+                    }
+                    let logits = model.prefill_many_with(&mut pool, &batch, algo, &at)?;
+                    let _host = logits.to_vec2::<f32>()?;
+                    for a in at {
+                        pool.drop_snapshot(a.snap)?;
+                    }
+                    for s in slots {
+                        pool.release(s)?;
+                    }
+                    Ok(())
+                })?;
+                println!("| {b} | {t} | {algo:?} | {snap} | {ms:.2} | {:.1} |", (b * t) as f64 / ms);
+            }
+        }
+    }
+    // A server's cached turn: restore a 2,048-token prefix from its snapshot, then prefill
+    // the rest of the turn (not a multiple of 64 tokens) from there.
+    println!("\n| continued from | T | mixer | restore | ms |");
+    println!("|---|---|---|---|---|");
+    let size = deltaserve_engine::state::PoolSize { snapshots: 1, ..deltaserve_engine::state::PoolSize::for_tokens(1, 4096) };
+    let mut pool = model.new_pool_sized(size)?;
+    let prefix: Vec<u32> = (0..2048u32).map(|i| (i * 7919 + 13) % 32000).collect();
+    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+    let snap = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
+    model.prefill_many_with(&mut pool, &[(slot, &prefix)], PrefillAlgo::Chunked, &[SnapshotAt { seq: 0, tokens: 2048, snap }])?;
+    for t in [51usize, 64, 84, 128] {
+        let rest: Vec<u32> = (0..t as u32).map(|i| (i * 31 + 5) % 32000).collect();
+        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+            for restore in [false, true] {
+                let ms = median_ms(dev, reps, || {
+                    if restore {
+                        pool.restore(snap, slot)?;
+                    }
+                    let _host = model.prefill_many_with(&mut pool, &[(slot, &rest)], algo, &[])?.to_vec2::<f32>()?;
+                    Ok(())
+                })?;
+                println!("| 2048 | {t} | {algo:?} | {restore} | {ms:.2} |");
+            }
         }
     }
     Ok(())
@@ -512,7 +587,7 @@ fn main() -> anyhow::Result<()> {
     if args.mlp_only {
         return mlp_table(&dev, args.reps);
     }
-    if args.profile_prefill || args.model_only {
+    if args.profile_prefill || args.model_only || args.small_prefill {
         return model_table(&dev, &args);
     }
     prefill_table(&dev, args.reps)?;

@@ -367,7 +367,18 @@ pub fn render_chat_prompt(
     messages: &[crate::chat::Message],
     kwargs: Option<&Value>,
 ) -> Result<Vec<u32>, ApiError> {
+    let t0 = std::time::Instant::now();
     let text = template.render(messages, kwargs)?;
+    let t1 = std::time::Instant::now();
     let has_bos = tok.bos_token.as_deref().is_some_and(|b| !b.is_empty() && text.starts_with(b));
-    Ok(tok.encode(&text, !has_bos)?)
+    let ids = tok.encode(&text, !has_bos)?;
+    let (render, encode) = (t1 - t0, t1.elapsed());
+    tracing::debug!(
+        bytes = text.len(),
+        tokens = ids.len(),
+        render_ms = render.as_secs_f64() * 1e3,
+        encode_ms = encode.as_secs_f64() * 1e3,
+        "chat prompt"
+    );
+    Ok(ids)
 }

@@ -45,6 +45,7 @@ impl Scheduler {
         // Cached prefixes first: restored requests start later in their prompts, and those
         // whose prefix an older request is about to snapshot wait for it.
         let waits = self.use_cache();
+        let cached = started.elapsed();
         let left: Vec<(usize, usize)> = self
             .requests
             .iter()
@@ -76,8 +77,12 @@ impl Scheduler {
                 self.requests[i].fail(e);
             }
         }
+        let mut engine = std::time::Duration::ZERO;
         if !packed.is_empty() || !tails.is_empty() {
-            match self.prefill_packed(&packed, &tails) {
+            let t0 = Instant::now();
+            let out = self.prefill_packed(&packed, &tails);
+            engine = t0.elapsed();
+            match out {
                 Ok(lasts) => {
                     for ((i, take), last) in packed.into_iter().zip(lasts) {
                         if let Err(e) = self.finish_chunk(i, take, last) {
@@ -95,8 +100,12 @@ impl Scheduler {
             }
             self.end_tails(&tails);
         }
-        self.metrics.step_duration.with_label_values(&["prefill"]).observe(started.elapsed().as_secs_f64());
+        let secs = started.elapsed().as_secs_f64();
+        self.metrics.step_duration.with_label_values(&["prefill"]).observe(secs);
         self.metrics.prompt_tokens.inc_by(tokens as u64);
+        let tail_tokens: usize = tails.iter().map(|(_, take)| take).sum();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(tokens, tail_tokens, ms = secs * 1e3, cache_ms = ms(cached), engine_ms = ms(engine), "prefill step");
     }
 
     /// The next `take` prompt tokens of each `(request, take)` and of each `(tail, take)` in
@@ -118,7 +127,16 @@ impl Scheduler {
             None => Default::default(),
         };
         let batch: Vec<_> = pieces.iter().map(|&(slot, toks, from, take)| (slot, &toks[from..from + take])).collect();
-        let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps).and_then(|l| Ok(l.to_vec2::<f32>()?));
+        let t0 = Instant::now();
+        let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps);
+        let t1 = Instant::now();
+        let out = out.and_then(|l| Ok(l.to_vec2::<f32>()?));
+        tracing::debug!(
+            launch_ms = (t1 - t0).as_secs_f64() * 1e3,
+            wait_ms = t1.elapsed().as_secs_f64() * 1e3,
+            snaps = snaps.len(),
+            "prefill pass"
+        );
         if let Some(c) = self.cache.as_mut() {
             for (s, (seq, len)) in snaps.iter().zip(keys) {
                 let done = out.is_ok() && c.insert(&pieces[seq].1[..len], s.snap).is_ok();

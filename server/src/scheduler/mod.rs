@@ -210,12 +210,12 @@ impl Scheduler {
         loop {
             if self.waiting.is_empty() && self.requests.is_empty() && self.tails.is_empty() {
                 match rx.blocking_recv() {
-                    Some(r) => self.waiting.push_back(r),
+                    Some(r) => self.enqueue(r),
                     None => return,
                 }
             }
             while let Ok(r) = rx.try_recv() {
-                self.waiting.push_back(r);
+                self.enqueue(r);
             }
             if self.shared.abort.load(Ordering::SeqCst) {
                 self.fail_all(SchedulerError::ShutDown);
@@ -228,6 +228,11 @@ impl Scheduler {
             }
             self.publish_gauges();
         }
+    }
+
+    fn enqueue(&mut self, r: GenRequest) {
+        tracing::debug!(request = %r.id, prompt = r.prompt.len(), ms = r.arrived.elapsed().as_secs_f64() * 1e3, "received");
+        self.waiting.push_back(r);
     }
 
     fn step(&mut self) {

@@ -92,7 +92,11 @@ impl Seq {
         metrics.generation_tokens.inc();
         let now = Instant::now();
         match self.last_token {
-            None => metrics.time_to_first_token.observe(now.duration_since(arrived).as_secs_f64()),
+            None => {
+                let ttft = now.duration_since(arrived).as_secs_f64();
+                metrics.time_to_first_token.observe(ttft);
+                tracing::debug!(request = %id, ms = ttft * 1e3, "first token");
+            }
             Some(prev) => metrics.inter_token_latency.observe(now.duration_since(prev).as_secs_f64()),
         }
         self.last_token = Some(now);
