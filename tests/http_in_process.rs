@@ -1,33 +1,20 @@
 //! The router called in process (`deltaserve::app`), with the engine thread behind it: no
 //! binary, no startup; the spawn-the-binary tests (`http_api.rs`) check startup and signals.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, OnceLock};
+#[path = "in_process/mod.rs"]
+mod in_process;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use deltaserve::api::validate::Limits;
 use deltaserve::metrics::Metrics;
-use deltaserve::scheduler::{self, PrefixCacheConfig, SchedulerConfig};
-use deltaserve::{app, AppState, Serving};
+use deltaserve::scheduler::PrefixCacheConfig;
 use deltaserve_engine::sampling::argmax;
+use deltaserve::app;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
+use in_process::{app_state, serve_dir, Setup};
 use deltaserve_tests::{compact_dir, golden_cases, load_tensors, values};
 use serde_json::{json, Value};
-
-/// The router's state for the model name "gdn", before a model is set.
-fn app_state(metrics: Arc<Metrics>, api_key: Option<&str>) -> AppState {
-    AppState {
-        serving: Arc::new(OnceLock::new()),
-        metrics,
-        api_key: api_key.map(Into::into),
-        draining: Arc::new(AtomicBool::new(false)),
-        model_name: "gdn".into(),
-        body_limit: 1 << 20,
-        body_timeout: Duration::from_secs(60),
-        created: 0,
-        next_id: Arc::new(AtomicU64::new(0)),
-    }
-}
 
 /// The app over a compact fixture, served on a loopback port by this process.
 async fn serve(model: &str) -> (String, Engine) {
@@ -43,63 +30,6 @@ async fn serve_with(model: &str, slots: usize, kv_blocks: usize) -> (String, Eng
 async fn serve_queued(model: &str, slots: usize, kv_blocks: usize, max_queue: usize) -> (String, Engine) {
     let setup = Setup { slots, kv_blocks, max_queue, ..Setup::default() };
     serve_dir(&compact_dir().join(model), setup).await
-}
-
-/// How a test server is set up.
-struct Setup {
-    slots: usize,
-    kv_blocks: usize,
-    max_queue: usize,
-    cache: PrefixCacheConfig,
-    /// A chat template (the compact fixtures have none).
-    template: Option<&'static str>,
-    metrics: Option<Arc<Metrics>>,
-}
-
-impl Default for Setup {
-    fn default() -> Self {
-        Self {
-            slots: 4,
-            kv_blocks: 1024,
-            max_queue: 8,
-            cache: PrefixCacheConfig { snapshots: 32, grid: 64 },
-            template: None,
-            metrics: None,
-        }
-    }
-}
-
-/// The app over the checkpoint in `dir`, served on a loopback port by this process, and the
-/// engine loaded again for the test to compare with.
-async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) {
-    let engine = Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap();
-    let metrics = setup.metrics.unwrap_or_else(|| Arc::new(Metrics::new("gdn").unwrap()));
-    let state = app_state(metrics.clone(), None);
-    let kv_capacity = engine.config().is_hybrid().then_some((setup.kv_blocks, 16));
-    let limits = Limits {
-        served_model_name: "gdn".into(),
-        max_model_len: 4096,
-        max_n: 4,
-        vocab_size: engine.config().common.vocab_size,
-        kv_capacity,
-    };
-    let tokenizer = engine.tokenizer_arc();
-    let template = setup.template.map(|t| Arc::new(deltaserve::chat::ChatTemplate::new(t, None, None).unwrap()));
-    let cfg = SchedulerConfig {
-        max_num_seqs: setup.slots,
-        kv_blocks: setup.kv_blocks,
-        max_queue: setup.max_queue,
-        max_model_len: 4096,
-        prefix_cache: setup.cache,
-        prefill_budget: 64,
-        request_timeout: Duration::from_secs(60),
-    };
-    let (handle, _thread) = scheduler::spawn(engine, cfg, metrics).unwrap();
-    let _ = state.serving.set(Serving { scheduler: handle, tokenizer, template, limits });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app(state)).await });
-    (base, Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap())
 }
 
 /// `n` greedy tokens after `prompt`, from the engine run directly.

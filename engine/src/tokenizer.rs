@@ -106,6 +106,12 @@ impl Tokenizer {
         Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token, max_token_bytes })
     }
 
+    /// The tokenizer as `tokenizer.json` text (for libraries that build their own view of it,
+    /// such as the structured-output grammar engine).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -12,5 +12,6 @@ pub mod response;
 pub mod routes;
 pub mod scheduler;
 pub mod stop;
+pub mod structured;
 
 pub use routes::{app, AppState, Serving};

@@ -38,6 +38,8 @@ pub struct Serving {
     pub template: Option<Arc<ChatTemplate>>,
     /// Validation limits.
     pub limits: Limits,
+    /// The structured-output grammar compiler (`None` when the tokenizer cannot have one).
+    pub grammars: Option<Arc<crate::structured::Grammars>>,
 }
 
 /// Shared state of every handler.
@@ -280,12 +282,53 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + S
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(format!("validation task failed: {e}")))?
 }
 
+/// Stack of a grammar-compiling thread (address space; pages are touched only as used).
+const GRAMMAR_STACK_BYTES: usize = 1 << 30;
+
+/// Longest a grammar may take to compile before the request is refused.
+const GRAMMAR_COMPILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Compiles a request's grammar on a blocking thread, bounded in time: a schema too large or
+/// too slow to compile gets a 400 naming its field, never a stuck engine.
+async fn compile_grammar(
+    s: &Serving,
+    requested: Option<crate::api::structured::Requested>,
+) -> Result<Option<crate::structured::Constraint>, ApiError> {
+    let Some(r) = requested else { return Ok(None) };
+    let Some(grammars) = s.grammars.clone() else {
+        return Err(ApiError::bad_request("structured outputs are not available for this model's tokenizer", Some(&r.field), "unsupported_field"));
+    };
+    let field = r.field.clone();
+    // Its own thread with a deep stack: llguidance compiles recursively, and a deeply nested
+    // grammar overflowed a runtime thread's stack (which aborts the process).
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("grammar-compile".into())
+        .stack_size(GRAMMAR_STACK_BYTES)
+        .spawn(move || {
+            let c = grammars.compile(r.grammar);
+            let _ = tx.send(c.map_err(|e| ApiError::bad_request(format!("`{}` cannot be used: {e}", r.field), Some(&r.field), "invalid_value")));
+        })
+        .map_err(|e| ApiError::Internal(format!("cannot start a grammar compiler thread: {e}")))?;
+    match tokio::time::timeout(GRAMMAR_COMPILE_TIMEOUT, rx).await {
+        Ok(Ok(c)) => Ok(Some(c?)),
+        Ok(Err(_)) => Err(ApiError::Internal("the grammar compiler thread failed".into())),
+        Err(_) => Err(ApiError::bad_request(
+            format!("`{field}` took longer than {} s to compile; simplify it", GRAMMAR_COMPILE_TIMEOUT.as_secs()),
+            Some(&field),
+            "invalid_value",
+        )),
+    }
+}
+
 async fn completions(State(state): State<AppState>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     let s = state.serving()?;
     let tok = s.tokenizer.clone();
     let limits = s.limits.clone();
     let v_user = req.common.user.clone();
-    let v = blocking(move || validate::completion(&req, &tok, &limits)).await?;
+    let grammar = crate::api::structured::requested_grammar(&req.common)?;
+    let mut v = blocking(move || validate::completion(&req, &tok, &limits)).await?;
+    v.params.constraint = compile_grammar(s, grammar).await?;
     let id = state.request_id("cmpl");
     tracing::debug!(request = %id, user = v_user.as_deref().unwrap_or(""), prompts = v.prompts.len(), stream = v.stream, "completion");
     let rxs = submit(&state, s, &id, &v)?;
@@ -297,7 +340,9 @@ async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<C
     let s = state.serving()?;
     let (tok, template, limits) = (s.tokenizer.clone(), s.template.clone(), s.limits.clone());
     let user = req.common.user.clone();
-    let v = blocking(move || validate::chat(&req, &tok, template.as_deref(), &limits)).await?;
+    let grammar = crate::api::structured::requested_grammar(&req.common)?;
+    let mut v = blocking(move || validate::chat(&req, &tok, template.as_deref(), &limits)).await?;
+    v.params.constraint = compile_grammar(s, grammar).await?;
     let id = state.request_id("chatcmpl");
     tracing::debug!(request = %id, user = user.as_deref().unwrap_or(""), stream = v.stream, "chat completion");
     let rxs = submit(&state, s, &id, &v)?;

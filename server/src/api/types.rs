@@ -108,8 +108,10 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     /// End-user id (logged only).
     pub user: Option<String>,
-    /// Structured output (OpenAI): only `{"type": "text"}` is served yet; others are refused.
+    /// Structured output (OpenAI): `text`, `json_object` or `json_schema`.
     pub response_format: Option<Value>,
+    /// vLLM's structured outputs: one of `json`, `regex`, `choice`, `grammar`, `json_object`.
+    pub structured_outputs: Option<Value>,
     /// Tool definitions: refused unless empty, until tool calls are served.
     pub tools: Option<Value>,
     /// Tool choice: refused unless `"none"` or `"auto"` without tools.
@@ -118,13 +120,13 @@ pub struct CommonParams {
     pub functions: Option<Value>,
     /// The deprecated `function_call`: refused unless `"none"` or `"auto"`.
     pub function_call: Option<Value>,
-    /// vLLM's guided decoding fields: refused.
+    /// vLLM's older guided decoding: a JSON schema.
     pub guided_json: Option<Value>,
-    /// See `guided_json`.
+    /// A regular expression the output matches.
     pub guided_regex: Option<Value>,
-    /// See `guided_json`.
+    /// Strings, one of which is the output.
     pub guided_choice: Option<Value>,
-    /// See `guided_json`.
+    /// A Lark grammar.
     pub guided_grammar: Option<Value>,
 }
 

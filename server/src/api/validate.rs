@@ -126,18 +126,15 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-/// Fields implemented elsewhere (structured outputs, tools) or not at all: a request that asks
-/// for them gets a 400 naming the field rather than an answer that silently ignores it. The
-/// values that ask for nothing (`{"type": "text"}`, no tools, `"none"`/`"auto"`) pass.
+/// Fields not served (tools): a request that asks for them gets a 400 naming the field rather
+/// than an answer that silently ignores it. The values that ask for nothing (no tools,
+/// `"none"`/`"auto"`) pass.
 fn refuse_unserved(c: &CommonParams) -> Result<(), ApiError> {
     let unserved = |field: &str, v: &Value| {
         ApiError::bad_request(format!("`{field}` is not supported by this server yet; got {}", short(v)), Some(field), "unsupported_field")
     };
     let empty_list = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
     let no_choice = |v: &Value| v.is_null() || matches!(v.as_str(), Some("none" | "auto"));
-    if let Some(v) = c.response_format.as_ref().filter(|v| !v.is_null() && v.get("type").and_then(Value::as_str) != Some("text")) {
-        return Err(unserved("response_format", v));
-    }
     for (field, v) in [("tools", &c.tools), ("functions", &c.functions)] {
         if let Some(v) = v.as_ref().filter(|v| !empty_list(v)) {
             return Err(unserved(field, v));
@@ -145,12 +142,6 @@ fn refuse_unserved(c: &CommonParams) -> Result<(), ApiError> {
     }
     for (field, v) in [("tool_choice", &c.tool_choice), ("function_call", &c.function_call)] {
         if let Some(v) = v.as_ref().filter(|v| !no_choice(v)) {
-            return Err(unserved(field, v));
-        }
-    }
-    let guided = [("guided_json", &c.guided_json), ("guided_regex", &c.guided_regex), ("guided_choice", &c.guided_choice)];
-    for (field, v) in guided.into_iter().chain([("guided_grammar", &c.guided_grammar)]) {
-        if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
             return Err(unserved(field, v));
         }
     }
@@ -261,6 +252,7 @@ fn common(
         logprobs,
         prompt_logprobs: false,
         cache_output: false,
+        constraint: None,
     };
     Ok((params, stream, include_usage))
 }

@@ -299,8 +299,15 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
     };
+    let grammars = match deltaserve::structured::Grammars::new(&tokenizer, cfg.common.vocab_size) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs off");
+            None
+        }
+    };
     let (scheduler, _thread) = scheduler::spawn(engine, sched_cfg, metrics)?;
-    let _ = state.serving.set(Serving { scheduler, tokenizer, template, limits });
+    let _ = state.serving.set(Serving { scheduler, tokenizer, template, limits, grammars });
     tracing::info!(slots, bytes_per_slot = per_slot, model_type = cfg.model_type(), "ready");
     Ok(())
 }

@@ -223,7 +223,20 @@ impl Scheduler {
             return;
         }
         let started = Instant::now();
-        let result = self.engine.decode(&mut self.pool, &batch).and_then(|l| Ok(l.to_vec2::<f32>()?));
+        // Grammar masks for this step are computed on other threads while the forward runs.
+        let (engine, pool, requests) = (&self.engine, &mut self.pool, &mut self.requests);
+        let mut forward = || engine.decode(pool, &batch).and_then(|l| Ok(l.to_vec2::<f32>()?));
+        let constrained = requests.iter().flat_map(|r| &r.seqs).any(|s| !s.finished && s.constraint.is_some());
+        let result = if constrained {
+            std::thread::scope(|scope| {
+                let masks = scope.spawn(|| prepare_masks(requests));
+                let out = forward();
+                let _ = masks.join();
+                out
+            })
+        } else {
+            forward()
+        };
         self.metrics.step_duration.with_label_values(&["decode"]).observe(started.elapsed().as_secs_f64());
         self.metrics.decode_batch_size.observe(batch.len() as f64);
         tracing::trace!(batch = batch.len(), "decode step");
@@ -249,6 +262,14 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Computes the next step's grammar mask of every running constrained choice, in parallel.
+fn prepare_masks(requests: &mut [super::Active]) {
+    use rayon::prelude::*;
+    let mut constraints: Vec<&mut crate::structured::Constraint> =
+        requests.iter_mut().flat_map(|r| r.seqs.iter_mut()).filter(|s| !s.finished).filter_map(|s| s.constraint.as_mut()).collect();
+    constraints.par_iter_mut().for_each(|c| c.prepare());
 }
 
 #[cfg(test)]

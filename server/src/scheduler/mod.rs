@@ -322,6 +322,7 @@ mod tests {
             logprobs: None,
             prompt_logprobs: false,
             cache_output: false,
+            constraint: None,
         }
     }
 

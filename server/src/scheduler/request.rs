@@ -60,6 +60,8 @@ pub struct GenParams {
     /// Snapshot the prompt and the answer for the prefix cache when the request ends (a chat
     /// turn, whose next turn re-sends both).
     pub cache_output: bool,
+    /// The grammar every choice's output follows (structured outputs), in its start state.
+    pub constraint: Option<crate::structured::Constraint>,
 }
 
 /// The log-probability of one token and its top alternatives.

@@ -46,6 +46,8 @@ pub(super) struct Seq {
     /// Why the choice finished, when it finished normally (not by an error).
     pub finish_reason: Option<&'static str>,
     last_token: Option<Instant>,
+    /// The grammar this choice follows, if any.
+    pub constraint: Option<crate::structured::Constraint>,
 }
 
 impl Seq {
@@ -65,7 +67,16 @@ impl Seq {
             finished: false,
             finish_reason: None,
             last_token: None,
+            constraint: params.constraint.clone(),
         }
+    }
+
+    /// Ends this choice with an error event.
+    fn fail(&mut self, events: &mpsc::Sender<Event>, id: &str, message: &str) {
+        tracing::warn!(request = %id, error = message, "choice failed");
+        send(events, Event::Error(super::SchedulerError::Engine(message.to_owned())));
+        self.finished = true;
+        self.pending = None;
     }
 
     /// Samples the next token from `logits`, sends it with the text it completes, and ends the
@@ -75,7 +86,16 @@ impl Seq {
             return;
         }
         let p = cx.params;
-        let sampled = match self.sampler.sample(logits) {
+        // A grammar masks the logits (its mask was usually computed during the forward).
+        let mut grammar_error = None;
+        let sampled = match self.constraint.as_mut() {
+            Some(c) => self.sampler.sample_masked(logits, |l| grammar_error = c.apply(l).err()),
+            None => self.sampler.sample(logits),
+        };
+        if let Some(e) = grammar_error {
+            return self.fail(events, id, &format!("structured output: {e}"));
+        }
+        let sampled = match sampled {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(request = %id, error = %e, "sampling failed");
@@ -86,6 +106,16 @@ impl Seq {
             }
         };
         let t = sampled.token;
+        let mut grammar_done = false;
+        if let Some(c) = self.constraint.as_mut() {
+            let eos = cx.tok.eos_token_ids.contains(&t);
+            if !eos {
+                if let Err(e) = c.accept(t) {
+                    return self.fail(events, id, &format!("structured output: {e}"));
+                }
+            }
+            grammar_done = eos || c.is_stopped();
+        }
         self.sampler.accept(t);
         self.generated += 1;
         self.ids.push(t);
@@ -102,7 +132,9 @@ impl Seq {
         self.last_token = Some(now);
         let logprob = p.logprobs.map(|n| TokenLogprob { token: t, logprob: sampled.logprob, top: top_logprobs(logits, n) });
 
-        let mut finish = if !p.ignore_eos && cx.tok.eos_token_ids.contains(&t) {
+        // Under a grammar EOS is only allowed once the output is complete, so it always stops.
+        let eos = cx.tok.eos_token_ids.contains(&t);
+        let mut finish = if eos && (!p.ignore_eos || self.constraint.is_some()) {
             Some(FinishReason::Stop(None))
         } else if p.stop_token_ids.contains(&t) {
             Some(FinishReason::Stop(Some(StopCause::Token(t))))
@@ -123,6 +155,9 @@ impl Seq {
                 Ok(None) => {}
                 Err(e) => tracing::warn!(request = %id, error = %e, "detokenization failed"),
             }
+        }
+        if finish.is_none() && grammar_done {
+            finish = Some(FinishReason::Stop(None));
         }
         if finish.is_none() && (self.generated >= p.max_tokens || cx.prompt_len + self.generated >= cx.max_model_len) {
             finish = Some(FinishReason::Length);
@@ -169,6 +204,7 @@ mod tests {
             logprobs: None,
             prompt_logprobs: false,
             cache_output: false,
+            constraint: None,
         }
     }
 

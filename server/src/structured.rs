@@ -1,0 +1,126 @@
+//! Structured outputs: a grammar (JSON schema, regex, choice list or Lark) compiled by
+//! llguidance against the model's tokenizer, and the per-choice [`Constraint`] that masks each
+//! step's logits to the tokens the grammar allows and advances past the sampled one.
+
+use deltaserve_engine::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::SimpleVob;
+use llguidance::{Matcher, ParserFactory};
+use toktrie_hf_tokenizers::ByteTokenizer;
+
+/// A grammar that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GrammarError {
+    /// The tokenizer could not be turned into llguidance's byte-level view.
+    #[error("structured outputs are not available for this tokenizer: {0}")]
+    Tokenizer(String),
+    /// The grammar (schema, regex, Lark) did not compile, or broke a size/time limit.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The grammar compiler for one model's tokenizer, built once at start.
+pub struct Grammars {
+    factory: ParserFactory,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").finish_non_exhaustive()
+    }
+}
+
+impl Grammars {
+    /// Builds the token trie of `tok` for a model whose logits have `vocab_size` entries.
+    pub fn new(tok: &Tokenizer, vocab_size: usize) -> Result<Self, GrammarError> {
+        let bad = |e: &dyn std::fmt::Display| GrammarError::Tokenizer(e.to_string());
+        let json = tok.to_json().map_err(|e| bad(&e))?;
+        let mut bt = ByteTokenizer::from_json_bytes(json.as_bytes()).map_err(|e| bad(&e))?;
+        // set_eos_tokens asserts on ids outside the tokenizer; keep only those inside.
+        let n = bt.tokrx_info().vocab_size;
+        let eos: Vec<u32> = tok.eos_token_ids.iter().copied().filter(|&t| t < n).collect();
+        if !eos.is_empty() {
+            bt.set_eos_tokens(&eos);
+        }
+        let env = bt.into_tok_env(Some(vocab_size.max(n as usize))).map_err(|e| bad(&e))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| bad(&e))?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// Compiles `grammar` into a fresh constraint. Bounded by llguidance's limits (grammar
+    /// size, lexer states and fuel), so a huge or pathological schema fails instead of hanging.
+    pub fn compile(&self, grammar: TopLevelGrammar) -> Result<Constraint, GrammarError> {
+        let parser = self.factory.create_parser(grammar).map_err(|e| GrammarError::Invalid(brief(&e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Invalid(brief(&e)));
+        }
+        Ok(Constraint { matcher, mask: None })
+    }
+}
+
+/// The first line of a compiler message, at most 300 characters (llguidance appends its
+/// backtrace to the messages of errors it caught as panics).
+fn brief(message: &str) -> String {
+    let line = message.lines().next().unwrap_or_default();
+    match line.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_owned(),
+    }
+}
+
+/// One choice's grammar state. Cloning gives an independent copy (for `n > 1` choices).
+pub struct Constraint {
+    matcher: Matcher,
+    /// The next step's allowed tokens, computed ahead (see [`Self::prepare`]).
+    mask: Option<Result<SimpleVob, String>>,
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self { matcher: self.matcher.deep_clone(), mask: None }
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint").field("stopped", &self.matcher.is_stopped()).finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// Computes the allowed tokens of the next step, so that the engine thread can do it while
+    /// the model's forward pass runs; [`Self::apply`] uses it.
+    pub fn prepare(&mut self) {
+        if self.mask.is_none() {
+            self.mask = Some(self.matcher.compute_mask().map_err(|e| e.to_string()));
+        }
+    }
+
+    /// Sets every logit the grammar does not allow to −∞.
+    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        self.prepare();
+        let mask = self.mask.take().unwrap_or_else(|| Err("no mask".into()))?;
+        if mask.num_set() == 0 {
+            return Err("the grammar allows no token here".into());
+        }
+        for (i, l) in logits.iter_mut().enumerate() {
+            if !mask.is_allowed(i as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// Advances past the sampled `token`.
+    pub fn accept(&mut self, token: u32) -> Result<(), String> {
+        self.mask = None;
+        self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+
+    /// Whether the grammar is complete and allows nothing more.
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
