@@ -7,13 +7,13 @@ mod in_process;
 use std::sync::Arc;
 use std::time::Duration;
 
+use deltaserve::app;
 use deltaserve::metrics::Metrics;
 use deltaserve::scheduler::PrefixCacheConfig;
 use deltaserve_engine::sampling::argmax;
-use deltaserve::app;
 use deltaserve_engine::{Engine, LoadOptions, Logits};
-use in_process::{app_state, serve_dir, Setup};
 use deltaserve_tests::{compact_dir, golden_cases, load_tensors, values};
+use in_process::{app_state, serve_dir, Setup};
 use serde_json::{json, Value};
 
 /// The app over a compact fixture, served on a loopback port by this process.

@@ -12,7 +12,8 @@ use futures::StreamExt;
 use in_process::{serve_dir, Setup};
 use serde_json::{json, Value};
 
-const CHAT_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ '<|im_start|>assistant\\n' }}";
+const CHAT_TEMPLATE: &str =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ '<|im_start|>assistant\\n' }}";
 
 async fn demo() -> String {
     let dir = deltaserve_tests::tests_dir().join("../models/gdn-demo");
@@ -168,7 +169,10 @@ async fn bad_grammars_are_refused_naming_their_field_within_a_bound() {
     let url = format!("{base}/v1/completions");
     let cases = [
         (json!({"guided_json": {"type": "nonsense"}}), "guided_json"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}}), "response_format.json_schema.schema"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}}),
+            "response_format.json_schema.schema",
+        ),
         (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), "response_format.json_schema.schema"),
         (json!({"response_format": {"type": "yaml"}}), "response_format.type"),
         (json!({"guided_regex": "(unclosed"}), "guided_regex"),
@@ -189,7 +193,8 @@ async fn bad_grammars_are_refused_naming_their_field_within_a_bound() {
     // Too large: a schema of 12,000 required properties, and a Lark grammar nested 28,000
     // rules deep (it overflowed a runtime thread's stack once, aborting the server). Both are
     // refused by llguidance's limits within the compile timeout, with a one-line message.
-    let props: serde_json::Map<String, Value> = (0..12000).map(|i| (format!("p{i}"), json!({"type": "string", "enum": [format!("v{i}a"), format!("v{i}b")]}))).collect();
+    let props: serde_json::Map<String, Value> =
+        (0..12000).map(|i| (format!("p{i}"), json!({"type": "string", "enum": [format!("v{i}a"), format!("v{i}b")]}))).collect();
     let names: Vec<&String> = props.keys().collect();
     let schema = json!({"type": "object", "properties": props, "required": names});
     let rules: String = (0..28000).map(|i| format!("r{i}: \"a{i}\" r{} | \"b\"\n", i + 1)).collect();

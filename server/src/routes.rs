@@ -296,7 +296,11 @@ async fn compile_grammar(
 ) -> Result<Option<crate::structured::Constraint>, ApiError> {
     let Some(r) = requested else { return Ok(None) };
     let Some(grammars) = s.grammars.clone() else {
-        return Err(ApiError::bad_request("structured outputs are not available for this model's tokenizer", Some(&r.field), "unsupported_field"));
+        return Err(ApiError::bad_request(
+            "structured outputs are not available for this model's tokenizer",
+            Some(&r.field),
+            "unsupported_field",
+        ));
     };
     let field = r.field.clone();
     // Its own thread with a deep stack: llguidance compiles recursively, and a deeply nested
@@ -307,7 +311,8 @@ async fn compile_grammar(
         .stack_size(GRAMMAR_STACK_BYTES)
         .spawn(move || {
             let c = grammars.compile(r.grammar);
-            let _ = tx.send(c.map_err(|e| ApiError::bad_request(format!("`{}` cannot be used: {e}", r.field), Some(&r.field), "invalid_value")));
+            let _ = tx
+                .send(c.map_err(|e| ApiError::bad_request(format!("`{}` cannot be used: {e}", r.field), Some(&r.field), "invalid_value")));
         })
         .map_err(|e| ApiError::Internal(format!("cannot start a grammar compiler thread: {e}")))?;
     match tokio::time::timeout(GRAMMAR_COMPILE_TIMEOUT, rx).await {

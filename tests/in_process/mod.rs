@@ -84,4 +84,3 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
     tokio::spawn(async move { axum::serve(listener, app(state)).await });
     (base, Engine::load(&LoadOptions::cpu(dir.to_str().unwrap())).unwrap())
 }
-

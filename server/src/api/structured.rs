@@ -17,6 +17,9 @@ pub struct Requested {
     pub grammar: TopLevelGrammar,
 }
 
+/// Turns one field's value into its grammar.
+type Reader = fn(&str, &Value) -> Result<Requested, ApiError>;
+
 /// Reads the request's structured-output fields; `None` when it asks for free text.
 pub fn requested_grammar(c: &CommonParams) -> Result<Option<Requested>, ApiError> {
     let mut found: Vec<Requested> = Vec::new();
@@ -40,7 +43,7 @@ pub fn requested_grammar(c: &CommonParams) -> Result<Option<Requested>, ApiError
             }
         }
     }
-    let guided: [(&str, &Option<Value>, fn(&str, &Value) -> Result<Requested, ApiError>); 4] = [
+    let guided: [(&str, &Option<Value>, Reader); 4] = [
         ("guided_json", &c.guided_json, json),
         ("guided_regex", &c.guided_regex, regex),
         ("guided_choice", &c.guided_choice, choice),
@@ -88,7 +91,9 @@ fn any_object(field: &str) -> Requested {
 /// A JSON schema, given as an object or as a string holding one (vLLM accepts both).
 fn json(field: &str, v: &Value) -> Result<Requested, ApiError> {
     let schema = match v {
-        Value::String(s) => serde_json::from_str(s).map_err(|e| ApiError::invalid(field, "a JSON schema", format!("unparsable JSON ({e})")))?,
+        Value::String(s) => {
+            serde_json::from_str(s).map_err(|e| ApiError::invalid(field, "a JSON schema", format!("unparsable JSON ({e})")))?
+        }
         Value::Object(_) | Value::Bool(_) => v.clone(),
         other => return Err(ApiError::invalid(field, "a JSON schema object", short(other))),
     };
@@ -99,7 +104,8 @@ fn json(field: &str, v: &Value) -> Result<Requested, ApiError> {
 /// options (`x-guidance`): free whitespace lets a weak model pad forever instead of finishing.
 fn compact(mut schema: Value) -> Value {
     if let Some(obj) = schema.as_object_mut() {
-        obj.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+        obj.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
     }
     schema
 }
