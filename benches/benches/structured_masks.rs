@@ -1,0 +1,65 @@
+//! Cost of structured outputs per decode step: computing the grammar masks of a batch of
+//! constrained choices (in parallel, as the engine thread does while the forward runs) and
+//! applying them to the logits, at batch 1 and 64, on the demo model's tokenizer with a nested
+//! JSON schema. `cargo bench -p deltaserve --bench structured_masks`.
+
+use std::time::Instant;
+
+use deltaserve::structured::{Constraint, Grammars};
+use deltaserve_engine::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use rayon::prelude::*;
+
+fn main() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gdn-demo");
+    let tok = Tokenizer::from_dir(&dir, None, &[]).expect("demo tokenizer");
+    let vocab = tok.vocab_size();
+    let grammars = Grammars::new(&tok, vocab).expect("grammars");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"},
+            "role": {"enum": ["admin", "user", "guest"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}
+        },
+        "required": ["name", "age", "role", "tags"], "additionalProperties": false,
+        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}
+    });
+    let t0 = Instant::now();
+    let base = grammars.compile(TopLevelGrammar::from_json_schema(schema)).expect("compile");
+    println!("compile: {:.2} ms (vocabulary {vocab})", t0.elapsed().as_secs_f64() * 1e3);
+    println!("| batch | steps | ms per step (masks + apply) | µs per choice |");
+    println!("|---|---|---|---|");
+    for batch in [1usize, 64] {
+        let mut cs: Vec<Constraint> = (0..batch).map(|_| base.clone()).collect();
+        let mut logits = vec![vec![0.0f32; vocab]; batch];
+        let mut steps = 0usize;
+        let t0 = Instant::now();
+        // Each choice follows the grammar by taking the first allowed token that is not EOS,
+        // a walk of a plausible length through the schema.
+        for step in 0..48 {
+            cs.par_iter_mut().for_each(|c| c.prepare());
+            let mut live = 0;
+            for (c, l) in cs.iter_mut().zip(logits.iter_mut()) {
+                if c.is_stopped() {
+                    continue;
+                }
+                l.iter_mut().enumerate().for_each(|(i, x)| *x = ((i * 7 + step) % 13) as f32);
+                if c.apply(l).is_err() {
+                    continue;
+                }
+                let t = l.iter().enumerate().filter(|(_, x)| x.is_finite()).max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32);
+                if let Some(t) = t {
+                    let _ = c.accept(t);
+                    live += 1;
+                }
+            }
+            if live == 0 {
+                break;
+            }
+            steps += 1;
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
+        println!("| {batch} | {steps} | {ms:.3} | {:.1} |", ms * 1e3 / batch as f64);
+    }
+}
