@@ -172,8 +172,8 @@ impl Sampler {
     }
 
     /// [`Self::sample`] from the tokens `mask` leaves: it sets the logits of the others to −∞
-    /// (a grammar's mask). The model's logits are checked before masking, and the returned
-    /// logprob is the model's.
+    /// (a grammar's mask, which must leave at least one). The model's logits are checked before
+    /// masking, and the returned logprob is the model's.
     pub fn sample_masked(&mut self, raw: &[f32], mask: impl FnOnce(&mut [f32])) -> Result<Sampled> {
         let bad = raw.iter().filter(|l| !l.is_finite()).count();
         if bad > 0 {
@@ -182,9 +182,6 @@ impl Sampler {
         }
         let mut logits = raw.to_vec();
         mask(&mut logits);
-        if logits.iter().all(|l| *l == f32::NEG_INFINITY) {
-            return Err(EngineError::Invalid { field: "mask", expected: "at least one allowed token".into(), actual: "none".into() });
-        }
         self.process(&mut logits);
         let token = if self.params.temperature < GREEDY_BELOW { argmax(&logits) } else { self.sample_stochastic(&logits) };
         Ok(Sampled { token, logprob: log_softmax_at(raw, token as usize) })

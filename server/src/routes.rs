@@ -288,7 +288,7 @@ const GRAMMAR_STACK_BYTES: usize = 1 << 30;
 /// Longest a grammar may take to compile before the request is refused.
 const GRAMMAR_COMPILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Compiles a request's grammar on a blocking thread, bounded in time: a schema too large or
+/// Compiles a request's grammar on a thread of its own, bounded in time: a schema too large or
 /// too slow to compile gets a 400 naming its field, never a stuck engine.
 async fn compile_grammar(
     s: &Serving,

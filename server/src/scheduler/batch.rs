@@ -6,7 +6,7 @@ use std::time::Instant;
 use deltaserve_engine::{Logits, PREFILL_CHUNK};
 
 use super::sequence::{logprob_entry, send, Seq};
-use super::{Event, Scheduler, SchedulerError};
+use super::{ms, Event, Scheduler, SchedulerError};
 
 /// The prompt chunks of one step: oldest request first, `(request, tokens)` for every request
 /// with prompt left (`(done, left)` per request, `left` 0 for none), until `budget` tokens are
@@ -104,7 +104,6 @@ impl Scheduler {
         self.metrics.step_duration.with_label_values(&["prefill"]).observe(secs);
         self.metrics.prompt_tokens.inc_by(tokens as u64);
         let tail_tokens: usize = tails.iter().map(|(_, take)| take).sum();
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         tracing::debug!(tokens, tail_tokens, ms = secs * 1e3, cache_ms = ms(cached), engine_ms = ms(engine), "prefill step");
     }
 
@@ -131,12 +130,7 @@ impl Scheduler {
         let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps);
         let t1 = Instant::now();
         let out = out.and_then(|l| Ok(l.to_vec2::<f32>()?));
-        tracing::debug!(
-            launch_ms = (t1 - t0).as_secs_f64() * 1e3,
-            wait_ms = t1.elapsed().as_secs_f64() * 1e3,
-            snaps = snaps.len(),
-            "prefill pass"
-        );
+        tracing::debug!(launch_ms = ms(t1 - t0), wait_ms = ms(t1.elapsed()), snaps = snaps.len(), "prefill pass");
         if let Some(c) = self.cache.as_mut() {
             for (s, (seq, len)) in snaps.iter().zip(keys) {
                 let done = out.is_ok() && c.insert(&pieces[seq].1[..len], s.snap).is_ok();

@@ -205,6 +205,11 @@ struct Scheduler {
     cache_published: u64,
 }
 
+/// A duration in milliseconds, for the debug trace.
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 impl Scheduler {
     fn run(&mut self, mut rx: mpsc::Receiver<GenRequest>) {
         loop {
@@ -231,7 +236,7 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, r: GenRequest) {
-        tracing::debug!(request = %r.id, prompt = r.prompt.len(), ms = r.arrived.elapsed().as_secs_f64() * 1e3, "received");
+        tracing::debug!(request = %r.id, prompt = r.prompt.len(), ms = ms(r.arrived.elapsed()), "received");
         self.waiting.push_back(r);
     }
 

@@ -72,9 +72,9 @@ impl Seq {
     }
 
     /// Ends this choice with an error event.
-    fn fail(&mut self, events: &mpsc::Sender<Event>, id: &str, message: &str) {
-        tracing::warn!(request = %id, error = message, "choice failed");
-        send(events, Event::Error(super::SchedulerError::Engine(message.to_owned())));
+    fn fail(&mut self, events: &mpsc::Sender<Event>, id: &str, e: super::SchedulerError) {
+        tracing::error!(request = %id, error = %e, "choice failed");
+        send(events, Event::Error(e));
         self.finished = true;
         self.pending = None;
     }
@@ -93,17 +93,11 @@ impl Seq {
             None => self.sampler.sample(logits),
         };
         if let Some(e) = grammar_error {
-            return self.fail(events, id, &format!("structured output: {e}"));
+            return self.fail(events, id, super::SchedulerError::Engine(format!("structured output: {e}")));
         }
         let sampled = match sampled {
             Ok(s) => s,
-            Err(e) => {
-                tracing::error!(request = %id, error = %e, "sampling failed");
-                send(events, Event::Error(e.into()));
-                self.finished = true;
-                self.pending = None;
-                return;
-            }
+            Err(e) => return self.fail(events, id, e.into()),
         };
         let t = sampled.token;
         let mut grammar_done = false;
@@ -111,7 +105,7 @@ impl Seq {
             let eos = cx.tok.eos_token_ids.contains(&t);
             if !eos {
                 if let Err(e) = c.accept(t) {
-                    return self.fail(events, id, &format!("structured output: {e}"));
+                    return self.fail(events, id, super::SchedulerError::Engine(format!("structured output: {e}")));
                 }
             }
             grammar_done = eos || c.is_stopped();
