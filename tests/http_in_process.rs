@@ -375,7 +375,7 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
     // The prompt the server renders for `messages`.
     let prompt = |m: &Value| {
         let msgs = deltaserve::chat::parse_messages(Some(m)).unwrap();
-        deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None).unwrap()
+        deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
     };
     // The 40 greedy tokens the engine generates after `ids` (what the server answers).
     let answer = |ids: &[u32]| {

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::error::ApiError;
+use crate::api::structured::Requested;
 use crate::api::types::{ChatRequest, CompletionRequest, DetokenizeRequest, FromBody, TokenizeRequest};
 use crate::api::validate::{self, Limits, ValidRequest};
 use crate::chat::ChatTemplate;
@@ -231,7 +232,7 @@ async fn tokenize(State(state): State<AppState>, ApiJson(req): ApiJson<TokenizeR
             let t = template
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("this model has no `chat_template`", Some("messages"), "no_chat_template"))?;
-            validate::render_chat_prompt(t, &tok, &msgs, None)
+            Ok(validate::render_chat_prompt(t, &tok, &msgs, None, None)?.ids)
         }
         _ => Err(ApiError::invalid("prompt", "exactly one of `prompt` or `messages`", "both or neither")),
     })
@@ -290,10 +291,7 @@ const GRAMMAR_COMPILE_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 
 /// Compiles a request's grammar on a thread of its own, bounded in time: a schema too large or
 /// too slow to compile gets a 400 naming its field, never a stuck engine.
-async fn compile_grammar(
-    s: &Serving,
-    requested: Option<crate::api::structured::Requested>,
-) -> Result<Option<crate::structured::Constraint>, ApiError> {
+async fn compile_grammar(s: &Serving, requested: Option<Requested>) -> Result<Option<crate::structured::Constraint>, ApiError> {
     let Some(r) = requested else { return Ok(None) };
     let Some(grammars) = s.grammars.clone() else {
         return Err(ApiError::bad_request(
@@ -347,7 +345,25 @@ async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<C
     let user = req.common.user.clone();
     let grammar = crate::api::structured::requested_grammar(&req.common)?;
     let mut v = blocking(move || validate::chat(&req, &tok, template.as_deref(), &limits)).await?;
+    let chat = v.chat.clone().unwrap_or_else(|| validate::ChatOutput { output: Default::default(), tool_grammar: None });
+    let grammar = match (grammar, chat.tool_grammar) {
+        (Some(g), Some(_)) => {
+            return Err(ApiError::bad_request(
+                format!("`{}` cannot be combined with a `tool_choice` that requires a call", g.field),
+                Some(&g.field),
+                "invalid_value",
+            ))
+        }
+        (None, Some(lark)) => Some(Requested { field: "tools".into(), grammar: llguidance::api::TopLevelGrammar::from_lark(lark) }),
+        (g, None) => g,
+    };
     v.params.constraint = compile_grammar(s, grammar).await?;
+    if chat.output.starts_thinking {
+        // The grammar holds for the answer, after the reasoning the prompt opened.
+        if let Some(c) = v.params.constraint.as_mut() {
+            c.wait_for(crate::chat::output::THINK_CLOSE);
+        }
+    }
     let id = state.request_id("chatcmpl");
     tracing::debug!(request = %id, user = user.as_deref().unwrap_or(""), stream = v.stream, "chat completion");
     let rxs = submit(&state, s, &id, &v)?;

@@ -56,7 +56,7 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Invalid(brief(&e)));
         }
-        Ok(Constraint { matcher, mask: None })
+        Ok(Constraint { matcher, mask: None, gate: None })
     }
 }
 
@@ -75,11 +75,20 @@ pub struct Constraint {
     matcher: Matcher,
     /// The next step's allowed tokens, computed ahead (see [`Self::prepare`]).
     mask: Option<Result<SimpleVob, String>>,
+    /// While set, the output is free until this text appears (see [`Self::wait_for`]).
+    gate: Option<Gate>,
+}
+
+/// The text that opens a constraint, and the output's tail seen so far.
+#[derive(Debug, Clone)]
+struct Gate {
+    marker: String,
+    tail: String,
 }
 
 impl Clone for Constraint {
     fn clone(&self) -> Self {
-        Self { matcher: self.matcher.deep_clone(), mask: None }
+        Self { matcher: self.matcher.deep_clone(), mask: None, gate: self.gate.clone() }
     }
 }
 
@@ -93,13 +102,16 @@ impl Constraint {
     /// Computes the allowed tokens of the next step, so that the engine thread can do it while
     /// the model's forward pass runs; [`Self::apply`] uses it.
     pub fn prepare(&mut self) {
-        if self.mask.is_none() {
+        if self.mask.is_none() && self.gate.is_none() {
             self.mask = Some(self.matcher.compute_mask().map_err(|e| e.to_string()));
         }
     }
 
     /// Sets every logit the grammar does not allow to −∞.
     pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        if self.gate.is_some() {
+            return Ok(());
+        }
         self.prepare();
         let mask = self.mask.take().unwrap_or_else(|| Err("no mask".into()))?;
         if mask.num_set() == 0 {
@@ -116,11 +128,76 @@ impl Constraint {
     /// Advances past the sampled `token`.
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
         self.mask = None;
+        if self.gate.is_some() {
+            return Ok(());
+        }
         self.matcher.consume_token(token).map_err(|e| e.to_string())
     }
 
     /// Whether the grammar is complete and allows nothing more.
     pub fn is_stopped(&self) -> bool {
-        self.matcher.is_stopped()
+        self.gate.is_none() && self.matcher.is_stopped()
+    }
+
+    /// Leaves the output free until `marker` has been generated (the end of a reasoning block),
+    /// and constrains what follows it.
+    pub fn wait_for(&mut self, marker: &str) {
+        self.gate = Some(Gate { marker: marker.to_owned(), tail: String::new() });
+    }
+
+    /// Whether the constraint still waits for its marker.
+    pub fn waiting(&self) -> bool {
+        self.gate.is_some()
+    }
+
+    /// Takes in the text of the token just generated; opens the gate once its marker appears.
+    pub fn observe(&mut self, text: &str) {
+        let Some(g) = self.gate.as_mut() else { return };
+        g.tail.push_str(text);
+        if g.tail.contains(&g.marker) {
+            self.gate = None;
+            return;
+        }
+        // Only a tail shorter than the marker can still be part of it.
+        let keep = g.marker.len().saturating_sub(1);
+        if g.tail.len() > keep {
+            let cut = (g.tail.len() - keep..=g.tail.len()).find(|&i| g.tail.is_char_boundary(i)).unwrap_or(g.tail.len());
+            g.tail.drain(..cut);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grammars() -> (Tokenizer, Grammars) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/compact/gdn");
+        let tok = Tokenizer::from_dir(&dir, Some(1), &[2]).unwrap();
+        let g = Grammars::new(&tok, tok.vocab_size()).unwrap();
+        (tok, g)
+    }
+
+    #[test]
+    fn a_gated_constraint_is_free_until_its_marker_then_masks() {
+        let (tok, g) = grammars();
+        let mut c = g.compile(TopLevelGrammar::from_regex("yes|no")).unwrap();
+        c.wait_for("</think>");
+        let mut logits = vec![0.5f32; tok.vocab_size()];
+        c.apply(&mut logits).unwrap();
+        assert!(logits.iter().all(|&l| l == 0.5), "nothing is masked while waiting");
+        // The marker may arrive split across tokens.
+        for piece in ["thinking…</th", "ink", ">"] {
+            assert!(c.waiting());
+            c.observe(piece);
+        }
+        assert!(!c.waiting());
+        c.apply(&mut logits).unwrap();
+        let allowed: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+        assert!(!allowed.is_empty() && allowed.len() < 20, "{} tokens allowed", allowed.len());
+        for t in allowed {
+            let text = tok.decode(&[t], false).unwrap();
+            assert!("yes".starts_with(&text) || "no".starts_with(&text), "{text:?} is allowed");
+        }
     }
 }

@@ -112,9 +112,9 @@ pub struct CommonParams {
     pub response_format: Option<Value>,
     /// vLLM's structured outputs: one of `json`, `regex`, `choice`, `grammar`, `json_object`.
     pub structured_outputs: Option<Value>,
-    /// Tool definitions: refused unless empty, until tool calls are served.
+    /// Tool definitions (chat only).
     pub tools: Option<Value>,
-    /// Tool choice: refused unless `"none"` or `"auto"` without tools.
+    /// `none`, `auto`, `required` or a named function (chat only).
     pub tool_choice: Option<Value>,
     /// The deprecated `functions`: refused unless empty.
     pub functions: Option<Value>,
@@ -159,6 +159,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     /// Extra variables for the chat template (vLLM's field, e.g. `{"enable_thinking": false}`).
     pub chat_template_kwargs: Option<Value>,
+    /// Allow more than one tool call per answer (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Shared fields (read from the same object, see [`FromBody`]).
     #[serde(skip)]
     pub common: CommonParams,
@@ -281,9 +283,41 @@ pub struct ChatMessage {
     /// `assistant` (first delta and full messages only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    /// Text.
+    /// Text (null in a full message that only calls tools).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The text of the model's `<think>` block (vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls: whole in a message, in pieces (by `index`) in stream deltas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A tool call, or a streamed piece of one.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCall {
+    /// Position among the choice's calls (stream deltas only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// `call_…` (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first piece only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name and arguments.
+    pub function: FunctionCall,
+}
+
+/// The function of a [`ToolCall`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCall {
+    /// Function name (first piece only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The arguments as JSON text (or a fragment of it).
+    pub arguments: String,
 }
 
 /// One chat choice (non-streaming: `message`; streaming: `delta`).
@@ -299,7 +333,7 @@ pub struct ChatChoice {
     pub delta: Option<ChatMessage>,
     /// Logprobs when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`; null while streaming.
+    /// `stop`, `length` or `tool_calls`; null while streaming.
     pub finish_reason: Option<&'static str>,
 }
 

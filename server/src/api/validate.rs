@@ -6,7 +6,9 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::types::{ChatRequest, CommonParams, CompletionRequest};
-use crate::chat::{parse_messages, short, ChatTemplate};
+use crate::chat::output::{prompt_opens_thinking, OutputConfig};
+use crate::chat::tools::{call_grammar, ToolChoice, ToolSet};
+use crate::chat::{parse_messages, short, ChatTemplate, Message};
 use crate::scheduler::GenParams;
 
 /// Most stop strings per request.
@@ -44,6 +46,18 @@ pub struct ValidRequest {
     pub include_usage: bool,
     /// Completions `echo`.
     pub echo: bool,
+    /// Chat: how to read the output (reasoning, tool calls) and the tool-call grammar.
+    pub chat: Option<ChatOutput>,
+}
+
+/// What a chat request needs beyond generation: how its output is read, and the grammar that
+/// `tool_choice: "required"` or a named function imposes.
+#[derive(Debug, Clone)]
+pub struct ChatOutput {
+    /// Reasoning and tool-call parsing of every choice.
+    pub output: OutputConfig,
+    /// The Lark grammar of the required calls.
+    pub tool_grammar: Option<String>,
 }
 
 /// Errors unless `model` is absent or the served model's name.
@@ -126,23 +140,30 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-/// Fields not served (tools): a request that asks for them gets a 400 naming the field rather
-/// than an answer that silently ignores it. The values that ask for nothing (no tools,
-/// `"none"`/`"auto"`) pass.
-fn refuse_unserved(c: &CommonParams) -> Result<(), ApiError> {
-    let unserved = |field: &str, v: &Value| {
-        ApiError::bad_request(format!("`{field}` is not supported by this server yet; got {}", short(v)), Some(field), "unsupported_field")
+/// Fields not served here: a request that asks for them gets a 400 naming the field rather than
+/// an answer that silently ignores it. The values that ask for nothing (no tools,
+/// `"none"`/`"auto"`) pass. `chat` serves `tools` and `tool_choice` (checked in [`chat`]); the
+/// deprecated `functions` / `function_call` are refused everywhere in favour of them.
+fn refuse_unserved(c: &CommonParams, chat: bool) -> Result<(), ApiError> {
+    let unserved = |field: &str, v: &Value, instead: &str| {
+        ApiError::bad_request(format!("`{field}` is not supported {instead}; got {}", short(v)), Some(field), "unsupported_field")
     };
     let empty_list = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
     let no_choice = |v: &Value| v.is_null() || matches!(v.as_str(), Some("none" | "auto"));
-    for (field, v) in [("tools", &c.tools), ("functions", &c.functions)] {
-        if let Some(v) = v.as_ref().filter(|v| !empty_list(v)) {
-            return Err(unserved(field, v));
-        }
+    let tools_instead = if chat { "(use `tools`)" } else { "on /v1/completions (use /v1/chat/completions)" };
+    let choice_instead = if chat { "(use `tool_choice`)" } else { tools_instead };
+    if let Some(v) = c.functions.as_ref().filter(|v| !empty_list(v)) {
+        return Err(unserved("functions", v, tools_instead));
     }
-    for (field, v) in [("tool_choice", &c.tool_choice), ("function_call", &c.function_call)] {
-        if let Some(v) = v.as_ref().filter(|v| !no_choice(v)) {
-            return Err(unserved(field, v));
+    if let Some(v) = c.function_call.as_ref().filter(|v| !no_choice(v)) {
+        return Err(unserved("function_call", v, choice_instead));
+    }
+    if !chat {
+        if let Some(v) = c.tools.as_ref().filter(|v| !empty_list(v)) {
+            return Err(unserved("tools", v, tools_instead));
+        }
+        if let Some(v) = c.tool_choice.as_ref().filter(|v| !no_choice(v)) {
+            return Err(unserved("tool_choice", v, tools_instead));
         }
     }
     Ok(())
@@ -166,7 +187,7 @@ fn common(
     default_max_tokens: impl Fn(usize) -> usize,
     logprobs: Option<usize>,
 ) -> Result<(GenParams, bool, bool), ApiError> {
-    refuse_unserved(c)?;
+    refuse_unserved(c, names.prompt == "messages")?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     if longest >= limits.max_model_len {
         return Err(ApiError::bad_request(
@@ -309,10 +330,10 @@ pub fn completion(req: &CompletionRequest, tok: &Tokenizer, limits: &Limits) -> 
             params.n,
         ));
     }
-    Ok(ValidRequest { prompts, params, stream, include_usage, echo })
+    Ok(ValidRequest { prompts, params, stream, include_usage, echo, chat: None })
 }
 
-/// Validates a chat request, rendering its messages with `template`.
+/// Validates a chat request, rendering its messages (and tools) with `template`.
 pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>, limits: &Limits) -> Result<ValidRequest, ApiError> {
     check_model(req.common.model.as_deref(), limits)?;
     let messages = parse_messages(req.messages.as_ref())?;
@@ -324,7 +345,35 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
             "no_chat_template",
         )
     })?;
-    let prompt = render_chat_prompt(template, tok, &messages, req.chat_template_kwargs.as_ref())?;
+    let tools = ToolSet::parse(req.common.tools.as_ref())?;
+    let choice = ToolChoice::parse(req.common.tool_choice.as_ref(), &tools)?;
+    let calls_tools = choice != ToolChoice::None;
+    let syntax = match (calls_tools, template.tool_syntax) {
+        (true, None) => {
+            return Err(ApiError::bad_request(
+                "this model's chat template shows no tool-call syntax; start the server with `--tool-call-parser`",
+                Some("tools"),
+                "unsupported_field",
+            ))
+        }
+        (true, s) => s,
+        (false, _) => None,
+    };
+    // `none`: the model is not shown the tools, so it answers in text.
+    let shown = calls_tools.then_some(req.common.tools.as_ref()).flatten();
+    let rendered = render_chat_prompt(template, tok, &messages, shown, req.chat_template_kwargs.as_ref())?;
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let tool_grammar = match (&choice, syntax) {
+        (ToolChoice::Required, Some(s)) => Some(call_grammar(s, &tools, None, parallel)),
+        (ToolChoice::Named(n), Some(s)) => Some(call_grammar(s, &tools, Some(n), false)),
+        _ => None,
+    };
+    let output = OutputConfig {
+        reasoning: template.thinks,
+        starts_thinking: template.thinks && rendered.opens_thinking,
+        tool_syntax: syntax,
+        tools: std::sync::Arc::new(tools),
+    };
     let top = nonneg("top_logprobs", req.top_logprobs)?;
     if let Some(n) = top.filter(|&n| n > MAX_LOGPROBS) {
         return Err(ApiError::invalid("top_logprobs", format!("in [0, {MAX_LOGPROBS}]"), n));
@@ -343,24 +392,35 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
     let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
     let names =
         Names { prompt: "messages", max_tokens: if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" } };
-    let prompts = vec![prompt];
+    let prompts = vec![rendered.ids];
     let max_len = limits.max_model_len;
     let (mut params, stream, include_usage) =
         common(&req.common, &prompts, limits, (max_tokens, names), |len| max_len.saturating_sub(len), logprobs)?;
     // The next turn re-sends this conversation with the answer: keep its state.
     params.cache_output = true;
-    Ok(ValidRequest { prompts, params, stream, include_usage, echo: false })
+    Ok(ValidRequest { prompts, params, stream, include_usage, echo: false, chat: Some(ChatOutput { output, tool_grammar }) })
 }
 
-/// Renders messages and tokenizes them, adding BOS only if the template did not already.
+/// A rendered, tokenized chat prompt.
+#[derive(Debug, Clone)]
+pub struct RenderedPrompt {
+    /// Its tokens.
+    pub ids: Vec<u32>,
+    /// It ends inside an open `<think>` block.
+    pub opens_thinking: bool,
+}
+
+/// Renders messages (and tools) and tokenizes them, adding BOS only if the template did not
+/// already.
 pub fn render_chat_prompt(
     template: &ChatTemplate,
     tok: &Tokenizer,
-    messages: &[crate::chat::Message],
+    messages: &[Message],
+    tools: Option<&Value>,
     kwargs: Option<&Value>,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<RenderedPrompt, ApiError> {
     let t0 = std::time::Instant::now();
-    let text = template.render(messages, kwargs)?;
+    let text = template.render(messages, tools, kwargs)?;
     let t1 = std::time::Instant::now();
     let has_bos = tok.bos_token.as_deref().is_some_and(|b| !b.is_empty() && text.starts_with(b));
     let ids = tok.encode(&text, !has_bos)?;
@@ -372,5 +432,5 @@ pub fn render_chat_prompt(
         encode_ms = encode.as_secs_f64() * 1e3,
         "chat prompt"
     );
-    Ok(ids)
+    Ok(RenderedPrompt { ids, opens_thinking: prompt_opens_thinking(&text) })
 }

@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::cli::ModelArgs;
 use deltaserve::api::validate::Limits;
+use deltaserve::chat::output::ToolSyntax;
 use deltaserve::chat::ChatTemplate;
 use deltaserve::metrics::Metrics;
 use deltaserve::routes::{app, unix_now, AppState, Serving};
@@ -78,6 +79,40 @@ pub struct ServeArgs {
     /// Turn the prefix cache off.
     #[arg(long, env = "DELTASERVE_NO_PREFIX_CACHE")]
     no_prefix_cache: bool,
+    /// A Jinja chat template file used instead of the checkpoint's `chat_template`.
+    #[arg(long, env = "DELTASERVE_CHAT_TEMPLATE")]
+    chat_template: Option<std::path::PathBuf>,
+    /// How tool calls are read from the output (`auto`: the syntax the chat template teaches).
+    #[arg(long, env = "DELTASERVE_TOOL_CALL_PARSER", value_enum, default_value_t = ToolCallParser::Auto)]
+    tool_call_parser: ToolCallParser,
+    /// Whether `<think>` blocks become `reasoning_content` (`auto`: when the chat template
+    /// has them).
+    #[arg(long, env = "DELTASERVE_REASONING_PARSER", value_enum, default_value_t = ReasoningParser::Auto)]
+    reasoning_parser: ReasoningParser,
+}
+
+/// `--tool-call-parser`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ToolCallParser {
+    /// The syntax the chat template teaches (`<function=` → qwen3_xml, `<tool_call>` → hermes).
+    Auto,
+    /// JSON objects inside `<tool_call>` tags (Qwen3, Hermes).
+    Hermes,
+    /// `<tool_call><function=NAME><parameter=P>…` (Qwen3.5, Qwen3-Coder).
+    Qwen3Xml,
+    /// No tool calls: requests with tools are refused.
+    None,
+}
+
+/// `--reasoning-parser`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningParser {
+    /// When the chat template has `<think>` blocks.
+    Auto,
+    /// Always split out `<think>…</think>`.
+    Qwen3,
+    /// Never: reasoning stays in `content`.
+    None,
 }
 
 /// An amount of memory: bytes, or a fraction of what is free.
@@ -256,16 +291,8 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         );
     }
     let tokenizer = engine.tokenizer_arc();
-    let template = match tokenizer.chat_template.as_deref() {
-        Some(t) => match ChatTemplate::new(t, tokenizer.bos_token.as_deref(), tokenizer.eos_token.as_deref()) {
-            Ok(t) => Some(Arc::new(t)),
-            Err(e) => {
-                tracing::warn!(error = %e, "chat template unusable; /v1/chat/completions will answer with this error");
-                Some(Arc::new(ChatTemplate::unusable(e)))
-            }
-        },
-        None => None,
-    };
+    let template =
+        chat_template(&args, tokenizer.chat_template.as_deref(), tokenizer.bos_token.as_deref(), tokenizer.eos_token.as_deref())?;
     let limits = Limits {
         served_model_name: state.model_name.to_string(),
         max_model_len,
@@ -347,4 +374,35 @@ async fn shutdown_signal() {
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
     tracing::info!("shutdown signal received");
+}
+
+/// The chat template (`--chat-template` or the checkpoint's) with the tool-call and reasoning
+/// parsers the flags choose. A checkpoint template that does not compile makes chat answer
+/// with its error; a `--chat-template` file that does not compile stops the server.
+fn chat_template(args: &ServeArgs, own: Option<&str>, bos: Option<&str>, eos: Option<&str>) -> anyhow::Result<Option<Arc<ChatTemplate>>> {
+    let file = match &args.chat_template {
+        Some(p) => Some(anyhow::Context::with_context(std::fs::read_to_string(p), || format!("--chat-template {}", p.display()))?),
+        None => None,
+    };
+    let mut template = match (file.as_deref(), own) {
+        (Some(t), _) => ChatTemplate::new(t, bos, eos).map_err(|e| anyhow::anyhow!("--chat-template: {e}"))?,
+        (None, Some(t)) => ChatTemplate::new(t, bos, eos).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "chat template unusable; /v1/chat/completions will answer with this error");
+            ChatTemplate::unusable(e)
+        }),
+        (None, None) => return Ok(None),
+    };
+    template.tool_syntax = match args.tool_call_parser {
+        ToolCallParser::Auto => template.tool_syntax,
+        ToolCallParser::Hermes => Some(ToolSyntax::Json),
+        ToolCallParser::Qwen3Xml => Some(ToolSyntax::Xml),
+        ToolCallParser::None => None,
+    };
+    template.thinks = match args.reasoning_parser {
+        ReasoningParser::Auto => template.thinks,
+        ReasoningParser::Qwen3 => true,
+        ReasoningParser::None => false,
+    };
+    tracing::info!(tool_call_parser = template.tool_syntax.map_or("none", ToolSyntax::name), reasoning = template.thinks, "chat template");
+    Ok(Some(Arc::new(template)))
 }

@@ -1,5 +1,5 @@
-//! `/v1/chat/completions` responses: assistant messages, role-first streaming deltas,
-//! per-token logprobs with their bytes.
+//! `/v1/chat/completions` responses: assistant messages with their reasoning and tool calls,
+//! role-first streaming deltas, per-token logprobs with their bytes.
 
 use std::sync::Arc;
 
@@ -7,19 +7,42 @@ use deltaserve_engine::Tokenizer;
 use serde_json::Value;
 
 use super::{token_text, Assembler, Choice, Common, Delta};
-use crate::api::types::{ChatChoice, ChatLogprobs, ChatMessage, ChatResponse, ChatTokenLogprob, ChatTopLogprob, Usage};
+use crate::api::types::{
+    ChatChoice, ChatLogprobs, ChatMessage, ChatResponse, ChatTokenLogprob, ChatTopLogprob, FunctionCall, ToolCall, Usage,
+};
 use crate::api::validate::ValidRequest;
+use crate::chat::output::{CallDelta, OutputConfig, OutputParser, Parts};
 use crate::scheduler::{Event, FinishReason};
 
 /// Builds `/v1/chat/completions` responses.
 pub struct ChatAssembler {
     c: Common,
+    output: OutputConfig,
+    /// One incremental parser per choice (streaming).
+    parsers: Vec<OutputParser>,
+}
+
+/// The finish reason a client sees: `tool_calls` when the model stopped after calling tools.
+fn finish_reason(f: Option<&FinishReason>, calls: usize) -> Option<&'static str> {
+    match f {
+        Some(FinishReason::Stop(_)) if calls > 0 => Some("tool_calls"),
+        other => other.map(FinishReason::as_str),
+    }
 }
 
 impl ChatAssembler {
     /// Starts a response for `v`.
     pub fn new(id: String, model: String, created: u64, tok: Arc<Tokenizer>, v: &ValidRequest) -> Self {
-        Self { c: Common::new(id, model, created, tok, v) }
+        let c = Common::new(id, model, created, tok, v);
+        let output = v.chat.as_ref().map(|c| c.output.clone()).unwrap_or_default();
+        let parsers = (0..c.choices.len()).map(|_| OutputParser::new(output.clone())).collect();
+        Self { c, output, parsers }
+    }
+
+    /// The id of call `k` of choice `choice`.
+    fn call_id(&self, choice: usize, k: usize) -> String {
+        let tail = self.c.id.rsplit('-').next().unwrap_or_default();
+        format!("call_{tail}{choice:02x}{k:02x}")
     }
 
     fn logprobs_of(&self, c: &Choice, from: usize) -> Option<ChatLogprobs> {
@@ -52,6 +75,23 @@ impl ChatAssembler {
             usage,
         })
     }
+
+    /// Stream pieces of calls, consecutive pieces of one call merged.
+    fn call_pieces(&self, choice: usize, calls: Vec<CallDelta>) -> Vec<ToolCall> {
+        let mut out: Vec<ToolCall> = Vec::new();
+        for d in calls {
+            match out.last_mut() {
+                Some(last) if last.index == Some(d.index) && d.name.is_none() => last.function.arguments.push_str(&d.arguments),
+                _ => out.push(ToolCall {
+                    index: Some(d.index),
+                    id: d.name.is_some().then(|| self.call_id(choice, d.index)),
+                    kind: d.name.is_some().then_some("function"),
+                    function: FunctionCall { name: d.name, arguments: d.arguments },
+                }),
+            }
+        }
+        out
+    }
 }
 
 impl Assembler for ChatAssembler {
@@ -65,12 +105,33 @@ impl Assembler for ChatAssembler {
             .choices
             .iter()
             .enumerate()
-            .map(|(i, c)| ChatChoice {
-                index: i,
-                message: Some(ChatMessage { role: Some("assistant"), content: Some(c.text.clone()) }),
-                delta: None,
-                logprobs: self.logprobs_of(c, 0),
-                finish_reason: c.finish.as_ref().map(FinishReason::as_str),
+            .map(|(i, c)| {
+                let parsed = OutputParser::parse_all(self.output.clone(), &c.text);
+                let calls: Vec<ToolCall> = parsed
+                    .calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (name, arguments))| ToolCall {
+                        index: None,
+                        id: Some(self.call_id(i, k)),
+                        kind: Some("function"),
+                        function: FunctionCall { name: Some(name.clone()), arguments: arguments.clone() },
+                    })
+                    .collect();
+                // OpenAI sends `content: null` beside tool calls when there is no text.
+                let content = (calls.is_empty() || !parsed.content.is_empty()).then_some(parsed.content);
+                ChatChoice {
+                    index: i,
+                    message: Some(ChatMessage {
+                        role: Some("assistant"),
+                        content,
+                        reasoning_content: (!parsed.reasoning.is_empty()).then_some(parsed.reasoning),
+                        tool_calls: (!calls.is_empty()).then_some(calls.clone()),
+                    }),
+                    delta: None,
+                    logprobs: self.logprobs_of(c, 0),
+                    finish_reason: finish_reason(c.finish.as_ref(), calls.len()),
+                }
             })
             .collect();
         self.response("chat.completion", choices, Some(self.c.usage()))
@@ -79,7 +140,7 @@ impl Assembler for ChatAssembler {
     fn opening(&self) -> serde_json::Result<Vec<Value>> {
         (0..self.c.choices.len())
             .map(|i| {
-                let delta = ChatMessage { role: Some("assistant"), content: Some(String::new()) };
+                let delta = ChatMessage { role: Some("assistant"), content: Some(String::new()), ..ChatMessage::default() };
                 let choice = ChatChoice { index: i, message: None, delta: Some(delta), logprobs: None, finish_reason: None };
                 self.response("chat.completion.chunk", vec![choice], None)
             })
@@ -90,15 +151,37 @@ impl Assembler for ChatAssembler {
         let Some(Delta { index: i, text, lp_from, finish }) = self.c.delta(p, &e) else {
             return Ok(vec![]);
         };
+        let mut parts: Parts = self.parsers[i].push(&text);
+        if finish {
+            parts.extend(self.parsers[i].finish());
+        }
         let c = &self.c.choices[i];
-        let choice = ChatChoice {
-            index: i,
-            message: None,
-            delta: Some(ChatMessage { role: None, content: (!text.is_empty()).then_some(text) }),
-            logprobs: lp_from.and_then(|from| self.logprobs_of(c, from)),
-            finish_reason: if finish { c.finish.as_ref().map(FinishReason::as_str) } else { None },
-        };
-        Ok(vec![self.response("chat.completion.chunk", vec![choice], None)?])
+        let mut deltas: Vec<ChatMessage> = Vec::new();
+        if !parts.reasoning.is_empty() || !parts.content.is_empty() || (parts.calls.is_empty() && (lp_from.is_some() || finish)) {
+            deltas.push(ChatMessage {
+                content: (!parts.content.is_empty()).then_some(parts.content),
+                reasoning_content: (!parts.reasoning.is_empty()).then_some(parts.reasoning),
+                ..ChatMessage::default()
+            });
+        }
+        // One call piece per chunk, as OpenAI streams them.
+        for piece in self.call_pieces(i, parts.calls) {
+            deltas.push(ChatMessage { tool_calls: Some(vec![piece]), ..ChatMessage::default() });
+        }
+        let last = deltas.len().saturating_sub(1);
+        let calls = self.parsers[i].calls();
+        let mut out = Vec::with_capacity(deltas.len());
+        for (k, delta) in deltas.into_iter().enumerate() {
+            let choice = ChatChoice {
+                index: i,
+                message: None,
+                delta: Some(delta),
+                logprobs: if k == 0 { lp_from.and_then(|from| self.logprobs_of(c, from)) } else { None },
+                finish_reason: if finish && k == last { finish_reason(c.finish.as_ref(), calls) } else { None },
+            };
+            out.push(self.response("chat.completion.chunk", vec![choice], None)?);
+        }
+        Ok(out)
     }
 
     fn usage_chunk(&self) -> serde_json::Result<Value> {

@@ -140,6 +140,9 @@ impl Seq {
         if finish.is_none() {
             match self.decoder.push(cx.tok, t) {
                 Ok(Some(delta)) => {
+                    if let Some(c) = self.constraint.as_mut() {
+                        c.observe(&delta);
+                    }
                     let rel = self.stops.push(&delta);
                     text = rel.text;
                     if let Some(m) = rel.matched {
