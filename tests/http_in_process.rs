@@ -371,10 +371,10 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
     let demo = deltaserve_tests::tests_dir().join("../models/gdn-demo");
     let (on, off) = cached_and_uncached(&demo, 64, Some(TEMPLATE)).await;
     let engine = Engine::load(&LoadOptions::cpu(demo.to_str().unwrap())).unwrap();
-    let template = deltaserve::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
+    let template = deltaserve::api::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
     // The prompt the server renders for `messages`.
     let prompt = |m: &Value| {
-        let msgs = deltaserve::chat::parse_messages(Some(m)).unwrap();
+        let msgs = deltaserve::api::chat::parse_messages(Some(m)).unwrap();
         deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
     };
     // The 40 greedy tokens the engine generates after `ids` (what the server answers).

@@ -13,9 +13,9 @@ mod in_process;
 
 use std::sync::Arc;
 
-use deltaserve::chat::output::{OutputConfig, OutputParser, Parsed, ToolSyntax};
-use deltaserve::chat::tools::ToolSet;
-use deltaserve::chat::{parse_messages, ChatTemplate};
+use deltaserve::api::chat::output::{OutputConfig, OutputParser, Parsed, ToolSyntax};
+use deltaserve::api::chat::tools::ToolSet;
+use deltaserve::api::chat::{parse_messages, ChatTemplate};
 use futures::StreamExt;
 use in_process::{serve_dir, Setup};
 use serde_json::{json, Value};
@@ -219,6 +219,53 @@ async fn required_and_named_tool_choices_always_give_valid_calls() {
         assert_eq!(status, 200, "{v}");
         assert_eq!(assert_calls_valid(&v["choices"][0]["message"], Some("search")), 1);
         assert!(v["choices"][0]["message"]["content"].is_null(), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn auto_tools_beside_a_json_schema_give_calls_or_a_valid_answer() {
+    let base = demo(XML_TEMPLATE).await;
+    let client = reqwest::Client::new();
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "string", "maxLength": 30}, "sure": {"type": "boolean"}}, "required": ["answer", "sure"], "additionalProperties": false});
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    // The token `{`: biased up, the model takes the answer branch; left alone, it calls.
+    let r: Value = client
+        .post(format!("{base}/tokenize"))
+        .json(&json!({"prompt": "{", "add_special_tokens": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let brace = r["tokens"][0].as_u64().unwrap();
+    for (bias, want_answers) in [(0.0, false), (30.0, true)] {
+        let (mut answers, mut calls) = (0, 0);
+        for seed in 0..4 {
+            let body = json!({
+                "messages": [{"role": "user", "content": "Weather in Lima?"}],
+                "tools": demo_tools(), "tool_choice": "auto", "parallel_tool_calls": false,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}},
+                "logit_bias": {brace.to_string(): bias},
+                "temperature": 1.0, "seed": seed, "n": 2, "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": false}
+            });
+            let (status, v) = post(&client, &base, &body).await;
+            assert_eq!(status, 200, "{v}");
+            for c in v["choices"].as_array().unwrap() {
+                let m = &c["message"];
+                if m["tool_calls"].is_array() {
+                    assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+                    calls += assert_calls_valid(m, None);
+                } else {
+                    let text = m["content"].as_str().unwrap();
+                    let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+                    assert!(validator.is_valid(&parsed), "{parsed}");
+                    answers += 1;
+                }
+            }
+        }
+        assert_eq!(answers + calls, 8);
+        assert_eq!(answers > 0, want_answers, "bias {bias}: {answers} structured answers, {calls} calls");
     }
 }
 

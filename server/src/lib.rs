@@ -5,7 +5,6 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
-pub mod chat;
 pub mod listen;
 pub mod metrics;
 pub mod response;

@@ -20,11 +20,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::api::chat::ChatTemplate;
 use crate::api::error::ApiError;
 use crate::api::structured::Requested;
 use crate::api::types::{ChatRequest, CompletionRequest, DetokenizeRequest, FromBody, TokenizeRequest};
 use crate::api::validate::{self, Limits, ValidRequest};
-use crate::chat::ChatTemplate;
 use crate::metrics::Metrics;
 use crate::response::{Assembler, ChatAssembler, CompletionAssembler};
 use crate::scheduler::{Event, GenRequest, SchedulerError, SchedulerHandle};
@@ -129,7 +129,7 @@ where
         };
         if !value.is_object() {
             return Err(ApiError::bad_request(
-                format!("the request body must be a JSON object; got {}", crate::chat::short(&value)),
+                format!("the request body must be a JSON object; got {}", crate::api::chat::short(&value)),
                 None,
                 "invalid_json",
             ));
@@ -228,7 +228,7 @@ async fn tokenize(State(state): State<AppState>, ApiJson(req): ApiJson<TokenizeR
     let tokens = blocking(move || match (&req.prompt, &req.messages) {
         (Some(p), None) => Ok(tok.encode(p, req.add_special_tokens.unwrap_or(true))?),
         (None, Some(m)) => {
-            let msgs = crate::chat::parse_messages(Some(m))?;
+            let msgs = crate::api::chat::parse_messages(Some(m))?;
             let t = template
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("this model has no `chat_template`", Some("messages"), "no_chat_template"))?;
@@ -347,21 +347,28 @@ async fn chat_completions(State(state): State<AppState>, ApiJson(req): ApiJson<C
     let mut v = blocking(move || validate::chat(&req, &tok, template.as_deref(), &limits)).await?;
     let chat = v.chat.clone().unwrap_or_else(|| validate::ChatOutput { output: Default::default(), tool_grammar: None });
     let grammar = match (grammar, chat.tool_grammar) {
-        (Some(g), Some(_)) => {
+        (Some(g), Some(t)) if t.required => {
             return Err(ApiError::bad_request(
                 format!("`{}` cannot be combined with a `tool_choice` that requires a call", g.field),
                 Some(&g.field),
                 "invalid_value",
             ))
         }
-        (None, Some(lark)) => Some(Requested { field: "tools".into(), grammar: llguidance::api::TopLevelGrammar::from_lark(lark) }),
-        (g, None) => g,
+        // `auto` with a structured answer: tool calls, or the answer.
+        (Some(g), Some(t)) => match &g.answer {
+            Some(a) => Some(Requested { grammar: llguidance::api::TopLevelGrammar::from_lark(t.lark(Some(a))), ..g }),
+            None => Some(g),
+        },
+        (None, Some(t)) if t.required => {
+            Some(Requested { field: "tools".into(), grammar: llguidance::api::TopLevelGrammar::from_lark(t.lark(None)), answer: None })
+        }
+        (g, _) => g,
     };
     v.params.constraint = compile_grammar(s, grammar).await?;
     if chat.output.starts_thinking {
         // The grammar holds for the answer, after the reasoning the prompt opened.
         if let Some(c) = v.params.constraint.as_mut() {
-            c.wait_for(crate::chat::output::THINK_CLOSE);
+            c.wait_for(crate::api::chat::output::THINK_CLOSE);
         }
     }
     let id = state.request_id("chatcmpl");

@@ -66,7 +66,7 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
         kv_capacity,
     };
     let tokenizer = engine.tokenizer_arc();
-    let template = setup.template.map(|t| Arc::new(deltaserve::chat::ChatTemplate::new(t, None, None).unwrap()));
+    let template = setup.template.map(|t| Arc::new(deltaserve::api::chat::ChatTemplate::new(t, None, None).unwrap()));
     let cfg = SchedulerConfig {
         max_num_seqs: setup.slots,
         kv_blocks: setup.kv_blocks,

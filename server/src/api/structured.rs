@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::types::CommonParams;
-use crate::chat::short;
+use crate::api::chat::short;
 
 /// The grammar of a request and the field it came from (named in compile errors).
 #[derive(Debug)]
@@ -15,6 +15,9 @@ pub struct Requested {
     pub field: String,
     /// What llguidance compiles.
     pub grammar: TopLevelGrammar,
+    /// The same constraint as a Lark expression, to offer it beside tool calls (`None` for a
+    /// Lark grammar, which cannot be embedded).
+    pub answer: Option<String>,
 }
 
 /// Turns one field's value into its grammar.
@@ -85,7 +88,16 @@ fn response_format(rf: &Value) -> Result<Option<Requested>, ApiError> {
 
 /// Any JSON object (`json_object` mode).
 fn any_object(field: &str) -> Requested {
-    Requested { field: field.into(), grammar: TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))) }
+    json_requested(field, serde_json::json!({"type": "object"}))
+}
+
+fn json_requested(field: &str, schema: Value) -> Requested {
+    let schema = compact(schema);
+    Requested { field: field.into(), answer: Some(format!("%json {schema}")), grammar: TopLevelGrammar::from_json_schema(schema) }
+}
+
+fn regex_requested(field: &str, rx: &str) -> Requested {
+    Requested { field: field.into(), answer: Some(format!("/{}/", rx.replace('/', "\\/"))), grammar: TopLevelGrammar::from_regex(rx) }
 }
 
 /// A JSON schema, given as an object or as a string holding one (vLLM accepts both).
@@ -97,7 +109,7 @@ fn json(field: &str, v: &Value) -> Result<Requested, ApiError> {
         Value::Object(_) | Value::Bool(_) => v.clone(),
         other => return Err(ApiError::invalid(field, "a JSON schema object", short(other))),
     };
-    Ok(Requested { field: field.into(), grammar: TopLevelGrammar::from_json_schema(compact(schema)) })
+    Ok(json_requested(field, schema))
 }
 
 /// JSON in one line with `", "` and `": "` separators, unless the schema sets llguidance's own
@@ -112,7 +124,7 @@ fn compact(mut schema: Value) -> Value {
 
 fn regex(field: &str, v: &Value) -> Result<Requested, ApiError> {
     let rx = v.as_str().ok_or_else(|| ApiError::invalid(field, "a regular expression string", short(v)))?;
-    Ok(Requested { field: field.into(), grammar: TopLevelGrammar::from_regex(rx) })
+    Ok(regex_requested(field, rx))
 }
 
 /// One of a list of strings, exactly.
@@ -122,11 +134,11 @@ fn choice(field: &str, v: &Value) -> Result<Requested, ApiError> {
         return Err(ApiError::invalid(field, "a non-empty list of strings", short(v)));
     }
     let alternatives: Vec<String> = items.iter().map(|s| regex::escape(s)).collect();
-    Ok(Requested { field: field.into(), grammar: TopLevelGrammar::from_regex(&format!("(?:{})", alternatives.join("|"))) })
+    Ok(regex_requested(field, &format!("(?:{})", alternatives.join("|"))))
 }
 
 /// A Lark grammar (llguidance's dialect, which also takes `%json {...}` rules).
 fn lark(field: &str, v: &Value) -> Result<Requested, ApiError> {
     let g = v.as_str().ok_or_else(|| ApiError::invalid(field, "a Lark grammar string", short(v)))?;
-    Ok(Requested { field: field.into(), grammar: TopLevelGrammar::from_lark(g.to_owned()) })
+    Ok(Requested { field: field.into(), grammar: TopLevelGrammar::from_lark(g.to_owned()), answer: None })
 }

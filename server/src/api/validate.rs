@@ -6,9 +6,9 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::types::{ChatRequest, CommonParams, CompletionRequest};
-use crate::chat::output::{prompt_opens_thinking, OutputConfig};
-use crate::chat::tools::{call_grammar, ToolChoice, ToolSet};
-use crate::chat::{parse_messages, short, ChatTemplate, Message};
+use crate::api::chat::output::{prompt_opens_thinking, OutputConfig};
+use crate::api::chat::tools::{ToolChoice, ToolGrammar, ToolSet};
+use crate::api::chat::{parse_messages, short, ChatTemplate, Message};
 use crate::scheduler::GenParams;
 
 /// Most stop strings per request.
@@ -56,8 +56,9 @@ pub struct ValidRequest {
 pub struct ChatOutput {
     /// Reasoning and tool-call parsing of every choice.
     pub output: OutputConfig,
-    /// The Lark grammar of the required calls.
-    pub tool_grammar: Option<String>,
+    /// The grammar of the tool calls (required ones, or `auto` calls beside a structured
+    /// answer).
+    pub tool_grammar: Option<ToolGrammar>,
 }
 
 /// Errors unless `model` is absent or the served model's name.
@@ -363,16 +364,19 @@ pub fn chat(req: &ChatRequest, tok: &Tokenizer, template: Option<&ChatTemplate>,
     let shown = calls_tools.then_some(req.common.tools.as_ref()).flatten();
     let rendered = render_chat_prompt(template, tok, &messages, shown, req.chat_template_kwargs.as_ref())?;
     let parallel = req.parallel_tool_calls.unwrap_or(true);
-    let tool_grammar = match (&choice, syntax) {
-        (ToolChoice::Required, Some(s)) => Some(call_grammar(s, &tools, None, parallel)),
-        (ToolChoice::Named(n), Some(s)) => Some(call_grammar(s, &tools, Some(n), false)),
-        _ => None,
-    };
+    let tools = std::sync::Arc::new(tools);
+    let tool_grammar = syntax.map(|syntax| {
+        let (only, required) = match &choice {
+            ToolChoice::Named(n) => (Some(n.clone()), true),
+            other => (None, *other == ToolChoice::Required),
+        };
+        ToolGrammar { syntax, tools: tools.clone(), parallel: parallel && only.is_none(), only, required }
+    });
     let output = OutputConfig {
         reasoning: template.thinks,
         starts_thinking: template.thinks && rendered.opens_thinking,
         tool_syntax: syntax,
-        tools: std::sync::Arc::new(tools),
+        tools,
     };
     let top = nonneg("top_logprobs", req.top_logprobs)?;
     if let Some(n) = top.filter(|&n| n > MAX_LOGPROBS) {

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::cli::ModelArgs;
+use deltaserve::api::chat::output::ToolSyntax;
+use deltaserve::api::chat::ChatTemplate;
 use deltaserve::api::validate::Limits;
-use deltaserve::chat::output::ToolSyntax;
-use deltaserve::chat::ChatTemplate;
 use deltaserve::metrics::Metrics;
 use deltaserve::routes::{app, unix_now, AppState, Serving};
 use deltaserve::scheduler::{self, PrefixCacheConfig, SchedulerConfig};

@@ -7,11 +7,11 @@ use deltaserve_engine::Tokenizer;
 use serde_json::Value;
 
 use super::{token_text, Assembler, Choice, Common, Delta};
+use crate::api::chat::output::{CallDelta, OutputConfig, OutputParser, Parts};
 use crate::api::types::{
     ChatChoice, ChatLogprobs, ChatMessage, ChatResponse, ChatTokenLogprob, ChatTopLogprob, FunctionCall, ToolCall, Usage,
 };
 use crate::api::validate::ValidRequest;
-use crate::chat::output::{CallDelta, OutputConfig, OutputParser, Parts};
 use crate::scheduler::{Event, FinishReason};
 
 /// Builds `/v1/chat/completions` responses.

@@ -3,9 +3,39 @@
 
 use serde_json::{json, Value};
 
-use super::output::ToolSyntax;
 use super::short;
 use crate::api::error::ApiError;
+
+/// The tool-call syntax of a model family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen3, Hermes).
+    Json,
+    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>`
+    /// (Qwen3.5, Qwen3-Coder).
+    Xml,
+}
+
+impl ToolSyntax {
+    /// The syntax a chat template teaches, read from its text.
+    pub fn detect(template: &str) -> Option<Self> {
+        if template.contains("<function=") {
+            Some(Self::Xml)
+        } else if template.contains("<tool_call>") {
+            Some(Self::Json)
+        } else {
+            None
+        }
+    }
+
+    /// vLLM's name for the parser of this syntax.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Json => "hermes",
+            Self::Xml => "qwen3_xml",
+        }
+    }
+}
 
 /// One function a request offers the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,7 +144,7 @@ impl ToolSet {
             Some("null") if raw.trim() == "null" => Some(Value::Null),
             _ => None,
         };
-        super::output::python_style(&parsed.unwrap_or_else(|| Value::String(raw.to_owned())))
+        super::python::python_style(&parsed.unwrap_or_else(|| Value::String(raw.to_owned())))
     }
 }
 
@@ -171,12 +201,45 @@ fn python_json(mut schema: Value) -> Value {
     schema
 }
 
+/// The grammar of a request's tool calls: those `tool_choice` requires, or with `auto` the calls
+/// a structured answer may be given instead of.
+#[derive(Debug, Clone)]
+pub struct ToolGrammar {
+    /// The model's syntax.
+    pub syntax: ToolSyntax,
+    /// The request's tools.
+    pub tools: std::sync::Arc<ToolSet>,
+    /// Only this function (a named `tool_choice`).
+    pub only: Option<String>,
+    /// More than one call allowed.
+    pub parallel: bool,
+    /// A call is required (`required` or named); otherwise (`auto`) the grammar applies only
+    /// beside a structured answer.
+    pub required: bool,
+}
+
+impl ToolGrammar {
+    /// The Lark grammar: calls only, or (with `answer`, a Lark expression) calls or the answer.
+    pub fn lark(&self, answer: Option<&str>) -> String {
+        let mut g = call_grammar(self.syntax, &self.tools, self.only.as_deref(), self.parallel);
+        if let Some(a) = answer {
+            g = g.replacen("start: ", "start: answer | ", 1);
+            g.push_str(&format!("answer: {a}\n"));
+        }
+        g
+    }
+}
+
 /// The Lark grammar that allows only tool calls, in `syntax`, of `tools` (all, or the one
 /// named): one call, or with `parallel` one or more, separated by newlines.
-pub fn call_grammar(syntax: ToolSyntax, tools: &ToolSet, only: Option<&str>, parallel: bool) -> String {
+fn call_grammar(syntax: ToolSyntax, tools: &ToolSet, only: Option<&str>, parallel: bool) -> String {
     let offered: Vec<&Tool> = tools.tools.iter().filter(|t| only.is_none_or(|n| n == t.name)).collect();
     let mut g = String::new();
-    g.push_str(if parallel { "start: (\"\\n\" | \"\\n\\n\")? call (\"\\n\" call)*\n" } else { "start: (\"\\n\" | \"\\n\\n\")? call\n" });
+    g.push_str(if parallel {
+        "start: calls\ncalls: (\"\\n\" | \"\\n\\n\")? call (\"\\n\" call)*\n"
+    } else {
+        "start: calls\ncalls: (\"\\n\" | \"\\n\\n\")? call\n"
+    });
     match syntax {
         ToolSyntax::Json => {
             let alternatives: Vec<Value> = offered

@@ -245,6 +245,19 @@ fn quote_py(s: &str) -> String {
     out
 }
 
+/// JSON text with Python's `json.dumps` separators (`, ` and `: `), as vLLM's arguments read.
+pub fn python_style(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let items: Vec<String> = m.iter().map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_style(v))).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(python_style).collect::<Vec<_>>().join(", ")),
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

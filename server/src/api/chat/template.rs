@@ -5,7 +5,7 @@
 use minijinja::{context, Environment, Error as JinjaError, ErrorKind, Value as JinjaValue};
 use serde_json::Value;
 
-use super::output::ToolSyntax;
+use super::tools::ToolSyntax;
 use super::{python, short, Message};
 use crate::api::error::ApiError;
 

@@ -11,38 +11,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::python::python_style;
 use super::tools::ToolSet;
-
-/// The tool-call syntax of a model family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolSyntax {
-    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen3, Hermes).
-    Json,
-    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>`
-    /// (Qwen3.5, Qwen3-Coder).
-    Xml,
-}
-
-impl ToolSyntax {
-    /// The syntax a chat template teaches, read from its text.
-    pub fn detect(template: &str) -> Option<Self> {
-        if template.contains("<function=") {
-            Some(Self::Xml)
-        } else if template.contains("<tool_call>") {
-            Some(Self::Json)
-        } else {
-            None
-        }
-    }
-
-    /// vLLM's name for the parser of this syntax.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Json => "hermes",
-            Self::Xml => "qwen3_xml",
-        }
-    }
-}
+pub use super::tools::ToolSyntax;
 
 const THINK_OPEN: &str = "<think>";
 /// The tag that ends a reasoning block.
@@ -338,7 +309,8 @@ impl OutputParser {
                     return true;
                 }
             }
-            if !end && "<function=".starts_with(rest) || (!end && rest.starts_with("<function=")) {
+            // A tag still arriving.
+            if !end && ("<function=".starts_with(rest) || rest.starts_with("<function=")) {
                 return false;
             }
             // Not a call: the text is the model's answer.
@@ -374,11 +346,9 @@ impl OutputParser {
                 self.phase = Phase::Content;
                 return true;
             }
-        } else if let Some(after) = rest.strip_prefix(CALL_CLOSE) {
+        } else if rest.starts_with(CALL_CLOSE) {
             // A block closed without `</function>`.
-            let taken = lead + CALL_CLOSE.len();
-            let _ = after;
-            self.buf.drain(..taken);
+            self.buf.drain(..lead + CALL_CLOSE.len());
             out.calls.push(CallDelta { index, name: None, arguments: close(params) });
             self.phase = Phase::Content;
             return true;
@@ -426,16 +396,4 @@ fn json_call(body: &str) -> Option<(String, String)> {
         Some(_) => return None,
     };
     Some((name, python_style(&args)))
-}
-
-/// JSON text with Python's `json.dumps` separators (`, ` and `: `), as vLLM's arguments read.
-pub fn python_style(v: &Value) -> String {
-    match v {
-        Value::Object(m) => {
-            let items: Vec<String> = m.iter().map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_style(v))).collect();
-            format!("{{{}}}", items.join(", "))
-        }
-        Value::Array(a) => format!("[{}]", a.iter().map(python_style).collect::<Vec<_>>().join(", ")),
-        other => other.to_string(),
-    }
 }
