@@ -10,6 +10,7 @@ set -euo pipefail
 BIN=${1:-target/release/deltaserve}
 MODEL=${2:-tests/fixtures/compact/gdn}
 LOGS=${LOGS:-$(mktemp -d)}
+mkdir -p "$LOGS"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 

@@ -187,6 +187,21 @@ impl Sampler {
         Ok(Sampled { token, logprob: log_softmax_at(raw, token as usize) })
     }
 
+    /// [`Self::sample`] from logits a grammar's mask was already applied to (on the device):
+    /// −∞ marks a disallowed token; NaN or +∞ is the model's fault and fails as in
+    /// [`Self::sample`]. The logprob is taken over the allowed tokens.
+    pub fn sample_premasked(&mut self, masked: &[f32]) -> Result<Sampled> {
+        let bad = masked.iter().filter(|l| l.is_nan() || **l == f32::INFINITY).count();
+        if bad > 0 || masked.iter().all(|l| !l.is_finite()) {
+            let first = masked.iter().position(|l| l.is_nan() || *l == f32::INFINITY).unwrap_or(0);
+            return Err(EngineError::NonFiniteLogits { count: if bad > 0 { bad } else { masked.len() }, first });
+        }
+        let mut logits = masked.to_vec();
+        self.process(&mut logits);
+        let token = if self.params.temperature < GREEDY_BELOW { argmax(&logits) } else { self.sample_stochastic(&logits) };
+        Ok(Sampled { token, logprob: log_softmax_at(masked, token as usize) })
+    }
+
     fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
@@ -263,6 +278,18 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     idx.truncate(n);
     idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
     idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
+}
+
+/// Structured outputs' token masks on a batch's logits `[B, V]` where they are (the GPU when
+/// the model runs there): row `rows[r]` keeps only the tokens whose bit is set in
+/// `masks[r·words..(r+1)·words]` (32 tokens a word, lowest bit first); the others become −∞.
+pub fn mask_logits(logits: &candle_core::Tensor, rows: &[u32], masks: &[u32], words: usize) -> Result<candle_core::Tensor> {
+    Ok(deltaserve_kernels::ops::token_bitmask(logits, rows, masks, words)?)
+}
+
+/// [`mask_logits`] for one row of host logits.
+pub fn mask_row(words: &[u32], logits: &mut [f32]) {
+    deltaserve_kernels::cpu::bitmask::apply(words, logits);
 }
 
 #[cfg(test)]
@@ -360,5 +387,19 @@ mod tests {
             let e = s.sample(&[0.0, bad, 1.0, bad]).unwrap_err().to_string();
             assert!(e.contains("2 non-finite logits") && e.contains("token 1"), "{e}");
         }
+    }
+
+    #[test]
+    fn premasked_logits_sample_only_allowed_tokens_and_still_refuse_nan() {
+        let mut s = Sampler::new(SamplingParams { temperature: 0.0, ..SamplingParams::default() }, &[]);
+        let ninf = f32::NEG_INFINITY;
+        // Only tokens 1 and 3 are allowed.
+        assert_eq!(s.sample_premasked(&[ninf, 1.0, ninf, 2.0]).unwrap().token, 3);
+        let mut t = Sampler::new(SamplingParams { temperature: 1.0, seed: Some(3), ..SamplingParams::default() }, &[]);
+        for _ in 0..20 {
+            assert!([1, 3].contains(&t.sample_premasked(&[ninf, 1.0, ninf, 2.0]).unwrap().token));
+        }
+        assert!(s.sample_premasked(&[f32::NAN, 1.0]).is_err());
+        assert!(s.sample_premasked(&[ninf, ninf]).is_err());
     }
 }

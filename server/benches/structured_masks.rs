@@ -1,7 +1,9 @@
 //! Cost of structured outputs per decode step: computing the grammar masks of a batch of
 //! constrained choices (in parallel, as the engine thread does while the forward runs) and
 //! applying them to the logits, at batch 1 and 64, on the demo model's tokenizer with a nested
-//! JSON schema. `cargo bench -p deltaserve --bench structured_masks`.
+//! JSON schema. `cargo bench -p deltaserve --bench structured_masks`; set
+//! `DELTASERVE_BENCH_TOKENIZER` to a directory with another `tokenizer.json` (e.g. one of
+//! Qwen's 151k-token size) to measure at that vocabulary.
 
 use std::time::Instant;
 
@@ -11,10 +13,14 @@ use llguidance::api::TopLevelGrammar;
 use rayon::prelude::*;
 
 fn main() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gdn-demo");
-    let tok = Tokenizer::from_dir(&dir, None, &[]).expect("demo tokenizer");
+    let dir = std::env::var_os("DELTASERVE_BENCH_TOKENIZER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gdn-demo"));
+    let tok = Tokenizer::from_dir(&dir, None, &[]).expect("tokenizer");
+    let t0 = Instant::now();
     let vocab = tok.vocab_size();
     let grammars = Grammars::new(&tok, vocab).expect("grammars");
+    println!("token trie: {:.0} ms (once at start)", t0.elapsed().as_secs_f64() * 1e3);
     let schema = serde_json::json!({
         "type": "object",
         "properties": {
@@ -28,24 +34,29 @@ fn main() {
     let t0 = Instant::now();
     let base = grammars.compile(TopLevelGrammar::from_json_schema(schema)).expect("compile");
     println!("compile: {:.2} ms (vocabulary {vocab})", t0.elapsed().as_secs_f64() * 1e3);
-    println!("| batch | steps | ms per step (masks + apply) | µs per choice |");
-    println!("|---|---|---|---|");
+    println!("| batch | steps | masks, ms per step (parallel) | apply, ms per step | µs per choice (both) |");
+    println!("|---|---|---|---|---|");
     for batch in [1usize, 64] {
         let mut cs: Vec<Constraint> = (0..batch).map(|_| base.clone()).collect();
         let mut logits = vec![vec![0.0f32; vocab]; batch];
         let mut steps = 0usize;
-        let t0 = Instant::now();
-        // Each choice follows the grammar by taking the first allowed token that is not EOS,
-        // a walk of a plausible length through the schema.
+        let (mut masks, mut apply) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+        // Each choice follows the grammar by taking the most likely allowed token of made-up
+        // logits, a walk of a plausible length through the schema.
         for step in 0..48 {
+            let t0 = Instant::now();
             cs.par_iter_mut().for_each(|c| c.prepare());
+            masks += t0.elapsed();
             let mut live = 0;
             for (c, l) in cs.iter_mut().zip(logits.iter_mut()) {
                 if c.is_stopped() {
                     continue;
                 }
                 l.iter_mut().enumerate().for_each(|(i, x)| *x = ((i * 7 + step) % 13) as f32);
-                if c.apply(l).is_err() {
+                let t0 = Instant::now();
+                let ok = c.apply(l).is_ok();
+                apply += t0.elapsed();
+                if !ok {
                     continue;
                 }
                 let t = l.iter().enumerate().filter(|(_, x)| x.is_finite()).max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32);
@@ -59,7 +70,8 @@ fn main() {
             }
             steps += 1;
         }
-        let ms = t0.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
-        println!("| {batch} | {steps} | {ms:.3} | {:.1} |", ms * 1e3 / batch as f64);
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps.max(1) as f64;
+        let (m, a) = (per(masks), per(apply));
+        println!("| {batch} | {steps} | {m:.3} | {a:.3} | {:.1} |", (m + a) * 1e3 / batch as f64);
     }
 }

@@ -56,7 +56,7 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Invalid(brief(&e)));
         }
-        Ok(Constraint { matcher, mask: None, gate: None })
+        Ok(Constraint { matcher, mask: None, gate: None, applied: false })
     }
 }
 
@@ -77,6 +77,8 @@ pub struct Constraint {
     mask: Option<Result<SimpleVob, String>>,
     /// While set, the output is free until this text appears (see [`Self::wait_for`]).
     gate: Option<Gate>,
+    /// This step's mask was applied to the batch's logits on the device ([`Self::take_words`]).
+    applied: bool,
 }
 
 /// The text that opens a constraint, and the output's tail seen so far.
@@ -88,7 +90,7 @@ struct Gate {
 
 impl Clone for Constraint {
     fn clone(&self) -> Self {
-        Self { matcher: self.matcher.deep_clone(), mask: None, gate: self.gate.clone() }
+        Self { matcher: self.matcher.deep_clone(), mask: None, gate: self.gate.clone(), applied: false }
     }
 }
 
@@ -112,22 +114,45 @@ impl Constraint {
         if self.gate.is_some() {
             return Ok(());
         }
+        if std::mem::take(&mut self.applied) {
+            self.mask = None;
+            return Ok(());
+        }
         self.prepare();
         let mask = self.mask.take().unwrap_or_else(|| Err("no mask".into()))?;
         if mask.num_set() == 0 {
             return Err("the grammar allows no token here".into());
         }
-        for (i, l) in logits.iter_mut().enumerate() {
-            if !mask.is_allowed(i as u32) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
+        deltaserve_engine::sampling::mask_row(mask.as_slice(), logits);
         Ok(())
+    }
+
+    /// The prepared mask's words (32 tokens a word), for applying it to the batch's logits where
+    /// they are; [`Self::apply`] then only consumes it. `None` while waiting, or when the mask
+    /// failed or allows nothing ([`Self::apply`] reports that).
+    pub fn take_words(&mut self) -> Option<Vec<u32>> {
+        match (&self.gate, &self.mask) {
+            (None, Some(Ok(m))) if m.num_set() > 0 => {
+                self.applied = true;
+                Some(m.as_slice().to_vec())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this step's mask was applied to the logits already (on the device); clears it.
+    pub fn take_applied(&mut self) -> bool {
+        if std::mem::take(&mut self.applied) {
+            self.mask = None;
+            return true;
+        }
+        false
     }
 
     /// Advances past the sampled `token`.
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
         self.mask = None;
+        self.applied = false;
         if self.gate.is_some() {
             return Ok(());
         }

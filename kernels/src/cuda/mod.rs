@@ -430,6 +430,7 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
 }
 
 mod attention;
+mod bitmask;
 mod conv;
 mod decode;
 mod gemv;
@@ -438,6 +439,7 @@ mod prefill;
 mod rows;
 
 pub use attention::paged_attention;
+pub use bitmask::token_bitmask;
 pub use conv::{conv_prefill, conv_states, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};

@@ -217,20 +217,25 @@ impl Scheduler {
             return;
         }
         let started = Instant::now();
-        // Grammar masks for this step are computed on other threads while the forward runs.
+        // Grammar masks for this step are computed on other threads while the forward runs,
+        // then applied to the batch's logits where they are (on the GPU before they cross).
+        let constrained = self.requests.iter().flat_map(|r| &r.seqs).any(|s| !s.finished && s.constraint.is_some());
         let (engine, pool, requests) = (&self.engine, &mut self.pool, &mut self.requests);
-        let mut forward = || engine.decode(pool, &batch).and_then(|l| Ok(l.to_vec2::<f32>()?));
-        let constrained = requests.iter().flat_map(|r| &r.seqs).any(|s| !s.finished && s.constraint.is_some());
-        let result = if constrained {
+        let logits = if constrained {
             std::thread::scope(|scope| {
                 let masks = scope.spawn(|| prepare_masks(requests));
-                let out = forward();
+                let out = engine.decode(pool, &batch);
                 let _ = masks.join();
                 out
             })
         } else {
-            forward()
+            engine.decode(pool, &batch)
         };
+        let result = logits.and_then(|l| {
+            // On the CPU the host applies each row's mask in place, without the copies.
+            let l = if constrained && l.device().is_cuda() { mask_batch(&l, requests, &owners)? } else { l };
+            Ok(l.to_vec2::<f32>()?)
+        });
         self.metrics.step_duration.with_label_values(&["decode"]).observe(started.elapsed().as_secs_f64());
         self.metrics.decode_batch_size.observe(batch.len() as f64);
         tracing::trace!(batch = batch.len(), "decode step");
@@ -255,6 +260,34 @@ impl Scheduler {
                 }
             }
         }
+    }
+}
+
+/// Applies the prepared grammar masks of the batch's constrained rows (`owners[row]` is the
+/// row's request and choice) to `logits` on their device.
+fn mask_batch(
+    logits: &deltaserve_engine::Tensor,
+    requests: &mut [super::Active],
+    owners: &[(usize, usize)],
+) -> deltaserve_engine::Result<deltaserve_engine::Tensor> {
+    let (mut rows, mut masks, mut words) = (Vec::new(), Vec::new(), None);
+    for (row, &(ri, si)) in owners.iter().enumerate() {
+        // A choice that reports logprobs keeps the model's own logits (the host masks a copy).
+        if requests[ri].params.logprobs.is_some() {
+            continue;
+        }
+        let Some(c) = requests[ri].seqs[si].constraint.as_mut() else { continue };
+        let Some(w) = c.take_words() else { continue };
+        if *words.get_or_insert(w.len()) != w.len() {
+            // Cannot happen (one tokenizer); the host applies this row's mask instead.
+            continue;
+        }
+        rows.push(row as u32);
+        masks.extend_from_slice(&w);
+    }
+    match words {
+        Some(w) if !rows.is_empty() => deltaserve_engine::sampling::mask_logits(logits, &rows, &masks, w),
+        _ => Ok(logits.clone()),
     }
 }
 

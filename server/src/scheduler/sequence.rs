@@ -88,7 +88,9 @@ impl Seq {
         let p = cx.params;
         // A grammar masks the logits (its mask was usually computed during the forward).
         let mut grammar_error = None;
+        let premasked = self.constraint.as_mut().is_some_and(|c| c.take_applied());
         let sampled = match self.constraint.as_mut() {
+            Some(_) if premasked => self.sampler.sample_premasked(logits),
             Some(c) => self.sampler.sample_masked(logits, |l| grammar_error = c.apply(l).err()),
             None => self.sampler.sample(logits),
         };
