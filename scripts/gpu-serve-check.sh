@@ -11,20 +11,7 @@ BIN=${1:-target/release/deltaserve}
 MODEL=${2:-tests/fixtures/compact/gdn}
 LOGS=${LOGS:-$(mktemp -d)}
 mkdir -p "$LOGS"
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-
-serve() { # device port
-  "$BIN" serve --model "$MODEL" --device "$1" --dtype f32 --port "$2" >"$LOGS/serve-$1.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 120); do
-    if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$2/ready')" 2>/dev/null; then return 0; fi
-    sleep 0.5
-  done
-  echo "server on $1 did not become ready; log:" >&2
-  cat "$LOGS/serve-$1.log" >&2
-  return 1
-}
+source "$(dirname "$0")/serve-common.sh"
 
 serve cuda 18431
 serve cpu 18432

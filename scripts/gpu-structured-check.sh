@@ -12,24 +12,10 @@ BIN=${1:-target/release/deltaserve}
 MODEL=${2:-models/gdn-demo}
 LOGS=${LOGS:-$(mktemp -d)}
 mkdir -p "$LOGS"
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+source "$(dirname "$0")/serve-common.sh"
 
-serve() { # device port
-  "$BIN" serve --model "$MODEL" --device "$1" --dtype f32 --port "$2" \
-    --chat-template tests/fixtures/templates/xml_tools.jinja >"$LOGS/serve-$1.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 120); do
-    if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$2/ready')" 2>/dev/null; then return 0; fi
-    sleep 0.5
-  done
-  echo "server on $1 did not become ready; log:" >&2
-  cat "$LOGS/serve-$1.log" >&2
-  return 1
-}
-
-serve cuda 18441
-serve cpu 18442
+serve cuda 18441 --chat-template tests/fixtures/templates/xml_tools.jinja
+serve cpu 18442 --chat-template tests/fixtures/templates/xml_tools.jinja
 python3 - <<'PY'
 import json, threading, urllib.request
 

@@ -118,8 +118,9 @@ impl Assembler for ChatAssembler {
                         function: FunctionCall { name: Some(name.clone()), arguments: arguments.clone() },
                     })
                     .collect();
-                // OpenAI sends `content: null` beside tool calls when there is no text.
-                let content = (calls.is_empty() || !parsed.content.is_empty()).then_some(parsed.content);
+                // `content: null` beside tool calls or reasoning when there is no text (as OpenAI
+                // and vLLM send it); `""` for an empty plain answer.
+                let content = (!parsed.content.is_empty() || (calls.is_empty() && parsed.reasoning.is_empty())).then_some(parsed.content);
                 ChatChoice {
                     index: i,
                     message: Some(ChatMessage {
