@@ -59,7 +59,8 @@ pub struct ModelArgs {
     pub check_weights: bool,
     /// Matmul precision of the chunked prefill's mixer: fp32 (near-fp32, bf16 hi + lo operands on
     /// the GPU) or bf16 (q, k, v rounded to bf16: fla's precision, about 5x faster on the GPU).
-    #[arg(long, env = "DELTASERVE_MIXER_PRECISION", value_enum, default_value_t = MixerPrecision::Fp32)]
+    /// `auto`: bf16 for bf16/f16 models (as fla computes them), fp32 for f32 ones.
+    #[arg(long, env = "DELTASERVE_MIXER_PRECISION", value_enum, default_value_t = MixerPrecision::Auto)]
     pub mixer_precision: MixerPrecision,
     /// Run GPU decode steps eagerly instead of as CUDA graphs (one capture per batch size, then
     /// one launch a step). For debugging and comparison; no effect on the CPU.
@@ -75,28 +76,53 @@ pub struct ModelArgs {
 /// `--mixer-precision`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MixerPrecision {
+    /// bf16 for bf16/f16 compute dtypes, fp32 for f32.
+    Auto,
     /// Near-fp32 matmuls.
     Fp32,
     /// Single bf16 operands, as fla computes bf16 models.
     Bf16,
 }
 
+/// The prefill algorithm `--mixer-precision` picks for compute dtype `dtype`.
+pub fn prefill_algo(p: MixerPrecision, dtype: deltaserve_engine::DType) -> PrefillAlgo {
+    match (p, dtype) {
+        (MixerPrecision::Fp32, _) => PrefillAlgo::Chunked,
+        (MixerPrecision::Bf16, _) => PrefillAlgo::ChunkedBf16,
+        (MixerPrecision::Auto, deltaserve_engine::DType::BF16 | deltaserve_engine::DType::F16) => PrefillAlgo::ChunkedBf16,
+        (MixerPrecision::Auto, _) => PrefillAlgo::Chunked,
+    }
+}
+
 impl ModelArgs {
     /// Loads the engine these options describe.
     pub fn load(&self) -> anyhow::Result<Engine> {
         let device = parse_device(&self.device)?;
+        let dtype = parse_dtype(&self.dtype)?;
         let opts = LoadOptions {
             model: self.model.clone().unwrap_or_else(default_model),
-            dtype: parse_dtype(&self.dtype)?,
+            dtype,
             device,
             check_weights: self.check_weights,
-            prefill_algo: match self.mixer_precision {
-                MixerPrecision::Fp32 => PrefillAlgo::Chunked,
-                MixerPrecision::Bf16 => PrefillAlgo::ChunkedBf16,
-            },
+            prefill_algo: prefill_algo(self.mixer_precision, dtype),
             cuda_graphs: !self.no_cuda_graphs,
             batch_invariant: self.batch_invariant,
         };
         Ok(Engine::load(&opts)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltaserve_engine::DType;
+
+    #[test]
+    fn the_mixer_precision_follows_the_compute_dtype_unless_given() {
+        assert_eq!(prefill_algo(MixerPrecision::Auto, DType::BF16), PrefillAlgo::ChunkedBf16);
+        assert_eq!(prefill_algo(MixerPrecision::Auto, DType::F16), PrefillAlgo::ChunkedBf16);
+        assert_eq!(prefill_algo(MixerPrecision::Auto, DType::F32), PrefillAlgo::Chunked);
+        assert_eq!(prefill_algo(MixerPrecision::Fp32, DType::BF16), PrefillAlgo::Chunked);
+        assert_eq!(prefill_algo(MixerPrecision::Bf16, DType::F32), PrefillAlgo::ChunkedBf16);
     }
 }
