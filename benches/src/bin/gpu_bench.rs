@@ -1,5 +1,6 @@
-//! GPU benchmark: times our CUDA kernels and a whole model on the GPU and prints tables next
-//! to the reference figures of `docs/anchors.md` (fla 0.6.0 on an H100).
+//! GPU benchmark: times our CUDA kernels and a whole model on the GPU and prints tables; the
+//! mixer tables put fla's kernels beside ours when `--fla-json` gives fla's times from the same
+//! run (`benches/mixer_vs_fla.sh` does both), and print no ratio otherwise.
 //!
 //! `cargo run --release -p deltaserve-benches --features cuda --bin gpu_bench -- [--skip-model]`
 //!
@@ -65,6 +66,53 @@ struct Args {
     /// bf16): prefill T=4096 and decode at batch 1 and 64; one `OURS {json}` line per figure.
     #[arg(long)]
     attention_only: bool,
+    /// fla's times at the mixer tables' shapes, measured in this run by `benches/fla_mixer.py`
+    /// (`benches/mixer_vs_fla.sh`): the "vs fla" columns are computed from them.
+    #[arg(long)]
+    fla_json: Option<std::path::PathBuf>,
+}
+
+/// A prefill mixer shape: B sequences of T tokens, H heads, key and value dims K and V.
+type MixerShape = (usize, usize, usize, usize, usize);
+
+/// fla's kernel times (ms) from `benches/fla_mixer.py`.
+#[derive(Debug, Default)]
+struct FlaTimes {
+    /// Shape → ms.
+    prefill: Vec<(MixerShape, f64)>,
+    /// B → ms.
+    decode: Vec<(usize, f64)>,
+}
+
+impl FlaTimes {
+    fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        let n = |e: &serde_json::Value, k: &str| {
+            e[k].as_u64().map(|x| x as usize).ok_or_else(|| anyhow::anyhow!("{}: `{k}` missing", path.display()))
+        };
+        let ms = |e: &serde_json::Value| e["ms"].as_f64().ok_or_else(|| anyhow::anyhow!("{}: `ms` missing", path.display()));
+        let mut t = Self::default();
+        for e in v["prefill"].as_array().into_iter().flatten() {
+            t.prefill.push(((n(e, "b")?, n(e, "t")?, n(e, "h")?, n(e, "k")?, n(e, "v")?), ms(e)?));
+        }
+        for e in v["decode"].as_array().into_iter().flatten() {
+            t.decode.push((n(e, "b")?, ms(e)?));
+        }
+        Ok(t)
+    }
+
+    fn prefill_ms(&self, shape: MixerShape) -> Option<f64> {
+        self.prefill.iter().find(|(s, _)| *s == shape).map(|x| x.1)
+    }
+
+    fn decode_ms(&self, b: usize) -> Option<f64> {
+        self.decode.iter().find(|(x, _)| *x == b).map(|x| x.1)
+    }
+}
+
+/// `x` with `digits` decimals, or a dash when there is none.
+fn or_dash(x: Option<f64>, digits: usize) -> String {
+    x.map_or_else(|| "—".into(), |x| format!("{x:.digits$}"))
 }
 
 /// Copy bandwidth of the H100 in anchors.md, bytes/s.
@@ -157,16 +205,16 @@ fn inputs(dev: &Device, rows: usize, h: usize, k: usize, v: usize) -> anyhow::Re
     Ok([q, kk, vv, beta, g])
 }
 
-fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
-    println!("\n## Prefill mixer (chunked, {reps} reps, median of CUDA-event times; fla = chunk_gated_delta_rule, anchors.md)\n");
+fn prefill_table(dev: &Device, reps: usize, fla: &FlaTimes) -> anyhow::Result<()> {
+    println!("\n## Prefill mixer (chunked, {reps} reps, median of CUDA-event times; fla = chunk_gated_delta_rule in this run)\n");
     println!("Both on the tensor cores: bf16 q/k/v as fla's inputs; f32 q/k/v split into bf16 hi + lo (the engine's path).");
     println!("Timed as do_bench times fla (L2 evicted, GPU busy before each call); the idle column starts each call on an idle GPU.\n");
     println!("| B | T | H | K | V | bf16 ms | tokens/s | fla ms | vs fla | bf16 ms, GPU idle | f32 ms |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let shapes =
-        [(1, 4096, 16, 128, 256, 1.453), (8, 2048, 16, 128, 256, 1.381), (8, 2048, 16, 64, 256, 1.183), (4, 8192, 16, 128, 256, 1.871)];
+    let shapes = [(1, 4096, 16, 128, 256), (8, 2048, 16, 128, 256), (8, 2048, 16, 64, 256), (4, 8192, 16, 128, 256)];
     let mut k_times = Vec::new();
-    for (b, t, h, k, v, fla) in shapes {
+    for (b, t, h, k, v) in shapes {
+        let fla_ms = fla.prefill_ms((b, t, h, k, v));
         let [q, kk, vv, beta, g] = inputs(dev, b * t, h, k, v)?;
         let mut states = SlotBuffer::zeros_on(b, h * k * v, dev)?;
         let cu: Vec<usize> = (0..=b).map(|i| i * t).collect();
@@ -182,25 +230,32 @@ fn prefill_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let (ms, idle) = (time(DType::BF16, Timing::DoBench)?, time(DType::BF16, Timing::IdleGpu)?);
         let ms32 = time(DType::F32, Timing::DoBench)?;
         let tps = (b * t) as f64 / ms * 1e3;
-        println!("| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {fla:.3} | {:.2}× | {idle:.3} | {ms32:.2} |", tps / 1e6, fla / ms);
+        println!(
+            "| {b} | {t} | {h} | {k} | {v} | {ms:.3} | {:.2} M | {} | {}× | {idle:.3} | {ms32:.2} |",
+            tps / 1e6,
+            or_dash(fla_ms, 3),
+            or_dash(fla_ms.map(|f| f / ms), 2)
+        );
         if b == 8 && t == 2048 {
             k_times.push((k, ms));
         }
     }
     if let [(128, a), (64, b)] = k_times[..] {
-        println!("\nK=64 (pruned) vs K=128 at B=8, T=2048: {:.2}× faster (fla: 1.17×)", a / b);
+        let fla_ratio = fla.prefill_ms((8, 2048, 16, 128, 256)).zip(fla.prefill_ms((8, 2048, 16, 64, 256))).map(|(x, y)| x / y);
+        println!("\nK=64 (pruned) vs K=128 at B=8, T=2048: {:.2}× faster (fla: {}×)", a / b, or_dash(fla_ratio, 2));
     }
     Ok(())
 }
 
-fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+fn decode_table(dev: &Device, reps: usize, fla: &FlaTimes) -> anyhow::Result<()> {
     println!("\n## Decode mixer step (H=16, K=128, V=256; one token per slot; {reps} reps, median of CUDA-event times)\n");
     println!("Timed as do_bench times fla (L2 evicted, GPU busy before each call); the idle columns start each call on an idle GPU,");
     println!("so they count the host's time to issue the launch as well.\n");
     println!("| B | µs per step | state traffic GB/s | % of copy bandwidth | µs, GPU idle | %, GPU idle | fla µs | fla GB/s |");
     println!("|---|---|---|---|---|---|---|---|");
     let (h, k, v) = (16, 128, 256);
-    for (b, fla_ms, fla_bw) in [(1usize, 0.103, 41.0), (8, 0.099, 339.0), (64, 0.119, 2256.0), (256, 0.445, 2412.0)] {
+    for b in [1usize, 8, 64, 256] {
+        let fla_ms = fla.decode_ms(b);
         let [q, kk, vv, beta, g] = inputs(dev, b, h, k, v)?;
         let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
         // Slots spread over a larger pool, in a shuffled order, as in serving.
@@ -222,12 +277,13 @@ fn decode_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / COPY_BW;
         let bw = bytes / (ms * 1e-3) / 1e9;
         println!(
-            "| {b} | {:.1} | {bw:.0} | {:.0}% | {:.1} | {:.0}% | {:.0} | {fla_bw:.0} |",
+            "| {b} | {:.1} | {bw:.0} | {:.0}% | {:.1} | {:.0}% | {} | {} |",
             ms * 1e3,
             pct(ms),
             idle * 1e3,
             pct(idle),
-            fla_ms * 1e3
+            or_dash(fla_ms.map(|f| f * 1e3), 1),
+            or_dash(fla_ms.map(|f| bytes / (f * 1e-3) / 1e9), 0)
         );
     }
     Ok(())
@@ -573,6 +629,13 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let dev = deltaserve_engine::parse_device("cuda")?;
+    let fla = match &args.fla_json {
+        Some(p) => FlaTimes::load(p)?,
+        None => {
+            println!("(no --fla-json: the mixer tables print no fla column; benches/mixer_vs_fla.sh times fla in the same run)");
+            FlaTimes::default()
+        }
+    };
     #[cfg(feature = "cuda")]
     if args.attention_only {
         return attention_table(&dev, args.reps);
@@ -582,7 +645,7 @@ fn main() -> anyhow::Result<()> {
         return hybrid_table(&dev, dir, args.reps, args.profile_hybrid, args.batch_invariant);
     }
     if args.decode_only {
-        return decode_table(&dev, args.reps);
+        return decode_table(&dev, args.reps, &fla);
     }
     if args.mlp_only {
         return mlp_table(&dev, args.reps);
@@ -590,8 +653,8 @@ fn main() -> anyhow::Result<()> {
     if args.profile_prefill || args.model_only || args.small_prefill {
         return model_table(&dev, &args);
     }
-    prefill_table(&dev, args.reps)?;
-    decode_table(&dev, args.reps)?;
+    prefill_table(&dev, args.reps, &fla)?;
+    decode_table(&dev, args.reps, &fla)?;
     mlp_table(&dev, args.reps)?;
     if !args.skip_model {
         model_table(&dev, &args)?;
