@@ -1,1 +1,4 @@
-//! Benchmark helpers live in the bench targets.
+//! Benchmark helpers shared by the bench binaries; the benchmarks themselves live in the bench
+//! targets and `src/bin/`.
+
+pub mod sse;

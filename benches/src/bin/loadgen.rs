@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use futures::StreamExt;
+use deltaserve_benches::sse::{pct, stream_tokens, Sample};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Workload {
@@ -59,76 +59,10 @@ struct Args {
     timeout_s: u64,
 }
 
-#[derive(Default)]
-struct Sample {
-    ttft: Vec<f64>,
-    itl: Vec<f64>,
-    tokens: usize,
-    errors: usize,
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
 async fn one(client: &reqwest::Client, url: &str, prompt: &str, (max_tokens, temperature): (usize, f64), s: &mut Sample) {
     let body =
         serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "temperature": temperature, "stream": true});
     stream_tokens(client, &format!("{url}/v1/completions"), &body, s).await;
-}
-
-/// Posts a streaming request, recording TTFT and ITL per SSE chunk; returns the text streamed
-/// (`choices[0].text`, or `.delta.content` for chat), `None` on an error.
-async fn stream_tokens(client: &reqwest::Client, url: &str, body: &serde_json::Value, s: &mut Sample) -> Option<String> {
-    let t0 = Instant::now();
-    let Ok(resp) = client.post(url).json(body).send().await else {
-        s.errors += 1;
-        return None;
-    };
-    if !resp.status().is_success() {
-        s.errors += 1;
-        return None;
-    }
-    let mut text = String::new();
-    let mut stream = resp.bytes_stream();
-    let mut last: Option<Instant> = None;
-    let mut buf = String::new();
-    while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else {
-            s.errors += 1;
-            return None;
-        };
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let Some(data) = event.trim().strip_prefix("data: ") else { continue };
-            if data == "[DONE]" {
-                continue;
-            }
-            // One SSE chunk per generated token (with logprobs asked for, empty texts included);
-            // a chat stream's first chunk carries only the role and is no token.
-            let parsed = serde_json::from_str::<serde_json::Value>(data).ok();
-            let c = parsed.as_ref().map(|v| &v["choices"][0]);
-            if c.is_some_and(|c| c["delta"].get("role").is_some()) {
-                continue;
-            }
-            if let Some(c) = c {
-                text.push_str(c["text"].as_str().or(c["delta"]["content"].as_str()).unwrap_or(""));
-            }
-            let now = Instant::now();
-            match last {
-                None => s.ttft.push(now.duration_since(t0).as_secs_f64()),
-                Some(p) => s.itl.push(now.duration_since(p).as_secs_f64()),
-            }
-            last = Some(now);
-            s.tokens += 1;
-        }
-    }
-    Some(text)
 }
 
 /// One conversation: `turns` streamed chat turns after `system`, each re-sending the
@@ -164,12 +98,8 @@ async fn chat(a: &Args) {
     });
     let (mut first, mut later) = (Sample::default(), Sample::default());
     for (f, l) in futures::future::join_all(tasks).await.into_iter().flatten() {
-        for (all, t) in [(&mut first, f), (&mut later, l)] {
-            all.ttft.extend(t.ttft);
-            all.itl.extend(t.itl);
-            all.tokens += t.tokens;
-            all.errors += t.errors;
-        }
+        first.merge(f);
+        later.merge(l);
     }
     let secs = started.elapsed().as_secs_f64();
     for (name, s) in [("turn 1", &mut first), ("turns 2+", &mut later)] {
@@ -215,10 +145,7 @@ async fn main() {
     });
     let mut all = Sample::default();
     for t in futures::future::join_all(tasks).await.into_iter().flatten() {
-        all.ttft.extend(t.ttft);
-        all.itl.extend(t.itl);
-        all.tokens += t.tokens;
-        all.errors += t.errors;
+        all.merge(t);
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
