@@ -24,6 +24,15 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// Tokens generated: the server's usage count when it sent one, else the token chunks.
+    pub fn generated(&self) -> usize {
+        if self.usage_tokens > 0 {
+            self.usage_tokens
+        } else {
+            self.tokens
+        }
+    }
+
     /// Adds `other`'s timings to these.
     pub fn merge(&mut self, other: Sample) {
         self.ttft.extend(other.ttft);

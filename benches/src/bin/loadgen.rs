@@ -60,8 +60,7 @@ struct Args {
 }
 
 async fn one(client: &reqwest::Client, url: &str, prompt: &str, (max_tokens, temperature): (usize, f64), s: &mut Sample) {
-    let body =
-        serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "temperature": temperature, "stream": true});
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "temperature": temperature, "stream": true, "stream_options": {"include_usage": true}});
     stream_tokens(client, &format!("{url}/v1/completions"), &body, s).await;
 }
 
@@ -72,7 +71,7 @@ async fn conversation(client: &reqwest::Client, url: &str, system: &str, id: usi
     for turn in 0..a.turns {
         let ask = format!("Conversation {id}, question {turn}: write a function that adds {turn} to a number, with a test.");
         messages.push(serde_json::json!({"role": "user", "content": ask}));
-        let body = serde_json::json!({"messages": messages, "max_tokens": a.max_tokens, "ignore_eos": true, "temperature": a.temperature, "stream": true, "logprobs": true});
+        let body = serde_json::json!({"messages": messages, "max_tokens": a.max_tokens, "ignore_eos": true, "temperature": a.temperature, "stream": true, "stream_options": {"include_usage": true}, "logprobs": true});
         let sample = if turn == 0 { &mut *first } else { &mut *later };
         let Some(answer) = stream_tokens(client, &format!("{url}/v1/chat/completions"), &body, sample).await else { return };
         messages.push(serde_json::json!({"role": "assistant", "content": answer}));
@@ -110,7 +109,7 @@ async fn chat(a: &Args) {
             1e3 * pct(&mut s.ttft, 0.5),
             1e3 * pct(&mut s.ttft, 0.99),
             1e3 * pct(&mut s.itl, 0.5),
-            s.tokens as f64 / secs,
+            s.generated() as f64 / secs,
             s.errors
         );
     }
@@ -152,7 +151,7 @@ async fn main() {
         "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
         a.clients,
         all.ttft.len(),
-        all.tokens as f64 / secs,
+        all.generated() as f64 / secs,
         1e3 * pct(&mut all.ttft, 0.5),
         1e3 * pct(&mut all.ttft, 0.99),
         1e3 * pct(&mut all.itl, 0.5),

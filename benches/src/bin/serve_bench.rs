@@ -155,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
     let secs = started.elapsed().as_secs_f64();
     let done = all.e2e.len();
     // Tokens as the server counted them (a token whose text is empty sends no chunk).
-    let tokens = if all.usage_tokens > 0 { all.usage_tokens } else { all.tokens };
+    let tokens = all.generated();
     let result = json!({
         "label": a.label,
         "dataset": format!("{:?}", a.dataset).to_lowercase(),
