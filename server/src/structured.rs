@@ -114,10 +114,6 @@ impl Constraint {
         if self.gate.is_some() {
             return Ok(());
         }
-        if std::mem::take(&mut self.applied) {
-            self.mask = None;
-            return Ok(());
-        }
         self.prepare();
         let mask = self.mask.take().unwrap_or_else(|| Err("no mask".into()))?;
         if mask.num_set() == 0 {
@@ -128,7 +124,7 @@ impl Constraint {
     }
 
     /// The prepared mask's words (32 tokens a word), for applying it to the batch's logits where
-    /// they are; [`Self::apply`] then only consumes it. `None` while waiting, or when the mask
+    /// they are; [`Self::take_applied`] then stands in for [`Self::apply`]. `None` while waiting, or when the mask
     /// failed or allows nothing ([`Self::apply`] reports that).
     pub fn take_words(&mut self) -> Option<Vec<u32>> {
         match (&self.gate, &self.mask) {
