@@ -15,7 +15,7 @@ import sys
 
 def load(d):
     ours = []
-    for p in glob.glob(os.path.join(d, "deltaserve-c*.json")):
+    for p in glob.glob(os.path.join(d, "deltaserve-c[0-9]*.json")):
         r = json.load(open(p))
         ours.append((r["max_concurrency"], r))
     ours.sort(key=lambda x: x[0])

@@ -6,7 +6,7 @@
 # against load (benches/plot_serving.py). Run benches/hf_static.py on the same checkpoint in the
 # same call for transformers + fla beside it, then plot again.
 #
-#   benches/serving_sweep.sh DELTASERVE_BIN SERVE_BENCH_BIN OUT_DIR [CONCURRENCIES...]
+#   [RATES="2 4 8"] benches/serving_sweep.sh DELTASERVE_BIN SERVE_BENCH_BIN OUT_DIR [CONCURRENCIES...]
 set -euo pipefail
 BIN=$1 BENCH=$2 OUT=$3
 shift 3
@@ -22,7 +22,7 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-"$BIN" serve --model "$MODEL" --device cuda --dtype bf16 --port 18600 --max-num-seqs 256 --max-model-len 2048 \
+"$BIN" serve --model "$MODEL" --device cuda --dtype bf16 --port 18600 --max-num-seqs 256 --max-model-len 4096 \
   --max-queue 4096 >"$OUT/serve-cuda.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 240); do
@@ -34,6 +34,12 @@ for c in $LEVELS; do
   n=$((2 * c)); [ "$n" -lt 16 ] && n=16
   "$BENCH" --url http://127.0.0.1:18600 --num-prompts "$n" --input-len 512 --output-len 256 --max-concurrency "$c" \
     --label deltaserve --json "$OUT/deltaserve-c$c.json" | tail -1 | tee -a "$OUT/table.md"
+done
+# Poisson arrivals of the chat mix (128–2,048-token prompts, 64–512-token outputs) at each rate
+# of $RATES requests a second, 60 requests each.
+for r in ${RATES:-}; do
+  "$BENCH" --url http://127.0.0.1:18600 --dataset chat --num-prompts 60 --request-rate "$r" --seed 1 \
+    --label "deltaserve-chat" --json "$OUT/deltaserve-chat-r$r.json" | tail -1 | tee -a "$OUT/table.md"
 done
 kill "${pids[@]}" 2>/dev/null || true
 wait 2>/dev/null || true
