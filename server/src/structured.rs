@@ -123,14 +123,15 @@ impl Constraint {
         Ok(())
     }
 
-    /// The prepared mask's words (32 tokens a word), for applying it to the batch's logits where
+    /// Appends the prepared mask's words (32 tokens a word) to `into` and returns how many, for applying it to the batch's logits where
     /// they are; [`Self::take_applied`] then stands in for [`Self::apply`]. `None` while waiting, or when the mask
     /// failed or allows nothing ([`Self::apply`] reports that).
-    pub fn take_words(&mut self) -> Option<Vec<u32>> {
+    pub fn take_words(&mut self, into: &mut Vec<u32>) -> Option<usize> {
         match (&self.gate, &self.mask) {
             (None, Some(Ok(m))) if m.num_set() > 0 => {
                 self.applied = true;
-                Some(m.as_slice().to_vec())
+                into.extend_from_slice(m.as_slice());
+                Some(m.as_slice().len())
             }
             _ => None,
         }

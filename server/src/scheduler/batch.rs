@@ -277,13 +277,10 @@ fn mask_batch(
             continue;
         }
         let Some(c) = requests[ri].seqs[si].constraint.as_mut() else { continue };
-        let Some(w) = c.take_words() else { continue };
-        if *words.get_or_insert(w.len()) != w.len() {
-            // Cannot happen (one tokenizer); the host applies this row's mask instead.
-            continue;
-        }
+        // Every mask has the same length: one tokenizer's.
+        let Some(w) = c.take_words(&mut masks) else { continue };
+        words.get_or_insert(w);
         rows.push(row as u32);
-        masks.extend_from_slice(&w);
     }
     match words {
         Some(w) if !rows.is_empty() => deltaserve_engine::sampling::mask_logits(logits, &rows, &masks, w),

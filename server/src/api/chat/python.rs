@@ -69,13 +69,8 @@ pub fn dump(value: &Value, o: &DumpOptions, depth: usize, out: &mut String) -> R
             if o.sort_keys {
                 keys.sort();
             }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                separator(o, depth + 1, i == 0, out);
+            container(o, depth, ('{', '}'), keys.len(), out, |i, out| {
+                let k = &keys[i];
                 let key = match k.kind() {
                     ValueKind::String => k.as_str().unwrap_or_default().to_owned(),
                     ValueKind::Bool | ValueKind::None | ValueKind::Number => {
@@ -87,27 +82,37 @@ pub fn dump(value: &Value, o: &DumpOptions, depth: usize, out: &mut String) -> R
                 };
                 quote_json(&key, o.ensure_ascii, out);
                 out.push_str(&o.separators.1);
-                dump(&value.get_item(k)?, o, depth + 1, out)?;
-            }
-            close(o, depth, out);
-            out.push('}');
+                dump(&value.get_item(k)?, o, depth + 1, out)
+            })?;
         }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                separator(o, depth + 1, i == 0, out);
-                dump(item, o, depth + 1, out)?;
-            }
-            close(o, depth, out);
-            out.push(']');
+            container(o, depth, ('[', ']'), items.len(), out, |i, out| dump(&items[i], o, depth + 1, out))?;
         }
         _ => return Err(bad(&format!("tojson: a {} cannot be written as JSON", value.kind()))),
     }
+    Ok(())
+}
+
+/// A JSON object or array of `n` items: `{}`/`[]` when empty, else the items between the
+/// brackets, separated (and indented) as `o` says.
+fn container(
+    o: &DumpOptions,
+    depth: usize,
+    (open, shut): (char, char),
+    n: usize,
+    out: &mut String,
+    mut item: impl FnMut(usize, &mut String) -> Result<(), Error>,
+) -> Result<(), Error> {
+    out.push(open);
+    if n > 0 {
+        for i in 0..n {
+            separator(o, depth + 1, i == 0, out);
+            item(i, out)?;
+        }
+        close(o, depth, out);
+    }
+    out.push(shut);
     Ok(())
 }
 
