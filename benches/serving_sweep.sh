@@ -2,11 +2,11 @@
 # The serving sweep on a GPU host, in one call: a random bf16 1.39B Gated DeltaNet
 # (benches/configs/gdn-1.3b.json, vocabulary 4,096), `deltaserve serve --device cuda`, then `serve_bench` at
 # concurrency 1, 8, 32, 64, 128 and 256 (512-token prompts, 256-token outputs, EOS ignored,
-# 2·C requests each, at least 16), one JSON per point, and a plot of throughput and latency
+# 4·C requests each, at least 32), one JSON per point, and a plot of throughput and latency
 # against load (benches/plot_serving.py). Run benches/hf_static.py on the same checkpoint in the
 # same call for transformers + fla beside it, then plot again.
 #
-#   [RATES="2 4 8"] benches/serving_sweep.sh DELTASERVE_BIN SERVE_BENCH_BIN OUT_DIR [CONCURRENCIES...]
+#   [RATES="2 4 8"] [MODEL=DIR] [TOKENIZER_FROM=DIR] benches/serving_sweep.sh DELTASERVE_BIN SERVE_BENCH_BIN OUT_DIR [CONCURRENCIES...]
 set -euo pipefail
 BIN=$1 BENCH=$2 OUT=$3
 shift 3
@@ -18,7 +18,7 @@ if [ ! -f "$MODEL/config.json" ]; then
   # The vocabulary cut to the demo tokenizer's 4,096 tokens: every sampled id has a text, so
   # every token is a streamed chunk (ITL per token).
   python3 -c "import json; c = json.load(open('benches/configs/gdn-1.3b.json')); c['vocab_size'] = 4096; json.dump(c, open('$OUT/config.json', 'w'))"
-  "$BIN" init-random --config "$OUT/config.json" -o "$MODEL" --dtype bf16 --tokenizer-from models/gdn-demo >"$OUT/init.log" 2>&1
+  "$BIN" init-random --config "$OUT/config.json" -o "$MODEL" --dtype bf16 --tokenizer-from "${TOKENIZER_FROM:-models/gdn-demo}" >"$OUT/init.log" 2>&1
 fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
@@ -31,7 +31,7 @@ for _ in $(seq 1 240); do
 done
 "$BENCH" --url http://127.0.0.1:18600 --num-prompts 16 --input-len 512 --output-len 32 --max-concurrency 16 --label warmup >/dev/null
 for c in $LEVELS; do
-  n=$((2 * c)); [ "$n" -lt 16 ] && n=16
+  n=$((4 * c)); [ "$n" -lt 32 ] && n=32
   "$BENCH" --url http://127.0.0.1:18600 --num-prompts "$n" --input-len 512 --output-len 256 --max-concurrency "$c" \
     --label deltaserve --json "$OUT/deltaserve-c$c.json" | tail -1 | tee -a "$OUT/table.md"
 done

@@ -17,8 +17,12 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
-const TESTS: [GpuTest; 17] = [
-    ("gpu_token_bitmask_matches_cpu", gpu_token_bitmask_matches_cpu),
+#[path = "gpu/sampling.rs"]
+mod sampling;
+
+const TESTS: [GpuTest; 18] = [
+    ("gpu_sampling_matches_cpu", sampling::gpu_sampling_matches_cpu),
+    ("gpu_sampling_follows_the_distribution", sampling::gpu_sampling_follows_the_distribution),
     ("gpu_prefix_cache_snapshots_match_whole_prefills", gpu_prefix_cache_snapshots_match_whole_prefills),
     ("gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch", gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch),
     ("gpu_sparse_moe_matches_cpu", gpu_sparse_moe_matches_cpu),
@@ -239,33 +243,6 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
 /// four-channel kernel can take it and where only the one-channel one can; W = 4 (compiled in)
 /// and W = 3 (a run-time width). Then a decode step in shuffled slot order. SwiGLU on column
 /// slices equals silu(gate) · up computed in f32 and rounded once.
-/// Structured outputs' token masks applied on the GPU equal the CPU's, bit for bit, at Qwen's
-/// vocabulary size (151,643, not a multiple of 32) with masks shorter than the vocabulary.
-fn gpu_token_bitmask_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::token_bitmask;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-    let (b, v) = (64usize, 151_643usize);
-    let logits: Vec<f32> = (0..b * v).map(|_| rng.random_range(-8.0f32..8.0)).collect();
-    let cpu = Tensor::from_vec(logits, (b, v), &Device::Cpu).unwrap();
-    let gpu = cpu.to_device(dev).unwrap();
-    for (rows, words) in [(vec![0u32, 5, 63], v.div_ceil(32)), ((0..64).rev().collect::<Vec<u32>>(), v / 32 - 3), (vec![], v.div_ceil(32))]
-    {
-        // Words of every kind: none allowed, all allowed, mixed.
-        let masks: Vec<u32> = (0..rows.len() * words)
-            .map(|i| match i % 7 {
-                0 => 0,
-                1 => u32::MAX,
-                _ => rng.random::<u32>(),
-            })
-            .collect();
-        let want = token_bitmask(&cpu, &rows, &masks, words).unwrap().to_vec2::<f32>().unwrap();
-        let got = token_bitmask(&gpu, &rows, &masks, words).unwrap().to_vec2::<f32>().unwrap();
-        assert!(want == got, "{} rows, {words} words: the GPU's masked logits differ from the CPU's", rows.len());
-        let masked = want.iter().flatten().filter(|x| x.is_infinite()).count();
-        assert!(rows.is_empty() == (masked == 0), "{masked} masked");
-    }
-}
-
 fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
     use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, swiglu};
     use deltaserve_kernels::ConvActivation;

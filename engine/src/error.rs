@@ -144,6 +144,9 @@ pub enum EngineError {
         /// The first such token id.
         first: usize,
     },
+    /// A grammar's mask and the logit adjustments left no token to sample.
+    #[error("no token is allowed here: the grammar's mask and the logit adjustments exclude every token")]
+    NothingAllowed,
     /// A kernel failed.
     #[error(transparent)]
     Kernel(#[from] deltaserve_kernels::KernelError),

@@ -56,7 +56,7 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Invalid(brief(&e)));
         }
-        Ok(Constraint { matcher, mask: None, gate: None, applied: false })
+        Ok(Constraint { matcher, mask: None, gate: None })
     }
 }
 
@@ -77,8 +77,6 @@ pub struct Constraint {
     mask: Option<Result<SimpleVob, String>>,
     /// While set, the output is free until this text appears (see [`Self::wait_for`]).
     gate: Option<Gate>,
-    /// This step's mask was applied to the batch's logits on the device ([`Self::take_words`]).
-    applied: bool,
 }
 
 /// The text that opens a constraint, and the output's tail seen so far.
@@ -90,7 +88,7 @@ struct Gate {
 
 impl Clone for Constraint {
     fn clone(&self) -> Self {
-        Self { matcher: self.matcher.deep_clone(), mask: None, gate: self.gate.clone(), applied: false }
+        Self { matcher: self.matcher.deep_clone(), mask: None, gate: self.gate.clone() }
     }
 }
 
@@ -102,54 +100,32 @@ impl std::fmt::Debug for Constraint {
 
 impl Constraint {
     /// Computes the allowed tokens of the next step, so that the engine thread can do it while
-    /// the model's forward pass runs; [`Self::apply`] uses it.
+    /// the model's forward pass runs; [`Self::mask`] uses it.
     pub fn prepare(&mut self) {
         if self.mask.is_none() && self.gate.is_none() {
             self.mask = Some(self.matcher.compute_mask().map_err(|e| e.to_string()));
         }
     }
 
-    /// Sets every logit the grammar does not allow to −∞.
-    pub fn apply(&mut self, logits: &mut [f32]) -> Result<(), String> {
+    /// This step's allowed tokens as mask words (32 tokens a word, lowest bit first), for the
+    /// batch's draw: `None` while the output is free (waiting for the gate); an error when the
+    /// grammar failed or allows nothing.
+    pub fn mask(&mut self) -> Result<Option<&[u32]>, String> {
         if self.gate.is_some() {
-            return Ok(());
+            return Ok(None);
         }
         self.prepare();
-        let mask = self.mask.take().unwrap_or_else(|| Err("no mask".into()))?;
-        if mask.num_set() == 0 {
-            return Err("the grammar allows no token here".into());
+        match self.mask.as_ref() {
+            Some(Ok(m)) if m.num_set() > 0 => Ok(Some(m.as_slice())),
+            Some(Ok(_)) => Err("the grammar allows no token here".into()),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err("no mask".into()),
         }
-        deltaserve_engine::sampling::mask_row(mask.as_slice(), logits);
-        Ok(())
-    }
-
-    /// Appends the prepared mask's words (32 tokens a word) to `into` and returns how many, for applying it to the batch's logits where
-    /// they are; [`Self::take_applied`] then stands in for [`Self::apply`]. `None` while waiting, or when the mask
-    /// failed or allows nothing ([`Self::apply`] reports that).
-    pub fn take_words(&mut self, into: &mut Vec<u32>) -> Option<usize> {
-        match (&self.gate, &self.mask) {
-            (None, Some(Ok(m))) if m.num_set() > 0 => {
-                self.applied = true;
-                into.extend_from_slice(m.as_slice());
-                Some(m.as_slice().len())
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether this step's mask was applied to the logits already (on the device); clears it.
-    pub fn take_applied(&mut self) -> bool {
-        if std::mem::take(&mut self.applied) {
-            self.mask = None;
-            return true;
-        }
-        false
     }
 
     /// Advances past the sampled `token`.
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
         self.mask = None;
-        self.applied = false;
         if self.gate.is_some() {
             return Ok(());
         }
@@ -205,17 +181,15 @@ mod tests {
         let (tok, g) = grammars();
         let mut c = g.compile(TopLevelGrammar::from_regex("yes|no")).unwrap();
         c.wait_for("</think>");
-        let mut logits = vec![0.5f32; tok.vocab_size()];
-        c.apply(&mut logits).unwrap();
-        assert!(logits.iter().all(|&l| l == 0.5), "nothing is masked while waiting");
+        assert_eq!(c.mask(), Ok(None), "nothing is masked while waiting");
         // The marker may arrive split across tokens.
         for piece in ["thinking…</th", "ink", ">"] {
             assert!(c.waiting());
             c.observe(piece);
         }
         assert!(!c.waiting());
-        c.apply(&mut logits).unwrap();
-        let allowed: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+        let words = c.mask().unwrap().unwrap().to_vec();
+        let allowed: Vec<u32> = (0..tok.vocab_size() as u32).filter(|&i| words[i as usize / 32] >> (i % 32) & 1 == 1).collect();
         assert!(!allowed.is_empty() && allowed.len() < 20, "{} tokens allowed", allowed.len());
         for t in allowed {
             let text = tok.decode(&[t], false).unwrap();

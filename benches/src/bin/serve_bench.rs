@@ -60,6 +60,12 @@ struct Args {
     /// A name for this run in the outputs.
     #[arg(long, default_value = "deltaserve")]
     label: String,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Nucleus sampling's p (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
 }
 
 /// SplitMix64: a small seeded generator (the benchmark needs no crate for it).
@@ -137,9 +143,10 @@ async fn main() -> anyhow::Result<()> {
         }
         let permit = limit.clone().acquire_owned().await?;
         let (client, url) = (client.clone(), format!("{}/v1/completions", a.url));
+        let (temperature, top_p) = (a.temperature, a.top_p);
         tasks.push(tokio::spawn(async move {
             let body = json!({
-                "prompt": r.prompt, "max_tokens": r.output, "ignore_eos": true, "temperature": 0,
+                "prompt": r.prompt, "max_tokens": r.output, "ignore_eos": true, "temperature": temperature, "top_p": top_p,
                 "stream": true, "stream_options": {"include_usage": true}
             });
             let mut s = Sample::default();
@@ -162,6 +169,8 @@ async fn main() -> anyhow::Result<()> {
         "num_prompts": a.num_prompts,
         "request_rate": a.request_rate,
         "max_concurrency": a.max_concurrency,
+        "temperature": a.temperature,
+        "top_p": a.top_p,
         "duration_s": secs,
         "completed": done,
         "failed": all.errors,

@@ -7,3 +7,4 @@ pub mod gated_delta;
 pub mod linear;
 pub mod norm;
 pub mod prep;
+pub mod sample;

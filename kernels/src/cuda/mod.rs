@@ -430,19 +430,19 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
 }
 
 mod attention;
-mod bitmask;
 mod conv;
 mod decode;
 mod gemv;
 mod moe;
 mod prefill;
 mod rows;
+mod sample;
 
 pub use attention::paged_attention;
-pub use bitmask::token_bitmask;
 pub use conv::{conv_prefill, conv_states, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs};
+pub use sample::sample;

@@ -5,7 +5,7 @@
 //! dtype they are asked for or were given.
 //!
 //! One file per op family, mirroring `cpu/` and `cuda/`: [`conv`], [`prep`], [`norm`],
-//! [`gemv`], [`step`], [`prefill`], [`attention`], [`moe`] and [`bitmask`] (structured outputs). The dispatchers check shapes and pick the device's
+//! [`gemv`], [`step`], [`prefill`], [`attention`], [`moe`] and [`sample`] (batched sampling). The dispatchers check shapes and pick the device's
 //! implementation; the CPU loops live in `cpu/`.
 
 use candle_core::{DType, Device, Tensor};
@@ -13,17 +13,16 @@ use candle_core::{DType, Device, Tensor};
 use crate::{KernelError, Result, SlotBuffer};
 
 pub mod attention;
-pub mod bitmask;
 pub mod conv;
 pub mod gemv;
 pub mod moe;
 pub mod norm;
 pub mod prefill;
 pub mod prep;
+pub mod sample;
 pub mod step;
 
 pub use attention::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
-pub use bitmask::token_bitmask;
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{
     batch_invariant, linear, set_batch_invariant, small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS,

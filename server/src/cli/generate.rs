@@ -72,7 +72,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         if !open {
             break;
         }
-        let tok = sampler.sample(&logits)?.token;
+        let tok = deltaserve_engine::sampling::draw_one(&mut sampler, &logits, 0, None)?.token;
         sampler.accept(tok);
         generated += 1;
         if !args.ignore_eos && eos.contains(&tok) {

@@ -3,10 +3,13 @@
 
 use std::time::Instant;
 
-use deltaserve_engine::{Logits, PREFILL_CHUNK};
+use deltaserve_engine::{Device, Draws, EngineError, Logits, Tensor, PREFILL_CHUNK};
 
 use super::sequence::{logprob_entry, send, Seq};
-use super::{ms, Event, Scheduler, SchedulerError};
+use super::{ms, Active, Event, Scheduler, SchedulerError};
+
+/// Batches of at least this many drawn tokens are emitted on several threads.
+const PARALLEL_EMIT_FROM: usize = 8;
 
 /// The prompt chunks of one step: oldest request first, `(request, tokens)` for every request
 /// with prompt left (`(done, left)` per request, `left` 0 for none), until `budget` tokens are
@@ -73,22 +76,39 @@ impl Scheduler {
         }
         let (alone, packed): (Vec<_>, Vec<_>) = plan.into_iter().partition(|(i, _)| self.requests[*i].params.prompt_logprobs);
         for (i, take) in alone {
-            if let Err(e) = self.prefill_with_logprobs(i, take).and_then(|last| self.finish_chunk(i, take, last)) {
-                self.requests[i].fail(e);
+            // Prompt logprobs need every position's logits on the host; the draw after the
+            // prompt reads the last of them there.
+            let done = self.prefill_with_logprobs(i, take).and_then(|last| {
+                let row = Tensor::from_slice(&last, (1, last.len()), &Device::Cpu).map_err(EngineError::from)?;
+                Ok((self.finish_chunk(i, take, Some(last))?, row))
+            });
+            match done {
+                Ok((true, row)) => {
+                    let _ = self.draw_first(Ok(row), &[(i, 0)]);
+                }
+                Ok((false, _)) => {}
+                Err(e) => self.requests[i].fail(e),
             }
         }
-        let mut engine = std::time::Duration::ZERO;
+        // Host time to launch the packed pass, then until the first tokens drawn from it are
+        // back (waiting for the GPU; nothing waits when no prompt ended in the pass).
+        let (mut launch, mut drawn) = Default::default();
         if !packed.is_empty() || !tails.is_empty() {
             let t0 = Instant::now();
             let out = self.prefill_packed(&packed, &tails);
-            engine = t0.elapsed();
+            launch = t0.elapsed();
             match out {
                 Ok(lasts) => {
-                    for ((i, take), last) in packed.into_iter().zip(lasts) {
-                        if let Err(e) = self.finish_chunk(i, take, last) {
-                            self.requests[i].fail(e);
+                    // Requests whose prompt is done draw their first tokens, from their rows.
+                    let mut done = Vec::new();
+                    for (row, (i, take)) in packed.into_iter().enumerate() {
+                        match self.finish_chunk(i, take, None) {
+                            Ok(true) => done.push((i, row)),
+                            Ok(false) => {}
+                            Err(e) => self.requests[i].fail(e),
                         }
                     }
+                    drawn = self.draw_first(Ok(lasts), &done);
                 }
                 Err(e) => {
                     for (i, _) in packed {
@@ -104,13 +124,22 @@ impl Scheduler {
         self.metrics.step_duration.with_label_values(&["prefill"]).observe(secs);
         self.metrics.prompt_tokens.inc_by(tokens as u64);
         let tail_tokens: usize = tails.iter().map(|(_, take)| take).sum();
-        tracing::debug!(tokens, tail_tokens, ms = secs * 1e3, cache_ms = ms(cached), engine_ms = ms(engine), "prefill step");
+        tracing::debug!(
+            tokens,
+            tail_tokens,
+            ms = secs * 1e3,
+            cache_ms = ms(cached),
+            launch_ms = ms(launch),
+            drawn_ms = ms(drawn),
+            "prefill step"
+        );
     }
 
     /// The next `take` prompt tokens of each `(request, take)` and of each `(tail, take)` in
     /// one packed prefill, snapshotting every grid point on the way that the cache lacks;
-    /// returns each request's logits after its last token.
-    fn prefill_packed(&mut self, plan: &[(usize, usize)], tails: &[(usize, usize)]) -> Result<Vec<Vec<f32>>, SchedulerError> {
+    /// returns the logits after each piece's last token, `[pieces, vocab]` where the model runs
+    /// (row `r` is `plan[r]`'s).
+    fn prefill_packed(&mut self, plan: &[(usize, usize)], tails: &[(usize, usize)]) -> Result<Tensor, SchedulerError> {
         // (slot, the sequence's tokens, where this piece starts, its length)
         let mut pieces: Vec<(deltaserve_engine::SlotId, &[u32], usize, usize)> = Vec::with_capacity(plan.len() + tails.len());
         for &(i, take) in plan {
@@ -128,9 +157,7 @@ impl Scheduler {
         let batch: Vec<_> = pieces.iter().map(|&(slot, toks, from, take)| (slot, &toks[from..from + take])).collect();
         let t0 = Instant::now();
         let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps);
-        let t1 = Instant::now();
-        let out = out.and_then(|l| Ok(l.to_vec2::<f32>()?));
-        tracing::debug!(launch_ms = ms(t1 - t0), wait_ms = ms(t1.elapsed()), snaps = snaps.len(), "prefill pass");
+        tracing::debug!(launch_ms = ms(t0.elapsed()), snaps = snaps.len(), "prefill pass");
         if let Some(c) = self.cache.as_mut() {
             for (s, (seq, len)) in snaps.iter().zip(keys) {
                 let done = out.is_ok() && c.insert(&pieces[seq].1[..len], s.snap).is_ok();
@@ -139,9 +166,7 @@ impl Scheduler {
                 }
             }
         }
-        let mut rows = out?;
-        rows.truncate(plan.len());
-        Ok(rows)
+        Ok(out?)
     }
 
     /// The next `take` prompt tokens of request `i`, sending their prompt logprobs; returns the
@@ -169,18 +194,19 @@ impl Scheduler {
         Ok(prev.unwrap_or_default())
     }
 
-    /// Records that request `i` prefilled `take` more tokens with `last` the logits after them;
-    /// when its prompt is done, forks its other choices and samples each one's first token.
-    fn finish_chunk(&mut self, i: usize, take: usize, last: Vec<f32>) -> Result<(), SchedulerError> {
+    /// Records that request `i` prefilled `take` more tokens (`last`: the logits after them, kept
+    /// on the host for the next chunk's prompt logprobs); when its prompt is done, forks its
+    /// other choices and returns true: they draw their first tokens next.
+    fn finish_chunk(&mut self, i: usize, take: usize, last: Option<Vec<f32>>) -> Result<bool, SchedulerError> {
         let r = &mut self.requests[i];
         let to = r.prefilled + take;
         let slot = r.seqs[0].slot;
         r.prefilled = to;
         if to < r.prompt.len() {
-            r.prev_logits = Some(last);
-            return Ok(());
+            r.prev_logits = last;
+            return Ok(false);
         }
-        // Prompt done: fork the other choices from the prefilled slot, then sample each.
+        // Prompt done: fork the other choices from the prefilled slot.
         for choice in 1..r.params.n {
             let slot = self.pool.fork(slot)?.ok_or_else(|| SchedulerError::Engine("reserved slot missing".into()))?;
             self.reserved -= 1;
@@ -193,23 +219,90 @@ impl Scheduler {
             }
             r.seqs.push(Seq::new(&r.params, &r.prompt, choice, slot));
         }
-        let tok = self.engine.tokenizer();
-        let ctx = super::sequence::Context { prompt_len: r.prompt.len(), params: &r.params, tok, max_model_len: self.cfg.max_model_len };
-        for s in &mut r.seqs {
-            s.emit(&ctx, &last, &r.events, &r.id, &self.metrics, r.arrived);
+        Ok(true)
+    }
+
+    /// The first tokens of the requests `(request, logits row)` whose prompts are done: every
+    /// choice of each draws from its request's row.
+    fn draw_first(&mut self, logits: Result<Tensor, SchedulerError>, done: &[(usize, usize)]) -> std::time::Duration {
+        let who: Vec<(usize, usize, usize)> =
+            done.iter().flat_map(|&(i, row)| (0..self.requests[i].seqs.len()).map(move |si| (i, si, row))).collect();
+        self.draw_and_emit(logits, &who)
+    }
+
+    /// Draws the next token of each `(request, choice, logits row)` in one batch where the logits
+    /// are, and emits them; when the batch fails, so do those requests. Returns the time until
+    /// the draws were back on the host (which includes waiting for the GPU's forward).
+    fn draw_and_emit(&mut self, logits: Result<Tensor, SchedulerError>, who: &[(usize, usize, usize)]) -> std::time::Duration {
+        let started = Instant::now();
+        let mut draws = Draws::new();
+        let mut drawn = Vec::with_capacity(who.len());
+        if logits.is_ok() {
+            for &(ri, si, row) in who {
+                let r = &mut self.requests[ri];
+                if r.seqs[si].draw(&mut draws, row, r.params.logprobs, &r.events, &r.id) {
+                    drawn.push((ri, si));
+                }
+            }
         }
-        Ok(())
+        let out = if draws.is_empty() { logits.map(|_| vec![]) } else { logits.and_then(|l| Ok(draws.run(&l)?)) };
+        let drawn_at = started.elapsed();
+        match out {
+            Ok(results) => self.emit_all(drawn, results),
+            Err(e) => {
+                for &(ri, ..) in who {
+                    self.requests[ri].fail(e.clone());
+                }
+            }
+        }
+        drawn_at
+    }
+
+    /// Emits each drawn `(request, choice)`'s token. Choices are independent (detokenizing, stop
+    /// strings, grammar, events), so a large batch spreads them over threads: the GPU idles
+    /// while they run.
+    fn emit_all(&mut self, drawn: Vec<(usize, usize)>, results: Vec<Result<deltaserve_engine::Sampled, EngineError>>) {
+        use rayon::prelude::*;
+        let mut results: Vec<Option<_>> = results.into_iter().map(Some).collect();
+        // Each request's drawn choices, in order: (choice, result index).
+        let mut by_request: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.requests.len()];
+        for (k, &(ri, si)) in drawn.iter().enumerate() {
+            by_request[ri].push((si, k));
+        }
+        let (tok, metrics, max_model_len) = (self.engine.tokenizer(), &self.metrics, self.cfg.max_model_len);
+        let mut jobs = Vec::with_capacity(drawn.len());
+        for (r, mine) in self.requests.iter_mut().zip(&by_request) {
+            let Active { seqs, params, prompt, events, id, arrived, .. } = r;
+            let cx = super::sequence::Context { prompt_len: prompt.len(), params, tok, max_model_len };
+            let mut mine = mine.iter().peekable();
+            for (si, seq) in seqs.iter_mut().enumerate() {
+                if let Some(&(_, k)) = mine.next_if(|(s, _)| *s == si) {
+                    if let Some(sampled) = results[k].take() {
+                        jobs.push((seq, cx.clone(), sampled, &*events, id.as_str(), *arrived));
+                    }
+                }
+            }
+        }
+        let emit = |(seq, cx, sampled, events, id, arrived): (&mut Seq, super::sequence::Context<'_>, _, _, &str, Instant)| {
+            seq.emit(&cx, sampled, events, id, metrics, arrived)
+        };
+        if jobs.len() >= PARALLEL_EMIT_FROM {
+            jobs.into_par_iter().for_each(emit);
+        } else {
+            jobs.into_iter().for_each(emit);
+        }
     }
 
     /// One batched decode step over every sequence with a pending token.
     pub(super) fn decode(&mut self) {
+        // (slot, token) of each row, and the row's (request, choice, row).
         let mut batch = Vec::new();
-        let mut owners = Vec::new();
+        let mut who = Vec::new();
         for (ri, r) in self.requests.iter().enumerate() {
             for (si, s) in r.seqs.iter().enumerate() {
                 if let (false, Some(t)) = (s.finished, s.pending) {
+                    who.push((ri, si, batch.len()));
                     batch.push((s.slot, t));
-                    owners.push((ri, si));
                 }
             }
         }
@@ -217,8 +310,8 @@ impl Scheduler {
             return;
         }
         let started = Instant::now();
-        // Grammar masks for this step are computed on other threads while the forward runs,
-        // then applied to the batch's logits where they are (on the GPU before they cross).
+        // Grammar masks for this step are computed on other threads while the forward runs;
+        // the draw applies them where the logits are.
         let constrained = self.requests.iter().flat_map(|r| &r.seqs).any(|s| !s.finished && s.constraint.is_some());
         let (engine, pool, requests) = (&self.engine, &mut self.pool, &mut self.requests);
         let logits = if constrained {
@@ -231,60 +324,15 @@ impl Scheduler {
         } else {
             engine.decode(pool, &batch)
         };
-        let result = logits.and_then(|l| {
-            // On the CPU the host applies each row's mask in place, without the copies.
-            let l = if constrained && l.device().is_cuda() { mask_batch(&l, requests, &owners)? } else { l };
-            Ok(l.to_vec2::<f32>()?)
-        });
-        self.metrics.step_duration.with_label_values(&["decode"]).observe(started.elapsed().as_secs_f64());
+        // Host time to launch the forward; then until the draws are back (the GPU's forward and
+        // the draw); then emitting (grammar, detokenizing, events).
+        let launch = started.elapsed();
+        let drawn = self.draw_and_emit(logits.map_err(SchedulerError::from), &who);
+        let secs = started.elapsed().as_secs_f64();
+        self.metrics.step_duration.with_label_values(&["decode"]).observe(secs);
         self.metrics.decode_batch_size.observe(batch.len() as f64);
-        tracing::trace!(batch = batch.len(), "decode step");
-        match result {
-            Ok(rows) => {
-                let tok = self.engine.tokenizer();
-                for ((ri, si), row) in owners.into_iter().zip(rows) {
-                    let r = &mut self.requests[ri];
-                    let ctx = super::sequence::Context {
-                        prompt_len: r.prompt.len(),
-                        params: &r.params,
-                        tok,
-                        max_model_len: self.cfg.max_model_len,
-                    };
-                    r.seqs[si].emit(&ctx, &row, &r.events, &r.id, &self.metrics, r.arrived);
-                }
-            }
-            Err(e) => {
-                let err = SchedulerError::from(e);
-                for (ri, _) in owners {
-                    self.requests[ri].fail(err.clone());
-                }
-            }
-        }
-    }
-}
-
-/// Applies the prepared grammar masks of the batch's constrained rows (`owners[row]` is the
-/// row's request and choice) to `logits` on their device.
-fn mask_batch(
-    logits: &deltaserve_engine::Tensor,
-    requests: &mut [super::Active],
-    owners: &[(usize, usize)],
-) -> deltaserve_engine::Result<deltaserve_engine::Tensor> {
-    let (mut rows, mut masks, mut words) = (Vec::new(), Vec::new(), None);
-    for (row, &(ri, si)) in owners.iter().enumerate() {
-        // A choice that reports logprobs keeps the model's own logits (the host masks a copy).
-        if requests[ri].params.logprobs.is_some() {
-            continue;
-        }
-        let Some(c) = requests[ri].seqs[si].constraint.as_mut() else { continue };
-        // Every mask has the same length: one tokenizer's.
-        let Some(w) = c.take_words(&mut masks) else { continue };
-        words.get_or_insert(w);
-        rows.push(row as u32);
-    }
-    match words {
-        Some(w) if !rows.is_empty() => deltaserve_engine::sampling::mask_logits(logits, &rows, &masks, w),
-        _ => Ok(logits.clone()),
+        let emit_ms = secs * 1e3 - ms(launch) - ms(drawn);
+        tracing::trace!(batch = batch.len(), launch_ms = ms(launch), drawn_ms = ms(drawn), emit_ms, ms = secs * 1e3, "decode step");
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use deltaserve_engine::sampling::{log_softmax_at, top_logprobs};
-use deltaserve_engine::{IncrementalDecoder, Sampler, SlotId, Tokenizer};
+use deltaserve_engine::{Draws, EngineError, IncrementalDecoder, Sampled, Sampler, SlotId, Tokenizer};
 use tokio::sync::mpsc;
 
 use super::{Event, FinishReason, GenParams, StopCause, TokenLogprob};
@@ -23,6 +23,7 @@ pub(super) fn logprob_entry(logits: &[f32], token: u32, top_n: usize) -> TokenLo
 }
 
 /// What a sequence needs to know of its request.
+#[derive(Clone)]
 pub(super) struct Context<'a> {
     pub prompt_len: usize,
     pub params: &'a GenParams,
@@ -79,24 +80,40 @@ impl Seq {
         self.pending = None;
     }
 
-    /// Samples the next token from `logits`, sends it with the text it completes, and ends the
+    /// Adds this choice's next draw, from logits row `row`, to `draws`, restricted by its
+    /// grammar. A grammar that cannot go on fails the choice instead: returns whether a draw
+    /// was added.
+    pub fn draw(&mut self, draws: &mut Draws, row: usize, top_logprobs: Option<usize>, events: &mpsc::Sender<Event>, id: &str) -> bool {
+        if self.finished {
+            return false;
+        }
+        let mask = match self.constraint.as_mut().map(|c| c.mask()) {
+            Some(Err(e)) => {
+                self.fail(events, id, super::SchedulerError::Engine(format!("structured output: {e}")));
+                return false;
+            }
+            Some(Ok(m)) => m,
+            None => None,
+        };
+        draws.push(row, &mut self.sampler, top_logprobs.unwrap_or(0), mask);
+        true
+    }
+
+    /// Takes the token drawn for this choice, sends it with the text it completes, and ends the
     /// choice when a stop rule fires (EOS, a stop token or string, `max_tokens`, the context).
-    pub fn emit(&mut self, cx: &Context<'_>, logits: &[f32], events: &mpsc::Sender<Event>, id: &str, metrics: &Metrics, arrived: Instant) {
+    pub fn emit(
+        &mut self,
+        cx: &Context<'_>,
+        sampled: Result<Sampled, EngineError>,
+        events: &mpsc::Sender<Event>,
+        id: &str,
+        metrics: &Metrics,
+        arrived: Instant,
+    ) {
         if self.finished {
             return;
         }
         let p = cx.params;
-        // A grammar masks the logits (its mask was usually computed during the forward).
-        let mut grammar_error = None;
-        let premasked = self.constraint.as_mut().is_some_and(|c| c.take_applied());
-        let sampled = match self.constraint.as_mut() {
-            Some(_) if premasked => self.sampler.sample_premasked(logits),
-            Some(c) => self.sampler.sample_masked(logits, |l| grammar_error = c.apply(l).err()),
-            None => self.sampler.sample(logits),
-        };
-        if let Some(e) = grammar_error {
-            return self.fail(events, id, super::SchedulerError::Engine(format!("structured output: {e}")));
-        }
         let sampled = match sampled {
             Ok(s) => s,
             Err(e) => return self.fail(events, id, e.into()),
@@ -126,7 +143,7 @@ impl Seq {
             Some(prev) => metrics.inter_token_latency.observe(now.duration_since(prev).as_secs_f64()),
         }
         self.last_token = Some(now);
-        let logprob = p.logprobs.map(|n| TokenLogprob { token: t, logprob: sampled.logprob, top: top_logprobs(logits, n) });
+        let logprob = p.logprobs.map(|_| TokenLogprob { token: t, logprob: sampled.logprob, top: sampled.top });
 
         // Under a grammar EOS is only allowed once the output is complete, so it always stops.
         let eos = cx.tok.eos_token_ids.contains(&t);
@@ -221,8 +238,15 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(64);
         let mut s = Seq::new(p, &[1], 0, deltaserve_engine::StatePool::new(&[], 1).allocate().unwrap());
         let cx = Context { prompt_len: 1, params: p, tok: &tok, max_model_len: 1000 };
+        let vocab = tok.vocab_size();
         for &t in tokens {
-            s.emit(&cx, &peaked(tok.vocab_size(), t), &tx, "r", &metrics, Instant::now());
+            let mut draws = Draws::new();
+            if !s.draw(&mut draws, 0, p.logprobs, &tx, "r") {
+                continue;
+            }
+            let logits = deltaserve_engine::Tensor::from_vec(peaked(vocab, t), (1, vocab), &deltaserve_engine::Device::Cpu).unwrap();
+            let sampled = draws.run(&logits).unwrap().pop().unwrap();
+            s.emit(&cx, sampled, &tx, "r", &metrics, Instant::now());
         }
         let mut out = Vec::new();
         while let Ok(e) = rx.try_recv() {

@@ -1,0 +1,33 @@
+//! Launcher of the batched sampling kernel (`cuda/sample.cu`).
+
+use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{DType, Tensor};
+
+use super::{cuda_dev, first_element_address_any, grid, ptx};
+use crate::ops::sample::wire::{pack, unpack, OUT_WORDS};
+use crate::ops::sample::{Outcome, SampleBatch};
+use crate::Result;
+
+/// One block a draw: the rules go up in one copy, the results come back in one.
+pub fn sample(logits: &Tensor, batch: &SampleBatch<'_>) -> Result<Vec<Outcome>> {
+    let dev = cuda_dev(logits, "sample")?;
+    let (_, vocab) = logits.dims2()?;
+    let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+    let draws = batch.rules.len();
+    let (words, adjust_at, masks_at) = pack(batch);
+    let stream = dev.cuda_stream();
+    let spec = stream.clone_htod(&words).w()?;
+    // SAFETY: every draw's block writes its row of `scratch` before reading it, and its result
+    // words before they are read back.
+    let mut scratch = unsafe { dev.alloc::<f32>(draws * vocab) }?;
+    let mut out = unsafe { dev.alloc::<u32>(draws * OUT_WORDS) }?;
+    let f = dev.get_or_load_custom_func("sample_rows", "sample", ptx::SAMPLE)?;
+    let in_ptr = first_element_address_any(&logits)?;
+    let (v, w, a, m) = (vocab as i32, batch.words as i32, adjust_at as i32, masks_at as i32);
+    let mut l = f.builder();
+    l.arg(&in_ptr).arg(&mut scratch).arg(&spec).arg(&mut out).arg(&v).arg(&w).arg(&a).arg(&m);
+    unsafe { l.launch(grid(draws, 1, 1, 1024, 0)) }.w()?;
+    let host = stream.clone_dtoh(&out).w()?;
+    Ok(host.chunks(OUT_WORDS).map(unpack).collect())
+}
