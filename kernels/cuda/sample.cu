@@ -32,54 +32,36 @@ __device__ __forceinline__ unsigned order_key(float s) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Block reductions over THREADS threads; every thread gets the result. `sh` holds 33 words.
-__device__ __forceinline__ float block_sum(float v, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+// Block reductions over THREADS threads in a fixed order (warp shuffles, then one warp over the
+// 32 partials); every thread gets the result. `sh` holds 33 values.
+struct Add {
+  template <typename V>
+  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+};
+struct Max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename V, typename Op>
+__device__ __forceinline__ V block_reduce(V v, V* sh, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   if (lane == 0) sh[w] = v;
   __syncthreads();
   if (w == 0) {
     v = sh[lane];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
     if (lane == 0) sh[32] = v;
   }
   __syncthreads();
-  const float r = sh[32];
+  const V r = sh[32];
   __syncthreads();
   return r;
 }
 
-__device__ __forceinline__ unsigned block_count(unsigned v, unsigned* sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    v = sh[lane];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if (lane == 0) sh[32] = v;
-  }
-  __syncthreads();
-  const unsigned r = sh[32];
-  __syncthreads();
-  return r;
-}
-
-__device__ __forceinline__ float block_max(float v, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    v = sh[lane];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
-    if (lane == 0) sh[32] = v;
-  }
-  __syncthreads();
-  const float r = sh[32];
-  __syncthreads();
-  return r;
-}
+__device__ __forceinline__ float block_sum(float v, float* sh) { return block_reduce(v, sh, Add{}); }
+__device__ __forceinline__ unsigned block_count(unsigned v, unsigned* sh) { return block_reduce(v, sh, Add{}); }
+__device__ __forceinline__ float block_max(float v, float* sh) { return block_reduce(v, sh, Max{}); }
 
 // (value, id) with the larger value winning and the lower id on ties; id INT_MAX = none.
 __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
