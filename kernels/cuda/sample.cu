@@ -11,6 +11,8 @@
 #define RULE_WORDS 13
 #define OUT_WORDS (4 + 2 * MAX_TOP)
 #define NO_MASK 0xffffffffu
+// Tokens a top-p search copies to shared memory at most (16 KB).
+#define CANDIDATES 4096
 
 typedef unsigned long long u64;
 
@@ -63,6 +65,31 @@ __device__ __forceinline__ float block_sum(float v, float* sh) { return block_re
 __device__ __forceinline__ unsigned block_count(unsigned v, unsigned* sh) { return block_reduce(v, sh, Add{}); }
 __device__ __forceinline__ float block_max(float v, float* sh) { return block_reduce(v, sh, Max{}); }
 
+// Exclusive prefix sum of `v` over the block in thread order; `total` gets the sum.
+__device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned* sh, unsigned& total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  unsigned inc = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned up = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += up;
+  }
+  if (lane == 31) sh[w] = inc;
+  __syncthreads();
+  if (w == 0) {
+    unsigned ws = sh[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned up = __shfl_up_sync(0xffffffffu, ws, o);
+      if (lane >= o) ws += up;
+    }
+    sh[lane] = ws;  // inclusive sums of the warps' totals
+  }
+  __syncthreads();
+  total = sh[31];
+  const unsigned before = (w == 0 ? 0u : sh[w - 1]) + inc - v;
+  __syncthreads();
+  return before;
+}
+
 // (value, id) with the larger value winning and the lower id on ties; id INT_MAX = none.
 __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
   return i != INT_MAX && (bi == INT_MAX || v > bv || (v == bv && i < bi));
@@ -94,10 +121,12 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* shv, int* 
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* logits, float* scratch, const unsigned* spec,
-                                                                   unsigned* out, int vocab, int words, int adjust_at, int masks_at) {
+                                                                   unsigned* out, int vocab, int words, int adjust_at, int masks_at,
+                                                                   int max_candidates) {
   __shared__ float shf[33];
   __shared__ int shi[33];
   __shared__ unsigned shu[33];
+  __shared__ float cand[CANDIDATES];
   const int tid = threadIdx.x;
   const unsigned* r = spec + (long)blockIdx.x * RULE_WORDS;
   const int row = (int)r[0];
@@ -203,15 +232,46 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* l
         const float s = x[i];
         if (order_key(s) >= cut) part += expf(s);
       }
-      const float target = top_p * block_sum(part, shf);
+      const float total = block_sum(part, shf);
+      const float target = top_p * total;
+      // Tokens with p < (1 − top_p) / V of the kept mass are never in the nucleus (all of them
+      // together weigh less than 1 − top_p), so the search need not look below that key (halved
+      // for rounding). When few tokens lie above it, they are copied to shared memory in
+      // order and the 32 passes run there.
+      const unsigned floor_key = max(cut, order_key(logf(0.5f * (1.0f - top_p) / (float)vocab) + logf(total)));
+      unsigned mine = 0;
+      for (int i = tid; i < vocab; i += THREADS) mine += order_key(x[i]) >= floor_key;
+      unsigned n = 0;
+      unsigned at = block_exclusive_scan(mine, shu, n);
+      const bool compact = n <= (unsigned)min(max_candidates, CANDIDATES);
+      if (compact) {
+        for (int i = tid; i < vocab && mine > 0; i += THREADS) {
+          const float s = x[i];
+          if (order_key(s) >= floor_key) {
+            cand[at++] = s;
+            mine--;
+          }
+        }
+        __syncthreads();
+      }
       unsigned t = 0;
       for (int b = 31; b >= 0; b--) {
         const unsigned c = t | (1u << b);
-        const unsigned cc = max(c, cut);
+        if (c <= floor_key) {
+          t = c;  // at or below the floor the kept mass reaches the target
+          continue;
+        }
         float p = 0.f;
-        for (int i = tid; i < vocab; i += THREADS) {
-          const float s = x[i];
-          if (order_key(s) >= cc) p += expf(s);
+        if (compact) {
+          for (unsigned j = tid; j < n; j += THREADS) {
+            const float s = cand[j];
+            if (order_key(s) >= c) p += expf(s);
+          }
+        } else {
+          for (int i = tid; i < vocab; i += THREADS) {
+            const float s = x[i];
+            if (order_key(s) >= c) p += expf(s);
+          }
         }
         if (block_sum(p, shf) >= target) t = c;
       }

@@ -66,6 +66,10 @@ struct Args {
     /// bf16): prefill T=4096 and decode at batch 1 and 64; one `OURS {json}` line per figure.
     #[arg(long)]
     attention_only: bool,
+    /// Only the batched draw (64 rows of 151,936 logits, flat and peaked, under each rule)
+    /// beside copying the logits to the host, which the draw replaced.
+    #[arg(long)]
+    sampling_only: bool,
     /// fla's times at the mixer tables' shapes, measured in this run by `benches/fla_mixer.py`
     /// (`benches/mixer_vs_fla.sh`): the "vs fla" columns are computed from them.
     #[arg(long)]
@@ -141,6 +145,61 @@ fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> anyhow::Result<()
         dev.synchronize()?;
         Ok(t0.elapsed().as_secs_f64() * 1e3)
     })
+}
+
+/// The batched draw over 64 rows of Qwen's vocabulary size, host time to the tokens on the
+/// host: flat rows (logits uniform in ±4) and peaked ones (a trained model's shape: 40 tokens
+/// 6–14 above a background 16 lower), beside copying the whole logits to the host.
+fn sampling_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_kernels::ops::sample::{sample, RowRule, SampleBatch};
+    let (b, v) = (64usize, 151_936usize);
+    println!("| rows | rule | draw ms | copy of the logits to the host, ms |");
+    println!("|---|---|---|---|");
+    let mut state = 7u64;
+    let mut next = move || {
+        state = deltaserve_kernels::cpu::sample::mix(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
+        (state >> 40) as f32 / 16_777_216.0
+    };
+    for peaked in [false, true] {
+        let mut l: Vec<f32> = (0..b * v).map(|_| next() * 8.0 - 4.0 - if peaked { 16.0 } else { 0.0 }).collect();
+        if peaked {
+            for r in 0..b {
+                for _ in 0..40 {
+                    let at = r * v + (next() * v as f32) as usize % v;
+                    l[at] += 22.0 + 8.0 * next();
+                }
+            }
+        }
+        let logits = Tensor::from_vec(l, (b, v), dev)?;
+        let copy = median_ms(dev, reps, || Ok(drop(logits.to_vec2::<f32>()?)))?;
+        let base = RowRule {
+            row: 0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            ln_min_p: f32::NEG_INFINITY,
+            seed: 1,
+            draw: 0,
+            top_logprobs: 0,
+            adjust_from: 0,
+            adjust_len: 0,
+            mask: None,
+        };
+        let rules = [
+            ("greedy", RowRule { temperature: 0.0, ..base }),
+            ("T = 1", base),
+            ("T = 1, top-p 0.9", RowRule { top_p: 0.9, ..base }),
+            ("T = 1, top-k 50", RowRule { top_k: 50, ..base }),
+            ("greedy, 20 top logprobs", RowRule { temperature: 0.0, top_logprobs: 20, ..base }),
+        ];
+        for (name, rule) in rules {
+            let rs: Vec<RowRule> = (0..b as u32).map(|r| RowRule { row: r, ..rule }).collect();
+            let batch = SampleBatch { rules: &rs, adjust: &[], masks: &[], words: 0 };
+            let ms = median_ms(dev, reps, || Ok(drop(sample(&logits, &batch)?)))?;
+            println!("| {} | {name} | {ms:.3} | {copy:.3} |", if peaked { "peaked" } else { "flat" });
+        }
+    }
+    Ok(())
 }
 
 /// How a GPU timing starts: what the GPU is doing when the start event is recorded.
@@ -647,6 +706,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.decode_only {
         return decode_table(&dev, args.reps, &fla);
+    }
+    if args.sampling_only {
+        return sampling_table(&dev, args.reps);
     }
     if args.mlp_only {
         return mlp_table(&dev, args.reps);

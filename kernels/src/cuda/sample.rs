@@ -9,6 +9,14 @@ use crate::ops::sample::wire::{pack, unpack, OUT_WORDS};
 use crate::ops::sample::{Outcome, SampleBatch};
 use crate::Result;
 
+/// Tokens above the nucleus's floor that a top-p search copies to shared memory (the kernel's
+/// `CANDIDATES`); `DELTASERVE_SAMPLE_SHARED=0` makes every search run over the whole row (for
+/// comparisons).
+fn max_candidates() -> i32 {
+    static N: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *N.get_or_init(|| if std::env::var("DELTASERVE_SAMPLE_SHARED").is_ok_and(|v| v == "0") { 0 } else { 4096 })
+}
+
 /// One block a draw: the rules go up in one copy, the results come back in one.
 pub fn sample(logits: &Tensor, batch: &SampleBatch<'_>) -> Result<Vec<Outcome>> {
     let dev = cuda_dev(logits, "sample")?;
@@ -25,8 +33,9 @@ pub fn sample(logits: &Tensor, batch: &SampleBatch<'_>) -> Result<Vec<Outcome>> 
     let f = dev.get_or_load_custom_func("sample_rows", "sample", ptx::SAMPLE)?;
     let in_ptr = first_element_address_any(&logits)?;
     let (v, w, a, m) = (vocab as i32, batch.words as i32, adjust_at as i32, masks_at as i32);
+    let candidates = max_candidates();
     let mut l = f.builder();
-    l.arg(&in_ptr).arg(&mut scratch).arg(&spec).arg(&mut out).arg(&v).arg(&w).arg(&a).arg(&m);
+    l.arg(&in_ptr).arg(&mut scratch).arg(&spec).arg(&mut out).arg(&v).arg(&w).arg(&a).arg(&m).arg(&candidates);
     unsafe { l.launch(grid(draws, 1, 1, 1024, 0)) }.w()?;
     let host = stream.clone_dtoh(&out).w()?;
     Ok(host.chunks(OUT_WORDS).map(unpack).collect())
