@@ -171,7 +171,10 @@ fn sampling_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
             }
         }
         let logits = Tensor::from_vec(l, (b, v), dev)?;
-        let copy = median_ms(dev, reps, || Ok(drop(logits.to_vec2::<f32>()?)))?;
+        let copy = median_ms(dev, reps, || {
+            logits.to_vec2::<f32>()?;
+            Ok(())
+        })?;
         let base = RowRule {
             row: 0,
             temperature: 1.0,
@@ -195,7 +198,10 @@ fn sampling_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         for (name, rule) in rules {
             let rs: Vec<RowRule> = (0..b as u32).map(|r| RowRule { row: r, ..rule }).collect();
             let batch = SampleBatch { rules: &rs, adjust: &[], masks: &[], words: 0 };
-            let ms = median_ms(dev, reps, || Ok(drop(sample(&logits, &batch)?)))?;
+            let ms = median_ms(dev, reps, || {
+                sample(&logits, &batch)?;
+                Ok(())
+            })?;
             println!("| {} | {name} | {ms:.3} | {copy:.3} |", if peaked { "peaked" } else { "flat" });
         }
     }
