@@ -151,9 +151,7 @@ impl Sampler {
             seed: self.seed,
             draw,
             top_logprobs: top_logprobs.min(MAX_TOP) as u32,
-            adjust_from: 0,
-            adjust_len: 0,
-            mask: None,
+            ..RowRule::default()
         }
     }
 

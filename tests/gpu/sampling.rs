@@ -5,19 +5,7 @@ use deltaserve_kernels::ops::sample::{sample, Adjust, Drawn, Outcome, RowRule, S
 use rand::{Rng, SeedableRng};
 
 fn rule(row: u32, seed: u64) -> RowRule {
-    RowRule {
-        row,
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        ln_min_p: f32::NEG_INFINITY,
-        seed,
-        draw: 0,
-        top_logprobs: 0,
-        adjust_from: 0,
-        adjust_len: 0,
-        mask: None,
-    }
+    RowRule { row, seed, ..RowRule::default() }
 }
 
 fn drawn(o: &Outcome) -> &Drawn {

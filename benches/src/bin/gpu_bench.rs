@@ -175,19 +175,7 @@ fn sampling_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
             logits.to_vec2::<f32>()?;
             Ok(())
         })?;
-        let base = RowRule {
-            row: 0,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            ln_min_p: f32::NEG_INFINITY,
-            seed: 1,
-            draw: 0,
-            top_logprobs: 0,
-            adjust_from: 0,
-            adjust_len: 0,
-            mask: None,
-        };
+        let base = RowRule { seed: 1, ..RowRule::default() };
         let rules = [
             ("greedy", RowRule { temperature: 0.0, ..base }),
             ("T = 1", base),

@@ -148,19 +148,7 @@ mod tests {
     use super::*;
 
     fn rule() -> RowRule {
-        RowRule {
-            row: 0,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            ln_min_p: f32::NEG_INFINITY,
-            seed: 11,
-            draw: 0,
-            top_logprobs: 0,
-            adjust_from: 0,
-            adjust_len: 0,
-            mask: None,
-        }
+        RowRule { seed: 11, ..RowRule::default() }
     }
 
     fn token(o: Outcome) -> u32 {

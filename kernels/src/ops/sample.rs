@@ -38,6 +38,26 @@ pub struct RowRule {
     pub mask: Option<u32>,
 }
 
+impl Default for RowRule {
+    /// Row 0 at temperature 1 with no cut, adjustment, mask or top log-probabilities; seed 0,
+    /// draw 0.
+    fn default() -> Self {
+        Self {
+            row: 0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            ln_min_p: f32::NEG_INFINITY,
+            seed: 0,
+            draw: 0,
+            top_logprobs: 0,
+            adjust_from: 0,
+            adjust_len: 0,
+            mask: None,
+        }
+    }
+}
+
 /// A change to one token's logit before the draw, in this order: `+ bias`; then, when
 /// `repetition ≠ 1`, a positive logit divided by it and a negative one multiplied; then
 /// `− subtract` (presence and frequency penalties).
@@ -220,19 +240,7 @@ mod tests {
     use candle_core::Device;
 
     fn rule(row: u32) -> RowRule {
-        RowRule {
-            row,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            ln_min_p: f32::NEG_INFINITY,
-            seed: 1,
-            draw: 0,
-            top_logprobs: 0,
-            adjust_from: 0,
-            adjust_len: 0,
-            mask: None,
-        }
+        RowRule { row, temperature: 0.0, seed: 1, ..RowRule::default() }
     }
 
     #[test]
