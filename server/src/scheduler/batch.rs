@@ -76,17 +76,23 @@ impl Scheduler {
         }
         let (alone, packed): (Vec<_>, Vec<_>) = plan.into_iter().partition(|(i, _)| self.requests[*i].params.prompt_logprobs);
         for (i, take) in alone {
-            // Prompt logprobs need every position's logits on the host; the draw after the
-            // prompt reads the last of them there.
-            let done = self.prefill_with_logprobs(i, take).and_then(|last| {
-                let row = Tensor::from_slice(&last, (1, last.len()), &Device::Cpu).map_err(EngineError::from)?;
-                Ok((self.finish_chunk(i, take, Some(last))?, row))
+            let r = &self.requests[i];
+            let ends = r.prefilled + take >= r.prompt.len();
+            let step = self.prefill_with_logprobs(i, take).and_then(|last| {
+                // Prompt logprobs need every position's logits on the host; the draw after the
+                // prompt reads the last of them there.
+                let row = match ends {
+                    true => Some(Tensor::from_slice(&last, (1, last.len()), &Device::Cpu).map_err(EngineError::from)?),
+                    false => None,
+                };
+                self.finish_chunk(i, take, (!ends).then_some(last))?;
+                Ok(row)
             });
-            match done {
-                Ok((true, row)) => {
+            match step {
+                Ok(Some(row)) => {
                     let _ = self.draw_first(Ok(row), &[(i, 0)]);
                 }
-                Ok((false, _)) => {}
+                Ok(None) => {}
                 Err(e) => self.requests[i].fail(e),
             }
         }
