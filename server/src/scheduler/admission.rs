@@ -96,7 +96,7 @@ impl Scheduler {
                 reserved,
                 kv_tokens,
                 kv_reserved,
-                _ticket: r.ticket,
+                ticket: r.ticket,
                 finished_reason: None,
                 failed: false,
             });

@@ -277,25 +277,42 @@ impl Scheduler {
         }
         let (tok, metrics, max_model_len) = (self.engine.tokenizer(), &self.metrics, self.cfg.max_model_len);
         let mut jobs = Vec::with_capacity(drawn.len());
-        for (r, mine) in self.requests.iter_mut().zip(&by_request) {
+        for (ri, (r, mine)) in self.requests.iter_mut().zip(&by_request).enumerate() {
             let Active { seqs, params, prompt, events, id, arrived, .. } = r;
             let cx = super::sequence::Context { prompt_len: prompt.len(), params, tok, max_model_len };
             let mut mine = mine.iter().peekable();
             for (si, seq) in seqs.iter_mut().enumerate() {
                 if let Some(&(_, k)) = mine.next_if(|(s, _)| *s == si) {
                     if let Some(sampled) = results[k].take() {
-                        jobs.push((seq, cx.clone(), sampled, &*events, id.as_str(), *arrived));
+                        jobs.push((ri, seq, cx.clone(), sampled, &*events, id.as_str(), *arrived));
                     }
                 }
             }
         }
-        let emit = |(seq, cx, sampled, events, id, arrived): (&mut Seq, super::sequence::Context<'_>, _, _, &str, Instant)| {
-            seq.emit(&cx, sampled, events, id, metrics, arrived)
-        };
-        if jobs.len() >= PARALLEL_EMIT_FROM {
-            jobs.into_par_iter().for_each(emit);
+        type Job<'a> = (
+            usize,
+            &'a mut Seq,
+            super::sequence::Context<'a>,
+            Result<deltaserve_engine::Sampled, EngineError>,
+            &'a tokio::sync::mpsc::Sender<Event>,
+            &'a str,
+            Instant,
+        );
+        let emit =
+            |(ri, seq, cx, sampled, events, id, arrived): Job<'_>| seq.emit(&cx, sampled, events, id, metrics, arrived).map(|e| (ri, e));
+        let last: Vec<(usize, Event)> = if jobs.len() >= PARALLEL_EMIT_FROM {
+            jobs.into_par_iter().filter_map(emit).collect()
         } else {
-            jobs.into_iter().for_each(emit);
+            jobs.into_iter().filter_map(emit).collect()
+        };
+        // A request whose choices are all done gives back its admission place before its last
+        // events go out.
+        for (ri, e) in last {
+            let r = &mut self.requests[ri];
+            if r.seqs.iter().all(|s| s.finished) {
+                r.ticket = None;
+            }
+            send(&r.events, e);
         }
     }
 

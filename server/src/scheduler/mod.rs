@@ -164,8 +164,9 @@ struct Active {
     kv_tokens: usize,
     /// KV blocks promised to this request's forks but not yet taken.
     kv_reserved: usize,
-    /// Held while the request is alive: it counts against admission until dropped.
-    _ticket: Option<Ticket>,
+    /// Held while the request is alive: it counts against admission until dropped (or given
+    /// back just before its last choice's `Finished` event goes out).
+    ticket: Option<Ticket>,
     /// The finish reason of the choice that finished last, and whether any choice failed:
     /// `request_success_total` counts the request once, by that reason, when none failed.
     finished_reason: Option<&'static str>,

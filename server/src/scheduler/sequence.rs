@@ -101,6 +101,9 @@ impl Seq {
 
     /// Takes the token drawn for this choice, sends it with the text it completes, and ends the
     /// choice when a stop rule fires (EOS, a stop token or string, `max_tokens`, the context).
+    /// The choice's `Finished` event is returned, not sent: the caller sends it once the
+    /// request's admission place is given back, so a client that saw its answer finds the room.
+    #[must_use]
     pub fn emit(
         &mut self,
         cx: &Context<'_>,
@@ -109,14 +112,17 @@ impl Seq {
         id: &str,
         metrics: &Metrics,
         arrived: Instant,
-    ) {
+    ) -> Option<Event> {
         if self.finished {
-            return;
+            return None;
         }
         let p = cx.params;
         let sampled = match sampled {
             Ok(s) => s,
-            Err(e) => return self.fail(events, id, e.into()),
+            Err(e) => {
+                self.fail(events, id, e.into());
+                return None;
+            }
         };
         let t = sampled.token;
         let mut grammar_done = false;
@@ -124,7 +130,8 @@ impl Seq {
             let eos = cx.tok.eos_token_ids.contains(&t);
             if !eos {
                 if let Err(e) = c.accept(t) {
-                    return self.fail(events, id, super::SchedulerError::Engine(format!("structured output: {e}")));
+                    self.fail(events, id, super::SchedulerError::Engine(format!("structured output: {e}")));
+                    return None;
                 }
             }
             grammar_done = eos || c.is_stopped();
@@ -190,11 +197,14 @@ impl Seq {
                     }
                 }
                 self.finish_reason = Some(reason.as_str());
-                send(events, Event::Finished { choice: self.choice, reason, tokens: self.generated });
                 self.finished = true;
                 self.pending = None;
+                Some(Event::Finished { choice: self.choice, reason, tokens: self.generated })
             }
-            None => self.pending = Some(t),
+            None => {
+                self.pending = Some(t);
+                None
+            }
         }
     }
 }
@@ -246,7 +256,9 @@ mod tests {
             }
             let logits = deltaserve_engine::Tensor::from_vec(peaked(vocab, t), (1, vocab), &deltaserve_engine::Device::Cpu).unwrap();
             let sampled = draws.run(&logits).unwrap().pop().unwrap();
-            s.emit(&cx, sampled, &tx, "r", &metrics, Instant::now());
+            if let Some(last) = s.emit(&cx, sampled, &tx, "r", &metrics, Instant::now()) {
+                send(&tx, last);
+            }
         }
         let mut out = Vec::new();
         while let Ok(e) = rx.try_recv() {
