@@ -120,6 +120,27 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* shv, int* 
   __syncthreads();
 }
 
+// Copies in order the values of x whose key is at least `floor_key` into `cand` when at most
+// `cap` of them are there; returns how many are there either way.
+__device__ __forceinline__ unsigned gather_above(const float* x, int vocab, unsigned floor_key, float* cand, unsigned cap,
+                                                 unsigned* sh) {
+  unsigned mine = 0;
+  for (int i = threadIdx.x; i < vocab; i += THREADS) mine += order_key(x[i]) >= floor_key;
+  unsigned n = 0;
+  unsigned at = block_exclusive_scan(mine, sh, n);
+  if (n <= cap) {
+    for (int i = threadIdx.x; i < vocab && mine > 0; i += THREADS) {
+      const float s = x[i];
+      if (order_key(s) >= floor_key) {
+        cand[at++] = s;
+        mine--;
+      }
+    }
+    __syncthreads();
+  }
+  return n;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* logits, float* scratch, const unsigned* spec,
                                                                    unsigned* out, int vocab, int words, int adjust_at, int masks_at,
                                                                    int max_candidates) {
@@ -215,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* l
       x[i] = isfinite(v) ? (v - m) / temp : -INFINITY;
     }
     unsigned cut = 1u;
+    const unsigned cap = (unsigned)min(max_candidates, CANDIDATES);
     if (top_k > 0 && top_k < allowed) {
       unsigned t = 0;
       for (int b = 31; b >= 0; b--) {
@@ -239,21 +261,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* l
       // for rounding). When few tokens lie above it, they are copied to shared memory in
       // order and the 32 passes run there.
       const unsigned floor_key = max(cut, order_key(logf(0.5f * (1.0f - top_p) / (float)vocab) + logf(total)));
-      unsigned mine = 0;
-      for (int i = tid; i < vocab; i += THREADS) mine += order_key(x[i]) >= floor_key;
-      unsigned n = 0;
-      unsigned at = block_exclusive_scan(mine, shu, n);
-      const bool compact = n <= (unsigned)min(max_candidates, CANDIDATES);
-      if (compact) {
-        for (int i = tid; i < vocab && mine > 0; i += THREADS) {
-          const float s = x[i];
-          if (order_key(s) >= floor_key) {
-            cand[at++] = s;
-            mine--;
-          }
-        }
-        __syncthreads();
-      }
+      const unsigned n = gather_above(x, vocab, floor_key, cand, cap, shu);
+      const bool compact = n <= cap;
       unsigned t = 0;
       for (int b = 31; b >= 0; b--) {
         const unsigned c = t | (1u << b);

@@ -148,8 +148,8 @@ fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut() -> anyhow::Result<()
 }
 
 /// The batched draw over 64 rows of Qwen's vocabulary size, host time to the tokens on the
-/// host: flat rows (logits uniform in ±4) and peaked ones (a trained model's shape: 40 tokens
-/// 6–14 above a background 16 lower), beside copying the whole logits to the host.
+/// host: flat rows (logits uniform in ±4) and peaked ones (a trained model's shape: logits in
+/// −20..−12 with 100 tokens lifted by 22–30), beside copying the whole logits to the host.
 fn sampling_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     use deltaserve_kernels::ops::sample::{sample, RowRule, SampleBatch};
     let (b, v) = (64usize, 151_936usize);
@@ -164,7 +164,7 @@ fn sampling_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let mut l: Vec<f32> = (0..b * v).map(|_| next() * 8.0 - 4.0 - if peaked { 16.0 } else { 0.0 }).collect();
         if peaked {
             for r in 0..b {
-                for _ in 0..40 {
+                for _ in 0..100 {
                     let at = r * v + (next() * v as f32) as usize % v;
                     l[at] += 22.0 + 8.0 * next();
                 }
