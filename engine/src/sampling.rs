@@ -6,7 +6,7 @@
 //! by a smaller one overflows). The draws of a step run as one batch where the logits are
 //! (`deltaserve_kernels::ops::sample`): on the GPU only the drawn tokens come back.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use candle_core::Tensor;
 use deltaserve_kernels::ops::sample::{Adjust, Outcome, RowRule, SampleBatch, MAX_TOP};
@@ -112,16 +112,31 @@ pub struct Sampler {
     draws: u64,
     /// Occurrences of each generated token.
     generated: HashMap<u32, u32>,
-    /// Tokens seen in prompt or output (repetition penalty).
-    seen: HashSet<u32>,
+    /// The logit bias and penalties as one adjustment per token, kept up to date as tokens are
+    /// accepted (a draw copies them; rebuilding them from a long prompt every step would not).
+    adjust: BTreeMap<u32, Adjust>,
+}
+
+/// `token`'s adjustment in `m`, neutral when new.
+fn adjustment(m: &mut BTreeMap<u32, Adjust>, token: u32) -> &mut Adjust {
+    m.entry(token).or_insert(Adjust { token, bias: 0.0, repetition: 1.0, subtract: 0.0 })
 }
 
 impl Sampler {
     /// A sampler for a sequence whose prompt is `prompt`.
     pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
         let seed = params.seed.unwrap_or_else(rand::random);
-        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { HashSet::new() };
-        Self { params, seed, draws: 0, generated: HashMap::new(), seen }
+        let mut adjust = BTreeMap::new();
+        // Biases of a repeated id add up.
+        for &(t, b) in &params.logit_bias {
+            adjustment(&mut adjust, t).bias += b;
+        }
+        if params.repetition_penalty != 1.0 {
+            for &t in prompt {
+                adjustment(&mut adjust, t).repetition = params.repetition_penalty;
+            }
+        }
+        Self { params, seed, draws: 0, generated: HashMap::new(), adjust }
     }
 
     /// The parameters.
@@ -131,9 +146,14 @@ impl Sampler {
 
     /// Records a token that became part of the output.
     pub fn accept(&mut self, token: u32) {
-        *self.generated.entry(token).or_default() += 1;
-        if self.params.repetition_penalty != 1.0 {
-            self.seen.insert(token);
+        let count = self.generated.entry(token).or_default();
+        *count += 1;
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            adjustment(&mut self.adjust, token).repetition = p.repetition_penalty;
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            adjustment(&mut self.adjust, token).subtract = p.presence_penalty + p.frequency_penalty * *count as f32;
         }
     }
 
@@ -155,27 +175,9 @@ impl Sampler {
         }
     }
 
-    /// The logit bias and penalties as one adjustment per token (biases of a repeated id add).
+    /// The logit bias and penalties, one adjustment per token.
     fn adjustments(&self, out: &mut Vec<Adjust>) {
-        let p = &self.params;
-        let mut by_token: BTreeMap<u32, Adjust> = BTreeMap::new();
-        fn at(m: &mut BTreeMap<u32, Adjust>, t: u32) -> &mut Adjust {
-            m.entry(t).or_insert(Adjust { token: t, bias: 0.0, repetition: 1.0, subtract: 0.0 })
-        }
-        for &(t, b) in &p.logit_bias {
-            at(&mut by_token, t).bias += b;
-        }
-        if p.repetition_penalty != 1.0 {
-            for &t in &self.seen {
-                at(&mut by_token, t).repetition = p.repetition_penalty;
-            }
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&t, &c) in &self.generated {
-                at(&mut by_token, t).subtract = p.presence_penalty + p.frequency_penalty * c as f32;
-            }
-        }
-        out.extend(by_token.into_values());
+        out.extend(self.adjust.values().copied());
     }
 }
 
