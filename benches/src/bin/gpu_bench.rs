@@ -38,6 +38,11 @@ struct Args {
     /// tables.
     #[arg(long)]
     profile_prefill: bool,
+    /// Load the whole model and replay one captured decode step of this batch size between
+    /// cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start off --graph-profiling
+    /// node`; `benches/decode_profile.sh`); no tables.
+    #[arg(long)]
+    profile_decode: Option<usize>,
     /// Only the whole-model section.
     #[arg(long)]
     model_only: bool,
@@ -407,6 +412,25 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     let mut pool = model.new_pool(64)?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % cfg.common.vocab_size as u32).collect();
+    #[cfg(feature = "cuda")]
+    if let Some(b) = args.profile_decode {
+        use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
+        let batch: Vec<_> = (0..b)
+            .map(|i| pool.allocate().map(|s| (s, (i as u32 * 31 + 7) % 32000)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("pool of 64"))?;
+        let mut graphs = deltaserve_engine::decode_graph::DecodeGraphs::default();
+        // Eager, captured, replayed: the profiled step is a replay.
+        for _ in 0..3 {
+            graphs.decode(&model, &mut pool, &batch)?;
+        }
+        dev.synchronize()?;
+        profiler_start()?;
+        graphs.decode(&model, &mut pool, &batch)?;
+        dev.synchronize()?;
+        profiler_stop()?;
+        return Ok(());
+    }
     let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
     #[cfg(feature = "cuda")]
     if args.profile_prefill {
@@ -707,7 +731,7 @@ fn main() -> anyhow::Result<()> {
     if args.mlp_only {
         return mlp_table(&dev, args.reps);
     }
-    if args.profile_prefill || args.model_only || args.small_prefill {
+    if args.profile_prefill || args.profile_decode.is_some() || args.model_only || args.small_prefill {
         return model_table(&dev, &args);
     }
     prefill_table(&dev, args.reps, &fla)?;
