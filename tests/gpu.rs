@@ -899,14 +899,7 @@ fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
                 }
             }
             let captured = engine.cuda_graph_batches();
-            let edges = engine.cuda_graph_programmatic_edges();
-            println!(
-                "{name} {dtype:?}: graph vs eager decode, worst rel err {worst:.2e}; captured batch sizes {captured:?}; programmatic edges {edges:?}"
-            );
-            // The comparison above is only a test of programmatic launch if there was some.
-            if std::env::var("DELTASERVE_PDL").as_deref() != Ok("0") {
-                assert!(edges.iter().all(|&(_, n)| n > 0), "{name} {dtype:?}: a graph without programmatic edges: {edges:?}");
-            }
+            println!("{name} {dtype:?}: graph vs eager decode, worst rel err {worst:.2e}; captured batch sizes {captured:?}");
             let mut sorted = captured.clone();
             sorted.sort_unstable();
             assert_eq!(sorted, vec![1, 3, 70], "{name} {dtype:?}: every size seen twice is captured");

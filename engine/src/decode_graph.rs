@@ -16,9 +16,8 @@
 
 use std::collections::HashSet;
 
-use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{CudaDevice, DType, Device, Tensor};
-use deltaserve_kernels::cuda::StepGraph;
 use deltaserve_kernels::StepSlots;
 
 use crate::error::Result;
@@ -31,7 +30,7 @@ const MAX_GRAPHS: usize = 64;
 /// One captured batch size.
 struct Entry {
     batch: usize,
-    graph: StepGraph,
+    graph: CudaGraph,
     /// `[B]` u32, read by the graph's embedding lookup.
     tokens: Tensor,
     /// `[B]` i32, read by the conv and recurrent decode kernels.
@@ -44,7 +43,7 @@ struct Entry {
     _model: CausalLm,
 }
 
-// SAFETY: a StepGraph holds driver handles of driver handles that the cache uses from one thread at a time
+// SAFETY: a CudaGraph is a pair of driver handles that the cache uses from one thread at a time
 // (`DecodeGraphs::decode` takes `&mut self`; the engine keeps it behind a mutex); the handles
 // themselves are not tied to a thread.
 unsafe impl Send for Entry {}
@@ -72,12 +71,6 @@ impl DecodeGraphs {
     /// Batch sizes with a captured graph.
     pub fn captured(&self) -> Vec<usize> {
         self.entries.iter().map(|e| e.batch).collect()
-    }
-
-    /// Each captured batch size with the number of its graph's programmatic edges (0 where the
-    /// driver refused them or `DELTASERVE_PDL=0`).
-    pub fn programmatic_edges(&self) -> Vec<(usize, usize)> {
-        self.entries.iter().map(|e| (e.batch, e.graph.programmatic_edges())).collect()
     }
 
     /// One decode step of `model` on a CUDA `pool`: replays the graph of this batch size when
@@ -135,7 +128,7 @@ impl DecodeGraphs {
                     self.entries.remove(0);
                 }
                 // The capture ran nothing: this step's work is the first replay (inputs in place).
-                entry.graph.launch()?;
+                entry.graph.launch().map_err(candle_core::Error::wrap)?;
                 let out = entry.logits.copy()?;
                 self.entries.push(entry);
                 Ok(out)
@@ -164,7 +157,7 @@ fn capture(
     (dev_slots, dev_positions): (&Tensor, &Tensor),
     logits: &Tensor,
     slots: &[usize],
-) -> Result<StepGraph> {
+) -> Result<CudaGraph> {
     let stream = dev.cuda_stream();
     let _cache = dev.enable_cuda_graph_htod_cache();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
@@ -177,12 +170,7 @@ fn capture(
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
     recorded?;
     let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg("empty decode graph".into()))?;
-    let mut graph = StepGraph::new(graph, stream);
-    match graph.make_programmatic() {
-        Ok(edges) => tracing::debug!(edges, "programmatic edges in the decode graph"),
-        Err(e) => tracing::warn!(error = %e, "programmatic launch refused; the decode graph replays as captured"),
-    }
-    graph.upload()?;
+    graph.upload().map_err(candle_core::Error::wrap)?;
     Ok(graph)
 }
 
@@ -192,6 +180,6 @@ fn replay(entry: &Entry, tokens: &[u32], slots: &[i32], positions: &[i32]) -> Re
     deltaserve_kernels::cuda::write_from_host(&entry.tokens, tokens)?;
     deltaserve_kernels::cuda::write_from_host(&entry.slots, slots)?;
     deltaserve_kernels::cuda::write_from_host(&entry.positions, positions)?;
-    entry.graph.launch()?;
+    entry.graph.launch().map_err(candle_core::Error::wrap)?;
     Ok(entry.logits.copy()?)
 }

@@ -258,16 +258,6 @@ impl Engine {
         Vec::new()
     }
 
-    /// Each captured decode batch size with its graph's programmatic edges (kernels launched
-    /// while their predecessor still runs); empty without graphs.
-    pub fn cuda_graph_programmatic_edges(&self) -> Vec<(usize, usize)> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.graphs {
-            return g.lock().unwrap_or_else(|p| p.into_inner()).programmatic_edges();
-        }
-        Vec::new()
-    }
-
     /// Encodes a prompt with the checkpoint's BOS convention.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         self.tokenizer.encode(text, true)

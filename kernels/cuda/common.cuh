@@ -10,19 +10,6 @@ __device__ __forceinline__ float ds_silu(float x) { return x * ds_sigmoid(x); }
 // PyTorch's softplus with threshold 20 (fla's gate matches it).
 __device__ __forceinline__ float ds_softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
 
-// Programmatic dependent launch (sm_90). In a decode graph the edges into the kernels that
-// kernels/src/cuda/graph.rs lists are programmatic: such a kernel may be scheduled while its
-// predecessor still runs, so it first waits for the predecessor to finish and its writes to be
-// visible, then lets its own successor be scheduled (one kernel ahead, no further, so that
-// prefetches of later kernels do not crowd the L2). Without such an edge both do nothing. Call
-// it before the kernel touches any memory that another kernel writes or reads.
-__device__ __forceinline__ void await_predecessor() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -240,7 +240,6 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
       const float* q, const float* k, const float* v, const float* beta, const float* g, float* states,                \
       SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {              \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
-    await_predecessor();                                                                                               \
     gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states,     \
                                 slots, more_slots, o, H, HV, K, V, n, scale);                                          \
   }
@@ -256,7 +255,6 @@ static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, 
       const __grid_constant__ Raw in, float* states, SlotList slots, const int* more_slots, float* o, int K, int V,    \
       int n, float scale) {                                                                                            \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
-    await_predecessor();                                                                                               \
     gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slots, more_slots, o, in.H, in.HV, \
                                 K, V, n, scale);                                                                       \
   }

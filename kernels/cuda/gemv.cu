@@ -57,18 +57,6 @@ __device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int
   y += (size_t)blockIdx.x * NB * N;
   const int steps = (K + 255) / 256, per = (steps + splits - 1) / splits;
   const int k_end = min(K, (s + 1) * per * 256);
-  // W is constant: this warp's slice starts into L2 before the wait, which under a programmatic
-  // edge overlaps the previous kernel (a decode step's GEMVs were short enough for their ramp
-  // up to cost as much as their streaming). One 128-byte line a lane a pass.
-  if (n0 < N) {
-    constexpr int LINE = 128 / (int)sizeof(T);
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
-      if (n0 + r < N)
-        for (int k = s * per * 256 + lane * LINE; k < k_end; k += 32 * LINE)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)(n0 + r) * K + k));
-  }
-  await_predecessor();
   float acc[GEMV_ROWS][NB] = {};
   if (n0 < N) {
 #pragma unroll 4

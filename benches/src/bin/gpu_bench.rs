@@ -425,7 +425,6 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
             graphs.decode(&model, &mut pool, &batch)?;
         }
         dev.synchronize()?;
-        println!("batch {b}: programmatic edges {:?}", graphs.programmatic_edges());
         profiler_start()?;
         graphs.decode(&model, &mut pool, &batch)?;
         dev.synchronize()?;
