@@ -19,6 +19,7 @@ pub mod reference;
 pub mod sampling;
 pub mod state;
 pub mod synth;
+pub mod tensor_parallel;
 pub mod tokenizer;
 pub mod weights;
 

@@ -17,8 +17,9 @@ use super::mlp::Mlp;
 use super::moe::SparseMoe;
 use super::norm::{Residual, RmsNorm};
 use crate::cache::CacheSpec;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::state::{KvPlan, LayerCache};
+use crate::tensor_parallel::GroupLink;
 
 /// A layer's token mixer: mixes along the sequence, with a per-sequence cache.
 #[derive(Debug, Clone)]
@@ -100,23 +101,54 @@ pub struct Block {
     pub(crate) attn: TokenMixer,
     pub(crate) mlp_norm: RmsNorm,
     pub(crate) mlp: ChannelMixer,
+    /// The tensor parallel group of a split model: both mixers' outputs are partial sums.
+    pub(crate) tp: Option<GroupLink>,
 }
 
 impl Block {
+    /// One tensor parallel rank's slice of this block (token mixer and MLP split, norms copied),
+    /// adding its partial sums over `link`'s group.
+    pub fn shard(&self, link: GroupLink) -> Result<Self> {
+        let unsupported = |what: &str| EngineError::Invalid {
+            field: "tensor parallel",
+            expected: "Gated DeltaNet layers and dense MLPs".into(),
+            actual: format!("layer {}: {what}", self.layer_idx),
+        };
+        let attn = match &self.attn {
+            TokenMixer::GatedDeltaNet(m) => TokenMixer::GatedDeltaNet(m.shard(link.shard)?),
+            TokenMixer::GatedDeltaProduct(_) => return Err(unsupported("a Gated DeltaProduct layer")),
+            TokenMixer::DeltaNet(_) => return Err(unsupported("a DeltaNet layer")),
+            TokenMixer::Attention(_) => return Err(unsupported("an attention layer")),
+        };
+        let mlp = match &self.mlp {
+            ChannelMixer::Mlp(m) => ChannelMixer::Mlp(m.shard(link.shard)?),
+            ChannelMixer::Moe(_) => return Err(unsupported("a mixture-of-experts MLP")),
+        };
+        Ok(Self { attn, mlp, tp: Some(link), ..self.clone() })
+    }
+
+    /// A sub-block's output: this rank's partial summed over the group when split.
+    fn reduce(&self, partial: Tensor) -> Result<Tensor> {
+        match &self.tp {
+            Some(link) => link.sum(&partial),
+            None => Ok(partial),
+        }
+    }
+
     /// `res` is the fp32 residual stream; norms run in fp32 and their outputs are rounded to the
     /// compute dtype `act` for the projections.
     pub fn forward(&self, res: &Residual, act: DType, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Residual> {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
         if self.placement == NormPlacement::Post {
             let h = res.sum()?;
-            let a = self.attn.forward(&h.to_dtype(act)?, cache, pass, kv)?;
+            let a = self.reduce(self.attn.forward(&h.to_dtype(act)?, cache, pass, kv)?)?;
             let r = (h + self.attn_norm.forward(&a)?)?;
-            let m = self.mlp.forward(&r.to_dtype(act)?)?;
+            let m = self.reduce(self.mlp.forward(&r.to_dtype(act)?)?)?;
             return Ok(Residual { delta: Some(self.mlp_norm.forward(&m)?), h: r });
         }
         let (h, x) = self.attn_norm.add_forward(res, act)?;
-        let a = self.attn.forward(&x, cache, pass, kv)?;
+        let a = self.reduce(self.attn.forward(&x, cache, pass, kv)?)?;
         let (r, x) = self.mlp_norm.add_forward(&Residual { h, delta: Some(a) }, act)?;
-        Ok(Residual { h: r, delta: Some(self.mlp.forward(&x)?) })
+        Ok(Residual { h: r, delta: Some(self.reduce(self.mlp.forward(&x)?)?) })
     }
 }

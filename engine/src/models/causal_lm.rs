@@ -21,6 +21,7 @@ use crate::cache::CacheSpec;
 use crate::config::{Architecture, Family, LayerKind, MlpKind, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::state::{DeviceKv, PoolSize, SlotId, SnapshotAt, StatePool};
+use crate::tensor_parallel::GroupLink;
 use crate::weights::{Checkpoint, Weights};
 
 /// Which logits a prefill returns.
@@ -112,6 +113,7 @@ impl CausalLm {
                     MlpKind::Dense { intermediate } => ChannelMixer::Mlp(Mlp::load(&l.pp("mlp"), d, *intermediate)?),
                     MlpKind::Sparse(spec) => ChannelMixer::Moe(SparseMoe::load(&l.pp("mlp"), spec, d)?),
                 },
+                tp: None,
             });
         }
         let tied = cfg.common.tie_word_embeddings || (!fla && !ckpt.contains("lm_head.weight"));
@@ -125,6 +127,15 @@ impl CausalLm {
             dtype,
             device: device.clone(),
         })
+    }
+
+    /// One tensor parallel rank's copy of this model (`link.shard` of its group): every block
+    /// split as [`Block::shard`] says, embeddings, norms and the LM head copied. Its pool
+    /// ([`Self::new_pool`]) holds only this rank's states; every rank of the group must run the
+    /// same passes in the same order, and each returns the whole logits.
+    pub fn shard(&self, link: &GroupLink) -> Result<Self> {
+        let layers = self.layers.iter().map(|b| b.shard(link.clone())).collect::<Result<Vec<_>>>()?;
+        Ok(Self { layers, ..self.clone() })
     }
 
     /// The model's configuration.

@@ -12,10 +12,12 @@ use super::output_head::{HeadNames, OutputHead};
 use super::short_conv::{heads_of, ShortConv};
 use crate::cache::CacheSpec;
 use crate::config::{Family, ModelConfig};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::state::LayerState;
+use crate::tensor_parallel::{head_rows, Shard};
 use crate::weights::Weights;
 use candle_nn::Linear;
+use std::ops::Range;
 
 /// Parts of the fused input projection, in order (`g` only with an output gate).
 pub(crate) const Q: usize = 0;
@@ -173,6 +175,54 @@ impl GatedDeltaNet {
             head_v_dim: cfg.head_v_dim(),
             allow_neg_eigval: cfg.common.allow_neg_eigval,
             scale: (cfg.head_k_dim() as f32).powf(-0.5),
+        })
+    }
+
+    /// One tensor parallel rank's slice: its share of the value heads with the key heads they
+    /// read (a key head read by two ranks is copied to both), their projections, conv channels,
+    /// decay parameters and states; `o_proj` by its matching input columns, so the output is a
+    /// partial sum.
+    pub fn shard(&self, s: Shard) -> Result<Self> {
+        let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
+        let values = s.part(hv, "num_v_heads")?;
+        let group = hv / h;
+        // A rank's value heads must read whole key heads, or share one.
+        if !(values.len().is_multiple_of(group) || group.is_multiple_of(values.len())) {
+            return Err(EngineError::Invalid {
+                field: "tensor parallel size",
+                expected: format!(
+                    "value heads per rank ({}) a multiple or a divisor of the value heads per key head ({group})",
+                    values.len()
+                ),
+                actual: s.size.to_string(),
+            });
+        }
+        let keys = values.start / group..(values.end - 1) / group + 1;
+        let rows = |part: usize, total: usize, heads: &Range<usize>, dim: usize| -> Result<Linear> {
+            Ok(Linear::new(head_rows(&self.input.weight(part)?, 1, total, heads, dim)?, None))
+        };
+        let mut parts = vec![
+            rows(Q, h, &keys, k)?,
+            rows(K, h, &keys, k)?,
+            rows(V, hv, &values, vd)?,
+            rows(A, hv, &values, 1)?,
+            rows(B, hv, &values, 1)?,
+        ];
+        if self.input.parts() > G {
+            parts.push(rows(G, hv, &values, vd)?);
+        }
+        let (kk, vv) = (keys.start * k..keys.end * k, values.start * vd..values.end * vd);
+        let conv = self.conv.select(&[kk.clone(), h * k + kk.start..h * k + kk.end, 2 * h * k + vv.start..2 * h * k + vv.end])?;
+        let heads = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, values.start, values.len())?.contiguous()?) };
+        Ok(Self {
+            input: FusedInput::new(&parts.iter().collect::<Vec<_>>())?,
+            a_log: heads(&self.a_log)?,
+            dt_bias: heads(&self.dt_bias)?,
+            conv,
+            out: self.out.select(&values)?,
+            num_heads: keys.len(),
+            num_v_heads: values.len(),
+            ..self.clone()
         })
     }
 

@@ -65,6 +65,11 @@ impl FusedInput {
         Ok(FusedOutput { y: project(&self.weight, x)?, offsets: &self.offsets })
     }
 
+    /// How many parts are stacked.
+    pub fn parts(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
     /// Part `i`'s weight `[out_i, D]`, a view of the stacked weight (no copy).
     pub fn weight(&self, i: usize) -> Result<Tensor> {
         Ok(self.weight.weight().narrow(0, self.offsets[i], self.offsets[i + 1] - self.offsets[i])?)

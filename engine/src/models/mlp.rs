@@ -35,6 +35,20 @@ impl Mlp {
         Ok(Self { gate_up: FusedInput::new(&[&gate_proj, &up_proj])?, down_proj: linear(w, d, i, "down_proj.weight")? })
     }
 
+    /// One tensor parallel rank's slice: its share of the intermediate channels (`gate_proj` and
+    /// `up_proj` rows, `down_proj` columns); its output is a partial sum.
+    pub fn shard(&self, s: crate::tensor_parallel::Shard) -> Result<Self> {
+        let i = self.down_proj.weight().dim(1)?;
+        let part = s.part(i, "intermediate_size")?;
+        let rows = |p: usize| -> Result<Linear> {
+            Ok(Linear::new(self.gate_up.weight(p)?.narrow(0, part.start, part.len())?.contiguous()?, None))
+        };
+        Ok(Self {
+            gate_up: FusedInput::new(&[&rows(GATE)?, &rows(UP)?])?,
+            down_proj: Linear::new(crate::tensor_parallel::columns(self.down_proj.weight(), &part)?, None),
+        })
+    }
+
     /// `x` `[N, D]` → `[N, D]`; the same for prefill and decode (no per-sequence state).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.gate_up.forward(x)?;

@@ -82,6 +82,17 @@ impl OutputHead {
         Ok((head, g_proj))
     }
 
+    /// The head over value heads `heads` only: `o_proj`'s matching input columns (its output
+    /// is then one rank's partial sum); the per-head norm is the same for every head.
+    pub fn select(&self, heads: &std::ops::Range<usize>) -> Result<Self> {
+        let cols = heads.start * self.head_v_dim..heads.end * self.head_v_dim;
+        Ok(Self {
+            o_proj: Linear::new(crate::tensor_parallel::columns(self.o_proj.weight(), &cols)?, None),
+            num_v_heads: heads.len(),
+            ..self.clone()
+        })
+    }
+
     /// `o` `[N, HV, Vd]` f32 → `[N, D]` in `dtype`, gated by part `g_part` of the fused input
     /// projection `y` (`g_proj`'s output) when the layer has an output gate.
     pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Tensor> {

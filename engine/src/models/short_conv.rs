@@ -48,6 +48,20 @@ impl ShortConv {
         Ok(Self { weight: Some(Tensor::cat(&ws, 0)?), channels, width, act })
     }
 
+    /// The same convolution over the channels `ranges` only, in that order (one tensor
+    /// parallel rank's q, k and v channels).
+    pub fn select(&self, ranges: &[std::ops::Range<usize>]) -> Result<Self> {
+        let channels = ranges.iter().map(|r| r.len()).sum();
+        let weight = match &self.weight {
+            Some(w) => {
+                let rows = ranges.iter().map(|r| w.narrow(0, r.start, r.len())).collect::<candle_core::Result<Vec<_>>>()?;
+                Some(Tensor::cat(&rows, 0)?.contiguous()?)
+            }
+            None => None,
+        };
+        Ok(Self { weight, channels, width: self.width, act: self.act })
+    }
+
     /// Values of conv state per sequence: the last W inputs of each channel, `[C, W]`.
     pub fn state_len(&self) -> usize {
         self.channels * self.width

@@ -1,0 +1,134 @@
+//! Tensor parallelism: one model split over the ranks of a group, each rank holding a slice of
+//! every layer's heads and channels and its own state pool, the ranks' partial sums added by an
+//! all-reduce after each token mixer's output projection and each MLP's down projection.
+//!
+//! How a layer splits (the Megatron layout, as vLLM splits these models):
+//! - a Gated DeltaNet layer: each rank owns HV/N value heads with the key heads they read
+//!   (shared key heads are copied when N exceeds the key heads), their slices of the fused
+//!   input projection and of the short conv, their `A_log` / `dt_bias` and their recurrent
+//!   states; `o_proj` is split by its input columns (row-parallel), so each rank's output is a
+//!   partial sum;
+//! - the MLP: `gate_proj` / `up_proj` split by rows (column-parallel), `down_proj` by columns;
+//! - embeddings, norms and the LM head are copied to every rank.
+//!
+//! [`ThreadGroup`] runs the ranks as threads of one process on the CPU: the sharding math is
+//! tested there against the unsplit model.
+
+use std::fmt::Debug;
+use std::ops::Range;
+use std::sync::{Arc, Barrier, Mutex};
+
+use candle_core::Tensor;
+
+use crate::error::{EngineError, Result};
+
+/// One rank's place in a group of `size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank, `0..size`.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub size: usize,
+}
+
+impl Shard {
+    /// Rank `rank` of `size`; errors unless `rank < size`.
+    pub fn new(rank: usize, size: usize) -> Result<Self> {
+        if size == 0 || rank >= size {
+            return Err(EngineError::Invalid {
+                field: "tensor parallel rank",
+                expected: format!("a rank below the group size {size}"),
+                actual: rank.to_string(),
+            });
+        }
+        Ok(Self { rank, size })
+    }
+
+    /// This rank's equal share of `n` items (`what` names them in the error when `n` does not
+    /// divide by the group size).
+    pub fn part(&self, n: usize, what: &'static str) -> Result<Range<usize>> {
+        if !n.is_multiple_of(self.size) {
+            return Err(EngineError::Invalid {
+                field: what,
+                expected: format!("a multiple of the tensor parallel size {}", self.size),
+                actual: n.to_string(),
+            });
+        }
+        let per = n / self.size;
+        Ok(self.rank * per..(self.rank + 1) * per)
+    }
+}
+
+/// Adds a tensor over the ranks of a group: every rank passes its partial sum and gets the
+/// same total back.
+pub trait AllReduce: Send + Sync + Debug {
+    /// The sum of every rank's `t` (same shape and dtype on each), in rank order.
+    fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor>;
+}
+
+/// A rank's link to its group, kept by each block of a split model.
+#[derive(Debug, Clone)]
+pub struct GroupLink {
+    /// This rank.
+    pub shard: Shard,
+    /// The group's all-reduce.
+    pub group: Arc<dyn AllReduce>,
+}
+
+impl GroupLink {
+    /// The group's sum of this rank's partial `t`.
+    pub fn sum(&self, t: &Tensor) -> Result<Tensor> {
+        self.group.sum(self.shard.rank, t)
+    }
+}
+
+/// The ranks of a group as threads of one process (CPU tensors, or any device's: the sum runs
+/// where the tensors are). Every rank must call [`AllReduce::sum`] the same number of times.
+#[derive(Debug)]
+pub struct ThreadGroup {
+    size: usize,
+    barrier: Barrier,
+    /// Each rank's partial of the current sum.
+    parts: Mutex<Vec<Option<Tensor>>>,
+}
+
+impl ThreadGroup {
+    /// A group of `size` ranks.
+    pub fn new(size: usize) -> Arc<Self> {
+        Arc::new(Self { size, barrier: Barrier::new(size), parts: Mutex::new(vec![None; size]) })
+    }
+}
+
+impl AllReduce for ThreadGroup {
+    fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor> {
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())[rank] = Some(t.clone());
+        self.barrier.wait();
+        // Every rank adds the same parts in the same order: the totals are identical.
+        let total = {
+            let parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+            let mut it = parts.iter().map(|p| p.as_ref().ok_or_else(|| missing(self.size)));
+            let first = it.next().unwrap_or_else(|| Err(missing(self.size)))?.clone();
+            it.try_fold(first, |acc, p| -> Result<Tensor> { Ok((acc + p?)?) })
+        };
+        // Nobody overwrites a part before every rank has read them all.
+        self.barrier.wait();
+        total
+    }
+}
+
+fn missing(size: usize) -> EngineError {
+    EngineError::Invalid { field: "all-reduce", expected: format!("a partial from each of {size} ranks"), actual: "a missing one".into() }
+}
+
+/// Rows `heads·dim` of each of `reps` stacked blocks of `total·dim` rows of `w` `[reps·total·dim, ..]`
+/// (a projection's output channels grouped by head, repeated per householder step), copied.
+pub(crate) fn head_rows(w: &Tensor, reps: usize, total: usize, heads: &Range<usize>, dim: usize) -> Result<Tensor> {
+    let blocks =
+        (0..reps).map(|r| w.narrow(0, (r * total + heads.start) * dim, heads.len() * dim)).collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&blocks, 0)?.contiguous()?)
+}
+
+/// Columns `cols` of `w` `[rows, C]`, copied.
+pub(crate) fn columns(w: &Tensor, cols: &Range<usize>) -> Result<Tensor> {
+    Ok(w.narrow(1, cols.start, cols.len())?.contiguous()?)
+}

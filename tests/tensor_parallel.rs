@@ -1,0 +1,125 @@
+//! Tensor parallelism's sharding math on the CPU: a model split over N ranks (threads of one
+//! process, each with its own slice of every layer and its own state pool, the partial sums
+//! added by `ThreadGroup`'s all-reduce) gives the unsplit model's logits through chunked
+//! prefills, a packed prefill and decode steps; every rank returns the same logits; each rank's
+//! recurrent states are 1/N of the model's.
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use deltaserve_engine::tensor_parallel::{GroupLink, Shard, ThreadGroup};
+use deltaserve_engine::{CacheSpec, CausalLm, Logits, PrefillAlgo};
+use deltaserve_tests::{compact_model, rel_err, values};
+use rand::{Rng, SeedableRng};
+
+/// The same work on any model: three prompts (one alone over two prefill chunks, two packed),
+/// then four decode steps of all three with fixed tokens. Every logit produced, in order.
+fn script(m: &CausalLm, seed: u64) -> deltaserve_engine::Result<Vec<Vec<f32>>> {
+    let vocab = m.config().common.vocab_size as u32;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut toks = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let (a, b, c) = (toks(100), toks(5), toks(70));
+    let steps: Vec<Vec<u32>> = (0..4).map(|_| toks(3)).collect();
+    let mut pool = m.new_pool(3)?;
+    let slots: Vec<_> = (0..3).filter_map(|_| pool.allocate()).collect();
+    let mut out = vec![values(&m.prefill(&mut pool, slots[0], &a, Logits::All, PrefillAlgo::Chunked)?)];
+    out.push(values(&m.prefill_many(&mut pool, &[(slots[1], &b), (slots[2], &c)], PrefillAlgo::Chunked)?));
+    for step in &steps {
+        let batch: Vec<_> = slots.iter().copied().zip(step.iter().copied()).collect();
+        out.push(values(&m.decode(&mut pool, &batch)?));
+    }
+    Ok(out)
+}
+
+/// Runs `script` on `n` ranks of `m` at once; returns each rank's logits.
+fn split_run(m: &CausalLm, n: usize, seed: u64) -> Vec<Vec<Vec<f32>>> {
+    let group = ThreadGroup::new(n);
+    let ranks: Vec<CausalLm> =
+        (0..n).map(|r| m.shard(&GroupLink { shard: Shard::new(r, n).unwrap(), group: group.clone() }).unwrap()).collect();
+    // Each rank holds 1/N of every layer's recurrent states (its conv states may hold copies of
+    // shared key heads' channels).
+    let states = |specs: Vec<CacheSpec>| -> (usize, usize) {
+        specs.iter().fold((0, 0), |(c, r), s| match s {
+            CacheSpec::Recurrent { conv_state, recurrent_state } => (c + conv_state, r + recurrent_state),
+            _ => (c, r),
+        })
+    };
+    let (conv, recurrent) = states(m.cache_specs());
+    for r in &ranks {
+        let (c, s) = states(r.cache_specs());
+        assert_eq!(s * n, recurrent, "rank recurrent states are not 1/{n} of the model's");
+        assert!(c * n >= conv && c < conv, "rank conv states: {c} of {conv}");
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|r| s.spawn(move || script(r, seed).unwrap())).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Splits `m` over each of `sizes` and compares every rank with the unsplit model.
+fn check(name: &str, m: &CausalLm, sizes: &[usize]) {
+    let whole = script(m, 7).unwrap();
+    for &n in sizes {
+        let ranks = split_run(m, n, 7);
+        for (r, got) in ranks.iter().enumerate() {
+            assert_eq!(got, &ranks[0], "{name} N={n}: rank {r}'s logits differ from rank 0's");
+        }
+        let mut worst: f64 = 0.0;
+        for (i, (g, w)) in ranks[0].iter().zip(&whole).enumerate() {
+            let e = rel_err(g, w);
+            worst = worst.max(e);
+            assert!(e <= 1e-5, "{name} N={n}: call {i}: logits rel err {e:.3e} against the unsplit model");
+            // Greedy tokens agree wherever the unsplit model's margin is real.
+            let vocab = m.config().common.vocab_size;
+            for (row, (gr, wr)) in g.chunks(vocab).zip(w.chunks(vocab)).enumerate() {
+                let mut sorted = wr.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|x| x.0);
+                if sorted[0] - sorted[1] >= 1e-3 {
+                    assert_eq!(argmax(gr), argmax(wr), "{name} N={n}: call {i} row {row}: greedy token differs");
+                }
+            }
+        }
+        println!("{name}: N={n}: every rank equal; worst rel err against the unsplit model {worst:.2e}");
+    }
+}
+
+#[test]
+fn split_gated_deltanet_models_equal_the_unsplit_model() {
+    check("gdn", &compact_model("gdn", DType::F32, &Device::Cpu), &[2]);
+    // One key head read by two value heads: at N=2 both ranks carry a copy of it.
+    check("gdn-gva", &compact_model("gdn-gva", DType::F32, &Device::Cpu), &[2]);
+    // More heads: 4 key heads, 8 value heads, split 2, 4 and 8 ways (at 8 key heads are shared).
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"],
+        "hidden_size": 128, "num_hidden_layers": 2, "num_heads": 4, "num_v_heads": 8, "head_dim": 16, "expand_v": 1,
+        "vocab_size": 256, "intermediate_size": 256, "conv_size": 4, "use_gate": true, "use_short_conv": true,
+        "norm_eps": 1e-6, "fuse_norm": true, "tie_word_embeddings": false
+    });
+    deltaserve_engine::synth::write_random_checkpoint(&cfg, dir.path(), DType::F32, 3, None).unwrap();
+    check("random gdn H=4 HV=8", &load(dir.path()), &[2, 4, 8]);
+}
+
+#[test]
+fn splits_that_cannot_be_made_are_refused_with_the_reason() {
+    let group = ThreadGroup::new(4);
+    let link = |r| GroupLink { shard: Shard::new(r, 4).unwrap(), group: group.clone() };
+    // Two value heads do not split four ways.
+    let err = compact_model("gdn", DType::F32, &Device::Cpu).shard(&link(0)).unwrap_err().to_string();
+    assert!(err.contains("num_v_heads") && err.contains("multiple of the tensor parallel size 4") && err.contains("got 2"), "{err}");
+    let group2 = ThreadGroup::new(2);
+    let link2 = GroupLink { shard: Shard::new(1, 2).unwrap(), group: group2 };
+    for (name, what) in [("gdp", "Gated DeltaProduct"), ("gdn-attn", "attention layer")] {
+        let err = compact_model(name, DType::F32, &Device::Cpu).shard(&link2).unwrap_err().to_string();
+        assert!(err.contains("tensor parallel") && err.contains(what), "{name}: {err}");
+    }
+    let err = Shard::new(2, 2).unwrap_err().to_string();
+    assert!(err.contains("below the group size 2"), "{err}");
+}
+
+fn load(dir: &Path) -> CausalLm {
+    let c = deltaserve_engine::read_config(dir).unwrap();
+    let ckpt = deltaserve_engine::weights::Checkpoint::open(dir).unwrap();
+    CausalLm::load(&c, &ckpt, DType::F32, &Device::Cpu, false).unwrap()
+}
