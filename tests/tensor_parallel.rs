@@ -85,6 +85,21 @@ fn check(name: &str, m: &CausalLm, sizes: &[usize]) {
 }
 
 #[test]
+fn split_hybrid_and_moe_models_equal_the_unsplit_model() {
+    // fla's attention hybrid (a windowed GQA layer with qkv biases, a full MHA layer), Qwen3.5
+    // (gated attention, zero-centred norms), Qwen3-Next and Qwen3.5-MoE (routed experts cut per
+    // expert, the gated shared expert): 2 and 4 ranks (at 4 key and KV heads are shared).
+    for name in ["gdn-attn", "qwen3_5", "qwen3_next", "qwen3_5_moe"] {
+        check(name, &compact_model(name, DType::F32, &Device::Cpu), &[2, 4]);
+    }
+}
+
+#[test]
+fn split_gated_deltaproduct_equals_the_unsplit_model() {
+    check("gdp", &compact_model("gdp", DType::F32, &Device::Cpu), &[2]);
+}
+
+#[test]
 fn split_gated_deltanet_models_equal_the_unsplit_model() {
     check("gdn", &compact_model("gdn", DType::F32, &Device::Cpu), &[2]);
     // One key head read by two value heads: at N=2 both ranks carry a copy of it.
@@ -110,7 +125,7 @@ fn splits_that_cannot_be_made_are_refused_with_the_reason() {
     assert!(err.contains("num_v_heads") && err.contains("multiple of the tensor parallel size 4") && err.contains("got 2"), "{err}");
     let group2 = ThreadGroup::new(2);
     let link2 = GroupLink { shard: Shard::new(1, 2).unwrap(), group: group2 };
-    for (name, what) in [("gdp", "Gated DeltaProduct"), ("gdn-attn", "attention layer")] {
+    for (name, what) in [("delta_net", "a DeltaNet layer"), ("olmo_hybrid", "a q/k RMSNorm over all heads at once")] {
         let err = compact_model(name, DType::F32, &Device::Cpu).shard(&link2).unwrap_err().to_string();
         assert!(err.contains("tensor parallel") && err.contains(what), "{name}: {err}");
     }

@@ -120,6 +120,23 @@ fn missing(size: usize) -> EngineError {
     EngineError::Invalid { field: "all-reduce", expected: format!("a partial from each of {size} ranks"), actual: "a missing one".into() }
 }
 
+/// A rank's share of `inner` heads that read `outer` shared heads in groups (value heads and
+/// their key heads; query heads and their KV heads), and the outer heads that share reads:
+/// `(outer range, inner range)`. When the ranks outnumber the outer heads, ranks that read the
+/// same outer head each hold a copy of it.
+pub(crate) fn grouped_heads(s: Shard, outer: usize, inner: usize, what: &'static str) -> Result<(Range<usize>, Range<usize>)> {
+    let mine = s.part(inner, what)?;
+    let group = inner / outer.max(1);
+    if group == 0 || !(mine.len().is_multiple_of(group) || group.is_multiple_of(mine.len())) {
+        return Err(EngineError::Invalid {
+            field: "tensor parallel size",
+            expected: format!("{what} per rank ({}) a multiple or a divisor of the {group} that share one head", mine.len()),
+            actual: s.size.to_string(),
+        });
+    }
+    Ok((mine.start / group..(mine.end - 1) / group + 1, mine))
+}
+
 /// Rows `heads·dim` of each of `reps` stacked blocks of `total·dim` rows of `w` `[reps·total·dim, ..]`
 /// (a projection's output channels grouped by head, repeated per householder step), copied.
 pub(crate) fn head_rows(w: &Tensor, reps: usize, total: usize, heads: &Range<usize>, dim: usize) -> Result<Tensor> {

@@ -10,8 +10,9 @@ use super::linear::project;
 use super::rope::Rope;
 use crate::cache::CacheSpec;
 use crate::config::{AttentionSpec, QkNorm};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::state::{KvLayer, KvPlan};
+use crate::tensor_parallel::{grouped_heads, Shard};
 use crate::weights::Weights;
 
 /// One attention layer (`self_attn` / fla's `attn`).
@@ -85,6 +86,41 @@ impl Attention {
             rope: spec.rope.as_ref().map(|r| Rope::new(r, w.device())).transpose()?,
             spec: spec.clone(),
         })
+    }
+
+    /// One tensor parallel rank's slice: its share of the query heads with the KV heads they
+    /// read (a KV head read by two ranks is copied to both), and `o_proj` by its matching input
+    /// columns, its bias on rank 0 only: the output is a partial sum. A q/k norm over all heads
+    /// at once (OLMo-Hybrid's) would need the ranks' sums of squares, and is refused.
+    pub fn shard(&self, s: Shard) -> Result<Self> {
+        let (hq, hkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        if self.spec.qk_norm == QkNorm::Whole {
+            return Err(EngineError::Invalid {
+                field: "tensor parallel",
+                expected: "attention with per-head or no q/k norms".into(),
+                actual: "a q/k RMSNorm over all heads at once".into(),
+            });
+        }
+        let (kv, q) = grouped_heads(s, hkv, hq, "num_attention_heads")?;
+        // Row blocks of `qkv`: q, Qwen's gate, k, v.
+        let gate = if self.spec.output_gate { hq * hd } else { 0 };
+        let mut blocks = Vec::with_capacity(4);
+        blocks.push(q.start * hd..q.end * hd);
+        if gate > 0 {
+            blocks.push(hq * hd + q.start * hd..hq * hd + q.end * hd);
+        }
+        let k0 = hq * hd + gate;
+        blocks.push(k0 + kv.start * hd..k0 + kv.end * hd);
+        blocks.push(k0 + hkv * hd + kv.start * hd..k0 + hkv * hd + kv.end * hd);
+        let pick = |t: &Tensor| -> Result<Tensor> {
+            let parts = blocks.iter().map(|r| t.narrow(0, r.start, r.len())).collect::<candle_core::Result<Vec<_>>>()?;
+            Ok(Tensor::cat(&parts, 0)?.contiguous()?)
+        };
+        let qkv = Linear::new(pick(self.qkv.weight())?, self.qkv.bias().map(pick).transpose()?);
+        let o_bias = if s.rank == 0 { self.o_proj.bias().cloned() } else { None };
+        let o_proj = Linear::new(crate::tensor_parallel::columns(self.o_proj.weight(), &(q.start * hd..q.end * hd))?, o_bias);
+        let spec = AttentionSpec { num_heads: q.len(), num_kv_heads: kv.len(), ..self.spec.clone() };
+        Ok(Self { qkv, o_proj, spec, ..self.clone() })
     }
 
     /// One sequence's cache: keys and values of every token, in the paged KV cache. A 16-bit

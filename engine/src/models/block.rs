@@ -109,20 +109,22 @@ impl Block {
     /// One tensor parallel rank's slice of this block (token mixer and MLP split, norms copied),
     /// adding its partial sums over `link`'s group.
     pub fn shard(&self, link: GroupLink) -> Result<Self> {
-        let unsupported = |what: &str| EngineError::Invalid {
-            field: "tensor parallel",
-            expected: "Gated DeltaNet layers and dense MLPs".into(),
-            actual: format!("layer {}: {what}", self.layer_idx),
-        };
+        let s = link.shard;
         let attn = match &self.attn {
-            TokenMixer::GatedDeltaNet(m) => TokenMixer::GatedDeltaNet(m.shard(link.shard)?),
-            TokenMixer::GatedDeltaProduct(_) => return Err(unsupported("a Gated DeltaProduct layer")),
-            TokenMixer::DeltaNet(_) => return Err(unsupported("a DeltaNet layer")),
-            TokenMixer::Attention(_) => return Err(unsupported("an attention layer")),
+            TokenMixer::GatedDeltaNet(m) => TokenMixer::GatedDeltaNet(m.shard(s)?),
+            TokenMixer::GatedDeltaProduct(m) => TokenMixer::GatedDeltaProduct(m.shard(s)?),
+            TokenMixer::Attention(m) => TokenMixer::Attention(m.shard(s)?),
+            TokenMixer::DeltaNet(_) => {
+                return Err(EngineError::Invalid {
+                    field: "tensor parallel",
+                    expected: "Gated DeltaNet, Gated DeltaProduct and attention layers".into(),
+                    actual: format!("layer {}: a DeltaNet layer", self.layer_idx),
+                })
+            }
         };
         let mlp = match &self.mlp {
-            ChannelMixer::Mlp(m) => ChannelMixer::Mlp(m.shard(link.shard)?),
-            ChannelMixer::Moe(_) => return Err(unsupported("a mixture-of-experts MLP")),
+            ChannelMixer::Mlp(m) => ChannelMixer::Mlp(m.shard(s)?),
+            ChannelMixer::Moe(m) => ChannelMixer::Moe(m.shard(s)?),
         };
         Ok(Self { attn, mlp, tp: Some(link), ..self.clone() })
     }

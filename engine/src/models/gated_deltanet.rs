@@ -12,9 +12,9 @@ use super::output_head::{HeadNames, OutputHead};
 use super::short_conv::{heads_of, ShortConv};
 use crate::cache::CacheSpec;
 use crate::config::{Family, ModelConfig};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::state::LayerState;
-use crate::tensor_parallel::{head_rows, Shard};
+use crate::tensor_parallel::{grouped_heads, head_rows, Shard};
 use crate::weights::Weights;
 use candle_nn::Linear;
 use std::ops::Range;
@@ -184,20 +184,7 @@ impl GatedDeltaNet {
     /// partial sum.
     pub fn shard(&self, s: Shard) -> Result<Self> {
         let (h, hv, k, vd) = (self.num_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim);
-        let values = s.part(hv, "num_v_heads")?;
-        let group = hv / h;
-        // A rank's value heads must read whole key heads, or share one.
-        if !(values.len().is_multiple_of(group) || group.is_multiple_of(values.len())) {
-            return Err(EngineError::Invalid {
-                field: "tensor parallel size",
-                expected: format!(
-                    "value heads per rank ({}) a multiple or a divisor of the value heads per key head ({group})",
-                    values.len()
-                ),
-                actual: s.size.to_string(),
-            });
-        }
-        let keys = values.start / group..(values.end - 1) / group + 1;
+        let (keys, values) = grouped_heads(s, h, hv, "num_v_heads")?;
         let rows = |part: usize, total: usize, heads: &Range<usize>, dim: usize| -> Result<Linear> {
             Ok(Linear::new(head_rows(&self.input.weight(part)?, 1, total, heads, dim)?, None))
         };

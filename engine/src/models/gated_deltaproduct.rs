@@ -17,6 +17,7 @@ use crate::cache::CacheSpec;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
+use crate::tensor_parallel::{head_rows, Shard};
 use crate::weights::Weights;
 
 /// Parts of the fused input projection: q, k, v, b first (a and g follow when present).
@@ -129,6 +130,43 @@ impl GatedDeltaProduct {
             num_householder: n,
             allow_neg_eigval: cfg.common.allow_neg_eigval,
             scale: (cfg.head_k_dim() as f32).powf(-0.5),
+        })
+    }
+
+    /// One tensor parallel rank's slice: its share of the heads in every projection (each
+    /// householder step's block alike), conv channels, forget gate and states; `o_proj` by its
+    /// matching input columns, so the output is a partial sum.
+    pub fn shard(&self, s: Shard) -> Result<Self> {
+        let (h, k, vd, n) = (self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
+        let heads = s.part(h, "num_heads")?;
+        let rows = |part: usize, reps: usize, dim: usize| -> Result<Linear> {
+            Ok(Linear::new(head_rows(&self.input.weight(part)?, reps, h, &heads, dim)?, None))
+        };
+        let mut parts = vec![rows(Q, 1, k)?, rows(K, n, k)?, rows(V, n, vd)?, rows(B, n, 1)?];
+        if self.forget.is_some() {
+            parts.push(rows(self.a_part, 1, 1)?);
+        }
+        if self.input.parts() > self.g_part {
+            parts.push(rows(self.g_part, 1, vd)?);
+        }
+        // Conv channels: q, then n blocks of k, then n blocks of v, each head-major.
+        let (key_dim, value_dim) = (h * k, h * vd);
+        let at = |base: usize, dim: usize| base + heads.start * dim..base + heads.end * dim;
+        let mut channels = vec![at(0, k)];
+        channels.extend((0..n).map(|j| at(key_dim + j * key_dim, k)));
+        channels.extend((0..n).map(|j| at((1 + n) * key_dim + j * value_dim, vd)));
+        let narrow = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, heads.start, heads.len())?.contiguous()?) };
+        let forget = match &self.forget {
+            Some(f) => Some(ForgetGate { a_log: narrow(&f.a_log)?, dt_bias: narrow(&f.dt_bias)? }),
+            None => None,
+        };
+        Ok(Self {
+            input: FusedInput::new(&parts.iter().collect::<Vec<_>>())?,
+            forget,
+            conv: self.conv.select(&channels)?,
+            out: self.out.select(&heads)?,
+            num_heads: heads.len(),
+            ..self.clone()
         })
     }
 

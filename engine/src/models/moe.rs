@@ -10,6 +10,7 @@ use super::linear::{linear, project};
 use super::mlp::Mlp;
 use crate::config::MoeSpec;
 use crate::error::{Result, WeightError};
+use crate::tensor_parallel::Shard;
 use crate::weights::Weights;
 
 /// The routed experts of one layer, packed as transformers keeps them in memory.
@@ -71,6 +72,26 @@ impl SparseMoe {
             None
         };
         Ok(Self { router: linear(w, spec.num_experts, d, "gate.weight")?, experts: Experts::load(w, spec, d)?, shared, spec: *spec })
+    }
+
+    /// One tensor parallel rank's slice: every expert (and the shared expert) cut to the rank's
+    /// share of its intermediate channels; the router and the shared expert's gate are copied,
+    /// so every rank routes alike and its output is a partial sum.
+    pub fn shard(&self, s: Shard) -> Result<Self> {
+        let i = self.spec.expert_intermediate;
+        let part = s.part(i, "moe_intermediate_size")?;
+        let gate_up = Tensor::cat(
+            &[self.experts.gate_up.narrow(1, part.start, part.len())?, self.experts.gate_up.narrow(1, i + part.start, part.len())?],
+            1,
+        )?
+        .contiguous()?;
+        let down = self.experts.down.narrow(2, part.start, part.len())?.contiguous()?;
+        let shared = match &self.shared {
+            Some((mlp, gate)) => Some((mlp.shard(s)?, gate.clone())),
+            None => None,
+        };
+        let spec = MoeSpec { expert_intermediate: part.len(), shared_intermediate: self.spec.shared_intermediate / s.size, ..self.spec };
+        Ok(Self { router: self.router.clone(), experts: Experts { gate_up, down }, shared, spec })
     }
 
     /// `x` `[N, D]` → `[N, D]` in x's dtype: router logits in the compute dtype, then
