@@ -97,6 +97,16 @@ fn split_hybrid_and_moe_models_equal_the_unsplit_model() {
 #[test]
 fn split_gated_deltaproduct_equals_the_unsplit_model() {
     check("gdp", &compact_model("gdp", DType::F32, &Device::Cpu), &[2]);
+    // Four heads, three householder steps: each step's block of k, v and b rows is cut alike.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "model_type": "gated_deltaproduct", "architectures": ["GatedDeltaProductForCausalLM"],
+        "hidden_size": 128, "num_hidden_layers": 2, "num_heads": 4, "head_dim": 16, "expand_v": 2, "num_householder": 3,
+        "allow_neg_eigval": true, "use_forget_gate": true, "use_output_gate": true, "vocab_size": 256,
+        "intermediate_size": 256, "conv_size": 4, "use_short_conv": true, "norm_eps": 1e-6, "tie_word_embeddings": false
+    });
+    deltaserve_engine::synth::write_random_checkpoint(&cfg, dir.path(), DType::F32, 5, None).unwrap();
+    check("random gdp H=4 n=3", &load(dir.path()), &[2, 4]);
 }
 
 #[test]
