@@ -8,8 +8,15 @@
 //!   input projection and of the short conv, their `A_log` / `dt_bias` and their recurrent
 //!   states; `o_proj` is split by its input columns (row-parallel), so each rank's output is a
 //!   partial sum;
+//! - a Gated DeltaProduct layer: the same by head, in every householder step's block;
+//! - an attention layer: Hq/N query heads with the KV heads they read (copied likewise), their
+//!   KV cache, `o_proj` by input columns with its bias on rank 0 only;
 //! - the MLP: `gate_proj` / `up_proj` split by rows (column-parallel), `down_proj` by columns;
+//!   a MoE block cuts every expert (and the shared expert) so, and copies the router;
 //! - embeddings, norms and the LM head are copied to every rank.
+//!
+//! Each layer's `shard` lives in its own file; [`GroupLink`] is what a split block adds its
+//! partial sums over.
 //!
 //! [`ThreadGroup`] runs the ranks as threads of one process on the CPU: the sharding math is
 //! tested there against the unsplit model.
@@ -137,12 +144,17 @@ pub(crate) fn grouped_heads(s: Shard, outer: usize, inner: usize, what: &'static
     Ok((mine.start / group..(mine.end - 1) / group + 1, mine))
 }
 
+/// Rows `ranges` of `t` (first dim), in that order, copied into one tensor.
+pub(crate) fn rows_at(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
+    let parts = ranges.iter().map(|r| t.narrow(0, r.start, r.len())).collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, 0)?.contiguous()?)
+}
+
 /// Rows `heads·dim` of each of `reps` stacked blocks of `total·dim` rows of `w` `[reps·total·dim, ..]`
 /// (a projection's output channels grouped by head, repeated per householder step), copied.
 pub(crate) fn head_rows(w: &Tensor, reps: usize, total: usize, heads: &Range<usize>, dim: usize) -> Result<Tensor> {
-    let blocks =
-        (0..reps).map(|r| w.narrow(0, (r * total + heads.start) * dim, heads.len() * dim)).collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(Tensor::cat(&blocks, 0)?.contiguous()?)
+    let blocks: Vec<_> = (0..reps).map(|r| (r * total + heads.start) * dim..(r * total + heads.end) * dim).collect();
+    rows_at(w, &blocks)
 }
 
 /// Columns `cols` of `w` `[rows, C]`, copied.

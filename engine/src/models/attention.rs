@@ -12,7 +12,7 @@ use crate::cache::CacheSpec;
 use crate::config::{AttentionSpec, QkNorm};
 use crate::error::{EngineError, Result};
 use crate::state::{KvLayer, KvPlan};
-use crate::tensor_parallel::{grouped_heads, Shard};
+use crate::tensor_parallel::{grouped_heads, rows_at, Shard};
 use crate::weights::Weights;
 
 /// One attention layer (`self_attn` / fla's `attn`).
@@ -112,10 +112,7 @@ impl Attention {
         let k0 = hq * hd + gate;
         blocks.push(k0 + kv.start * hd..k0 + kv.end * hd);
         blocks.push(k0 + hkv * hd + kv.start * hd..k0 + hkv * hd + kv.end * hd);
-        let pick = |t: &Tensor| -> Result<Tensor> {
-            let parts = blocks.iter().map(|r| t.narrow(0, r.start, r.len())).collect::<candle_core::Result<Vec<_>>>()?;
-            Ok(Tensor::cat(&parts, 0)?.contiguous()?)
-        };
+        let pick = |t: &Tensor| rows_at(t, &blocks);
         let qkv = Linear::new(pick(self.qkv.weight())?, self.qkv.bias().map(pick).transpose()?);
         let o_bias = if s.rank == 0 { self.o_proj.bias().cloned() } else { None };
         let o_proj = Linear::new(crate::tensor_parallel::columns(self.o_proj.weight(), &(q.start * hd..q.end * hd))?, o_bias);

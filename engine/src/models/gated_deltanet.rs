@@ -14,7 +14,7 @@ use crate::cache::CacheSpec;
 use crate::config::{Family, ModelConfig};
 use crate::error::Result;
 use crate::state::LayerState;
-use crate::tensor_parallel::{grouped_heads, head_rows, Shard};
+use crate::tensor_parallel::{grouped_heads, head_rows, rows_at, Shard};
 use crate::weights::Weights;
 use candle_nn::Linear;
 use std::ops::Range;
@@ -200,7 +200,7 @@ impl GatedDeltaNet {
         }
         let (kk, vv) = (keys.start * k..keys.end * k, values.start * vd..values.end * vd);
         let conv = self.conv.select(&[kk.clone(), h * k + kk.start..h * k + kk.end, 2 * h * k + vv.start..2 * h * k + vv.end])?;
-        let heads = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, values.start, values.len())?.contiguous()?) };
+        let heads = |t: &Tensor| rows_at(t, std::slice::from_ref(&values));
         Ok(Self {
             input: FusedInput::new(&parts.iter().collect::<Vec<_>>())?,
             a_log: heads(&self.a_log)?,

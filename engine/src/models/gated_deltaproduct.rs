@@ -17,7 +17,7 @@ use crate::cache::CacheSpec;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::state::LayerState;
-use crate::tensor_parallel::{head_rows, Shard};
+use crate::tensor_parallel::{head_rows, rows_at, Shard};
 use crate::weights::Weights;
 
 /// Parts of the fused input projection: q, k, v, b first (a and g follow when present).
@@ -155,7 +155,7 @@ impl GatedDeltaProduct {
         let mut channels = vec![at(0, k)];
         channels.extend((0..n).map(|j| at(key_dim + j * key_dim, k)));
         channels.extend((0..n).map(|j| at((1 + n) * key_dim + j * value_dim, vd)));
-        let narrow = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, heads.start, heads.len())?.contiguous()?) };
+        let narrow = |t: &Tensor| rows_at(t, std::slice::from_ref(&heads));
         let forget = match &self.forget {
             Some(f) => Some(ForgetGate { a_log: narrow(&f.a_log)?, dt_bias: narrow(&f.dt_bias)? }),
             None => None,

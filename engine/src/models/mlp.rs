@@ -41,7 +41,7 @@ impl Mlp {
         let i = self.down_proj.weight().dim(1)?;
         let part = s.part(i, "intermediate_size")?;
         let rows = |p: usize| -> Result<Linear> {
-            Ok(Linear::new(self.gate_up.weight(p)?.narrow(0, part.start, part.len())?.contiguous()?, None))
+            Ok(Linear::new(crate::tensor_parallel::rows_at(&self.gate_up.weight(p)?, std::slice::from_ref(&part))?, None))
         };
         Ok(Self {
             gate_up: FusedInput::new(&[&rows(GATE)?, &rows(UP)?])?,

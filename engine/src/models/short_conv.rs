@@ -52,13 +52,7 @@ impl ShortConv {
     /// parallel rank's q, k and v channels).
     pub fn select(&self, ranges: &[std::ops::Range<usize>]) -> Result<Self> {
         let channels = ranges.iter().map(|r| r.len()).sum();
-        let weight = match &self.weight {
-            Some(w) => {
-                let rows = ranges.iter().map(|r| w.narrow(0, r.start, r.len())).collect::<candle_core::Result<Vec<_>>>()?;
-                Some(Tensor::cat(&rows, 0)?.contiguous()?)
-            }
-            None => None,
-        };
+        let weight = self.weight.as_ref().map(|w| crate::tensor_parallel::rows_at(w, ranges)).transpose()?;
         Ok(Self { weight, channels, width: self.width, act: self.act })
     }
 
