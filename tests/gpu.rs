@@ -17,10 +17,18 @@ use rand::{Rng, SeedableRng};
 /// A GPU test: its name and body.
 type GpuTest = (&'static str, fn(&Device));
 
+// Calls the CUDA kernels' launchers directly (every B they take, not only those the ops pick).
+#[cfg(feature = "cuda")]
+#[path = "gpu/norm_gemv.rs"]
+mod norm_gemv;
 #[path = "gpu/sampling.rs"]
 mod sampling;
 
-const TESTS: [GpuTest; 18] = [
+const TESTS: &[GpuTest] = &[
+    #[cfg(feature = "cuda")]
+    ("gpu_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_norm_folded_into_gemv_equals_two_kernels),
+    #[cfg(feature = "cuda")]
+    ("gpu_gated_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_gated_norm_folded_into_gemv_equals_two_kernels),
     ("gpu_sampling_matches_cpu", sampling::gpu_sampling_matches_cpu),
     ("gpu_sampling_follows_the_distribution", sampling::gpu_sampling_follows_the_distribution),
     ("gpu_prefix_cache_snapshots_match_whole_prefills", gpu_prefix_cache_snapshots_match_whole_prefills),

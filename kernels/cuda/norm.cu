@@ -1,40 +1,34 @@
 // RMSNorms: the mixer output's fused gated norm (model-spec.md §1.3 step 9), fp32:
 // y = x / sqrt(mean(x²) + eps) · w · act(z), act = swish (z·sigmoid z) or sigmoid; and the
 // blocks' residual add + norm (below).
-#include "common.cuh"
-#include "dtype.cuh"
+#include "norm.cuh"
 
-// x [rows, D] f32, y [rows, D] in TY; one warp per row. z (TZ, or null) holds `heads` rows of
-// x in each of its rows (row stride ldz): row r's gate is z[(r / heads)·ldz + (r % heads)·D ..],
-// so a column slice of the input projection is read in place.
-template <typename TZ, typename TY>
+// x [rows, D] f32, y [rows, D] in TY; one warp per row (norm.cuh). z (TZ, or null) holds
+// `heads` rows of x in each of its rows (row stride ldz): row r's gate is
+// z[(r / heads)·ldz + (r % heads)·D ..], so a column slice of the input projection is read in place.
+template <int KEPT, typename TZ, typename TY>
 __device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict__ z, long ldz, int heads,
                                const float* __restrict__ w, TY* __restrict__ y, int rows, int D, float eps,
                                int act_sigmoid) {
   const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  const float* xr = x + (size_t)row * D;
   const TZ* zr = z ? z + (size_t)(row / heads) * ldz + (size_t)(row % heads) * D : nullptr;
-  float ss = 0.0f;
-  for (int i = lane; i < D; i += 32) ss += xr[i] * xr[i];
-  const float inv = rsqrtf(warp_sum(ss) / D + eps);
-  for (int i = lane; i < D; i += 32) {
-    float v = xr[i] * inv * w[i];
-    if (zr) {
-      const float zi = to_f32(zr[i]);
-      v *= act_sigmoid ? ds_sigmoid(zi) : ds_silu(zi);
-    }
-    y[(size_t)row * D + i] = from_f32<TY>(v);
-  }
+  gated_norm_row<KEPT, TZ, TY>(x + (size_t)row * D, zr, w, y + (size_t)row * D, D, eps, act_sigmoid, threadIdx.x & 31);
 }
 
-// gated_rms_norm_{z dtype}_{y dtype}.
+// gated_rms_norm_{z dtype}_{y dtype}: rows up to 512 wide read once (a decode step's few rows,
+// where a row's latency is the cost); _lean: two elements a lane kept (prefill's many rows,
+// where occupancy is). The same results.
 #define GATED_NORM(TZ, ZN, TY, YN)                                                                                    \
   extern "C" __global__ void gated_rms_norm_##ZN##_##YN(const float* x, const TZ* z, long ldz, int heads,             \
                                                         const float* w, TY* y, int rows, int D, float eps,            \
                                                         int act_sigmoid) {                                            \
-    gated_rms_norm<TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                        \
+    gated_rms_norm<16, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                    \
+  }                                                                                                                   \
+  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_lean(const float* x, const TZ* z, long ldz, int heads,      \
+                                                               const float* w, TY* y, int rows, int D, float eps,     \
+                                                               int act_sigmoid) {                                     \
+    gated_rms_norm<2, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
   }
 #define GATED_NORMS(TZ, ZN)                 \
   GATED_NORM(TZ, ZN, float, f32)            \
@@ -50,7 +44,7 @@ GATED_NORMS(__half, f16)
 // rounded to T. h, r [rows, D] f32; delta, x [rows, D] T; w [D] f32. Each thread keeps its first
 // PER elements of r (i = tid, tid + 256, ...) in registers while the block sums; any beyond
 // (D > 256·PER) it reads back.
-template <typename T, int PER>
+template <typename T, int PER, bool PRELOAD_W>
 __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ w,
                              float* __restrict__ r, T* __restrict__ x, int D, float eps) {
   __shared__ float part[8];
@@ -58,14 +52,17 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
   const float* hr = h + row * D;
   float* rr = r + row * D;
   const int stride = blockDim.x;
-  float kept[PER];
+  float kept[PER], wk[PER];
   float ss = 0.0f;
-  // The first PER elements unrolled (their loads in flight together), any further ones after.
+  // The first PER elements unrolled (their loads, and with PRELOAD_W the norm weight's, in flight
+  // together), any further ones after.
 #pragma unroll
   for (int e = 0; e < PER; ++e) {
     const int i = threadIdx.x + e * stride;
     kept[e] = 0.0f;
+    wk[e] = 0.0f;
     if (i < D) {
+      if (PRELOAD_W) wk[e] = w[i];
       kept[e] = hr[i] + (delta ? to_f32(delta[row * D + i]) : 0.0f);
       rr[i] = kept[e];
       ss += kept[e] * kept[e];
@@ -85,16 +82,24 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
 #pragma unroll
   for (int e = 0; e < PER; ++e) {
     const int i = threadIdx.x + e * stride;
-    if (i < D) x[row * D + i] = from_f32<T>(kept[e] * inv * w[i]);
+    if (i < D) x[row * D + i] = from_f32<T>(kept[e] * inv * (PRELOAD_W ? wk[e] : w[i]));
   }
   // Each thread reads back only the r elements it wrote itself.
   for (int i = threadIdx.x + PER * stride; i < D; i += stride) x[row * D + i] = from_f32<T>(rr[i] * inv * w[i]);
 }
 
+// add_rms_norm_{dtype}: the norm weight loaded with r, before the block's sum (a decode step's
+// few rows: one round trip to memory fewer); _lean: after it (prefill's many rows: fewer
+// registers). The same results.
 #define ADD_RMS_NORM(T, NAME)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME(const float* h, const T* delta, const float* w, \
                                                                         float* r, T* x, int D, float eps) {         \
-    add_rms_norm<T, 16>(h, delta, w, r, x, D, eps);                                                                    \
+    add_rms_norm<T, 16, true>(h, delta, w, r, x, D, eps);                                                              \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME##_lean(const float* h, const T* delta,       \
+                                                                              const float* w, float* r, T* x, int D,  \
+                                                                              float eps) {                            \
+    add_rms_norm<T, 16, false>(h, delta, w, r, x, D, eps);                                                             \
   }
 ADD_RMS_NORM(float, f32)
 ADD_RMS_NORM(__nv_bfloat16, bf16)

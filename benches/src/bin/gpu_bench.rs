@@ -50,7 +50,8 @@ struct Args {
     /// server batches prompt chunks), each mixer precision, with and without grid snapshots.
     #[arg(long)]
     small_prefill: bool,
-    /// Only the decode-step MLP table (SwiGLU and down projection: two kernels or one).
+    /// Only the decode-step fused projection tables (SwiGLU and down projection, norms and the
+    /// projections after them: two kernels or one).
     #[arg(long)]
     mlp_only: bool,
     /// Only the hybrid section: the checkpoint in this directory (written by
@@ -380,6 +381,64 @@ fn mlp_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 fn mlp_table(_dev: &Device, _reps: usize) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// A decode step's norms folded into the projection after them (gemv_staged.cu) against the
+/// norm kernel then the small-batch projection, at B = 1..8: the block seam (residual add +
+/// RMSNorm) into the 1.39B model's input projection and Qwen3.5-2B's, and the gated output norm
+/// into `o_proj` at both models' head shapes (bf16).
+#[cfg(feature = "cuda")]
+fn norm_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv};
+    use deltaserve_kernels::ops::{add_rms_norm, gated_rms_norm, small_batch_linear};
+    use deltaserve_kernels::GateActivation;
+    println!("\n## Decode norms folded into the next projection (bf16; {reps} reps, median of CUDA-event times, do_bench method)\n");
+    println!("| what | N x K | B | norm + projection µs | fused µs | fused speed-up |");
+    println!("|---|---|---|---|---|---|");
+    let declined = || anyhow::anyhow!("kernel declined the input");
+    for (what, n, k) in [("add + RMSNorm -> in_proj, 1.39B", 9228usize, 2048usize), ("add + RMSNorm -> in_proj, Qwen3.5-2B", 12352, 2048)] {
+        let w = Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16)?;
+        let nw = Tensor::ones(k, DType::F32, dev)?;
+        for b in 1..=8usize {
+            let h = Tensor::randn(0f32, 1.0, (b, k), dev)?;
+            let d = Tensor::randn(0f32, 1.0, (b, k), dev)?.to_dtype(DType::BF16)?;
+            let apart = median_gpu_ms(dev, reps, Timing::DoBench, || {
+                let (_, x) = add_rms_norm(&h, Some(&d), &nw, 1e-6, DType::BF16)?;
+                small_batch_linear(&x, &w)?.ok_or_else(declined)?;
+                Ok(())
+            })?;
+            let fused = median_gpu_ms(dev, reps, Timing::DoBench, || {
+                add_norm_gemv(&h, Some(&d), &nw, 1e-6, &w)?.ok_or_else(declined)?;
+                Ok(())
+            })?;
+            println!("| {what} | {n} x {k} | {b} | {:.1} | {:.1} | {:.2}x |", apart * 1e3, fused * 1e3, apart / fused);
+        }
+    }
+    for (what, heads, vd) in [("gated norm -> o_proj, 1.39B", 6usize, 512usize), ("gated norm -> o_proj, Qwen3.5-2B", 32, 128)] {
+        let (n, k) = (2048usize, heads * vd);
+        let w = Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16)?;
+        let nw = Tensor::ones(vd, DType::F32, dev)?;
+        for b in 1..=8usize {
+            let o = Tensor::randn(0f32, 1.0, (b, heads, vd), dev)?;
+            let z = Tensor::randn(0f32, 1.0, (b, k), dev)?.to_dtype(DType::BF16)?;
+            let apart = median_gpu_ms(dev, reps, Timing::DoBench, || {
+                let x = gated_rms_norm(&o, Some(&z), &nw, 1e-6, GateActivation::Swish, DType::BF16)?.reshape((b, k))?;
+                small_batch_linear(&x, &w)?.ok_or_else(declined)?;
+                Ok(())
+            })?;
+            let fused = median_gpu_ms(dev, reps, Timing::DoBench, || {
+                gated_norm_gemv(&o, Some(&z), &nw, 1e-6, false, &w)?.ok_or_else(declined)?;
+                Ok(())
+            })?;
+            println!("| {what} | {n} x {k} | {b} | {:.1} | {:.1} | {:.2}x |", apart * 1e3, fused * 1e3, apart / fused);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn norm_table(_dev: &Device, _reps: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
@@ -729,7 +788,8 @@ fn main() -> anyhow::Result<()> {
         return sampling_table(&dev, args.reps);
     }
     if args.mlp_only {
-        return mlp_table(&dev, args.reps);
+        mlp_table(&dev, args.reps)?;
+        return norm_table(&dev, args.reps);
     }
     if args.profile_prefill || args.profile_decode.is_some() || args.model_only || args.small_prefill {
         return model_table(&dev, &args);
@@ -737,6 +797,7 @@ fn main() -> anyhow::Result<()> {
     prefill_table(&dev, args.reps, &fla)?;
     decode_table(&dev, args.reps, &fla)?;
     mlp_table(&dev, args.reps)?;
+    norm_table(&dev, args.reps)?;
     if !args.skip_model {
         model_table(&dev, &args)?;
     }

@@ -7,6 +7,7 @@ use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq};
 
 use super::linear::project;
+use super::norm::SubInput;
 use super::rope::Rope;
 use crate::cache::CacheSpec;
 use crate::config::{AttentionSpec, QkNorm};
@@ -146,10 +147,10 @@ impl Attention {
 
     /// Rows of `x` `[N, D]` belong to sequences as `kv.cu` says; each appends its keys and
     /// values at its next positions and attends over its cache. Returns `[N, D]`.
-    pub fn forward(&self, x: &Tensor, cache: &mut KvLayer, kv: &KvPlan) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>, cache: &mut KvLayer, kv: &KvPlan) -> Result<Tensor> {
         let s = &self.spec;
-        let (n, hq, hkv, hd) = (x.dim(0)?, s.num_heads, s.num_kv_heads, s.head_dim);
-        let y = project(&self.qkv, x)?;
+        let (n, hq, hkv, hd) = (x.rows()?, s.num_heads, s.num_kv_heads, s.head_dim);
+        let y = x.project(&self.qkv)?;
         let gate_rows = if s.output_gate { hq * hd } else { 0 };
         let q = self.norm(&y.narrow(1, 0, hq * hd)?, self.q_norm.as_ref(), hq)?;
         let k = self.norm(&y.narrow(1, hq * hd + gate_rows, hkv * hd)?, self.k_norm.as_ref(), hkv)?;

@@ -15,7 +15,7 @@ use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::mlp::Mlp;
 use super::moe::SparseMoe;
-use super::norm::{Residual, RmsNorm};
+use super::norm::{NormedInput, Residual, RmsNorm, SubInput};
 use crate::cache::CacheSpec;
 use crate::error::{EngineError, Result};
 use crate::state::{KvPlan, LayerCache};
@@ -47,7 +47,7 @@ impl TokenMixer {
 
     /// `x` `[N, D]` (compute dtype) → `[N, D]`, reading and updating the slots' caches; `kv`
     /// says where each sequence sits in the KV cache.
-    pub fn forward(&self, x: &Tensor, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Tensor> {
         if let Self::Attention(m) = self {
             return m.forward(x, cache.kv_mut()?, kv);
         }
@@ -75,7 +75,7 @@ pub enum ChannelMixer {
 
 impl ChannelMixer {
     /// `x` `[N, D]` → `[N, D]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>) -> Result<Tensor> {
         match self {
             Self::Mlp(m) => m.forward(x),
             Self::Moe(m) => m.forward(x),
@@ -143,14 +143,18 @@ impl Block {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
         if self.placement == NormPlacement::Post {
             let h = res.sum()?;
-            let a = self.reduce(self.attn.forward(&h.to_dtype(act)?, cache, pass, kv)?)?;
+            let a = self.reduce(self.attn.forward(&SubInput::Formed(h.to_dtype(act)?), cache, pass, kv)?)?;
             let r = (h + self.attn_norm.forward(&a)?)?;
-            let m = self.reduce(self.mlp.forward(&r.to_dtype(act)?)?)?;
+            let m = self.reduce(self.mlp.forward(&SubInput::Formed(r.to_dtype(act)?))?)?;
             return Ok(Residual { delta: Some(self.mlp_norm.forward(&m)?), h: r });
         }
-        let (h, x) = self.attn_norm.add_forward(res, act)?;
-        let a = self.reduce(self.attn.forward(&x, cache, pass, kv)?)?;
-        let (r, x) = self.mlp_norm.add_forward(&Residual { h, delta: Some(a) }, act)?;
-        Ok(Residual { h: r, delta: Some(self.reduce(self.mlp.forward(&x)?)?) })
+        // Each norm is formed by the projection that first reads it (inside its GEMV kernel in a
+        // decode step).
+        let x = NormedInput::new(res, &self.attn_norm, act);
+        let a = self.reduce(self.attn.forward(&SubInput::Normed(&x), cache, pass, kv)?)?;
+        let mid = Residual { h: x.residual()?, delta: Some(a) };
+        let x = NormedInput::new(&mid, &self.mlp_norm, act);
+        let m = self.reduce(self.mlp.forward(&SubInput::Normed(&x))?)?;
+        Ok(Residual { h: x.residual()?, delta: Some(m) })
     }
 }

@@ -13,10 +13,9 @@ use super::block::{Block, ChannelMixer, NormPlacement, TokenMixer};
 use super::delta_net::DeltaNet;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
-use super::linear::project;
 use super::mlp::Mlp;
 use super::moe::SparseMoe;
-use super::norm::{Residual, RmsNorm};
+use super::norm::{NormedInput, Residual, RmsNorm};
 use crate::cache::CacheSpec;
 use crate::config::{Architecture, Family, LayerKind, MlpKind, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -189,8 +188,8 @@ impl CausalLm {
     }
 
     fn head(&self, res: &Residual) -> Result<Tensor> {
-        let (_, x) = self.norm.add_forward(res, self.dtype)?;
-        Ok(project(&self.lm_head, &x)?.to_dtype(DType::F32)?)
+        let x = NormedInput::new(res, &self.norm, self.dtype);
+        Ok(x.project(&self.lm_head)?.to_dtype(DType::F32)?)
     }
 
     /// The blocks over the fp32 embeddings `h`.

@@ -10,6 +10,7 @@ use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
 use super::linear::{linear, FusedInput, FusedOutput};
+use super::norm::SubInput;
 use super::output_head::OutputHead;
 use super::short_conv::ShortConv;
 use crate::cache::CacheSpec;
@@ -170,8 +171,8 @@ impl DeltaNet {
 
     /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
     /// `[ΣT, D]`.
-    pub fn prefill(&self, x: &Tensor, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
-        let y = self.input.forward(x)?;
+    pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
+        let y = self.input.forward_input(x)?;
         let c = self.conv.prefill(&y.span(Q, V + 1)?, &mut state.conv_state, seqs)?;
         let (q, k, v, beta) = self.inputs(&y, &c)?;
         let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };
@@ -180,8 +181,8 @@ impl DeltaNet {
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let y = self.input.forward(x)?;
+    pub fn decode(&self, x: &SubInput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let y = self.input.forward_input(x)?;
         let c = self.conv.decode(&y.span(Q, V + 1)?, &mut state.conv_state, slots)?;
         let (q, k, v, beta) = self.inputs(&y, &c)?;
         let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };

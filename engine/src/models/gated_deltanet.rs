@@ -8,6 +8,7 @@ use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
 use super::linear::{linear, FusedInput};
+use super::norm::SubInput;
 use super::output_head::{HeadNames, OutputHead};
 use super::short_conv::{heads_of, ShortConv};
 use crate::cache::CacheSpec;
@@ -230,8 +231,8 @@ impl GatedDeltaNet {
 
     /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
     /// `[ΣT, D]`.
-    pub fn prefill(&self, x: &Tensor, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
-        let y = self.input.forward(x)?;
+    pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
+        let y = self.input.forward_input(x)?;
         // Steps 1–2: projections, short conv + SiLU.
         let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs)?;
         let (hv, vd) = (self.num_v_heads, self.head_v_dim);
@@ -247,8 +248,8 @@ impl GatedDeltaNet {
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let y = self.input.forward(x)?;
+    pub fn decode(&self, x: &SubInput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let y = self.input.forward_input(x)?;
         let c = self.conv.decode(&y.span(Q, A)?, &mut state.conv_state, slots)?;
         let a = y.part(A)?;
         let raw = ops::RawStepInputs {

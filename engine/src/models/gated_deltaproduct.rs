@@ -11,6 +11,7 @@ use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
 use super::linear::{linear, FusedInput, FusedOutput};
+use super::norm::SubInput;
 use super::output_head::OutputHead;
 use super::short_conv::ShortConv;
 use crate::cache::CacheSpec;
@@ -192,8 +193,8 @@ impl GatedDeltaProduct {
 
     /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
     /// `[ΣT, D]`.
-    pub fn prefill(&self, x: &Tensor, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
-        let y = self.input.forward(x)?;
+    pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
+        let y = self.input.forward_input(x)?;
         let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs)?;
         let (t, h, k, vd, n) = (c.dim(0)?, self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
         // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
@@ -211,8 +212,8 @@ impl GatedDeltaProduct {
     }
 
     /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &Tensor, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let y = self.input.forward(x)?;
+    pub fn decode(&self, x: &SubInput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let y = self.input.forward_input(x)?;
         let c = self.conv.decode(&y.span(Q, B)?, &mut state.conv_state, slots)?;
         let gate = self.gate_input(&y)?;
         let raw = ops::RawStepInputs {

@@ -65,6 +65,11 @@ impl FusedInput {
         Ok(FusedOutput { y: project(&self.weight, x)?, offsets: &self.offsets })
     }
 
+    /// `x` (formed, or a norm the first projection forms) through every part at once.
+    pub fn forward_input(&self, x: &super::norm::SubInput<'_>) -> Result<FusedOutput<'_>> {
+        Ok(FusedOutput { y: x.project(&self.weight)?, offsets: &self.offsets })
+    }
+
     /// How many parts are stacked.
     pub fn parts(&self) -> usize {
         self.offsets.len() - 1

@@ -5,6 +5,7 @@ use candle_core::Tensor;
 use candle_nn::Linear;
 
 use super::linear::{linear, project, FusedInput};
+use super::norm::SubInput;
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -50,8 +51,8 @@ impl Mlp {
     }
 
     /// `x` `[N, D]` → `[N, D]`; the same for prefill and decode (no per-sequence state).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.gate_up.forward(x)?;
+    pub fn forward(&self, x: &SubInput<'_>) -> Result<Tensor> {
+        let y = self.gate_up.forward_input(x)?;
         let (gate, up) = (y.part(GATE)?, y.part(UP)?);
         // A decode step's few rows: SwiGLU formed inside the down projection's kernel.
         if let Some(out) = deltaserve_kernels::ops::small_batch_swiglu_linear(&gate, &up, self.down_proj.weight())? {

@@ -8,6 +8,7 @@ use deltaserve_kernels::ops::{self, ExpertWeights, SharedExpert};
 
 use super::linear::{linear, project};
 use super::mlp::Mlp;
+use super::norm::SubInput;
 use crate::config::MoeSpec;
 use crate::error::{Result, WeightError};
 use crate::tensor_parallel::Shard;
@@ -97,10 +98,12 @@ impl SparseMoe {
     /// `x` `[N, D]` → `[N, D]` in x's dtype: router logits in the compute dtype, then
     /// [`ops::sparse_moe`] (routing, experts and the gated shared expert; grouped kernels on a
     /// GPU).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>) -> Result<Tensor> {
+        // Read by the router, the shared expert and the experts: formed once.
+        let x = x.x()?;
         let logits = project(&self.router, x)?;
         let shared = match &self.shared {
-            Some((mlp, gate)) => Some((mlp.forward(x)?, project(gate, x)?)),
+            Some((mlp, gate)) => Some((mlp.forward(&SubInput::Formed(x.clone()))?, project(gate, x)?)),
             None => None,
         };
         let experts = ExpertWeights { gate_up: &self.experts.gate_up, down: &self.experts.down };

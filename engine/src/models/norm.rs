@@ -1,6 +1,8 @@
 //! fla's RMSNorm and the fp32 residual stream it closes (model-spec.md §1.3 "Block").
 
 use candle_core::{DType, Tensor};
+use candle_nn::Linear;
+use deltaserve_kernels::ops;
 
 use crate::error::Result;
 use crate::weights::Weights;
@@ -33,18 +35,7 @@ impl RmsNorm {
     /// dtype `act`: returns `(r, norm(r) as act)`. One fused kernel on a GPU (for contiguous
     /// inputs, as the blocks' are).
     pub fn add_forward(&self, res: &Residual, act: DType) -> Result<(Tensor, Tensor)> {
-        #[cfg(feature = "cuda")]
-        if res.h.device().is_cuda() {
-            if let Some(out) = deltaserve_kernels::cuda::add_rms_norm(&res.h, res.delta.as_ref(), &self.weight, self.eps, act)? {
-                return Ok(out);
-            }
-        }
-        let r = match &res.delta {
-            Some(d) => (d.to_dtype(DType::F32)? + &res.h)?,
-            None => res.h.clone(),
-        };
-        let x = candle_nn::ops::rms_norm(&r, &self.weight, self.eps)?.to_dtype(act)?;
-        Ok((r, x))
+        Ok(ops::add_rms_norm(&res.h, res.delta.as_ref(), &self.weight, self.eps, act)?)
     }
 }
 
@@ -69,5 +60,99 @@ impl Residual {
     /// The same rows of `h` and `delta`, picked by `f`.
     pub fn rows(&self, f: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<Self> {
         Ok(Self { h: f(&self.h)?, delta: self.delta.as_ref().map(&f).transpose()? })
+    }
+}
+
+/// A sub-block's input `x` `[N, D]` in the compute dtype: formed already, or a pre-norm block's
+/// `norm(h + delta)` not formed yet ([`NormedInput`]).
+pub enum SubInput<'a> {
+    /// `x` itself.
+    Formed(Tensor),
+    /// `x` to be formed by its first reader.
+    Normed(&'a NormedInput<'a>),
+}
+
+impl SubInput<'_> {
+    /// The compute dtype of `x`.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Self::Formed(x) => x.dtype(),
+            Self::Normed(n) => n.act,
+        }
+    }
+
+    /// `N`.
+    pub fn rows(&self) -> Result<usize> {
+        Ok(match self {
+            Self::Formed(x) => x.dim(0)?,
+            Self::Normed(n) => n.res.h.dim(0)?,
+        })
+    }
+
+    /// `x`, formed now if it was not.
+    pub fn x(&self) -> Result<&Tensor> {
+        match self {
+            Self::Formed(x) => Ok(x),
+            Self::Normed(n) => n.x(),
+        }
+    }
+
+    /// `x Wᵀ` (and `l`'s bias); see [`NormedInput::project`].
+    pub fn project(&self, l: &Linear) -> Result<Tensor> {
+        match self {
+            Self::Formed(x) => super::linear::project(l, x),
+            Self::Normed(n) => n.project(l),
+        }
+    }
+}
+
+/// A pre-norm sub-block's input `norm(h + delta)` and the residual `r = h + delta` it closes,
+/// formed when first read. A decode step's first projection forms both inside its GEMV kernel
+/// ([`ops::small_batch_add_norm_linear`]: one launch and one round trip of `x` fewer per norm,
+/// the same bits); anything else forms them once with [`RmsNorm::add_forward`].
+pub struct NormedInput<'a> {
+    res: &'a Residual,
+    norm: &'a RmsNorm,
+    act: DType,
+    x: std::cell::OnceCell<Tensor>,
+    /// `h + delta` (f32), once the norm has run.
+    r: std::cell::OnceCell<Tensor>,
+}
+
+impl<'a> NormedInput<'a> {
+    /// `norm(res.h + res.delta)` in `act`.
+    pub fn new(res: &'a Residual, norm: &'a RmsNorm, act: DType) -> Self {
+        Self { res, norm, act, x: std::cell::OnceCell::new(), r: std::cell::OnceCell::new() }
+    }
+
+    /// `x`, formed now if it was not.
+    pub fn x(&self) -> Result<&Tensor> {
+        if let Some(x) = self.x.get() {
+            return Ok(x);
+        }
+        let (r, x) = self.norm.add_forward(self.res, self.act)?;
+        let _ = self.r.set(r);
+        Ok(self.x.get_or_init(|| x))
+    }
+
+    /// `x Wᵀ` (and `l`'s bias): through the fused norm + GEMV kernel while nothing has formed
+    /// the norm yet and the rows are a decode step's, else through [`super::linear::project`].
+    pub fn project(&self, l: &Linear) -> Result<Tensor> {
+        if self.r.get().is_none() && l.bias().is_none() && l.weight().dtype() == self.act {
+            let (h, delta) = (&self.res.h, self.res.delta.as_ref());
+            if let Some((r, y)) = ops::small_batch_add_norm_linear(h, delta, &self.norm.weight, self.norm.eps, l.weight())? {
+                let _ = self.r.set(r);
+                return Ok(y);
+            }
+        }
+        super::linear::project(l, self.x()?)
+    }
+
+    /// The residual stream `h + delta` (f32).
+    pub fn residual(&self) -> Result<Tensor> {
+        match self.r.get() {
+            Some(r) => Ok(r.clone()),
+            None => self.res.sum(),
+        }
     }
 }

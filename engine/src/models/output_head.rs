@@ -100,6 +100,12 @@ impl OutputHead {
         // The gate `[N, HV·Vd]` as it sits in the fused projection: the GPU norm reads it in
         // place and writes `dtype` directly (no f32 copy of z, no cast of the output).
         let z = if self.gated { Some(y.part(g_part)?) } else { None };
+        // A decode step's few rows: the norm formed inside o_proj's GEMV kernel.
+        if self.o_proj.bias().is_none() && self.o_proj.weight().dtype() == dtype && o.rank() == 3 {
+            if let Some(out) = ops::small_batch_gated_norm_linear(o, z.as_ref(), &self.o_norm, self.eps, self.act, self.o_proj.weight())? {
+                return Ok(out);
+            }
+        }
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act, dtype)?;
         project(&self.o_proj, &y.reshape((n, self.num_v_heads * self.head_v_dim))?)
     }

@@ -96,19 +96,25 @@ pub fn gemv_swiglu(gate: &Tensor, up: &Tensor, w: &Tensor) -> Result<Option<Tens
 
 /// `(B, N, K, dtype suffix)` when `x` `[B, K]` and `w` `[N, K]` suit the kernels' shapes and
 /// dtypes.
-fn accepts(x: &Tensor, w: &Tensor) -> Result<Option<(usize, usize, usize, &'static str)>> {
-    let (Ok((b, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
-    let suffix = match x.dtype() {
+pub(super) fn accepts(x: &Tensor, w: &Tensor) -> Result<Option<(usize, usize, usize, &'static str)>> {
+    let Ok((b, k)) = x.dims2() else { return Ok(None) };
+    accepts_rows(b, k, x.dtype(), w)
+}
+
+/// [`accepts`] for `b` rows of `k` elements of `dtype`.
+pub(super) fn accepts_rows(b: usize, k: usize, dtype: DType, w: &Tensor) -> Result<Option<(usize, usize, usize, &'static str)>> {
+    let Ok((n, kw)) = w.dims2() else { return Ok(None) };
+    let suffix = match dtype {
         DType::BF16 => "bf16",
         DType::F16 => "f16",
         _ => return Ok(None),
     };
-    let fits = w.dtype() == x.dtype() && kw == k && b > 0 && b <= GEMV_MAX_ROWS && n > 0 && w.is_contiguous() && k.is_multiple_of(8);
+    let fits = w.dtype() == dtype && kw == k && b > 0 && b <= GEMV_MAX_ROWS && n > 0 && w.is_contiguous() && k.is_multiple_of(8);
     Ok(fits.then_some((b, n, k, suffix)))
 }
 
 /// `w`'s rows when every one starts 16-byte aligned.
-fn vector_rows(w: &Tensor, k: usize) -> Result<Option<RowsArg>> {
+pub(super) fn vector_rows(w: &Tensor, k: usize) -> Result<Option<RowsArg>> {
     let wa = RowsArg::new(w)?;
     Ok(wa.vectorisable(8, k).then_some(wa))
 }
@@ -135,16 +141,21 @@ fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
     s
 }
 
-/// The kernels' leading arguments: where x's rows come from.
-enum XArgs {
+/// The kernels' leading arguments: where x's rows come from (the last two: a gemv_staged.cu
+/// kernel's prologue forms them).
+pub(super) enum XArgs {
     /// `(x, ldx)`.
     Plain { x: u64, ld: i64 },
     /// `(gate, up, ld)`.
     Swiglu { gate: u64, up: u64, ld: i64 },
+    /// `(h, delta, norm weight, eps, r)`: gemv_staged.cu's residual add + RMSNorm.
+    AddNorm { h: u64, delta: u64, nw: u64, eps: f32, r: u64 },
+    /// `(o, z, ldz, heads, norm weight, eps, act_sigmoid)`: gemv_staged.cu's gated RMSNorm.
+    GatedNorm { o: u64, z: u64, ldz: i64, heads: i32, nw: u64, eps: f32, act_sigmoid: i32 },
 }
 
 /// One launch of `name` over the `b` rows of `x_args` (K split for `b` rows); returns `y` `[B, N]`.
-fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs, wa: &RowsArg) -> Result<Tensor> {
+pub(super) fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs, wa: &RowsArg) -> Result<Tensor> {
     let dev = cuda_dev(x, "gemv")?;
     let y = alloc_rows(&dev, x.dtype(), b, n)?;
     let splits = k_splits(n, k, b, sm_count(&dev)?);
@@ -152,8 +163,12 @@ fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args:
     Ok(y)
 }
 
+/// Most bytes of normalised rows a gemv_staged.cu block stages in shared memory: two blocks an
+/// SM still fit (8 rows of K = 6144 in bf16); wider rows take two kernels.
+pub(super) const MAX_STAGED_BYTES: usize = 104 * 1024;
+
 /// Launches `name` over `groups` groups of `nb` rows with `x_args`, then `(w, y, N, K, splits)`,
-/// writing `y` from `y_offset` bytes on.
+/// writing `y` from `y_offset` bytes on; `x`'s dtype is that of the rows.
 #[allow(clippy::too_many_arguments)]
 fn launch(
     x: &Tensor,
@@ -165,14 +180,29 @@ fn launch(
     y: &Tensor,
     y_offset: usize,
 ) -> Result<()> {
+    // The staged kernels (gemv_staged.cu) form their `nb` rows of x, in x's dtype, in dynamic
+    // shared memory.
+    let (module, ptx, smem) = match x_args {
+        XArgs::AddNorm { .. } | XArgs::GatedNorm { .. } => ("gemv_staged", ptx::GEMV_STAGED, nb * k * x.dtype().size_in_bytes()),
+        XArgs::Plain { .. } | XArgs::Swiglu { .. } => ("gemv", ptx::GEMV, 0),
+    };
     let dev = cuda_dev(x, "gemv")?;
-    let f = dev.get_or_load_custom_func(name, "gemv", ptx::GEMV)?;
+    let f = dev.get_or_load_custom_func(name, module, ptx)?;
+    if smem > 0 {
+        // Dynamic shared memory past 48 KiB with the static arrays needs the opt-in.
+        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    }
     let y_ptr = first_element_address_any(y)? + y_offset as u64;
     let (ni, ki, si) = (n as i32, k as i32, splits as i32);
     let mut l = f.builder();
     match &x_args {
         XArgs::Plain { x, ld } => l.arg(x).arg(ld),
         XArgs::Swiglu { gate, up, ld } => l.arg(gate).arg(up).arg(ld),
+        XArgs::AddNorm { h, delta, nw, eps, r } => l.arg(h).arg(delta).arg(nw).arg(eps).arg(r),
+        XArgs::GatedNorm { o, z, ldz, heads, nw, eps, act_sigmoid } => {
+            l.arg(o).arg(z).arg(ldz).arg(heads).arg(nw).arg(eps).arg(act_sigmoid)
+        }
     };
     l.arg(&wa.ptr).arg(&y_ptr).arg(&ni).arg(&ki).arg(&si);
     let blocks = (n * splits).div_ceil(ROWS_PER_WARP * WARPS);
@@ -182,6 +212,6 @@ fn launch(
             what: format!("{nb} rows a group, {blocks} column blocks (at most 8 and 65535)"),
         });
     }
-    unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, 0)) }.w()?;
+    unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }.w()?;
     Ok(())
 }

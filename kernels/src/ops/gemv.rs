@@ -117,10 +117,73 @@ pub fn small_batch_swiglu_linear(gate: &Tensor, up: &Tensor, w: &Tensor) -> Resu
     Ok(None)
 }
 
+/// `norm(h + delta) Wᵀ` and `r = h + delta` for the rows of a decode step (a pre-norm block's
+/// seam into its next projection): `h` `[B, K]` f32, `delta` `[B, K]` in `w`'s dtype or none,
+/// `norm_weight` `[K]` (fla's RMSNorm, fp32, rounded to `w`'s dtype). On the GPU for B ≤
+/// [`ADD_NORM_LINEAR_MAX_ROWS`], under the conditions of [`small_batch_linear`], one kernel whose
+/// `(r, y)` equal the norm kernel's `r` and `small_batch_linear` of its output bit for bit.
+/// `None` where it does not apply, or when `DELTASERVE_FUSED_NORM=0` turns it off (for
+/// comparisons): the caller runs the two steps.
+pub fn small_batch_add_norm_linear(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    norm_weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+) -> Result<Option<(Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() && w.device().is_cuda() {
+        if small_batch_gemv_off() || fused_norm_off() || batch_invariant() || h.dim(0)? > ADD_NORM_LINEAR_MAX_ROWS {
+            return Ok(None);
+        }
+        return crate::cuda::add_norm_gemv(h, delta, norm_weight, eps, w);
+    }
+    let _ = (h, delta, norm_weight, eps, w);
+    Ok(None)
+}
+
+/// [`super::gated_rms_norm`] of `o` `[B, H, Vd]` (gated by `z` `[B, H·Vd]`, a column slice of
+/// the input projection) into `w`'s dtype, times `w`ᵀ: the mixer's output norm and `o_proj` of
+/// a decode step. On the GPU for B·H ≤ [`GATED_NORM_LINEAR_MAX_HEAD_ROWS`], under the
+/// conditions of [`small_batch_add_norm_linear`], one kernel with the two steps' bits; `None`
+/// where it does not apply.
+pub fn small_batch_gated_norm_linear(
+    o: &Tensor,
+    z: Option<&Tensor>,
+    norm_weight: &Tensor,
+    eps: f32,
+    act: crate::GateActivation,
+    w: &Tensor,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if o.device().is_cuda() && w.device().is_cuda() {
+        let head_rows = o.dims().iter().rev().skip(1).product::<usize>();
+        if small_batch_gemv_off() || fused_norm_off() || batch_invariant() || head_rows > GATED_NORM_LINEAR_MAX_HEAD_ROWS {
+            return Ok(None);
+        }
+        return crate::cuda::gated_norm_gemv(o, z, norm_weight, eps, act == crate::GateActivation::Sigmoid, w);
+    }
+    let _ = (o, z, norm_weight, eps, act, w);
+    Ok(None)
+}
+
+/// Most rows [`small_batch_add_norm_linear`] fuses. Every block of the projection forms the
+/// rows' norm itself, which costs more than the launch it saves past two rows (H100, into the
+/// input projection, 9228 × 2048: 24.4 / 26.1 µs fused against 29.6 / 29.7 µs apart at B = 1 / 2,
+/// 34.5 against 33.3 µs at B = 3, 51.6 against 41.9 µs at B = 8).
+pub const ADD_NORM_LINEAR_MAX_ROWS: usize = 2;
+
+/// Most head rows (B · H) [`small_batch_gated_norm_linear`] fuses: a warp of each block
+/// normalises one head row, and more than one a warp puts them one after another ahead of the
+/// weights (H100, into `o_proj` 2048 × 3072: 6 heads of 512 at B = 1 16.9 µs fused against 21.8
+/// µs apart, at B = 2 22.2 against 22.0; 32 heads of 128 at B = 1 23.9 against 18.1).
+pub const GATED_NORM_LINEAR_MAX_HEAD_ROWS: usize = 8;
+
 /// Most rows [`small_batch_swiglu_linear`] fuses. Every warp recomputes the SwiGLU of the x
 /// elements it reads; with more rows that costs more than the launch it saves (H100, I=5632 →
-/// 2048: fused 16.5 / 17.7 µs against 19.3 / 19.6 µs apart at B = 1 / 2, 35.6 against 20.1 µs
-/// at B = 4).
+/// 2048: fused 16.5 / 18.0 µs against 19.5 / 19.6 µs apart at B = 1 / 2, 30.6 against 23.4 µs
+/// at B = 4). Forming it once a block in shared memory instead was slower at B = 1 and 8
+/// (18.0 and 30.6 µs) and even at B = 4.
 pub const SWIGLU_LINEAR_MAX_ROWS: usize = 2;
 
 /// `DELTASERVE_SMALL_BATCH_GEMV=0`: the small-batch kernels stand aside (for comparisons).
@@ -128,4 +191,12 @@ pub const SWIGLU_LINEAR_MAX_ROWS: usize = 2;
 fn small_batch_gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0"))
+}
+
+/// `DELTASERVE_FUSED_NORM=0`: the norms run as kernels of their own before the projections (for
+/// comparisons).
+#[cfg(feature = "cuda")]
+fn fused_norm_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_FUSED_NORM").is_ok_and(|v| v == "0"))
 }

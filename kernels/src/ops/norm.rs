@@ -40,3 +40,22 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     norm::gated_rms_norm(&mut v, zs.as_deref(), &cpu_f32(OP, weight)?, eps, act);
     Ok(Tensor::from_vec(v, x.shape(), x.device())?.to_dtype(dtype)?)
 }
+
+/// The seam between pre-norm sub-blocks (fla's fused add + RMSNorm): `r = h + delta` in fp32
+/// and `x = r / sqrt(mean(r²) + eps) · weight` rounded to `dtype`, for `h` `[N, D]` f32 and
+/// `delta` `[N, D]` (or none). Returns `(r, x)`. One kernel on the GPU for contiguous inputs with
+/// `delta` in `dtype`; candle's ops otherwise.
+pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f32, dtype: DType) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() {
+        if let Some(out) = crate::cuda::add_rms_norm(h, delta, weight, eps, dtype)? {
+            return Ok(out);
+        }
+    }
+    let r = match delta {
+        Some(d) => (d.to_dtype(DType::F32)? + h)?,
+        None => h.clone(),
+    };
+    let x = candle_nn::ops::rms_norm(&r, weight, eps)?.to_dtype(dtype)?;
+    Ok((r, x))
+}

@@ -1,0 +1,115 @@
+// The small-batch GEMV (gemv.cu, gemv_staged.cu): y = x Wᵀ for a few rows of x (a decode
+// step's projections: every weight is read once, so the step is bound by how fast W streams
+// in). W [N, K] row-major, x [B, K] with row stride ldx, y [B, N] contiguous, all in the activation dtype T; fp32 accumulation, rounded once. The
+// rows of x come through a loader X (gemv.cu: rows as they lie, or the MLP's x = silu(gate) · up
+// formed on the fly from the gate/up halves of the fused projection, rounded to T exactly as
+// swiglu.cu would store it; gemv_staged.cu: rows a prologue formed in shared memory).
+#pragma once
+#include "common.cuh"
+#include "dtype.cuh"
+
+// Output rows a warp computes (their loads are in flight together).
+#define GEMV_ROWS 2
+
+// x's rows as they are: eight elements of row b from column k.
+template <typename T>
+struct PlainRows {
+  const T* x;
+  long ldx;
+  __device__ __forceinline__ void load(float (&d)[8], int b, int k) const { load_vec<8>(d, x + (size_t)b * ldx + k); }
+  __device__ __forceinline__ void skip(int rows) { x += (size_t)rows * ldx; }
+};
+
+// x = silu(gate) · up, rounded to T (swiglu.cu's arithmetic), from rows of gate and up.
+template <typename T>
+struct SwigluRows {
+  const T* gate;
+  const T* up;
+  long ld;
+  __device__ __forceinline__ void skip(int rows) {
+    gate += (size_t)rows * ld;
+    up += (size_t)rows * ld;
+  }
+  __device__ __forceinline__ void load(float (&d)[8], int b, int k) const {
+    float g[8], u[8];
+    load_vec<8>(g, gate + (size_t)b * ld + k);
+    load_vec<8>(u, up + (size_t)b * ld + k);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d[i] = to_f32(from_f32<T>(ds_silu(g[i]) * u[i]));
+  }
+};
+
+// Blocks of 8 warps. A warp takes GEMV_ROWS rows of W and one of `splits` slices of K (whole
+// 256-column steps), walking it in 16-byte pieces (eight elements a lane, 256 a warp) for all
+// NB rows of x at once (X loads them); the `splits` warps of a row pair sit side by side in a
+// block and add their partial sums through shared memory in a fixed order. Grid
+// (row groups, ceil(N·splits / (8·GEMV_ROWS))): blockIdx.x picks NB rows of x (and of y), so
+// the blocks that read one slice of W run side by side and share it through L2; a row's sums
+// do not depend on NB or on the other rows. Splitting K gives rows few enough to leave SMs idle (N =
+// 2048: 128 blocks) more warps to keep loads in flight. K, the row strides and the addresses
+// are multiples of 8 elements (checked by the launcher).
+template <typename T, int NB, typename X>
+__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits) {
+  __shared__ float part[8][GEMV_ROWS][NB];
+  const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int s = wib % splits;
+  const int n0 = (blockIdx.y * (8 / splits) + wib / splits) * GEMV_ROWS;
+  x.skip(blockIdx.x * NB);
+  y += (size_t)blockIdx.x * NB * N;
+  const int steps = (K + 255) / 256, per = (steps + splits - 1) / splits;
+  const int k_end = min(K, (s + 1) * per * 256);
+  float acc[GEMV_ROWS][NB] = {};
+  if (n0 < N) {
+#pragma unroll 4
+    for (int k = s * per * 256 + lane * 8; k < k_end; k += 256) {
+      float wv[GEMV_ROWS][8];
+#pragma unroll
+      for (int r = 0; r < GEMV_ROWS; ++r) {
+        if (n0 + r < N) {
+          load_vec<8>(wv[r], w + (size_t)(n0 + r) * K + k);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wv[r][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        float xv[8];
+        x.load(xv, b, k);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][b] += wv[r][i] * xv[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[r][b] = warp_sum(acc[r][b]);
+  if (splits > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+        for (int b = 0; b < NB; ++b) part[wib][r][b] = acc[r][b];
+    }
+    __syncthreads();
+    if (s != 0) return;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        acc[r][b] = part[wib][r][b];
+        for (int j = 1; j < splits; ++j) acc[r][b] += part[wib + j][r][b];
+      }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+      if (n0 + r < N)
+#pragma unroll
+        for (int b = 0; b < NB; ++b) y[(size_t)b * N + n0 + r] = from_f32<T>(acc[r][b]);
+  }
+}
+

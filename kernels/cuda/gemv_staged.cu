@@ -1,0 +1,99 @@
+// A decode step's projection with the RMSNorm before it folded in (the block seam's residual
+// add + norm, the mixer's gated output norm): every block first forms the step's normalised
+// rows of x in shared memory, then streams its rows of W as gemv.cu does. One launch and one
+// round trip of x fewer per norm; each norm of a decode step was a latency-bound launch of its
+// own. The prologues compute what norm.cu's kernels compute, in the same order, so y equals
+// their output fed to gemv.cu bit for bit.
+#include "gemv.cuh"
+#include "norm.cuh"
+
+// NB rows of x, [NB, K] in T, formed by the prologue in dynamic shared memory.
+template <typename T>
+struct StagedRows {
+  const T* x;
+  int K;
+  __device__ __forceinline__ void load(float (&d)[8], int b, int k) const { load_vec<8>(d, x + (size_t)b * K + k); }
+  __device__ __forceinline__ void skip(int) {}
+};
+
+extern __shared__ __align__(16) unsigned char gemv_stage[];
+
+// add_rms_norm's arithmetic (norm.cu: a row over 256 threads, thread t summing r² over
+// i = t, t + 256, ... in order, then the warp, then the 8 warps in order): r = h + delta in fp32,
+// x = r / sqrt(mean(r²) + eps) · nw rounded to T. h [NB, K] f32, delta [NB, K] T (or null);
+// writes r [NB, K] when `write_r` (one block column does).
+template <typename T, int NB>
+__device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ nw,
+                               float* __restrict__ r, T* xs, int K, float eps, bool write_r) {
+  __shared__ float part[8][NB];
+  const int tid = threadIdx.x;
+  float ss[NB];
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    ss[b] = 0.0f;
+    for (int i = tid; i < K; i += 256) {
+      const float v = h[(size_t)b * K + i] + (delta ? to_f32(delta[(size_t)b * K + i]) : 0.0f);
+      ss[b] += v * v;
+    }
+    ss[b] = warp_sum(ss[b]);
+    if ((tid & 31) == 0) part[tid >> 5][b] = ss[b];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    float total = 0.0f;
+    for (int j = 0; j < 8; ++j) total += part[j][b];
+    const float inv = rsqrtf(total / K + eps);
+    for (int i = tid; i < K; i += 256) {
+      const size_t at = (size_t)b * K + i;
+      const float v = h[at] + (delta ? to_f32(delta[at]) : 0.0f);
+      if (write_r) r[at] = v;
+      xs[at] = from_f32<T>(v * inv * nw[i]);
+    }
+  }
+  __syncthreads();
+}
+
+// gated_rms_norm's arithmetic (norm.cuh's gated_norm_row, a warp a head row; few elements kept
+// in registers, which the GEMV after it needs for its occupancy): o [NB·heads, Vd] f32, gate z (T, or null) with `heads` rows of o in each of its rows
+// (row stride ldz), x = o / sqrt(mean(o²) + eps) · nw · act(z) rounded to T, [NB, heads·Vd].
+template <typename T, int NB>
+__device__ void stage_gated_norm(const float* __restrict__ o, const T* __restrict__ z, long ldz, int heads,
+                                 const float* __restrict__ nw, T* xs, int Vd, float eps, int act_sigmoid) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int row = warp; row < NB * heads; row += 8) {
+    const T* zr = z ? z + (size_t)(row / heads) * ldz + (size_t)(row % heads) * Vd : nullptr;
+    gated_norm_row<2, T, T>(o + (size_t)row * Vd, zr, nw, xs + (size_t)row * Vd, Vd, eps, act_sigmoid, lane);
+  }
+  __syncthreads();
+}
+
+// add_norm_gemv_{dtype}_b{NB}: y = norm(h + delta) Wᵀ and r = h + delta (written by the blocks
+// of column 0). gated_norm_gemv_{dtype}_b{NB}: y = gated_norm(o, z) Wᵀ, K = heads · Vd. One
+// One group of NB rows (gridDim.x = 1); dynamic shared memory NB · K elements of T.
+#define STAGED_GEMV_ENTRY(T, NAME, NB)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(256)                                                                  \
+      add_norm_gemv_##NAME##_b##NB(const float* h, const T* delta, const float* nw, float eps, float* r, const T* w,  \
+                                   T* y, int N, int K, int splits) {                                                 \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
+    stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
+    gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256)                                                                  \
+      gated_norm_gemv_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw, float eps,    \
+                                     int act_sigmoid, const T* w, T* y, int N, int K, int splits) {                  \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
+    stage_gated_norm<T, NB>(o, z, ldz, heads, nw, xs, K / heads, eps, act_sigmoid);                                  \
+    gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
+  }
+#define STAGED_GEMV_ENTRIES(T, NAME) \
+  STAGED_GEMV_ENTRY(T, NAME, 1)      \
+  STAGED_GEMV_ENTRY(T, NAME, 2)      \
+  STAGED_GEMV_ENTRY(T, NAME, 3)      \
+  STAGED_GEMV_ENTRY(T, NAME, 4)      \
+  STAGED_GEMV_ENTRY(T, NAME, 5)      \
+  STAGED_GEMV_ENTRY(T, NAME, 6)      \
+  STAGED_GEMV_ENTRY(T, NAME, 7)      \
+  STAGED_GEMV_ENTRY(T, NAME, 8)
+STAGED_GEMV_ENTRIES(__nv_bfloat16, bf16)
+STAGED_GEMV_ENTRIES(__half, f16)

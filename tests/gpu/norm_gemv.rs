@@ -1,0 +1,129 @@
+//! The norms folded into a decode step's projections (gemv_staged.cu) against the two kernels
+//! they replace: the kernels at every B they take, and the ops that pick them where they win.
+
+use candle_core::{DType, Device, Tensor};
+use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv};
+use deltaserve_kernels::ops::{
+    add_rms_norm, gated_rms_norm, small_batch_add_norm_linear, small_batch_gated_norm_linear, small_batch_linear, ADD_NORM_LINEAR_MAX_ROWS,
+    GATED_NORM_LINEAR_MAX_HEAD_ROWS,
+};
+use deltaserve_kernels::GateActivation;
+use deltaserve_tests::{rel_err, values};
+use rand::{Rng, SeedableRng};
+
+/// Uniform random values on the CPU.
+fn uniform(rng: &mut rand::rngs::StdRng, dims: &[usize], lo: f32, hi: f32) -> Tensor {
+    let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(lo..hi)).collect();
+    Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+}
+
+/// The block seam folded into the next projection: `(r, y)` equal the add + RMSNorm kernel
+/// followed by the small-batch projection bit for bit, for B = 1..8, bf16 and f16, with and
+/// without a delta, at a model's width (K = 2048, N split over warps) and a narrow odd one; r
+/// equals h + delta computed on the CPU exactly, and y the f32 math on the CPU rounded once. The
+/// op takes the kernel up to `ADD_NORM_LINEAR_MAX_ROWS` rows and leaves more to the two steps;
+/// rows past what the stage holds, and B = 9, are declined.
+pub fn gpu_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let eps = 1e-6f32;
+    for (n, k) in [(3072usize, 2048usize), (37, 264)] {
+        let (w, h, delta) =
+            (uniform(&mut rng, &[n, k], -1.0, 1.0), uniform(&mut rng, &[8, k], -4.0, 4.0), uniform(&mut rng, &[8, k], -2.0, 2.0));
+        let nw = uniform(&mut rng, &[k], 0.5, 1.5);
+        for dtype in [DType::BF16, DType::F16] {
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let (wg, nwg) = (on(&w.to_dtype(dtype).unwrap()), on(&nw));
+            for b in 1..=8 {
+                for with_delta in [true, false] {
+                    let hb = h.narrow(0, 0, b).unwrap();
+                    let db = delta.narrow(0, 0, b).unwrap().to_dtype(dtype).unwrap();
+                    let (hg, dg) = (on(&hb), on(&db));
+                    let dg = with_delta.then_some(&dg);
+                    let (r, y) = add_norm_gemv(&hg, dg, &nwg, eps, &wg).unwrap().expect("the fused kernel takes this input");
+                    let op = small_batch_add_norm_linear(&hg, dg, &nwg, eps, &wg).unwrap();
+                    assert_eq!(op.is_some(), b <= ADD_NORM_LINEAR_MAX_ROWS, "B={b}: fused by the op up to {ADD_NORM_LINEAR_MAX_ROWS} rows");
+                    if let Some((r_op, y_op)) = op {
+                        assert_eq!((values(&r_op), values(&y_op)), (values(&r), values(&y)), "B={b}: the op's fused result");
+                    }
+                    let (r2, x2) = add_rms_norm(&hg, dg, &nwg, eps, dtype).unwrap();
+                    let y2 = small_batch_linear(&x2, &wg).unwrap().unwrap();
+                    let what = format!("{dtype:?} B={b} N={n} K={k} delta={with_delta}");
+                    assert_eq!((y.dims(), y.dtype(), r.dims()), (&[b, n][..], dtype, &[b, k][..]), "{what}: shapes");
+                    assert_eq!(values(&r), values(&r2), "{what}: r against the norm kernel's");
+                    assert_eq!(values(&y), values(&y2), "{what}: y against the two kernels'");
+                    // Against the CPU: r exactly, y from the f32 math rounded once.
+                    let r_cpu = if with_delta { (db.to_dtype(DType::F32).unwrap() + &hb).unwrap() } else { hb.clone() };
+                    assert_eq!(values(&r), values(&r_cpu), "{what}: r = h + delta");
+                    let ms = r_cpu.sqr().unwrap().mean_keepdim(1).unwrap();
+                    let x = r_cpu.broadcast_div(&(ms + eps as f64).unwrap().sqrt().unwrap()).unwrap().broadcast_mul(&nw).unwrap();
+                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                    let want = f(&x.to_dtype(dtype).unwrap()).matmul(&f(&w.to_dtype(dtype).unwrap()).t().unwrap()).unwrap();
+                    let e = rel_err(&values(&y), &values(&want.to_dtype(dtype).unwrap()));
+                    assert!(e <= 1e-2, "{what}: {e:.3e} from the CPU");
+                    if b == 8 && with_delta {
+                        println!("GPU add + RMSNorm folded into the projection {dtype:?} N={n} K={k}: equal bit for bit to the two kernels (B = 1..8); {e:.2e} from the CPU at B=8");
+                    }
+                }
+            }
+        }
+    }
+    let on = |t: Tensor| t.to_device(dev).unwrap();
+    let (nine, wide) = (on(uniform(&mut rng, &[9, 64], -1.0, 1.0)), on(uniform(&mut rng, &[8, 8192], -1.0, 1.0)));
+    let w64 = on(uniform(&mut rng, &[16, 64], -1.0, 1.0).to_dtype(DType::BF16).unwrap());
+    let w_wide = on(uniform(&mut rng, &[16, 8192], -1.0, 1.0).to_dtype(DType::BF16).unwrap());
+    let (nw64, nw_wide) =
+        (on(Tensor::ones(64, DType::F32, &Device::Cpu).unwrap()), on(Tensor::ones(8192, DType::F32, &Device::Cpu).unwrap()));
+    assert!(add_norm_gemv(&nine, None, &nw64, eps, &w64).unwrap().is_none(), "B = 9 is left to the two steps");
+    assert!(add_norm_gemv(&wide, None, &nw_wide, eps, &w_wide).unwrap().is_none(), "8 rows of 8192 exceed the stage");
+}
+
+/// The mixer's gated output norm folded into `o_proj`: equal bit for bit to the gated norm
+/// kernel followed by the small-batch projection, for B = 1..8, bf16 and f16, swish and sigmoid
+/// gates read in place from a wider projection, and no gate, at the 1.39B model's head shape
+/// (6 heads of 512) and Qwen3.5's (32 of 128). The op takes the kernel while B · H ≤
+/// `GATED_NORM_LINEAR_MAX_HEAD_ROWS` and leaves more to the two steps.
+pub fn gpu_gated_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    let eps = 1e-5f32;
+    for (heads, vd, n) in [(6usize, 512usize, 2048usize), (32, 128, 200)] {
+        let k = heads * vd;
+        let (w, o, proj) = (
+            uniform(&mut rng, &[n, k], -1.0, 1.0),
+            uniform(&mut rng, &[8, heads, vd], -1.0, 1.0),
+            uniform(&mut rng, &[8, k + 40], -3.0, 3.0),
+        );
+        let nw = uniform(&mut rng, &[vd], 0.5, 1.5);
+        for dtype in [DType::BF16, DType::F16] {
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let (wg, nwg, pg) = (on(&w.to_dtype(dtype).unwrap()), on(&nw), on(&proj.to_dtype(dtype).unwrap()));
+            for b in 1..=8 {
+                let og = on(&o.narrow(0, 0, b).unwrap());
+                let z = pg.narrow(0, 0, b).unwrap().narrow(1, 40, k).unwrap();
+                for (act, gated) in [(GateActivation::Swish, true), (GateActivation::Sigmoid, true), (GateActivation::Swish, false)] {
+                    let z = gated.then_some(&z);
+                    let y = gated_norm_gemv(&og, z, &nwg, eps, act == GateActivation::Sigmoid, &wg)
+                        .unwrap()
+                        .expect("the fused kernel takes this input");
+                    let op = small_batch_gated_norm_linear(&og, z, &nwg, eps, act, &wg).unwrap();
+                    assert_eq!(op.is_some(), b * heads <= GATED_NORM_LINEAR_MAX_HEAD_ROWS, "B={b} H={heads}: the op's choice");
+                    if let Some(y_op) = op {
+                        assert_eq!(values(&y_op), values(&y), "B={b} H={heads}: the op's fused result");
+                    }
+                    let x = gated_rms_norm(&og, z, &nwg, eps, act, dtype).unwrap().reshape((b, k)).unwrap();
+                    let y2 = small_batch_linear(&x, &wg).unwrap().unwrap();
+                    assert_eq!((y.dims(), y.dtype()), (&[b, n][..], dtype), "shape and dtype");
+                    assert_eq!(values(&y), values(&y2), "{dtype:?} B={b} {heads}x{vd} {act:?} gated={gated}: against the two kernels");
+                }
+            }
+            // A sanity bound against the CPU op at B = 8 (the bits are pinned above).
+            let z = proj.narrow(1, 40, k).unwrap().to_dtype(dtype).unwrap();
+            let x = gated_rms_norm(&o, Some(&z), &nw, eps, GateActivation::Swish, dtype).unwrap().reshape((8, k)).unwrap();
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = f(&x).matmul(&f(&w.to_dtype(dtype).unwrap()).t().unwrap()).unwrap().to_dtype(dtype).unwrap();
+            let got = gated_norm_gemv(&on(&o), Some(&pg.narrow(1, 40, k).unwrap()), &nwg, eps, false, &wg).unwrap().unwrap();
+            let e = rel_err(&values(&got), &values(&want));
+            println!("GPU gated norm folded into o_proj {dtype:?} {heads}x{vd}: equal bit for bit to the two kernels (B = 1..8); {e:.2e} from the CPU at B=8");
+            assert!(e <= 1e-2, "{dtype:?} {heads}x{vd}: {e:.3e} from the CPU");
+        }
+    }
+}
