@@ -19,12 +19,17 @@ type GpuTest = (&'static str, fn(&Device));
 
 // Calls the CUDA kernels' launchers directly (every B they take, not only those the ops pick).
 #[cfg(feature = "cuda")]
+#[path = "gpu/gemm.rs"]
+mod gemm;
+#[cfg(feature = "cuda")]
 #[path = "gpu/norm_gemv.rs"]
 mod norm_gemv;
 #[path = "gpu/sampling.rs"]
 mod sampling;
 
 const TESTS: &[GpuTest] = &[
+    #[cfg(feature = "cuda")]
+    ("gpu_gemm_matches_cpu", gemm::gpu_gemm_matches_cpu),
     #[cfg(feature = "cuda")]
     ("gpu_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_norm_folded_into_gemv_equals_two_kernels),
     #[cfg(feature = "cuda")]

@@ -123,6 +123,11 @@ pub fn parse_device(s: &str) -> Result<Device> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = &dev {
         deltaserve_kernels::cuda::retain_freed_memory(d)?;
+        // cudarc gives every allocation two CUDA events to order its use across streams; the
+        // engine runs one stream a device, and creating and destroying them was 30% of a short
+        // prefill pass's host time (5.2 against 3.6 ms for 64 tokens of the 1.39B model).
+        // SAFETY: no other stream is created on this context, so there is nothing to order.
+        unsafe { d.disable_event_tracking() };
     }
     Ok(dev)
 }

@@ -18,6 +18,10 @@ use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
 use deltaserve_kernels::ops::{gated_delta_prefill_packed, gated_delta_step, MixerInputs};
 use deltaserve_kernels::SlotBuffer;
 
+#[cfg(feature = "cuda")]
+mod gemm;
+mod passes;
+
 #[derive(Debug, Parser)]
 struct Args {
     /// Skip the whole-model section (it writes a 2.8 GB random checkpoint).
@@ -33,9 +37,9 @@ struct Args {
     /// `DELTASERVE_DECODE_KERNEL=w8_r16_c4_b2` and the other shapes gated_delta.cu compiles).
     #[arg(long)]
     decode_only: bool,
-    /// Load the whole model and run one prefill of each mixer precision and one batch-1 decode
-    /// step between cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`; no
-    /// tables.
+    /// Load the whole model and run one T=4096 prefill with the bf16 mixer (the default for bf16
+    /// models) between cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`
+    /// (`benches/prefill_profile.sh`); no tables.
     #[arg(long)]
     profile_prefill: bool,
     /// Load the whole model and replay one captured decode step of this batch size between
@@ -50,6 +54,15 @@ struct Args {
     /// server batches prompt chunks), each mixer precision, with and without grid snapshots.
     #[arg(long)]
     small_prefill: bool,
+    /// Only the whole model's pass host costs: the host's time to enqueue a short prefill pass
+    /// against its wall time, with cudarc's event tracking on and off, and single ops' host
+    /// costs at a pass's row counts.
+    #[arg(long)]
+    host_cost: bool,
+    /// Only the prefill projections as GEMMs: candle's cuBLAS call against cublasLt at the
+    /// model's shapes and a pass's row counts (`benches/gemm_torch.py` times PyTorch's).
+    #[arg(long)]
+    gemm_only: bool,
     /// Only the decode-step fused projection tables (SwiGLU and down projection, norms and the
     /// projections after them: two kernels or one).
     #[arg(long)]
@@ -466,7 +479,11 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         params as f64 / 1e9
     );
     if args.small_prefill {
-        return small_prefill_table(&model, dev, args.reps);
+        return passes::small_prefill_table(&model, dev, args.reps);
+    }
+    #[cfg(feature = "cuda")]
+    if args.host_cost {
+        return passes::host_cost_table(&model, dev, args.reps);
     }
     let mut pool = model.new_pool(64)?;
     let t = 4096;
@@ -493,21 +510,11 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
     #[cfg(feature = "cuda")]
     if args.profile_prefill {
-        use candle_core::cuda_backend::cudarc::driver::profiler_start;
-        use candle_core::cuda_backend::cudarc::driver::profiler_stop;
-        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
-            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
-            dev.synchronize()?;
-            profiler_start()?;
-            model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
-            dev.synchronize()?;
-            profiler_stop()?;
-        }
-        let batch = [(slot, 7u32)];
-        model.decode(&mut pool, &batch)?;
+        use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
+        model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::ChunkedBf16)?;
         dev.synchronize()?;
         profiler_start()?;
-        model.decode(&mut pool, &batch)?;
+        model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::ChunkedBf16)?;
         dev.synchronize()?;
         profiler_stop()?;
         return Ok(());
@@ -546,75 +553,6 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         }
         for s in slots {
             pool.release(s)?;
-        }
-    }
-    Ok(())
-}
-
-/// Short packed prefills of the whole model: B sequences of T tokens each in one pass, host
-/// time to the logits on the host (what a server step waits for), per mixer precision; the
-/// snapshot column captures every 64-token grid point of each sequence on the way.
-fn small_prefill_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
-    use deltaserve_engine::SnapshotAt;
-    println!("| B | T | mixer | snapshots | ms | k tokens/s |");
-    println!("|---|---|---|---|---|---|");
-    let vocab = model.config().common.vocab_size as u32;
-    for (b, t) in [(1usize, 64usize), (1, 84), (1, 256), (1, 512), (1, 2048), (4, 512), (8, 64), (8, 160), (8, 256), (16, 128), (32, 64)] {
-        let size = deltaserve_engine::state::PoolSize { snapshots: b * (t / 64), ..deltaserve_engine::state::PoolSize::for_tokens(b, t) };
-        let mut pool = model.new_pool_sized(size)?;
-        let tokens: Vec<Vec<u32>> = (0..b).map(|s| (0..t as u32).map(|i| (i * 7919 + 13 + s as u32 * 101) % vocab).collect()).collect();
-        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
-            for snap in [false, true] {
-                let ms = median_ms(dev, reps, || {
-                    // Fresh (zeroed) slots each time, as new requests get.
-                    let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
-                    let batch: Vec<_> = slots.iter().zip(&tokens).map(|(s, t)| (*s, t.as_slice())).collect();
-                    let mut at = Vec::new();
-                    if snap {
-                        for seq in 0..b {
-                            for k in 1..=t / 64 {
-                                let id = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
-                                at.push(SnapshotAt { seq, tokens: k * 64, snap: id });
-                            }
-                        }
-                    }
-                    let logits = model.prefill_many_with(&mut pool, &batch, algo, &at)?;
-                    let _host = logits.to_vec2::<f32>()?;
-                    for a in at {
-                        pool.drop_snapshot(a.snap)?;
-                    }
-                    for s in slots {
-                        pool.release(s)?;
-                    }
-                    Ok(())
-                })?;
-                println!("| {b} | {t} | {algo:?} | {snap} | {ms:.2} | {:.1} |", (b * t) as f64 / ms);
-            }
-        }
-    }
-    // A server's cached turn: restore a 2,048-token prefix from its snapshot, then prefill
-    // the rest of the turn (not a multiple of 64 tokens) from there.
-    println!("\n| continued from | T | mixer | restore | ms |");
-    println!("|---|---|---|---|---|");
-    let size = deltaserve_engine::state::PoolSize { snapshots: 1, ..deltaserve_engine::state::PoolSize::for_tokens(1, 4096) };
-    let mut pool = model.new_pool_sized(size)?;
-    let prefix: Vec<u32> = (0..2048u32).map(|i| (i * 7919 + 13) % 32000).collect();
-    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
-    let snap = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
-    model.prefill_many_with(&mut pool, &[(slot, &prefix)], PrefillAlgo::Chunked, &[SnapshotAt { seq: 0, tokens: 2048, snap }])?;
-    for t in [51usize, 64, 84, 128] {
-        let rest: Vec<u32> = (0..t as u32).map(|i| (i * 31 + 5) % 32000).collect();
-        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
-            for restore in [false, true] {
-                let ms = median_ms(dev, reps, || {
-                    if restore {
-                        pool.restore(snap, slot)?;
-                    }
-                    let _host = model.prefill_many_with(&mut pool, &[(slot, &rest)], algo, &[])?.to_vec2::<f32>()?;
-                    Ok(())
-                })?;
-                println!("| 2048 | {t} | {algo:?} | {restore} | {ms:.2} |");
-            }
         }
     }
     Ok(())
@@ -774,6 +712,10 @@ fn main() -> anyhow::Result<()> {
         }
     };
     #[cfg(feature = "cuda")]
+    if args.gemm_only {
+        return gemm::gemm_table(&dev);
+    }
+    #[cfg(feature = "cuda")]
     if args.attention_only {
         return attention_table(&dev, args.reps);
     }
@@ -791,7 +733,7 @@ fn main() -> anyhow::Result<()> {
         mlp_table(&dev, args.reps)?;
         return norm_table(&dev, args.reps);
     }
-    if args.profile_prefill || args.profile_decode.is_some() || args.model_only || args.small_prefill {
+    if args.profile_prefill || args.profile_decode.is_some() || args.model_only || args.small_prefill || args.host_cost {
         return model_table(&dev, &args);
     }
     prefill_table(&dev, args.reps, &fla)?;

@@ -1,0 +1,191 @@
+//! Whole prefill passes of the model: short packed passes as the server batches prompt chunks,
+//! and where a pass's host time goes (enqueueing its launches against the GPU's work).
+
+use candle_core::Device;
+use deltaserve_engine::{CausalLm, PrefillAlgo};
+
+use super::median_ms;
+
+/// Short packed prefills of the whole model: B sequences of T tokens each in one pass, host
+/// time to the logits on the host (what a server step waits for), per mixer precision; the
+/// snapshot column captures every 64-token grid point of each sequence on the way.
+pub(super) fn small_prefill_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_engine::SnapshotAt;
+    println!("| B | T | mixer | snapshots | ms | k tokens/s |");
+    println!("|---|---|---|---|---|---|");
+    let vocab = model.config().common.vocab_size as u32;
+    for (b, t) in [(1usize, 64usize), (1, 84), (1, 256), (1, 512), (1, 2048), (4, 512), (8, 64), (8, 160), (8, 256), (16, 128), (32, 64)] {
+        let size = deltaserve_engine::state::PoolSize { snapshots: b * (t / 64), ..deltaserve_engine::state::PoolSize::for_tokens(b, t) };
+        let mut pool = model.new_pool_sized(size)?;
+        let tokens: Vec<Vec<u32>> = (0..b).map(|s| (0..t as u32).map(|i| (i * 7919 + 13 + s as u32 * 101) % vocab).collect()).collect();
+        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+            for snap in [false, true] {
+                let ms = median_ms(dev, reps, || {
+                    // Fresh (zeroed) slots each time, as new requests get.
+                    let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+                    let batch: Vec<_> = slots.iter().zip(&tokens).map(|(s, t)| (*s, t.as_slice())).collect();
+                    let mut at = Vec::new();
+                    if snap {
+                        for seq in 0..b {
+                            for k in 1..=t / 64 {
+                                let id = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
+                                at.push(SnapshotAt { seq, tokens: k * 64, snap: id });
+                            }
+                        }
+                    }
+                    let logits = model.prefill_many_with(&mut pool, &batch, algo, &at)?;
+                    let _host = logits.to_vec2::<f32>()?;
+                    for a in at {
+                        pool.drop_snapshot(a.snap)?;
+                    }
+                    for s in slots {
+                        pool.release(s)?;
+                    }
+                    Ok(())
+                })?;
+                println!("| {b} | {t} | {algo:?} | {snap} | {ms:.2} | {:.1} |", (b * t) as f64 / ms);
+            }
+        }
+    }
+    // A server's cached turn: restore a 2,048-token prefix from its snapshot, then prefill
+    // the rest of the turn (not a multiple of 64 tokens) from there.
+    println!("\n| continued from | T | mixer | restore | ms |");
+    println!("|---|---|---|---|---|");
+    let size = deltaserve_engine::state::PoolSize { snapshots: 1, ..deltaserve_engine::state::PoolSize::for_tokens(1, 4096) };
+    let mut pool = model.new_pool_sized(size)?;
+    let prefix: Vec<u32> = (0..2048u32).map(|i| (i * 7919 + 13) % 32000).collect();
+    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+    let snap = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
+    model.prefill_many_with(&mut pool, &[(slot, &prefix)], PrefillAlgo::Chunked, &[SnapshotAt { seq: 0, tokens: 2048, snap }])?;
+    for t in [51usize, 64, 84, 128] {
+        let rest: Vec<u32> = (0..t as u32).map(|i| (i * 31 + 5) % 32000).collect();
+        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+            for restore in [false, true] {
+                let ms = median_ms(dev, reps, || {
+                    if restore {
+                        pool.restore(snap, slot)?;
+                    }
+                    let _host = model.prefill_many_with(&mut pool, &[(slot, &rest)], algo, &[])?.to_vec2::<f32>()?;
+                    Ok(())
+                })?;
+                println!("| 2048 | {t} | {algo:?} | {restore} | {ms:.2} |");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A named op call, timed by [`per_call_us`].
+#[cfg(feature = "cuda")]
+type Case<'a> = (&'static str, Box<dyn FnMut() -> anyhow::Result<()> + 'a>);
+
+/// A timed call's result, dropped.
+#[cfg(feature = "cuda")]
+pub(super) fn done<T, E: Into<anyhow::Error>>(r: Result<T, E>) -> anyhow::Result<()> {
+    r.map(drop).map_err(Into::into)
+}
+
+/// Host microseconds a call to enqueue `f` (`calls` calls back to back, no synchronisation
+/// between them) and wall microseconds a call once the GPU has finished them all.
+#[cfg(feature = "cuda")]
+fn per_call_us(dev: &Device, calls: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<(f64, f64)> {
+    for _ in 0..3 {
+        f()?;
+    }
+    dev.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..calls {
+        f()?;
+    }
+    let enqueue = t0.elapsed().as_secs_f64();
+    dev.synchronize()?;
+    let wall = t0.elapsed().as_secs_f64();
+    Ok((enqueue * 1e6 / calls as f64, wall * 1e6 / calls as f64))
+}
+
+/// Where a short prefill pass's time goes: the host's time to enqueue the whole pass against
+/// the pass's wall time to the logits on the host, with cudarc's per-allocation event tracking
+/// on (candle's default) and off; then the host cost of single ops at a pass's row counts.
+#[cfg(feature = "cuda")]
+pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use candle_core::{DType, Tensor};
+    use deltaserve_kernels::{ops, GateActivation};
+    let Device::Cuda(cuda) = dev else { anyhow::bail!("host_cost_table needs a CUDA device") };
+    let ctx = cuda.cuda_stream().context().clone();
+    let vocab = model.config().common.vocab_size as u32;
+    println!("| event tracking | B | T | enqueue ms | wall ms |");
+    println!("|---|---|---|---|---|");
+    for tracking in [true, false] {
+        // SAFETY: one stream, so there is nothing for the events to order.
+        unsafe {
+            if tracking {
+                ctx.enable_event_tracking()
+            } else {
+                ctx.disable_event_tracking()
+            }
+        }
+        for (b, t) in [(1usize, 64usize), (1, 512), (4, 512), (8, 64)] {
+            let mut pool = model.new_pool_sized(deltaserve_engine::state::PoolSize::for_tokens(b, t))?;
+            let tokens: Vec<Vec<u32>> = (0..b).map(|s| (0..t as u32).map(|i| (i * 7919 + 13 + s as u32 * 101) % vocab).collect()).collect();
+            let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+            let batch: Vec<_> = slots.iter().zip(&tokens).map(|(s, t)| (*s, t.as_slice())).collect();
+            let (mut enq, mut wall) = (Vec::new(), Vec::new());
+            for i in 0..reps + 3 {
+                dev.synchronize()?;
+                let t0 = std::time::Instant::now();
+                let logits = model.prefill_many_with(&mut pool, &batch, PrefillAlgo::ChunkedBf16, &[])?;
+                let e = t0.elapsed().as_secs_f64() * 1e3;
+                let _host = logits.to_vec2::<f32>()?;
+                if i >= 3 {
+                    enq.push(e);
+                    wall.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            enq.sort_by(f64::total_cmp);
+            wall.sort_by(f64::total_cmp);
+            println!("| {tracking} | {b} | {t} | {:.2} | {:.2} |", enq[enq.len() / 2], wall[wall.len() / 2]);
+        }
+    }
+    println!("\n| event tracking | op | rows | host µs a call | wall µs a call |");
+    println!("|---|---|---|---|---|");
+    let d = 2048;
+    for tracking in [true, false] {
+        unsafe {
+            if tracking {
+                ctx.enable_event_tracking()
+            } else {
+                ctx.disable_event_tracking()
+            }
+        }
+        for rows in [64usize, 512] {
+            let x = Tensor::randn(0f32, 1.0, (rows, d), dev)?.to_dtype(DType::BF16)?;
+            let h = Tensor::randn(0f32, 1.0, (rows, d), dev)?;
+            let nw = Tensor::ones(d, DType::F32, dev)?;
+            let w = (Tensor::randn(0f32, 0.02, (9228, d), dev)?).to_dtype(DType::BF16)?;
+            let gu = Tensor::randn(0f32, 1.0, (rows, 2 * 5632), dev)?.to_dtype(DType::BF16)?;
+            let o = Tensor::randn(0f32, 1.0, (rows, 6, 512), dev)?;
+            let z = Tensor::randn(0f32, 1.0, (rows, 3072), dev)?.to_dtype(DType::BF16)?;
+            let ow = Tensor::ones(512, DType::F32, dev)?;
+            let idx: Vec<i32> = (0..24).collect();
+            let mut cases: Vec<Case<'_>> = vec![
+                ("Tensor::zeros bf16 [rows, 2048]", Box::new(|| done(Tensor::zeros((rows, d), DType::BF16, dev)))),
+                ("upload 24 i32 (an index table)", Box::new(|| done(Tensor::new(idx.as_slice(), dev)))),
+                ("to_dtype bf16 → f32 [rows, 2048]", Box::new(|| done(x.to_dtype(DType::F32)))),
+                ("narrow + contiguous [rows, 2048] of [rows, 11264]", Box::new(|| done(gu.narrow(1, 5632, d)?.contiguous()))),
+                ("linear (cuBLAS) [rows, 2048] × [9228, 2048]ᵀ", Box::new(|| done(ops::linear(&x, &w)))),
+                ("add_rms_norm", Box::new(|| done(ops::add_rms_norm(&h, Some(&x), &nw, 1e-6, DType::BF16)))),
+                ("swiglu [rows, 5632] slices", Box::new(|| done(ops::swiglu(&gu.narrow(1, 0, 5632)?, &gu.narrow(1, 5632, 5632)?)))),
+                (
+                    "gated_rms_norm 6 × 512",
+                    Box::new(|| done(ops::gated_rms_norm(&o, Some(&z), &ow, 1e-6, GateActivation::Sigmoid, DType::BF16))),
+                ),
+            ];
+            for (name, f) in cases.iter_mut() {
+                let (host, wall) = per_call_us(dev, 300, f)?;
+                println!("| {tracking} | {name} | {rows} | {host:.1} | {wall:.1} |");
+            }
+        }
+    }
+    unsafe { ctx.enable_event_tracking() };
+    Ok(())
+}
