@@ -289,7 +289,8 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
                 }
                 let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(device).unwrap();
                 let (xw, sw, wt) = (on(&x_wide), on(&step_wide), weight.to_device(device).unwrap());
-                let y = conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act, &[]).unwrap();
+                let y =
+                    conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act, &[], DType::F32).unwrap();
                 let prefill_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
                 let ys = conv_step(&sw.narrow(1, offset, c).unwrap(), &wt, &mut states, &step_slots, act).unwrap();
                 let step_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
@@ -956,11 +957,26 @@ fn gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch(dev: &Device) {
 }
 
 /// Snapshots written inside a GPU prefill pass (the f32 and the bf16 state kernels, the conv
-/// states, shared KV blocks) continue a prompt as a whole prefill does: within the f32 model
-/// tolerance in f32 (bf16's in bf16), with the same greedy token wherever the margin is ≥ 1e-3.
+/// states, shared KV blocks) continue a prompt as a whole prefill does. f32: within the f32
+/// model tolerance, with the same greedy token wherever the margin is ≥ 1e-3. bf16: within
+/// bf16's tolerance by default, where a pass's row count changes the projections' rounding (the
+/// cached pass has fewer rows), and bit for bit with `--batch-invariant`.
 fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
+    use deltaserve_kernels::ops::set_batch_invariant;
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            set_batch_invariant(false);
+        }
+    }
+    let _off = Off;
     for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
-        for (dtype, algo, tol) in [(DType::F32, PrefillAlgo::Chunked, F32_TOL), (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL)] {
+        for (dtype, algo, tol, invariant) in [
+            (DType::F32, PrefillAlgo::Chunked, F32_TOL, false),
+            (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL, false),
+            (BF16, PrefillAlgo::ChunkedBf16, 0.0, true),
+        ] {
+            set_batch_invariant(invariant);
             let m = deltaserve_tests::compact_model(name, dtype, dev);
             let cases = deltaserve_tests::prefix::cached_against_whole(&m, 40 + i as u64, algo);
             assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
@@ -969,17 +985,20 @@ fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
                 for (step, (a, b)) in cached.iter().zip(whole).enumerate() {
                     let e = rel_err(a, b);
                     worst = worst.max(e);
-                    assert!(e <= tol, "{name} {dtype:?}: {case}, step {step}: {e:.3e}");
+                    assert!(e <= tol, "{name} {dtype:?} invariant={invariant}: {case}, step {step}: {e:.3e}");
                     let mut sorted = b.clone();
                     sorted.sort_by(|x, y| y.total_cmp(x));
-                    if (sorted[0] - sorted[1]) as f64 >= GREEDY_MARGIN {
+                    if dtype == DType::F32 && (sorted[0] - sorted[1]) as f64 >= GREEDY_MARGIN {
                         greedy += 1;
                         let top = |v: &[f32]| deltaserve_engine::sampling::argmax(v);
                         assert_eq!(top(a), top(b), "{name} {dtype:?}: {case}, step {step}: greedy token");
                     }
                 }
             }
-            println!("  {name} {dtype:?}: {} cases, worst {worst:.2e}, {greedy} greedy tokens equal", cases.len());
+            println!(
+                "  {name} {dtype:?} batch-invariant={invariant}: {} cases, worst {worst:.2e}, {greedy} greedy tokens compared",
+                cases.len()
+            );
         }
     }
 }

@@ -70,7 +70,7 @@ __device__ __forceinline__ void band_mma(float (&acc)[NB][4], const bf16* a, int
 
 template <int KT, int BV>
 __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                const bf16* __restrict__ W, const bf16* __restrict__ T2, const bf16* __restrict__ P,
+                                long ldv, const bf16* __restrict__ W, const bf16* __restrict__ T2, const bf16* __restrict__ P,
                                 const float* __restrict__ Gin,
                                 float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
                                 const int* __restrict__ snap, int has_snap, float* __restrict__ o, int H, int HV, int K,
@@ -163,7 +163,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     tile_async<CH, K16>((buf ? K1 : K0), KP, k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
     tile_async<CH, CH>((buf ? P1 : P0), TP, P + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
     tile_async<CH, CH>((buf ? T21 : T20), TP, T2 + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
-    tile_async<CH, BV>((buf ? V1 : V0), SB, v + ((size_t)t0 * HV + hv) * V + v0, (size_t)HV * V, L, vw);
+    tile_async<CH, BV>((buf ? V1 : V0), SB, v + (size_t)t0 * ldv + (size_t)hv * V + v0, (size_t)ldv, L, vw);
     if (tid < CH) cp_async4((buf ? G1 : G0) + tid, Gin + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
   };
   if (t_begin < t_end) {
@@ -201,7 +201,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
           prefetch_l2<2 * CH>(T2 + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
         }
       }
-      if constexpr (!DB) prefetch_l2<2 * BV>(v + (r1 * HV + hv) * V + v0, (size_t)HV * V * 2, L1, vw * 2);
+      if constexpr (!DB) prefetch_l2<2 * BV>(v + r1 * ldv + (size_t)hv * V + v0, (size_t)ldv * 2, L1, vw * 2);
     }
 
     float acc[NB][4];
@@ -323,11 +323,11 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
 // Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread), one at KT = 16.
 #define MMA_ENTRY(KT, BV, MINB)                                                                                      \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
-      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, const bf16* W, const bf16* T2,     \
-                                     const bf16* P, const float* G, float* states, const int* cu, const int* slots,  \
+      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* W,           \
+                                     const bf16* T2, const bf16* P, const float* G, float* states, const int* cu, const int* slots,  \
                                      const int* snap, int has_snap, float* o, int H, int HV, int K, int V,          \
                                      float scale) {                                                                  \
-    chunk_mma_state<KT, BV>(q, k, v, W, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);        \
+    chunk_mma_state<KT, BV>(q, k, v, ldv, W, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);   \
   }
 MMA_ENTRY(4, 32, 2)
 MMA_ENTRY(4, 64, 2)

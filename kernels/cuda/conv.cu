@@ -1,6 +1,7 @@
 // Causal depthwise conv1d + SiLU over [q | k | v] projections (model-spec.md §1.3 step 2).
 // Layouts: x [rows, C] token-major in the activation dtype T, row stride ldx (a column slice
-// of the fused input projection is read in place); y [rows, C] f32 contiguous; weight [C, W]
+// of the fused input projection is read in place); y [rows, C] contiguous, f32 or (prefill,
+// `_narrow`) in T as fla's conv outputs it for a bf16 mixer; weight [C, W]
 // f32 (tap W-1 multiplies the current token); conv state per slot [C, W] f32, the last W raw
 // inputs, oldest first. Accumulation is fp32.
 #include "common.cuh"
@@ -27,10 +28,10 @@ __device__ __forceinline__ int seq_of_row(const int* __restrict__ cu, int S, int
 // fixed at compile time (0: W ≤ MAX_W at run time). A fixed width turns the window's shifts
 // into register renames; with a run-time one every element pays MAX_W compares and selects,
 // which made the kernel instruction-bound.
-template <typename T, int CH, int ROWS, int WC>
+template <typename T, typename TO, int CH, int ROWS, int WC>
 __device__ void conv_prefill(const T* __restrict__ x, long ldx, const float* __restrict__ weight,
                              const float* __restrict__ states, const int* __restrict__ cu,
-                             const int* __restrict__ slots, int S, float* __restrict__ y, int rows, int C, int W_,
+                             const int* __restrict__ slots, int S, TO* __restrict__ y, int rows, int C, int W_,
                              int silu) {
   constexpr int MW = WC ? WC : MAX_W;
   const int W = WC ? WC : W_;
@@ -153,17 +154,19 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
 
 // conv_prefill_{dtype}: a channel a thread over 32 rows; _x4: four channels over 16 rows;
 // _w4: conv width 4 (fla's default) fixed at compile time.
-#define CONV_PREFILL_ENTRY(T, NAME, CH, ROWS, WC)                                                                  \
+#define CONV_PREFILL_ENTRY(T, TO, NAME, CH, ROWS, WC)                                                              \
   extern "C" __global__ void conv_prefill_##NAME(const T* x, long ldx, const float* weight, const float* states,   \
-                                                 const int* cu, const int* slots, int S, float* y, int rows, int C, \
+                                                 const int* cu, const int* slots, int S, TO* y, int rows, int C,    \
                                                  int W, int silu) {                                                \
-    conv_prefill<T, CH, ROWS, WC>(x, ldx, weight, states, cu, slots, S, y, rows, C, W, silu);                      \
+    conv_prefill<T, TO, CH, ROWS, WC>(x, ldx, weight, states, cu, slots, S, y, rows, C, W, silu);                  \
   }
+#define CONV_PREFILL_ENTRIES(T, TO, NAME, SUFFIX)                                                                    \
+  CONV_PREFILL_ENTRY(T, TO, NAME##SUFFIX, 1, 32, 0)                                                                  \
+  CONV_PREFILL_ENTRY(T, TO, NAME##_w4##SUFFIX, 1, 32, 4)                                                             \
+  CONV_PREFILL_ENTRY(T, TO, NAME##_x4##SUFFIX, 4, 16, 0)                                                             \
+  CONV_PREFILL_ENTRY(T, TO, NAME##_x4_w4##SUFFIX, 4, 16, 4)
 #define CONV_ENTRIES(T, NAME)                                                                                        \
-  CONV_PREFILL_ENTRY(T, NAME, 1, 32, 0)                                                                              \
-  CONV_PREFILL_ENTRY(T, NAME##_w4, 1, 32, 4)                                                                         \
-  CONV_PREFILL_ENTRY(T, NAME##_x4, 4, 16, 0)                                                                         \
-  CONV_PREFILL_ENTRY(T, NAME##_x4_w4, 4, 16, 4)                                                                      \
+  CONV_PREFILL_ENTRIES(T, float, NAME, )                                                                             \
   extern "C" __global__ void conv_state_##NAME(const T* x, long ldx, float* states, const int* cu, const int* slots, \
                                                int C, int W) {                                                       \
     conv_state<T>(x, ldx, states, cu, slots, C, W);                                                                  \
@@ -176,3 +179,4 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
 CONV_ENTRIES(float, f32)
 CONV_ENTRIES(__nv_bfloat16, bf16)
 CONV_ENTRIES(__half, f16)
+CONV_PREFILL_ENTRIES(__nv_bfloat16, __nv_bfloat16, bf16, _narrow)

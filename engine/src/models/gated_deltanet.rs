@@ -2,7 +2,7 @@
 //! Delta Rule", ICLR 2025, arXiv:2412.06464), as implemented by flash-linear-attention's
 //! `fla/layers/gated_deltanet.py`. Math: model-spec.md §1.3; weights: §1.2; GVA: §1.4.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
 
@@ -233,8 +233,12 @@ impl GatedDeltaNet {
     /// `[ΣT, D]`.
     pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
         let y = self.input.forward_input(x)?;
-        // Steps 1–2: projections, short conv + SiLU.
-        let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs)?;
+        // Steps 1–2: projections, short conv + SiLU. A bf16 mixer on the GPU takes the conv's
+        // output, and the q and k normalised from it, in bf16 as fla's layer computes them (no
+        // casts between).
+        let narrow = algo == PrefillAlgo::ChunkedBf16 && x.dtype() == DType::BF16 && self.a_log.device().is_cuda();
+        let out = if narrow { DType::BF16 } else { DType::F32 };
+        let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs, out)?;
         let (hv, vd) = (self.num_v_heads, self.head_v_dim);
         // Steps 3–7: l2norm of q and k, β and the log-decay in fp32 from the activation-dtype
         // projections (fla ≥ v0.5.1), read in place.

@@ -195,7 +195,7 @@ impl GatedDeltaProduct {
     /// `[ΣT, D]`.
     pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
         let y = self.input.forward_input(x)?;
-        let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs)?;
+        let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs, candle_core::DType::F32)?;
         let (t, h, k, vd, n) = (c.dim(0)?, self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
         // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
         // take it in fp32 from the same projection (one rounding fewer).

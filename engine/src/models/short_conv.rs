@@ -62,11 +62,12 @@ impl ShortConv {
     }
 
     /// Prefill over packed sequences `x` `[ΣT, C]` (rows `cu[s]..cu[s+1]` continue the conv
-    /// state of `slots[s]`, which they update). Returns `[ΣT, C]` f32.
-    pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>) -> Result<Tensor> {
+    /// state of `slots[s]`, which they update). Returns `[ΣT, C]` in `out` (f32, or bf16 for a
+    /// bf16 mixer).
+    pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>, out: DType) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act, seqs.captures)?),
-            None => self.without_conv(x),
+            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act, seqs.captures, out)?),
+            None => Ok(self.without_conv(x)?.to_dtype(out)?),
         }
     }
 

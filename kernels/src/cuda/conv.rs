@@ -4,10 +4,10 @@
 
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::decode::DecodeSlots;
-use super::{cuda_dev, f32c, grid, index_tables, ptx, wrap, DeviceSlots, RowsArg};
+use super::{alloc_rows, cuda_dev, f32c, grid, index_tables, ptx, wrap, DeviceSlots, RowsArg};
 use crate::{KernelError, Result, StepSlots};
 
 /// Rows a thread of `conv_prefill_*` walks, with one channel a thread and (`_x4`) four.
@@ -18,7 +18,8 @@ const BLOCK: usize = 128;
 const MAX_GRID_Y: usize = 65535;
 
 /// Causal conv + SiLU over packed sequences `x` `[Σ T, C]`: sequence `s` owns rows
-/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`. Returns `[Σ T, C]` f32.
+/// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`. Returns `[Σ T, C]` f32,
+/// or with `narrow` (bf16 `x`) bf16.
 ///
 /// Two launches: the outputs, parallel over channels and row tiles, reading the old states;
 /// then the new states (the last W inputs of each sequence).
@@ -29,6 +30,7 @@ pub fn conv_prefill(
     cu_seqlens: &[usize],
     slots: &[usize],
     silu: bool,
+    narrow: bool,
 ) -> Result<Tensor> {
     let dev = cuda_dev(x, "conv_prefill")?;
     let (rows, c) = x.dims2()?;
@@ -43,12 +45,13 @@ pub fn conv_prefill(
             });
         }
     }
-    // SAFETY: the kernel writes every element of y (cu_seqlens covers every row, checked by ops).
-    let mut y = unsafe { dev.alloc::<f32>(rows * c) }?;
-    if rows == 0 || c == 0 {
-        return Ok(wrap(&dev, y, (rows, c)));
-    }
     let xa = RowsArg::new(x)?;
+    let narrow = narrow && xa.suffix == "bf16";
+    // The kernel writes every element of y (cu_seqlens covers every row, checked by ops).
+    let y = alloc_rows(&dev, if narrow { DType::BF16 } else { DType::F32 }, rows, c)?;
+    if rows == 0 || c == 0 {
+        return Ok(y);
+    }
     let weight = f32c(weight)?;
     let (tables, [r_cu, r_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
     let (cu, sl) = (tables.slice(r_cu), tables.slice(r_sl));
@@ -56,16 +59,18 @@ pub fn conv_prefill(
     let (x4, ch, tile) = if xa.vectorisable(4, c) { ("_x4", 4, CONV_ROWS[1]) } else { ("", 1, CONV_ROWS[0]) };
     // fla's default width 4 has kernels with the width compiled in (see conv.cu).
     let w4 = if w == 4 { "_w4" } else { "" };
-    let outputs = dev.get_or_load_custom_func(&format!("conv_prefill_{}{x4}{w4}", xa.suffix), "conv", ptx::CONV)?;
+    let out = if narrow { "_narrow" } else { "" };
+    let outputs = dev.get_or_load_custom_func(&format!("conv_prefill_{}{x4}{w4}{out}", xa.suffix), "conv", ptx::CONV)?;
+    let y_ptr = super::first_element_address_any(&y)?;
     let (si, ri, ci, wi, act) = (slots.len() as i32, rows as i32, c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
         let mut b = outputs.builder();
         b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&si);
-        b.arg(&mut y).arg(&ri).arg(&ci).arg(&wi).arg(&act);
+        b.arg(&y_ptr).arg(&ri).arg(&ci).arg(&wi).arg(&act);
         unsafe { b.launch(grid(c.div_ceil(ch * BLOCK), rows.div_ceil(tile), 1, BLOCK as u32, 0)) }.w()?;
     });
     write_states(&dev, &xa, states, &cu, &sl, slots.len(), c, w)?;
-    Ok(wrap(&dev, y, (rows, c)))
+    Ok(y)
 }
 
 /// Writes into `slots[s]` the conv state after rows `cu_seqlens[s]..cu_seqlens[s+1]` of `x`

@@ -110,7 +110,24 @@ pub fn gated_delta_chunk_tc(
     let lo = !matches!(x.q.dtype(), DType::BF16);
     let dtype = if lo { DType::F32 } else { DType::BF16 };
     let cast = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(dtype)?.contiguous()?) };
-    let (q, kk, vv, beta) = (cast(x.q)?, cast(x.k)?, cast(x.v)?, f32c(x.beta)?);
+    // The bf16 state pass reads v's rows at a stride: the value columns of the conv output are
+    // taken where they lie when their rows are 16-byte aligned (no copy).
+    let v_stride = |t: &Tensor| -> Result<Option<usize>> {
+        let st = t.stride();
+        let in_place = !lo
+            && t.dtype() == DType::BF16
+            && st[2] == 1
+            && st[1] == v
+            && st[0] >= hv * v
+            && st[0].is_multiple_of(8)
+            && v.is_multiple_of(8);
+        Ok((in_place && super::first_element_address::<bf16>(t)?.is_multiple_of(16)).then_some(st[0]))
+    };
+    let (vv, ldv) = match v_stride(x.v)? {
+        Some(ld) => (x.v.clone(), ld as i64),
+        None => (cast(x.v)?, (hv * v) as i64),
+    };
+    let (q, kk, beta) = (cast(x.q)?, cast(x.k)?, f32c(x.beta)?);
     let g = x.g.map(f32c).transpose()?;
     // The chunk table: chunks never cross sequences.
     let (mut crow, mut clen) = (Vec::new(), Vec::new());
@@ -182,7 +199,7 @@ pub fn gated_delta_chunk_tc(
                             let mut l = state.builder();
                             l.arg(&qv).arg(&kv);
                             if !lo {
-                                l.arg(&vv_);
+                                l.arg(&vv_).arg(&ldv);
                             }
                             l.arg(&w)
                                 .arg(&u)

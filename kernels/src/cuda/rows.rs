@@ -20,46 +20,50 @@ pub struct GateInputs<'a> {
 
 /// One fused pass over conv output rows `[N, C]`: L2-normalises the q heads (columns from 0)
 /// and the k heads (right after them), β = `beta_mult`·sigmoid(`b`), and the gate. `b` and the
-/// gate's `a` are read in place in their dtype (column slices of the input projection).
+/// gate's `a` are read in place in their dtype (column slices of the input projection). q and
+/// k are f32, or bf16 when the conv output and `b` are bf16 (a bf16 mixer's inputs, with no
+/// cast between).
 pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: f32, gate: Option<GateInputs<'_>>) -> Result<Prepared> {
     let (qh, kh, k) = (layout.q_heads, layout.k_heads, layout.head_dim);
     let k_off = qh * k;
     let dev = cuda_dev(conv, "prep")?;
     let (n, ldc) = conv.dims2()?;
     let nb = b.dim(1)?;
-    let conv = f32c(conv)?;
     // a and b share one kernel type: both as they are when their dtypes agree, else both f32.
     let same = gate.as_ref().is_none_or(|g| g.a.dtype() == b.dtype());
     let as_kernel = |t: &Tensor| if same { RowsArg::new(t) } else { RowsArg::new(&t.to_dtype(DType::F32)?) };
     let bv = as_kernel(b)?;
+    // A bf16 conv output (a bf16 mixer's) with bf16 a and b: q and k stay bf16 (`_narrow`).
+    let narrow = conv.dtype() == DType::BF16 && bv.suffix == "bf16";
+    let (conv, qk_dtype) = if narrow { (conv.contiguous()?, DType::BF16) } else { (f32c(conv)?, DType::F32) };
     let (av, al, db, ng) = match &gate {
         Some(g) => (Some(as_kernel(g.a)?), Some(f32c(g.a_log)?), Some(f32c(g.dt_bias)?), g.a.dim(1)?),
         None => (None, None, None, 0),
     };
-    // SAFETY: the kernel writes every element of q, k, beta and (when ng > 0) g.
-    let (mut q, mut kk, mut beta, mut g) = unsafe {
-        (dev.alloc::<f32>(n * qh * k)?, dev.alloc::<f32>(n * kh * k)?, dev.alloc::<f32>(n * nb)?, dev.alloc::<f32>((n * ng).max(1))?)
-    };
-    let f = dev.get_or_load_custom_func(&format!("prep_{}", bv.suffix), "prep", ptx::PREP)?;
+    // The kernel writes every element of q, k, beta and (when ng > 0) g.
+    let (q, kk) = (alloc_rows(&dev, qk_dtype, n, qh * k)?, alloc_rows(&dev, qk_dtype, n, kh * k)?);
+    // SAFETY: as above.
+    let (mut beta, mut g) = unsafe { (dev.alloc::<f32>(n * nb)?, dev.alloc::<f32>((n * ng).max(1))?) };
+    let name = if narrow { "prep_bf16_narrow".to_owned() } else { format!("prep_{}", bv.suffix) };
+    let f = dev.get_or_load_custom_func(&name, "prep", ptx::PREP)?;
     let ints = [ldc as i32, qh as i32, kh as i32, k as i32, k_off as i32, nb as i32, ng as i32];
     let (a_ptr, a_ld) = av.as_ref().map_or((0, 0), |a| (a.ptr, a.ld));
     let (al_ptr, db_ptr) = (
         al.as_ref().map(first_element_address_any).transpose()?.unwrap_or(0),
         db.as_ref().map(first_element_address_any).transpose()?.unwrap_or(0),
     );
-    with_view!(conv, cv, {
-        let mut l = f.builder();
-        l.arg(&cv).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
-        l.arg(&mut q).arg(&mut kk).arg(&bv.ptr).arg(&bv.ld).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
-        l.arg(&a_ptr).arg(&a_ld).arg(&al_ptr).arg(&db_ptr).arg(&mut g).arg(&ints[6]);
-        // A warp per q/k head (up to 32 warps): a decode step's one row is then one pass of
-        // its heads in parallel, not several heads a warp one after another.
-        let threads = (32 * (qh + kh)).clamp(64, 1024) as u32;
-        unsafe { l.launch(grid(n, 1, 1, threads, 0)) }.w()?;
-    });
+    let (conv_ptr, q_ptr, k_ptr) = (first_element_address_any(&conv)?, first_element_address_any(&q)?, first_element_address_any(&kk)?);
+    let mut l = f.builder();
+    l.arg(&conv_ptr).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
+    l.arg(&q_ptr).arg(&k_ptr).arg(&bv.ptr).arg(&bv.ld).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
+    l.arg(&a_ptr).arg(&a_ld).arg(&al_ptr).arg(&db_ptr).arg(&mut g).arg(&ints[6]);
+    // A warp per q/k head (up to 32 warps): a decode step's one row is then one pass of its
+    // heads in parallel, not several heads a warp one after another.
+    let threads = (32 * (qh + kh)).clamp(64, 1024) as u32;
+    unsafe { l.launch(grid(n, 1, 1, threads, 0)) }.w()?;
     Ok(Prepared {
-        q: wrap(&dev, q, (n, qh, k)),
-        k: wrap(&dev, kk, (n, kh, k)),
+        q: q.reshape((n, qh, k))?,
+        k: kk.reshape((n, kh, k))?,
         beta: wrap(&dev, beta, (n, nb)),
         g: (ng > 0).then(|| wrap(&dev, g, (n, ng))),
     })

@@ -1,7 +1,7 @@
 //! The causal depthwise conv1d + SiLU over `[q | k | v]` (model-spec.md §3.2): packed prefill
 //! and the batched decode step, each updating per-slot conv states.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::{check_captures, check_packing, check_rows, cpu_f32, dims2, expect_dims};
 use crate::cpu::conv;
@@ -11,12 +11,16 @@ use crate::{Capture, ConvActivation, KernelError, Result, SlotBuffer, StepSlots}
 /// from and updating the conv state `[C, W]` of `slot`. Returns `[T, C]` f32.
 pub fn conv_prefill(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slot: usize, act: ConvActivation) -> Result<Tensor> {
     let t = dims2("conv_prefill", "x", x)?.0;
-    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act, &[])
+    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act, &[], DType::F32)
 }
 
 /// [`conv_prefill`] over several sequences packed in `x` `[Σ T, C]`: sequence `s` owns rows
 /// `cu_seqlens[s]..cu_seqlens[s+1]` and the conv state of `slots[s]`. Each capture also writes
-/// the state its sequence has after `tokens` tokens (the W inputs before) into its slot.
+/// the state its sequence has after `tokens` tokens (the W inputs before) into its slot. The
+/// output is in `out`: f32, or bf16 for a bf16 mixer (as fla's conv outputs a bf16 model's
+/// activations; on the GPU the kernel writes bf16 from bf16 inputs, elsewhere the f32 result is
+/// rounded).
+#[allow(clippy::too_many_arguments)]
 pub fn conv_prefill_packed(
     x: &Tensor,
     weight: &Tensor,
@@ -25,6 +29,7 @@ pub fn conv_prefill_packed(
     slots: &[usize],
     act: ConvActivation,
     captures: &[Capture],
+    out: DType,
 ) -> Result<Tensor> {
     const OP: &str = "conv_prefill";
     let (t, c) = dims2(OP, "x", x)?;
@@ -40,7 +45,8 @@ pub fn conv_prefill_packed(
         if w > 8 {
             return Err(KernelError::Shape { op: OP, input: "weight", expected: "conv width ≤ 8".into(), actual: vec![c, w] });
         }
-        let y = crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu)?;
+        let narrow = out == DType::BF16 && x.dtype() == DType::BF16;
+        let y = crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu, narrow)?;
         if !captures.is_empty() {
             // Every capture ends ≥ 64 rows into its sequence and 64 past the one before, so
             // back to back they pack as sequences whose state is their last W rows.
@@ -51,7 +57,7 @@ pub fn conv_prefill_packed(
             let to: Vec<usize> = caps.iter().map(|c| c.slot).collect();
             crate::cuda::conv_states(x, d, &cu, &to, w)?;
         }
-        return Ok(y);
+        return Ok(y.to_dtype(out)?);
     }
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; t * c];
@@ -74,7 +80,7 @@ pub fn conv_prefill_packed(
             }
         }
     }
-    Ok(Tensor::from_vec(y, (t, c), x.device())?)
+    Ok(Tensor::from_vec(y, (t, c), x.device())?.to_dtype(out)?)
 }
 
 /// One decode step of the causal conv for `B` sequences: `x` `[B, C]`, the conv states of

@@ -58,7 +58,8 @@ pub struct Prepared {
 }
 
 /// L2-normalises the q and k heads of `conv_out` `[N, C]`, computes β from `b` (×2 with
-/// `allow_neg_eigval`) and the fp32 gate from `(a, A_log, dt_bias)`. One fused kernel on a GPU.
+/// `allow_neg_eigval`) and the fp32 gate from `(a, A_log, dt_bias)`. One fused kernel on a GPU,
+/// which keeps q and k in bf16 when `conv_out` and `b` are bf16; f32 otherwise.
 pub fn prepare(
     conv_out: &Tensor,
     l: QkLayout,
