@@ -112,18 +112,19 @@ pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> an
     use deltaserve_kernels::{ops, GateActivation};
     let Device::Cuda(cuda) = dev else { anyhow::bail!("host_cost_table needs a CUDA device") };
     let ctx = cuda.cuda_stream().context().clone();
+    // SAFETY: one stream, so there is nothing for the events to order.
+    let track = |on: bool| unsafe {
+        if on {
+            ctx.enable_event_tracking()
+        } else {
+            ctx.disable_event_tracking()
+        }
+    };
     let vocab = model.config().common.vocab_size as u32;
     println!("| event tracking | B | T | enqueue ms | wall ms |");
     println!("|---|---|---|---|---|");
     for tracking in [true, false] {
-        // SAFETY: one stream, so there is nothing for the events to order.
-        unsafe {
-            if tracking {
-                ctx.enable_event_tracking()
-            } else {
-                ctx.disable_event_tracking()
-            }
-        }
+        track(tracking);
         for (b, t) in [(1usize, 64usize), (1, 512), (4, 512), (8, 64)] {
             let mut pool = model.new_pool_sized(deltaserve_engine::state::PoolSize::for_tokens(b, t))?;
             let tokens: Vec<Vec<u32>> = (0..b).map(|s| (0..t as u32).map(|i| (i * 7919 + 13 + s as u32 * 101) % vocab).collect()).collect();
@@ -150,13 +151,7 @@ pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> an
     println!("|---|---|---|---|---|");
     let d = 2048;
     for tracking in [true, false] {
-        unsafe {
-            if tracking {
-                ctx.enable_event_tracking()
-            } else {
-                ctx.disable_event_tracking()
-            }
-        }
+        track(tracking);
         for rows in [64usize, 512] {
             let x = Tensor::randn(0f32, 1.0, (rows, d), dev)?.to_dtype(DType::BF16)?;
             let h = Tensor::randn(0f32, 1.0, (rows, d), dev)?;
@@ -186,6 +181,6 @@ pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> an
             }
         }
     }
-    unsafe { ctx.enable_event_tracking() };
+    track(true);
     Ok(())
 }

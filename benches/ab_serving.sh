@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Two server builds on the same checkpoint in one GPU call, alternating: each is started, warmed
+# (16 requests), then timed twice with `serve_bench` at concurrency C (512-token prompts,
+# 256-token outputs, 4·C requests), so builds compare within one run of the GPU.
+#
+#   [C=64] [ROUNDS=2] [MODEL=DIR] benches/ab_serving.sh BEFORE_BIN AFTER_BIN SERVE_BENCH_BIN OUT_DIR
+# MODEL defaults to serving_sweep.sh's checkpoint (written by it on first use).
+set -euo pipefail
+BEFORE=$1 AFTER=$2 BENCH=$3 OUT=$4
+C=${C:-64}
+MODEL=${MODEL:-/tmp/deltaserve-gdn-1.3b-v4096}
+mkdir -p "$OUT"
+port=18700
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for side in before after; do
+    bin=$BEFORE; [ "$side" = after ] && bin=$AFTER
+    port=$((port + 1))
+    "$bin" serve --model "$MODEL" --device cuda --dtype bf16 --port $port --max-num-seqs 256 --max-model-len 4096 \
+      --max-queue 4096 >"$OUT/serve-$side-$round.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 240); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/ready')" 2>/dev/null && break
+      sleep 0.5
+    done
+    "$BENCH" --url http://127.0.0.1:$port --num-prompts 16 --input-len 512 --output-len 32 --max-concurrency 16 --label warmup >/dev/null
+    for run in 1 2; do
+      "$BENCH" --url http://127.0.0.1:$port --num-prompts $((4 * C)) --input-len 512 --output-len 256 --max-concurrency "$C" \
+        --label "$side-$round-$run" --json "$OUT/$side-$round-$run.json" | tail -1 | tee -a "$OUT/ab.md"
+    done
+    kill $pid 2>/dev/null || true
+    wait $pid 2>/dev/null || true
+  done
+done
