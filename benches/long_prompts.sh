@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Chunked prefill under running streams, for one or more server builds in one GPU call: each
+# build is started, warmed, then 32 streams (128-token prompts, 1,024-token outputs) run alone,
+# and again while 16 prompts of 4,096 tokens (16-token outputs) arrive at 2 a second. The
+# streams' ITL p99 against the bare decode step is the measure.
+#
+#   [MODEL=DIR] benches/long_prompts.sh SERVE_BENCH_BIN OUT_DIR LABEL=DELTASERVE_BIN...
+# MODEL defaults to serving_sweep.sh's checkpoint (written by it or by the caller).
+set -euo pipefail
+BENCH=$1 OUT=$2
+shift 2
+MODEL=${MODEL:-/tmp/deltaserve-gdn-1.3b-v4096}
+mkdir -p "$OUT"
+port=18800
+for pair in "$@"; do
+  label=${pair%%=*} bin=${pair#*=}
+  port=$((port + 1))
+  "$bin" serve --model "$MODEL" --device cuda --dtype bf16 --port $port --max-num-seqs 256 --max-model-len 8192 \
+    --max-queue 4096 >"$OUT/serve-$label.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 240); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/ready')" 2>/dev/null && break
+    sleep 0.5
+  done
+  url=http://127.0.0.1:$port
+  "$BENCH" --url $url --num-prompts 32 --input-len 512 --output-len 64 --max-concurrency 32 --label warmup >/dev/null
+  "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 \
+    --label "$label-streams-alone" --json "$OUT/$label-streams-alone.json" | tail -1 | tee -a "$OUT/table.md"
+  "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 \
+    --label "$label-streams-with-4096-prompts" --json "$OUT/$label-streams-with-long.json" | tail -1 >"$OUT/$label-streams.row" &
+  streams=$!
+  sleep 1
+  "$BENCH" --url $url --num-prompts 16 --input-len 4096 --output-len 16 --request-rate 2 --seed 3 \
+    --label "$label-long-prompts" --json "$OUT/$label-long-prompts.json" | tail -1 | tee -a "$OUT/table.md"
+  wait $streams || true
+  cat "$OUT/$label-streams.row" | tee -a "$OUT/table.md"
+  kill $pid 2>/dev/null || true
+  wait $pid 2>/dev/null || true
+done
