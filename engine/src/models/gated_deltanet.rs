@@ -236,7 +236,7 @@ impl GatedDeltaNet {
         // Steps 1–2: projections, short conv + SiLU. A bf16 mixer on the GPU takes the conv's
         // output, and the q and k normalised from it, in bf16 as fla's layer computes them (no
         // casts between).
-        let narrow = algo == PrefillAlgo::ChunkedBf16 && x.dtype() == DType::BF16 && self.a_log.device().is_cuda();
+        let narrow = algo == PrefillAlgo::ChunkedBf16 && x.dtype() == DType::BF16 && self.conv.on_gpu();
         let out = if narrow { DType::BF16 } else { DType::F32 };
         let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs, out)?;
         let (hv, vd) = (self.num_v_heads, self.head_v_dim);

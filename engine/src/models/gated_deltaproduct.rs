@@ -4,7 +4,7 @@
 //! kernels run the gated delta rule on the interleaved sequence of length T·n (model-spec.md
 //! §2.3; `ops::interleave_householder`). Weights: §2.2; legacy per-step lists: §2.4.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
@@ -195,7 +195,10 @@ impl GatedDeltaProduct {
     /// `[ΣT, D]`.
     pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
         let y = self.input.forward_input(x)?;
-        let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs, candle_core::DType::F32)?;
+        // As Gated DeltaNet's: a bf16 mixer on the GPU takes the conv output and q, k in bf16.
+        let narrow = algo == PrefillAlgo::ChunkedBf16 && x.dtype() == DType::BF16 && self.conv.on_gpu();
+        let out = if narrow { DType::BF16 } else { DType::F32 };
+        let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs, out)?;
         let (t, h, k, vd, n) = (c.dim(0)?, self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
         // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
         // take it in fp32 from the same projection (one rounding fewer).

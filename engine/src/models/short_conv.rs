@@ -56,6 +56,11 @@ impl ShortConv {
         Ok(Self { weight, channels, width: self.width, act: self.act })
     }
 
+    /// Whether the conv's weights live on a GPU (no conv: false).
+    pub fn on_gpu(&self) -> bool {
+        self.weight.as_ref().is_some_and(|w| w.device().is_cuda())
+    }
+
     /// Values of conv state per sequence: the last W inputs of each channel, `[C, W]`.
     pub fn state_len(&self) -> usize {
         self.channels * self.width
