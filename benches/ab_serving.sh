@@ -10,18 +10,14 @@ BEFORE=$1 AFTER=$2 BENCH=$3 OUT=$4
 C=${C:-64}
 MODEL=${MODEL:-/tmp/deltaserve-gdn-1.3b-v4096}
 mkdir -p "$OUT"
+source "$(dirname "$0")/../scripts/serve-common.sh"
 port=18700
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for side in before after; do
     bin=$BEFORE; [ "$side" = after ] && bin=$AFTER
     port=$((port + 1))
-    "$bin" serve --model "$MODEL" --device cuda --dtype bf16 --port $port --max-num-seqs 256 --max-model-len 4096 \
-      --max-queue 4096 >"$OUT/serve-$side-$round.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 240); do
-      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/ready')" 2>/dev/null && break
-      sleep 0.5
-    done
+    start_server "$bin" $port "$OUT/serve-$side-$round.log" --model "$MODEL" --device cuda --dtype bf16 --max-num-seqs 256 --max-model-len 4096 --max-queue 4096
+    pid=$server_pid
     "$BENCH" --url http://127.0.0.1:$port --num-prompts 16 --input-len 512 --output-len 32 --max-concurrency 16 --label warmup >/dev/null
     for run in 1 2; do
       "$BENCH" --url http://127.0.0.1:$port --num-prompts $((4 * C)) --input-len 512 --output-len 256 --max-concurrency "$C" \

@@ -11,17 +11,13 @@ BENCH=$1 OUT=$2
 shift 2
 MODEL=${MODEL:-/tmp/deltaserve-gdn-1.3b-v4096}
 mkdir -p "$OUT"
+source "$(dirname "$0")/../scripts/serve-common.sh"
 port=18800
 for pair in "$@"; do
   label=${pair%%=*} bin=${pair#*=}
   port=$((port + 1))
-  "$bin" serve --model "$MODEL" --device cuda --dtype bf16 --port $port --max-num-seqs 256 --max-model-len 8192 \
-    --max-queue 4096 >"$OUT/serve-$label.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 240); do
-    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/ready')" 2>/dev/null && break
-    sleep 0.5
-  done
+  start_server "$bin" $port "$OUT/serve-$label.log" --model "$MODEL" --device cuda --dtype bf16 --max-num-seqs 256 --max-model-len 8192 --max-queue 4096
+  pid=$server_pid
   url=http://127.0.0.1:$port
   "$BENCH" --url $url --num-prompts 32 --input-len 512 --output-len 64 --max-concurrency 32 --label warmup >/dev/null
   "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 \
