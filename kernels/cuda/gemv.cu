@@ -13,14 +13,6 @@
       gemv_swiglu_##NAME##_b##NB(const T* gate, const T* up, long ld, const T* w, T* y, int N, int K, int splits) {              \
     gemv<T, NB>(SwigluRows<T>{gate, up, ld}, w, y, N, K, splits);                                                            \
   }
-#define GEMV_ENTRIES(T, NAME) \
-  GEMV_ENTRY(T, NAME, 1)      \
-  GEMV_ENTRY(T, NAME, 2)      \
-  GEMV_ENTRY(T, NAME, 3)      \
-  GEMV_ENTRY(T, NAME, 4)      \
-  GEMV_ENTRY(T, NAME, 5)      \
-  GEMV_ENTRY(T, NAME, 6)      \
-  GEMV_ENTRY(T, NAME, 7)      \
-  GEMV_ENTRY(T, NAME, 8)
+#define GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(GEMV_ENTRY, T, NAME)
 GEMV_ENTRIES(__nv_bfloat16, bf16)
 GEMV_ENTRIES(__half, f16)

@@ -8,6 +8,17 @@
 #include "common.cuh"
 #include "dtype.cuh"
 
+// ENTRY(T, NAME, NB) for every batch of rows the GEMV kernels take, 1..8.
+#define FOR_EACH_GEMV_BATCH(ENTRY, T, NAME) \
+  ENTRY(T, NAME, 1)                         \
+  ENTRY(T, NAME, 2)                         \
+  ENTRY(T, NAME, 3)                         \
+  ENTRY(T, NAME, 4)                         \
+  ENTRY(T, NAME, 5)                         \
+  ENTRY(T, NAME, 6)                         \
+  ENTRY(T, NAME, 7)                         \
+  ENTRY(T, NAME, 8)
+
 // Output rows a warp computes (their loads are in flight together).
 #define GEMV_ROWS 2
 

@@ -86,14 +86,6 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
     stage_gated_norm<T, NB>(o, z, ldz, heads, nw, xs, K / heads, eps, act_sigmoid);                                  \
     gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
   }
-#define STAGED_GEMV_ENTRIES(T, NAME) \
-  STAGED_GEMV_ENTRY(T, NAME, 1)      \
-  STAGED_GEMV_ENTRY(T, NAME, 2)      \
-  STAGED_GEMV_ENTRY(T, NAME, 3)      \
-  STAGED_GEMV_ENTRY(T, NAME, 4)      \
-  STAGED_GEMV_ENTRY(T, NAME, 5)      \
-  STAGED_GEMV_ENTRY(T, NAME, 6)      \
-  STAGED_GEMV_ENTRY(T, NAME, 7)      \
-  STAGED_GEMV_ENTRY(T, NAME, 8)
+#define STAGED_GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(STAGED_GEMV_ENTRY, T, NAME)
 STAGED_GEMV_ENTRIES(__nv_bfloat16, bf16)
 STAGED_GEMV_ENTRIES(__half, f16)
