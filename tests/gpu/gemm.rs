@@ -1,6 +1,8 @@
 //! The prefill projections' GEMM (`ops::linear` past the GEMV kernels' rows: cuBLAS) against the
 //! f32 math on the CPU, at the models' shapes (a fused projection padded to 9280 rows), the
-//! unpadded 9228 and an odd one, with x contiguous or a column slice of a wider tensor.
+//! unpadded 9228 and an odd one, with x contiguous or a column slice of a wider tensor (16-byte
+//! aligned or not), and at several row counts of one bucket: cublasLt runs them all with the
+//! algorithm chosen for the bucket's first.
 
 use candle_core::{DType, Device, Tensor};
 use deltaserve_kernels::ops::linear;
@@ -12,16 +14,28 @@ use rand::{Rng, SeedableRng};
 /// rounded inputs; two calls give the same bits.
 pub fn gpu_gemm_matches_cpu(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(41);
-    for (m, n, k, sliced) in [(64usize, 9280usize, 2048usize, false), (300, 2048, 3072, false), (9, 9228, 264, true), (513, 37, 96, true)] {
+    // (M, N, K, the column x starts at in a wider tensor: 0 for x contiguous)
+    let cases = [
+        (64usize, 9280usize, 2048usize, 0usize),
+        (300, 2048, 3072, 0),
+        (9, 9228, 264, 24),
+        (513, 37, 96, 24),
+        (128, 1024, 512, 0),
+        (65, 1024, 512, 0),
+        (100, 1024, 512, 3),
+        (127, 1024, 512, 24),
+    ];
+    for (m, n, k, from) in cases {
+        let sliced = from > 0;
         for dtype in [DType::BF16, DType::F16] {
             let wide = if sliced { k + 40 } else { k };
             let xs: Vec<f32> = (0..m * wide).map(|_| rng.random_range(-1.0f32..1.0)).collect();
             let ws: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.05f32..0.05)).collect();
             let x_all = Tensor::from_vec(xs, (m, wide), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let x = x_all.narrow(1, if sliced { 24 } else { 0 }, k).unwrap();
+            let x = x_all.narrow(1, from, k).unwrap();
             let w = Tensor::from_vec(ws, (n, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let (xg, wg) = (x_all.to_device(dev).unwrap().narrow(1, if sliced { 24 } else { 0 }, k).unwrap(), w.to_device(dev).unwrap());
-            let what = format!("{dtype:?} m={m} n={n} k={k} sliced={sliced}");
+            let (xg, wg) = (x_all.to_device(dev).unwrap().narrow(1, from, k).unwrap(), w.to_device(dev).unwrap());
+            let what = format!("{dtype:?} m={m} n={n} k={k} from column {from}");
             let direct = linear(&xg, &wg).unwrap();
             let again = linear(&xg, &wg).unwrap();
             assert_eq!(direct.dims(), &[m, n], "{what}: shape");

@@ -220,8 +220,19 @@ impl CausalLm {
             kv.device = Some(DeviceKv { tables: tables.tensor().clone(), width: tables.width(), row_slot, row_pos });
         }
         let mut res = Residual { h, delta: None };
+        // At trace level: the host time to launch each layer (a slow layer points at an
+        // allocation or a synchronisation, uniformly slow layers at the launches themselves).
+        let timed = tracing::enabled!(tracing::Level::TRACE);
+        let mut host_us = Vec::with_capacity(if timed { self.layers.len() } else { 0 });
         for b in &self.layers {
+            let t0 = timed.then(std::time::Instant::now);
             res = b.forward(&res, self.dtype, pool.layer_mut(b.layer_idx), pass, &kv)?;
+            if let Some(t0) = t0 {
+                host_us.push(t0.elapsed().as_micros() as u64);
+            }
+        }
+        if timed {
+            tracing::trace!(total_us = host_us.iter().sum::<u64>(), layers_us = ?host_us, "host time launching the layers");
         }
         pool.advance(&slots, &lens);
         Ok(res)

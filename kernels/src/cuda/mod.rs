@@ -432,6 +432,7 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
 mod attention;
 mod conv;
 mod decode;
+mod gemm;
 mod gemv;
 mod moe;
 mod norm_gemv;
@@ -442,6 +443,7 @@ mod sample;
 pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_states, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
+pub use gemm::{linear_lt, linear_lt_counts};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use norm_gemv::{add_norm_gemv, gated_norm_gemv};

@@ -56,14 +56,15 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         with_cpu_f32(&x, |xs| with_cpu_f32(&w, |ws| crate::cpu::linear::linear(xs, ws, k, &mut y)))??;
         return Ok(Tensor::from_vec(y, out_dims, &Device::Cpu)?);
     }
-    let x2 = x.reshape((rows, k))?;
+    // A 2-D x (a column slice of a fused projection, say) is read where it lies.
+    let x2 = if dims.len() == 2 { x.clone() } else { x.reshape((rows, k))? };
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && batch_invariant() {
         return Ok(crate::cuda::gemv_invariant(&x2, w)?.reshape(out_dims)?);
     }
     let y = match small_batch_linear(&x2, w)? {
         Some(y) => y,
-        None => x2.matmul(&w.t()?)?,
+        None => large_batch_linear(&x2, w)?,
     };
     Ok(y.reshape(out_dims)?)
 }
@@ -80,6 +81,19 @@ fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
             actual: t.dims().to_vec(),
         }),
     }
+}
+
+/// `x Wᵀ` for `x` `[M, K]` and `w` `[N, K]` as a GEMM: on the GPU, bf16/f16 through cublasLt
+/// with one algorithm per row bucket ([`crate::cuda::linear_lt`]: a new prompt length loads no
+/// new kernel), else candle's.
+fn large_batch_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        if let Some(y) = crate::cuda::linear_lt(x, w)? {
+            return Ok(y);
+        }
+    }
+    Ok(x.contiguous()?.matmul(&w.t()?)?)
 }
 
 /// `x Wᵀ` for `x` `[B, K]` and `w` `[N, K]` when B is small: on the GPU, for B ≤ 8 and bf16

@@ -163,7 +163,13 @@ impl Scheduler {
         let batch: Vec<_> = pieces.iter().map(|&(slot, toks, from, take)| (slot, &toks[from..from + take])).collect();
         let t0 = Instant::now();
         let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps);
-        tracing::debug!(launch_ms = ms(t0.elapsed()), snaps = snaps.len(), "prefill pass");
+        tracing::debug!(
+            launch_ms = ms(t0.elapsed()),
+            seqs = batch.len(),
+            tokens = batch.iter().map(|b| b.1.len()).sum::<usize>(),
+            snaps = snaps.len(),
+            "prefill pass"
+        );
         if let Some(c) = self.cache.as_mut() {
             for (s, (seq, len)) in snaps.iter().zip(keys) {
                 let done = out.is_ok() && c.insert(&pieces[seq].1[..len], s.snap).is_ok();

@@ -27,9 +27,48 @@ fn mean_event_us(cuda: &candle_core::CudaDevice, calls: usize, mut f: impl FnMut
     Ok(start.elapsed_ms(&end)? as f64 * 1e3 / calls as f64)
 }
 
+/// cudarc's cublasLt call (its heuristic asked each call) for bf16 row-major `out [m, n] = x [m,
+/// k] · w [n, k]ᵀ`, both contiguous: column-major `outᵀ = op(w buffer)ᵀ · x buffer`.
+fn lt_call(
+    lt: &candle_core::cuda_backend::cudarc::cublaslt::CudaBlasLT,
+    w: &Tensor,
+    x: &Tensor,
+    out: &mut candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+) -> anyhow::Result<()> {
+    use candle_core::cuda_backend::cudarc::cublaslt::Matmul;
+    let ((m, k), n) = (x.dims2()?, w.dim(0)?);
+    let (ws, xs) = (w.storage_and_layout(), x.storage_and_layout());
+    let (candle_core::Storage::Cuda(wc), candle_core::Storage::Cuda(xc)) = (&*ws.0, &*xs.0) else { anyhow::bail!("CUDA storage expected") };
+    let (wv, xv) = (wc.as_cuda_slice::<half::bf16>()?, xc.as_cuda_slice::<half::bf16>()?);
+    // SAFETY: the buffers hold n·k, m·k and m·n elements as the config says.
+    unsafe { lt.matmul(lt_config(m, n, k), wv, xv, out, None, None) }?;
+    Ok(())
+}
+
+fn lt_config(m: usize, n: usize, k: usize) -> candle_core::cuda_backend::cudarc::cublaslt::MatmulConfig {
+    candle_core::cuda_backend::cudarc::cublaslt::MatmulConfig {
+        transa: true,
+        transb: false,
+        transc: false,
+        m: n as u64,
+        n: m as u64,
+        k: k as u64,
+        alpha: 1.0,
+        lda: k as i64,
+        ldb: k as i64,
+        beta: 0.0,
+        ldc: n as i64,
+        stride_a: None,
+        stride_b: None,
+        stride_c: None,
+        stride_bias: None,
+        batch_size: None,
+    }
+}
+
 /// One `GEMM {json}` line per shape, row count and path (µs and TFLOP/s).
 pub(super) fn gemm_table(dev: &Device) -> anyhow::Result<()> {
-    use candle_core::cuda_backend::cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
+    use candle_core::cuda_backend::cudarc::cublaslt::CudaBlasLT;
     let Device::Cuda(cuda) = dev else { anyhow::bail!("gemm_table needs a CUDA device") };
     let stream = cuda.cuda_stream();
     let lt = CudaBlasLT::new(stream.clone())?;
@@ -39,41 +78,65 @@ pub(super) fn gemm_table(dev: &Device) -> anyhow::Result<()> {
             let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
             let flop = 2.0 * (m * n * k) as f64;
             let candle = mean_event_us(cuda, 50, || super::passes::done(deltaserve_kernels::ops::linear(&x, &w)))?;
-            // Row-major C[m, n] = x · Wᵀ is column-major Cᵀ[n, m] = op(W buffer)ᵀ · x buffer.
-            let cfg = MatmulConfig {
-                transa: true,
-                transb: false,
-                transc: false,
-                m: n as u64,
-                n: m as u64,
-                k: k as u64,
-                alpha: 1.0,
-                lda: k as i64,
-                ldb: k as i64,
-                beta: 0.0,
-                ldc: n as i64,
-                stride_a: None,
-                stride_b: None,
-                stride_c: None,
-                stride_bias: None,
-                batch_size: None,
-            };
             let mut out = unsafe { stream.alloc::<half::bf16>(m * n) }?;
-            let (ws, xs) = (w.storage_and_layout(), x.storage_and_layout());
-            let (candle_core::Storage::Cuda(wc), candle_core::Storage::Cuda(xc)) = (&*ws.0, &*xs.0) else {
-                anyhow::bail!("CUDA storage expected")
-            };
-            let (wv, xv) = (wc.as_cuda_slice::<half::bf16>()?, xc.as_cuda_slice::<half::bf16>()?);
-            let lt_us = mean_event_us(cuda, 50, || {
-                // SAFETY: the buffers hold m·k, n·k and m·n elements as the config says.
-                unsafe { lt.matmul(cfg, wv, xv, &mut out, None, None) }?;
-                Ok(())
-            })?;
+            let lt_us = mean_event_us(cuda, 50, || lt_call(&lt, &w, &x, &mut out))?;
             for (path, us) in [("candle cuBLAS", candle), ("cublasLt", lt_us)] {
                 let line = serde_json::json!({"name": name, "m": m, "n": n, "k": k, "path": path, "us": us, "tflops": flop / us / 1e6});
                 println!("GEMM {line}");
             }
         }
+    }
+    Ok(())
+}
+
+/// Host milliseconds of the first GEMM at a row count the process has not run before, against
+/// the same call repeated: what a prefill pass of a new length pays on its first layer. Rows
+/// of no alignment and multiples of 64, through `ops::linear` (candle's cuBLAS call) and
+/// cudarc's cublasLt call (its heuristic asked each call).
+pub(super) fn new_shape_table(dev: &Device) -> anyhow::Result<()> {
+    use candle_core::cuda_backend::cudarc::cublaslt::CudaBlasLT;
+    let Device::Cuda(cuda) = dev else { anyhow::bail!("new_shape_table needs a CUDA device") };
+    let stream = cuda.cuda_stream();
+    let lt = CudaBlasLT::new(stream.clone())?;
+    let (n, k) = (9280usize, 2048usize);
+    let w = Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16)?;
+    let big = Tensor::randn(0f32, 1.0, (1024, k), dev)?.to_dtype(DType::BF16)?;
+    let timed = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        dev.synchronize()?;
+        let t0 = std::time::Instant::now();
+        f()?;
+        dev.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e3)
+    };
+    println!("| path | M | first call ms | repeated ms |");
+    println!("|---|---|---|---|");
+    for m in [201usize, 219, 237, 255, 266, 281, 640, 704, 768, 832] {
+        let x = big.narrow(0, 0, m)?.contiguous()?;
+        let mut f = || super::passes::done(deltaserve_kernels::ops::linear(&x, &w));
+        let (a, b) = (timed(&mut f)?, timed(&mut f)?);
+        println!("| ops::linear | {m} | {a:.3} | {b:.3} |");
+    }
+    // Each model projection at row counts of the 128 and 192 buckets, in order: the first call
+    // at a row count against the same call repeated.
+    println!("\n| projection | M | first call ms | repeated ms | cublasLt (ran, handed back) |");
+    println!("|---|---|---|---|---|");
+    for (name, n, k) in SHAPES {
+        let w = Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16)?;
+        let wide = Tensor::randn(0f32, 1.0, (160, k), dev)?.to_dtype(DType::BF16)?;
+        for m in [67usize, 79, 94, 101, 117, 128, 133, 150] {
+            let x = wide.narrow(0, 0, m)?.contiguous()?;
+            let mut f = || super::passes::done(deltaserve_kernels::ops::linear(&x, &w));
+            let (a, b) = (timed(&mut f)?, timed(&mut f)?);
+            println!("| {name} | {m} | {a:.3} | {b:.3} | {:?} |", deltaserve_kernels::cuda::linear_lt_counts());
+        }
+    }
+    println!();
+    for m in [301usize, 319, 337, 896, 960] {
+        let x = big.narrow(0, 0, m)?.contiguous()?;
+        let mut out = unsafe { stream.alloc::<half::bf16>(m * n) }?;
+        let mut f = || lt_call(&lt, &w, &x, &mut out);
+        let (a, b) = (timed(&mut f)?, timed(&mut f)?);
+        println!("| cublasLt (heuristic each call) | {m} | {a:.3} | {b:.3} |");
     }
     Ok(())
 }

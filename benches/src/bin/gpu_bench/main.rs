@@ -63,6 +63,9 @@ struct Args {
     /// model's shapes and a pass's row counts (`benches/gemm_torch.py` times PyTorch's).
     #[arg(long)]
     gemm_only: bool,
+    /// Only the first GEMM at new row counts against the same call repeated (host ms).
+    #[arg(long)]
+    new_shapes: bool,
     /// Only the decode-step fused projection tables (SwiGLU and down projection, norms and the
     /// projections after them: two kernels or one).
     #[arg(long)]
@@ -714,6 +717,10 @@ fn main() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if args.gemm_only {
         return gemm::gemm_table(&dev);
+    }
+    #[cfg(feature = "cuda")]
+    if args.new_shapes {
+        return gemm::new_shape_table(&dev);
     }
     #[cfg(feature = "cuda")]
     if args.attention_only {

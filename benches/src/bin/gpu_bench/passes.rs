@@ -147,6 +147,25 @@ pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> an
             println!("| {tracking} | {b} | {t} | {:.2} | {:.2} |", enq[enq.len() / 2], wall[wall.len() / 2]);
         }
     }
+    // A server's passes rarely repeat a length: the first pass at each new length (new GEMM
+    // shapes for cuBLAS, new allocation sizes) against the pass repeated at once.
+    println!("\n| T (a new length each row) | first pass: enqueue / wall ms | repeated: enqueue / wall ms |");
+    println!("|---|---|---|");
+    let mut pool = model.new_pool_sized(deltaserve_engine::state::PoolSize::for_tokens(1, 256))?;
+    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+    for t in [53usize, 67, 79, 94, 101, 117, 133, 150] {
+        let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let mut cells = Vec::new();
+        for _ in 0..2 {
+            dev.synchronize()?;
+            let t0 = std::time::Instant::now();
+            let logits = model.prefill_many_with(&mut pool, &[(slot, &tokens)], PrefillAlgo::ChunkedBf16, &[])?;
+            let e = t0.elapsed().as_secs_f64() * 1e3;
+            let _host = logits.to_vec2::<f32>()?;
+            cells.push(format!("{e:.2} / {:.2}", t0.elapsed().as_secs_f64() * 1e3));
+        }
+        println!("| {t} | {} | {} |", cells[0], cells[1]);
+    }
     println!("\n| event tracking | op | rows | host µs a call | wall µs a call |");
     println!("|---|---|---|---|---|");
     let d = 2048;

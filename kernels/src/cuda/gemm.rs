@@ -1,0 +1,266 @@
+//! Projections with many rows as cublasLt GEMMs whose algorithm is chosen once per row bucket.
+//!
+//! cuBLAS picks a kernel for every new row count, and the first call of a kernel the process
+//! has not run yet costs 3–5 ms of host time on the device host (its heuristic and the kernel's
+//! loading; `gpu_bench --new-shapes`). A server's prefill passes rarely repeat a row count,
+//! so each new prompt length paid that on its first layer. Here the algorithm is asked for at
+//! the row count rounded up to a bucket (16, 32, 64, then multiples of 64) and reused for every
+//! row count in it: a bounded set of kernels, each loaded once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
+use candle_core::cuda_backend::cudarc::driver::CudaSlice;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, DType, Tensor};
+
+use super::{first_element_address, wrap};
+use crate::Result;
+
+/// Workspace for split-K algorithms (NVIDIA's recommendation for Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// What an algorithm is chosen for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    dtype: DType,
+    n: usize,
+    k: usize,
+    bucket: usize,
+    lda: usize,
+    /// The smallest alignment (bytes, up to 16) of the three matrices' first elements.
+    align: u64,
+}
+
+/// GEMMs run through cublasLt and those handed back to candle (no algorithm, or refused), since
+/// start: `(ran, handed back)`.
+pub fn linear_lt_counts() -> (u64, u64) {
+    (RAN.load(Ordering::Relaxed), HANDED_BACK.load(Ordering::Relaxed))
+}
+
+static RAN: AtomicU64 = AtomicU64::new(0);
+static HANDED_BACK: AtomicU64 = AtomicU64::new(0);
+
+/// One stream's cublasLt handle, workspace and chosen algorithms.
+struct Lt {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    /// `None` where the heuristic found nothing or the call failed: candle's GEMM runs those.
+    algos: HashMap<Key, Option<sys::cublasLtMatmulAlgo_t>>,
+}
+
+// SAFETY: the handle is only used under the registry's lock, by one thread at a time.
+unsafe impl Send for Lt {}
+
+/// Per stream (keyed by its address): GEMMs on one stream are ordered, so its workspace is
+/// never used by two at once.
+fn registry() -> &'static Mutex<HashMap<usize, Lt>> {
+    static R: OnceLock<Mutex<HashMap<usize, Lt>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The row count an algorithm is chosen at.
+fn bucket(rows: usize) -> usize {
+    match rows {
+        0..=16 => 16,
+        17..=32 => 32,
+        _ => rows.div_ceil(64) * 64,
+    }
+}
+
+/// Whether `DELTASERVE_CUBLASLT=0` turned this path off (for comparisons).
+fn disabled() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_CUBLASLT").is_ok_and(|v| v == "0"))
+}
+
+/// Descriptors of one call, destroyed on drop.
+struct Descs {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: Vec<sys::cublasLtMatrixLayout_t>,
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: each was created once and is destroyed once, here.
+        unsafe {
+            for &l in &self.layouts {
+                let _ = lt::destroy_matrix_layout(l);
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// Row-major `y [M, N] = x [M, K] · w [N, K]ᵀ` is column-major `yᵀ = op(w)ᵀ · x`: A is `w`'s
+/// buffer read transposed, B is `x`'s with leading dimension `lda`.
+fn descs(ty: sys::cudaDataType, n: usize, k: usize, m: usize, lda: usize) -> std::result::Result<Descs, lt::CublasError> {
+    let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
+    let mut d = Descs { desc, layouts: Vec::with_capacity(3) };
+    let trans: i32 = 1;
+    // SAFETY: the attribute is an i32 as cublasLt expects for TRANSA.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&trans as *const i32).cast(),
+            std::mem::size_of::<i32>(),
+        )?;
+    }
+    for (rows, cols, ld) in [(k, n, k), (k, m, lda), (n, m, n)] {
+        d.layouts.push(lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64)?);
+    }
+    Ok(d)
+}
+
+/// The heuristic's first algorithm for `key`, or `None`.
+fn choose(lt_: &Lt, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatmulAlgo_t> {
+    let d = descs(ty, key.n, key.k, key.bucket, key.lda).ok()?;
+    let pref = lt::create_matmul_pref().ok()?;
+    let ws = WORKSPACE_BYTES;
+    let mut heuristic = std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+    let mut found = 0i32;
+    // SAFETY: the descriptors and the preference are valid until dropped/destroyed below; the
+    // result buffer holds the one result asked for.
+    let ok = unsafe {
+        let set = lt::set_matmul_pref_attribute(
+            pref,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&ws as *const usize).cast(),
+            std::mem::size_of::<usize>(),
+        );
+        let align = key.align as u32;
+        let mut set_align = Ok(());
+        for attr in [
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        ] {
+            set_align = set_align.and(lt::set_matmul_pref_attribute(pref, attr, (&align as *const u32).cast(), 4));
+        }
+        let r = set.and(set_align).and_then(|_| {
+            sys::cublasLtMatmulAlgoGetHeuristic(
+                lt_.handle,
+                d.desc,
+                d.layouts[0],
+                d.layouts[1],
+                d.layouts[2],
+                d.layouts[2],
+                pref,
+                1,
+                heuristic.as_mut_ptr(),
+                &mut found,
+            )
+            .result()
+        });
+        let _ = lt::destroy_matmul_pref(pref);
+        r.is_ok() && found > 0
+    };
+    // SAFETY: written by the heuristic when it found one.
+    ok.then(|| unsafe { heuristic.assume_init() }.algo)
+}
+
+/// `x [M, K] · w [N, K]ᵀ` through cublasLt for bf16/f16 operands on a CUDA device, `x` read
+/// where it lies when its rows are contiguous (`w` contiguous). `None` where this path does
+/// not apply or found no algorithm: the caller runs candle's GEMM.
+pub fn linear_lt(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    match (x.dtype(), w.dtype()) {
+        (DType::BF16, DType::BF16) => typed::<half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF),
+        (DType::F16, DType::F16) => typed::<half::f16>(x, w, sys::cudaDataType::CUDA_R_16F),
+        _ => Ok(None),
+    }
+}
+
+fn typed<T>(x: &Tensor, w: &Tensor, ty: sys::cudaDataType) -> Result<Option<Tensor>>
+where
+    T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+{
+    use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
+    let (Ok((m, k)), Ok((n, wk))) = (x.dims2(), w.dims2()) else { return Ok(None) };
+    let (xs, ws) = (x.stride(), w.stride());
+    if disabled() || wk != k || m == 0 || n == 0 || xs[1] != 1 || xs[0] < k || ws != [k, 1] {
+        return Ok(None);
+    }
+    let candle_core::Device::Cuda(dev) = x.device() else { return Ok(None) };
+    let lda = xs[0];
+    let (xp, wp) = (first_element_address::<T>(x)?, first_element_address::<T>(w)?);
+    // SAFETY: the GEMM writes every element (beta = 0) before anything reads it.
+    let mut out = unsafe { dev.alloc::<T>(m * n) }?;
+    let yp = {
+        let stream = dev.cuda_stream();
+        let (p, _sync) = out.device_ptr_mut(&stream);
+        p
+    };
+    let size = std::mem::size_of::<T>() as u64;
+    let align = [xp, wp, yp, lda as u64 * size].iter().map(|&a| 1u64 << a.trailing_zeros().min(4)).min().unwrap_or(2);
+    let key = Key { dtype: x.dtype(), n, k, bucket: bucket(m), lda, align };
+    if !run(dev, key, ty, m, [wp, xp, yp])? {
+        HANDED_BACK.fetch_add(1, Ordering::Relaxed);
+        return Ok(None);
+    }
+    RAN.fetch_add(1, Ordering::Relaxed);
+    Ok(Some(wrap(dev, out, (m, n))))
+}
+
+/// Queues the GEMM with `key`'s algorithm (chosen on first use); false when there is none or
+/// cublasLt refused it (then never tried again for `key`).
+fn run(dev: &CudaDevice, key: Key, ty: sys::cudaDataType, m: usize, [wp, xp, yp]: [u64; 3]) -> Result<bool> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
+    let stream = dev.cuda_stream();
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    let id = stream.cu_stream() as usize;
+    let state = match reg.entry(id) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let handle = lt::create_handle()
+                .map_err(|e| crate::KernelError::Unsupported { op: "linear_lt", what: format!("cublasLtCreate: {e}") })?;
+            // SAFETY: a workspace is scratch for cublasLt; nothing reads it before a GEMM writes it.
+            let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.w()?;
+            e.insert(Lt { handle, workspace, algos: HashMap::new() })
+        }
+    };
+    let algo = match state.algos.get(&key) {
+        Some(a) => *a,
+        None => {
+            let a = choose(state, key, ty);
+            state.algos.insert(key, a);
+            a
+        }
+    };
+    let Some(algo) = algo else { return Ok(false) };
+    let Ok(d) = descs(ty, key.n, key.k, m, key.lda) else { return Ok(false) };
+    let (alpha, beta) = (1f32, 0f32);
+    let (wsp, _sync) = state.workspace.device_ptr_mut(&stream);
+    // SAFETY: the pointers address live buffers of the sizes the layouts describe (the caller
+    // checked the shapes and strides), the workspace is this stream's, and the GEMM is queued
+    // on the stream that owns all of them.
+    let r = unsafe {
+        sys::cublasLtMatmul(
+            state.handle,
+            d.desc,
+            (&alpha as *const f32).cast(),
+            wp as *const _,
+            d.layouts[0],
+            xp as *const _,
+            d.layouts[1],
+            (&beta as *const f32).cast(),
+            yp as *const _,
+            d.layouts[2],
+            yp as *mut _,
+            d.layouts[2],
+            &algo,
+            wsp as *mut _,
+            WORKSPACE_BYTES,
+            stream.cu_stream() as _,
+        )
+        .result()
+    };
+    if r.is_err() {
+        state.algos.insert(key, None);
+        return Ok(false);
+    }
+    Ok(true)
+}
