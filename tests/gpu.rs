@@ -26,6 +26,8 @@ mod gemm;
 mod norm_gemv;
 #[path = "gpu/sampling.rs"]
 mod sampling;
+#[path = "gpu/warmup.rs"]
+mod warmup;
 
 const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
@@ -52,6 +54,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
+    ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
 ];
 
 fn main() {

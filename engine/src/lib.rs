@@ -21,6 +21,7 @@ pub mod state;
 pub mod synth;
 pub mod tensor_parallel;
 pub mod tokenizer;
+pub mod warmup;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -36,6 +37,7 @@ pub use models::{CausalLm, Logits};
 pub use sampling::{Draws, Sampled, Sampler, SamplingParams};
 pub use state::{SlotId, SnapId, SnapshotAt, StatePool};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
+pub use warmup::WarmUp;
 
 /// How to load a model.
 #[derive(Debug, Clone)]

@@ -75,6 +75,7 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
         prefix_cache: setup.cache,
         prefill_budget: 64,
         request_timeout: Duration::from_secs(60),
+        warmup: true,
     };
     let (handle, _thread) = scheduler::spawn(engine, cfg, metrics).unwrap();
     let grammars = Some(Arc::new(deltaserve::structured::Grammars::new(&tokenizer, engine_vocab).unwrap()));

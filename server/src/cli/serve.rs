@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// Turn the prefix cache off.
     #[arg(long, env = "DELTASERVE_NO_PREFIX_CACHE")]
     no_prefix_cache: bool,
+    /// Skip the GPU warm-up before /ready (a prefill pass per GEMM row bucket up to
+    /// `--max-num-batched-tokens`, and every decode batch size's CUDA graph): a faster start,
+    /// but the first requests pay those one-time costs (3–20 ms a new bucket).
+    #[arg(long, env = "DELTASERVE_NO_WARMUP")]
+    no_warmup: bool,
     /// A Jinja chat template file used instead of the checkpoint's `chat_template`.
     #[arg(long, env = "DELTASERVE_CHAT_TEMPLATE")]
     chat_template: Option<std::path::PathBuf>,
@@ -325,6 +330,7 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid },
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
+        warmup: !args.no_warmup,
     };
     let grammars = match deltaserve::structured::Grammars::new(&tokenizer, cfg.common.vocab_size) {
         Ok(g) => Some(Arc::new(g)),

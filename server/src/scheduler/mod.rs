@@ -115,7 +115,16 @@ pub fn spawn(
         block_size: DEFAULT_BLOCK_SIZE,
         max_seq_len: cfg.max_model_len,
     };
-    let pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
+    let mut pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
+    if cfg.warmup {
+        match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs) {
+            Ok(w) if w.passes + w.batch_sizes > 0 => {
+                tracing::info!(prefill_passes = w.passes, decode_batch_sizes = w.batch_sizes, secs = w.secs, "warmed up")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "warm-up failed; the first requests pay its one-time costs"),
+        }
+    }
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
         metrics.state_slots_total.set(pool.capacity() as i64);
         metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);

@@ -26,6 +26,8 @@ pub struct SchedulerConfig {
     pub prefill_budget: usize,
     /// Wall-clock limit per request.
     pub request_timeout: Duration,
+    /// On a GPU, warm up before serving ([`deltaserve_engine::Engine::warm_up`]).
+    pub warmup: bool,
 }
 
 /// The prefix cache's size (`--prefix-cache-memory`, `--prefix-cache-grid`); 0 snapshots turns

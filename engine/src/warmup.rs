@@ -1,0 +1,101 @@
+//! Start-up warm-up on a GPU: runs once what serving will run, so that no request pays a
+//! one-time cost. On the device host the first GEMM of each row bucket costs 3–20 ms (cublasLt's
+//! heuristic and loading its kernel), and the first decode step of each batch size runs eagerly
+//! and the second captures its CUDA graph; without the warm-up the first requests of a fresh
+//! server paid all of it.
+
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::{Engine, SnapshotAt, StatePool};
+
+/// What [`Engine::warm_up`] ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WarmUp {
+    /// Prefill passes (one per row bucket).
+    pub passes: usize,
+    /// Decode batch sizes run twice (captured when CUDA graphs are on).
+    pub batch_sizes: usize,
+    /// Wall seconds.
+    pub secs: f64,
+}
+
+/// The token counts of the warm-up's prefill passes: 16, 32 (their GEMMs' buckets), then every
+/// multiple of 64 up to `max_pass_tokens` rounded up: the row buckets the GPU's cublasLt GEMMs
+/// choose their algorithms for.
+pub fn pass_lengths(max_pass_tokens: usize) -> Vec<usize> {
+    let top = max_pass_tokens.max(1).div_ceil(64) * 64;
+    [16, 32].into_iter().chain((64..=top).step_by(64)).collect()
+}
+
+impl Engine {
+    /// On a GPU, one prefill pass of each length of [`pass_lengths`] (the first of them also
+    /// writing a snapshot when `pool` has a snapshot slot) and two decode steps of every batch
+    /// size from 1 to `max_batch`, in free slots of `pool`, all released after. Nothing on the
+    /// CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
+    pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<WarmUp> {
+        let mut done = WarmUp::default();
+        if !self.model.device().is_cuda() {
+            return Ok(done);
+        }
+        let t0 = Instant::now();
+        let vocab = self.model.config().common.vocab_size as u32;
+        let tokens: Vec<u32> =
+            (0..pass_lengths(max_pass_tokens).last().copied().unwrap_or(64) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        for t in pass_lengths(max_pass_tokens) {
+            let Some(slot) = pool.allocate() else { break };
+            let snap = (t >= 64 && done.passes == 2).then(|| pool.take_snapshot()).flatten();
+            let ran = match pool.reserve(slot, t) {
+                Ok(true) => {
+                    let at: Vec<SnapshotAt> = snap.map(|snap| SnapshotAt { seq: 0, tokens: 64, snap }).into_iter().collect();
+                    Some(self.prefill_many_with(pool, &[(slot, &tokens[..t])], &at))
+                }
+                _ => None,
+            };
+            if let Some(s) = snap {
+                pool.drop_snapshot(s)?;
+            }
+            pool.release(slot)?;
+            match ran {
+                Some(r) => {
+                    r?;
+                    done.passes += 1;
+                }
+                None => break,
+            }
+        }
+        for b in 1..=max_batch {
+            let slots: Vec<_> = (0..b).map_while(|_| pool.allocate()).collect();
+            let mut ok = slots.len() == b;
+            for &s in &slots {
+                ok = ok && matches!(pool.reserve(s, 2), Ok(true));
+            }
+            let batch: Vec<_> = slots.iter().map(|&s| (s, 1u32.min(vocab - 1))).collect();
+            let ran = if ok { self.decode(pool, &batch).and_then(|_| self.decode(pool, &batch)).map(|_| ()) } else { Ok(()) };
+            for s in slots {
+                pool.release(s)?;
+            }
+            ran?;
+            if !ok {
+                break;
+            }
+            done.batch_sizes += 1;
+        }
+        // Everything queued has run before the first request is timed.
+        self.model.device().synchronize()?;
+        done.secs = t0.elapsed().as_secs_f64();
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pass_lengths;
+
+    #[test]
+    fn pass_lengths_cover_every_row_bucket_up_to_the_budget() {
+        assert_eq!(pass_lengths(512), vec![16, 32, 64, 128, 192, 256, 320, 384, 448, 512]);
+        assert_eq!(pass_lengths(100), vec![16, 32, 64, 128]);
+        assert_eq!(pass_lengths(0), vec![16, 32, 64]);
+    }
+}
