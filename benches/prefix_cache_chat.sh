@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The chat workload's time to first token with the prefix cache and without, for one or more
+# server builds in one GPU call: every build, with the cache then with `--no-prefix-cache`,
+# round after round, so that builds and modes compare within one run of the GPU. Each server is
+# warmed with two 3,000-token requests, then runs `loadgen --workload chat` (a ~2,000-token
+# system prompt, TURNS turns, 64-token answers, greedy) for each number of conversations.
+#
+#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [MODEL=DIR] [TOKENIZER_FROM=DIR] \
+#     benches/prefix_cache_chat.sh LOADGEN_BIN OUT_DIR LABEL=DELTASERVE_BIN...
+# MODEL defaults to a random 1.39B Gated DeltaNet (benches/configs/gdn-1.3b.json, bf16), written
+# on first use. Rows of OUT_DIR/chat.md: conversations, turns, requests, TTFT p50 / p99 ms, ITL
+# p50 ms, tokens/s, errors.
+set -euo pipefail
+LOADGEN=$1 OUT=$2
+shift 2
+MODEL=${MODEL:-/tmp/deltaserve-gdn-1.3b}
+mkdir -p "$OUT"
+source "$(dirname "$0")/../scripts/serve-common.sh"
+first_bin=${1#*=}
+if [ ! -f "$MODEL/config.json" ]; then
+  "$first_bin" init-random --config "$(dirname "$0")/configs/gdn-1.3b.json" -o "$MODEL" --dtype bf16 \
+    --tokenizer-from "${TOKENIZER_FROM:-models/gdn-demo}" >"$OUT/init.log" 2>&1
+fi
+port=18800
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for build in "$@"; do
+    label=${build%%=*} bin=${build#*=}
+    for mode in cache nocache; do
+      port=$((port + 1))
+      extra=()
+      [ "$mode" = nocache ] && extra=(--no-prefix-cache)
+      start_server "$bin" $port "$OUT/serve-$label-$mode-$round.log" --model "$MODEL" --device cuda --dtype bf16 \
+        --max-num-seqs 32 --max-num-batched-tokens 2048 --prefix-cache-memory 0.3 "${extra[@]}"
+      "$LOADGEN" --url http://127.0.0.1:$port --clients 2 --requests 2 --prompt-tokens 3000 --max-tokens 4 --distinct >/dev/null
+      echo "## $label, $mode, round $round" >>"$OUT/chat.md"
+      for c in ${CONVS:-1 8}; do
+        timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
+          --system-tokens 2000 --max-tokens 64 --temperature 0 >>"$OUT/chat.md"
+      done
+      kill "$server_pid" 2>/dev/null || true
+      wait "$server_pid" 2>/dev/null || true
+    done
+  done
+done
+cat "$OUT/chat.md"
