@@ -29,7 +29,7 @@ pub fn pass_lengths(max_pass_tokens: usize) -> Vec<usize> {
 }
 
 impl Engine {
-    /// On a GPU, one prefill pass of each length of [`pass_lengths`] (the first of them also
+    /// On a GPU, one prefill pass of each length of [`pass_lengths`] (the 64-token one also
     /// writing a snapshot when `pool` has a snapshot slot) and two decode steps of every batch
     /// size from 1 to `max_batch`, in free slots of `pool`, all released after. Nothing on the
     /// CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
@@ -40,11 +40,12 @@ impl Engine {
         }
         let t0 = Instant::now();
         let vocab = self.model.config().common.vocab_size as u32;
-        let tokens: Vec<u32> =
-            (0..pass_lengths(max_pass_tokens).last().copied().unwrap_or(64) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-        for t in pass_lengths(max_pass_tokens) {
+        let lengths = pass_lengths(max_pass_tokens);
+        let longest = lengths.last().copied().unwrap_or(64) as u32;
+        let tokens: Vec<u32> = (0..longest).map(|i| (i * 7919 + 13) % vocab).collect();
+        for t in lengths {
             let Some(slot) = pool.allocate() else { break };
-            let snap = (t >= 64 && done.passes == 2).then(|| pool.take_snapshot()).flatten();
+            let snap = (t == 64).then(|| pool.take_snapshot()).flatten();
             let ran = match pool.reserve(slot, t) {
                 Ok(true) => {
                     let at: Vec<SnapshotAt> = snap.map(|snap| SnapshotAt { seq: 0, tokens: 64, snap }).into_iter().collect();

@@ -30,7 +30,8 @@ struct Key {
     k: usize,
     bucket: usize,
     lda: usize,
-    /// The smallest alignment (bytes, up to 16) of the three matrices' first elements.
+    /// The smallest alignment (bytes, up to 16) of the three matrices' first elements and of
+    /// x's row stride.
     align: u64,
 }
 
