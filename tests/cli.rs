@@ -87,6 +87,11 @@ fn bad_arguments_fail_with_a_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--served-model-name") && err.contains("must not be empty"), "{err}");
+    // The tokenizer cache takes bytes, not a fraction of the device.
+    let out = deltaserve(&["serve", "--model", model.to_str().unwrap(), "--tokenizer-cache-memory", "0.5"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--tokenizer-cache-memory") && err.contains("expected bytes") && err.contains("0.5"), "{err}");
 }
 
 #[test]

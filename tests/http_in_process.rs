@@ -421,6 +421,14 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(beyond_prompt > 0, "the re-prefilled answers were never hit");
+    // Each turn re-sent the conversation: its earlier segments' ids came from the tokenizer's
+    // cache (the ids themselves are checked against the tokenizers library in
+    // tokenizer_segments.rs).
+    let (hit, missed) = (
+        metric(&client, &on, "deltaserve:tokenizer_cache_hit_bytes_total").await,
+        metric(&client, &on, "deltaserve:tokenizer_cache_miss_bytes_total").await,
+    );
+    assert!(hit > missed && missed > 0.0, "tokenizer cache: {hit} bytes hit, {missed} tokenized");
 }
 
 #[tokio::test]

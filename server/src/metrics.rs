@@ -73,6 +73,12 @@ pub struct Metrics {
     pub prefix_cache_memory_bytes: IntGauge,
     /// Snapshot slots allocated for the cache (0: off).
     pub prefix_cache_snapshots_total: IntGauge,
+    /// Prompt text whose ids came from the tokenizer's segment cache, in bytes.
+    pub tokenizer_cache_hit_bytes: IntCounter,
+    /// Prompt text the segment cache tokenized, in bytes.
+    pub tokenizer_cache_miss_bytes: IntCounter,
+    /// Segments the tokenizer's cache holds.
+    pub tokenizer_cache_entries: IntGauge,
 }
 
 fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -170,6 +176,17 @@ impl Metrics {
                 "Bytes held by prefix-cache snapshots (states, and KV blocks of hybrids).",
             )?,
             prefix_cache_snapshots_total: gauge(&r, "deltaserve:prefix_cache_snapshots_total", "Snapshot slots of the prefix cache.")?,
+            tokenizer_cache_hit_bytes: counter(
+                &r,
+                "deltaserve:tokenizer_cache_hit_bytes_total",
+                "Bytes of long prompts whose token ids came from the tokenizer's segment cache.",
+            )?,
+            tokenizer_cache_miss_bytes: counter(
+                &r,
+                "deltaserve:tokenizer_cache_miss_bytes_total",
+                "Bytes of long prompts the tokenizer's segment cache tokenized.",
+            )?,
+            tokenizer_cache_entries: gauge(&r, "deltaserve:tokenizer_cache_entries", "Prompt segments held by the tokenizer's cache.")?,
             registry: r,
         };
         // Pre-create the common label values so the series exist from the start.
@@ -183,6 +200,13 @@ impl Metrics {
             m.step_duration.with_label_values(&[phase]);
         }
         Ok(m)
+    }
+
+    /// Brings the tokenizer cache's series up to its counters (read when scraped).
+    pub fn sync_tokenizer_cache(&self, stats: &deltaserve_engine::tokenizer::SegmentStats) {
+        self.tokenizer_cache_hit_bytes.inc_by(stats.hit_bytes.saturating_sub(self.tokenizer_cache_hit_bytes.get()));
+        self.tokenizer_cache_miss_bytes.inc_by(stats.miss_bytes.saturating_sub(self.tokenizer_cache_miss_bytes.get()));
+        self.tokenizer_cache_entries.set(stats.entries as i64);
     }
 
     /// The text exposition format.

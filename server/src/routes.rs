@@ -206,6 +206,9 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    if let Some(stats) = state.serving().ok().and_then(|s| s.tokenizer.segment_stats()) {
+        state.metrics.sync_tokenizer_cache(&stats);
+    }
     let text = state.metrics.render().map_err(|e| ApiError::Internal(format!("cannot encode the metrics: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }

@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// capped at 256 MiB on the CPU.
     #[arg(long, env = "DELTASERVE_PREFIX_CACHE_MEMORY", default_value = "0.1", value_parser = parse_memory)]
     prefix_cache_memory: Memory,
+    /// Memory for the token ids of long prompts' segments, so that a chat turn re-sending its
+    /// conversation tokenizes only what is new: bytes (`32MiB`, `0` turns it off).
+    #[arg(long, env = "DELTASERVE_TOKENIZER_CACHE_MEMORY", default_value = "32MiB", value_parser = parse_bytes)]
+    tokenizer_cache_memory: usize,
     /// Prompt tokens between prefix-cache snapshots: a multiple of 64 (the prefill's chunk).
     #[arg(long, env = "DELTASERVE_PREFIX_CACHE_GRID", default_value_t = PREFILL_CHUNK)]
     prefix_cache_grid: usize,
@@ -153,6 +157,14 @@ fn parse_memory(s: &str) -> Result<Memory, String> {
         return Err(format!("expected a non-negative size, got `{s}`"));
     }
     Ok(Memory::Bytes((n * scale as f64) as usize))
+}
+
+/// A size in bytes, as [`parse_memory`] reads it, but not a fraction.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    match parse_memory(s)? {
+        Memory::Bytes(b) => Ok(b),
+        Memory::Fraction(_) => Err(format!("expected bytes (e.g. 32MiB), got the fraction `{s}`")),
+    }
 }
 
 /// The CPU's default prefix-cache size: 0.1 of free memory, at most this.
@@ -296,6 +308,7 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         );
     }
     let tokenizer = engine.tokenizer_arc();
+    tokenizer.set_segment_cache_bytes(args.tokenizer_cache_memory);
     let template =
         chat_template(&args, tokenizer.chat_template.as_deref(), tokenizer.bos_token.as_deref(), tokenizer.eos_token.as_deref())?;
     let limits = Limits {

@@ -1,12 +1,17 @@
 //! `tokenizer.json` via the tokenizers crate, with bos/eos/add_bos and the chat template from
-//! `tokenizer_config.json` and `generation_config.json`.
+//! `tokenizer_config.json` and `generation_config.json`; long prompts go through a cache of
+//! segments ([`segments`]).
+
+mod segments;
 
 use std::path::Path;
+use std::str::FromStr;
 
 use serde_json::Value;
 
 use crate::config::ids_of;
 use crate::error::{EngineError, Result};
+pub use segments::{SegmentStats, DEFAULT_CACHE_BYTES};
 
 /// A checkpoint's tokenizer and its special-token conventions.
 pub struct Tokenizer {
@@ -25,6 +30,8 @@ pub struct Tokenizer {
     pub eos_token: Option<String>,
     /// The longest token's text in UTF-8 bytes (see [`Self::max_token_bytes`]), found at load.
     max_token_bytes: usize,
+    /// Segments long prompts and caches their ids, where this tokenizer allows it.
+    segments: Option<segments::Segmenter>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -59,7 +66,16 @@ impl Tokenizer {
     /// from `config.json` and are used when the tokenizer files say nothing.
     pub fn from_dir(dir: &Path, config_bos: Option<u32>, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| EngineError::Io { path: path.clone(), message: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_str(&text).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| EngineError::Io { path: path.clone(), message: e.to_string() })?;
+        let segments = match segments::Segmenter::new(&json, &inner) {
+            Ok(s) => Some(s),
+            Err(why) => {
+                tracing::info!(%why, "long prompts are tokenized whole (no segment cache)");
+                None
+            }
+        };
         let tc = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gc = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
         let bos_token = token_text(tc.get("bos_token"));
@@ -103,7 +119,7 @@ impl Tokenizer {
             }
         };
         let max_token_bytes = inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
-        Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token, max_token_bytes })
+        Ok(Self { inner, bos_token_id, eos_token_ids, add_bos_token, chat_template, bos_token, eos_token, max_token_bytes, segments })
     }
 
     /// The tokenizer as `tokenizer.json` text (for libraries that build their own view of it,
@@ -127,9 +143,18 @@ impl Tokenizer {
 
     /// Tokenizes a prompt; BOS is prepended once when `add_bos_token` asks for it (the
     /// tokenizer's own post-processor may already have added it).
+    /// Texts of a few hundred bytes or more are cut at seams and their segments' ids cached, with
+    /// the same result as tokenizing them whole.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        let mut ids = enc.get_ids().to_vec();
+        let err = |e: tokenizers::Error| EngineError::Tokenizer(e.to_string());
+        let cached = match &self.segments {
+            Some(s) => s.encode(&self.inner, text, add_special_tokens).map_err(err)?,
+            None => None,
+        };
+        let mut ids = match cached {
+            Some(ids) => ids,
+            None => self.inner.encode_fast(text, add_special_tokens).map_err(err)?.get_ids().to_vec(),
+        };
         if add_special_tokens && self.add_bos_token {
             if let Some(bos) = self.bos_token_id {
                 if ids.first() != Some(&bos) {
@@ -138,6 +163,19 @@ impl Tokenizer {
             }
         }
         Ok(ids)
+    }
+
+    /// Sets the segment cache's budget in bytes of text plus ids (0: every prompt is tokenized
+    /// whole); [`DEFAULT_CACHE_BYTES`] at load.
+    pub fn set_segment_cache_bytes(&self, bytes: usize) {
+        if let Some(s) = &self.segments {
+            s.set_budget(bytes);
+        }
+    }
+
+    /// The segment cache's counters, or `None` where this tokenizer cannot be cut safely.
+    pub fn segment_stats(&self) -> Option<SegmentStats> {
+        self.segments.as_ref().map(segments::Segmenter::stats)
     }
 
     /// Turns ids back into text.
