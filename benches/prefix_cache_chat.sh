@@ -5,8 +5,12 @@
 # warmed with two 3,000-token requests, then runs `loadgen --workload chat` (a ~2,000-token
 # system prompt, TURNS turns, 64-token answers, greedy) for each number of conversations.
 #
-#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [MODEL=DIR] [TOKENIZER_FROM=DIR] \
-#     benches/prefix_cache_chat.sh LOADGEN_BIN OUT_DIR LABEL=DELTASERVE_BIN...
+#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [MODEL=DIR] [TOKENIZER_FROM=DIR] [MODES="cache nocache"] \
+#     [FLAGS_<mode>="server flags"] benches/prefix_cache_chat.sh LOADGEN_BIN OUT_DIR LABEL=DELTASERVE_BIN...
+# A mode's flags default to `--prefix-cache-memory 0.3` (cache) and `--no-prefix-cache` (nocache);
+# other modes name theirs, e.g. MODES="small host" FLAGS_small="--prefix-cache-memory 1GB"
+# FLAGS_host="--prefix-cache-memory 1GB --prefix-cache-host-memory 24GiB". After each mode the
+# server's prefix-cache counters are appended to chat.md.
 # MODEL defaults to a random 1.39B Gated DeltaNet (benches/configs/gdn-1.3b.json, bf16), written
 # on first use. Rows of OUT_DIR/chat.md: conversations, turns, requests, TTFT p50 / p99 ms, ITL
 # p50 ms, tokens/s, errors.
@@ -25,18 +29,21 @@ port=18800
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for build in "$@"; do
     label=${build%%=*} bin=${build#*=}
-    for mode in cache nocache; do
+    for mode in ${MODES:-cache nocache}; do
       port=$((port + 1))
-      extra=()
-      [ "$mode" = nocache ] && extra=(--no-prefix-cache)
+      FLAGS_cache=${FLAGS_cache:---prefix-cache-memory 0.3} FLAGS_nocache=${FLAGS_nocache:---no-prefix-cache}
+      flags_var="FLAGS_$mode"
+      read -r -a extra <<<"${!flags_var:-}"
       start_server "$bin" $port "$OUT/serve-$label-$mode-$round.log" --model "$MODEL" --device cuda --dtype bf16 \
-        --max-num-seqs 32 --max-num-batched-tokens 2048 --prefix-cache-memory 0.3 "${extra[@]}"
+        --max-num-seqs 32 --max-num-batched-tokens 2048 "${extra[@]}"
       "$LOADGEN" --url http://127.0.0.1:$port --clients 2 --requests 2 --prompt-tokens 3000 --max-tokens 4 --distinct >/dev/null
       echo "## $label, $mode, round $round" >>"$OUT/chat.md"
       for c in ${CONVS:-1 8}; do
         timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
           --system-tokens 2000 --max-tokens 64 --temperature 0 >>"$OUT/chat.md"
       done
+      python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" |
+        grep -E '^deltaserve:prefix_cache_(hits|queries|spills|evictions)_total|^deltaserve:prefix_cache_(host_)?entries' >>"$OUT/chat.md" || true
       kill "$server_pid" 2>/dev/null || true
       wait "$server_pid" 2>/dev/null || true
     done

@@ -21,6 +21,8 @@ type GpuTest = (&'static str, fn(&Device));
 #[cfg(feature = "cuda")]
 #[path = "gpu/gemm.rs"]
 mod gemm;
+#[path = "gpu/host_tier.rs"]
+mod host_tier;
 #[cfg(feature = "cuda")]
 #[path = "gpu/norm_gemv.rs"]
 mod norm_gemv;
@@ -55,6 +57,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
+    ("gpu_host_tier_round_trips_snapshots_exactly", host_tier::gpu_host_tier_round_trips_snapshots_exactly),
 ];
 
 fn main() {

@@ -274,8 +274,13 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
 
 /// Two servers of one model, with the prefix cache (`snapshots` slots) and without it.
 async fn cached_and_uncached(dir: &std::path::Path, snapshots: usize, template: Option<&'static str>) -> (String, String) {
-    let setup =
-        |snapshots| Setup { slots: 8, max_queue: 16, cache: PrefixCacheConfig { snapshots, grid: 64 }, template, ..Setup::default() };
+    let setup = |snapshots| Setup {
+        slots: 8,
+        max_queue: 16,
+        cache: PrefixCacheConfig { snapshots, grid: 64, host_snapshots: 0 },
+        template,
+        ..Setup::default()
+    };
     (serve_dir(dir, setup(snapshots)).await.0, serve_dir(dir, setup(0)).await.0)
 }
 
@@ -358,6 +363,42 @@ async fn a_tiny_cache_evicts_least_recently_used_prefixes_and_stays_exact() {
     assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_hits_total").await, 0.0, "every prompt was evicted before it came back");
     let mem = metric(&client, &on, "deltaserve:prefix_cache_memory_bytes").await;
     assert!(mem > 0.0, "snapshot states and their KV blocks: {mem}");
+}
+
+#[tokio::test]
+async fn snapshots_evicted_to_the_host_tier_are_hit_from_there_and_stay_exact() {
+    let client = reqwest::Client::new();
+    let dir = compact_dir().join("gdn");
+    // Two pool snapshots and eight in host memory, against a server without the cache.
+    let cache = PrefixCacheConfig { snapshots: 2, grid: 64, host_snapshots: 8 };
+    let on = serve_dir(&dir, Setup { slots: 4, cache, ..Setup::default() }).await.0;
+    let none = PrefixCacheConfig { snapshots: 0, grid: 64, host_snapshots: 0 };
+    let off = serve_dir(&dir, Setup { slots: 4, cache: none, ..Setup::default() }).await.0;
+    let ask = |p: u32, n: usize| json!({"prompt": ids(40 + p, n), "max_tokens": 4, "temperature": 0, "ignore_eos": true, "logprobs": 1});
+    let check = |on: Value, off: Value, what: String| assert_eq!(on["choices"], off["choices"], "{what}");
+    // Ten prompts of 70 tokens, one snapshot each (at 64): the pool keeps the last two, the
+    // eight before them move to the host.
+    for p in 0..10 {
+        check(complete(&client, &on, ask(p, 70)).await, complete(&client, &off, ask(p, 70)).await, format!("prompt {p}"));
+    }
+    let m = |name: &'static str| metric(&client, &on, name);
+    assert_eq!(m("deltaserve:prefix_cache_spills_total").await, 8.0);
+    assert_eq!(m("deltaserve:prefix_cache_evictions_total").await, 0.0, "the host had room for all eight");
+    assert_eq!((m("deltaserve:prefix_cache_entries").await, m("deltaserve:prefix_cache_host_entries").await), (10.0, 8.0));
+    assert_eq!(m("deltaserve:prefix_cache_host_snapshots_total").await, 8.0);
+    // Prompt 0 again, longer: its snapshot is in host memory.
+    check(complete(&client, &on, ask(0, 100)).await, complete(&client, &off, ask(0, 100)).await, "from the host".into());
+    assert_eq!(m("deltaserve:prefix_cache_hits_total").await, 64.0);
+    // Two more prompts push prompts 8 and 9 to the full host, which drops its least recently
+    // used: prompts 1 and 2 (prompt 0 was just used).
+    for p in 10..12 {
+        check(complete(&client, &on, ask(p, 70)).await, complete(&client, &off, ask(p, 70)).await, format!("prompt {p}"));
+    }
+    assert_eq!((m("deltaserve:prefix_cache_spills_total").await, m("deltaserve:prefix_cache_evictions_total").await), (10.0, 2.0));
+    check(complete(&client, &on, ask(1, 100)).await, complete(&client, &off, ask(1, 100)).await, "prompt 1, dropped".into());
+    assert_eq!(m("deltaserve:prefix_cache_hits_total").await, 64.0, "prompt 1's snapshot is gone");
+    check(complete(&client, &on, ask(0, 100)).await, complete(&client, &off, ask(0, 100)).await, "prompt 0, kept".into());
+    assert_eq!(m("deltaserve:prefix_cache_hits_total").await, 128.0, "prompt 0's is still on the host");
 }
 
 /// A chat template in the shape of Qwen's.

@@ -35,7 +35,7 @@ pub use deltaserve_kernels::PREFILL_CHUNK;
 pub use error::{ConfigError, EngineError, Result, WeightError};
 pub use models::{CausalLm, Logits};
 pub use sampling::{Draws, Sampled, Sampler, SamplingParams};
-pub use state::{SlotId, SnapId, SnapshotAt, StatePool};
+pub use state::{HostSnapId, SlotId, SnapId, SnapshotAt, StatePool};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 pub use warmup::WarmUp;
 

@@ -13,7 +13,7 @@ mod slots;
 
 pub use cpu::conv::ConvActivation;
 pub use cpu::norm::GateActivation;
-pub use slots::{SlotBuffer, StepSlots};
+pub use slots::{HostSlots, SlotBuffer, StepSlots};
 
 /// Chunk length of the chunkwise-parallel (WY/UT) prefill, CPU and GPU. A prompt prefilled in
 /// pieces that end at multiples of it gives the same bits as the whole prompt at once (each

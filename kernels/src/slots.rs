@@ -268,9 +268,113 @@ impl SlotBuffer {
     }
 }
 
+/// Slots in host memory that a [`SlotBuffer`]'s f32 slots are copied out to and back from (the
+/// prefix cache's second tier). Page-locked on a GPU, where the copies are queued on the
+/// device's one stream, ordered with every kernel and copy before and after them, so nothing
+/// waits; a plain vector for a CPU buffer.
+#[derive(Debug)]
+pub struct HostSlots {
+    per_slot: usize,
+    slots: usize,
+    store: HostStore,
+}
+
+#[derive(Debug)]
+enum HostStore {
+    Vec(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Pinned(crate::cuda::PinnedSlots),
+}
+
+impl HostSlots {
+    /// `slots` zeroed host slots shaped like `buf`'s (f32) slots, page-locked when `buf` is on
+    /// a GPU.
+    pub fn for_buffer(buf: &SlotBuffer, slots: usize) -> Result<Self> {
+        if buf.dtype() != DType::F32 {
+            return Err(KernelError::Shape {
+                op: "HostSlots",
+                input: "slots",
+                expected: "f32 slots".into(),
+                actual: vec![buf.dtype().size_in_bytes()],
+            });
+        }
+        let len = slots * buf.per_slot;
+        let store = match &buf.store {
+            Store::Host(_) => HostStore::Vec(vec![0.0; len]),
+            #[cfg(feature = "cuda")]
+            Store::Cuda(d) => HostStore::Pinned(crate::cuda::PinnedSlots::zeros(d, len)?),
+        };
+        Ok(Self { per_slot: buf.per_slot, slots, store })
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn check(&self, slot: usize, buf: &SlotBuffer, buf_slot: usize) -> Result<()> {
+        buf.check(buf_slot)?;
+        if slot >= self.slots {
+            return Err(KernelError::Slot { slot, slots: self.slots });
+        }
+        if buf.per_slot != self.per_slot {
+            return Err(KernelError::Shape {
+                op: "HostSlots",
+                input: "slot size",
+                expected: format!("{} values", self.per_slot),
+                actual: vec![buf.per_slot],
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `buf`'s slot `src` into host slot `dst`.
+    pub fn save(&mut self, buf: &SlotBuffer, src: usize, dst: usize) -> Result<()> {
+        self.check(dst, buf, src)?;
+        let p = self.per_slot;
+        match (&mut self.store, &buf.store) {
+            (HostStore::Vec(v), Store::Host(b)) => v[dst * p..(dst + 1) * p].copy_from_slice(&b[src * p..(src + 1) * p]),
+            #[cfg(feature = "cuda")]
+            (HostStore::Pinned(h), Store::Cuda(d)) => d.to_pinned(src * p, p, h, dst * p)?,
+            #[cfg(feature = "cuda")]
+            _ => return Err(KernelError::UnsupportedDevice { op: "HostSlots::save", device: "a buffer on another device".into() }),
+        }
+        Ok(())
+    }
+
+    /// Copies host slot `src` into `buf`'s slot `dst`.
+    pub fn load(&self, buf: &mut SlotBuffer, src: usize, dst: usize) -> Result<()> {
+        self.check(src, buf, dst)?;
+        let p = self.per_slot;
+        match (&self.store, &mut buf.store) {
+            (HostStore::Vec(v), Store::Host(b)) => b[dst * p..(dst + 1) * p].copy_from_slice(&v[src * p..(src + 1) * p]),
+            #[cfg(feature = "cuda")]
+            (HostStore::Pinned(h), Store::Cuda(d)) => d.from_pinned(dst * p, p, h, src * p)?,
+            #[cfg(feature = "cuda")]
+            _ => return Err(KernelError::UnsupportedDevice { op: "HostSlots::load", device: "a buffer on another device".into() }),
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_slots_round_trip_a_slot_and_check_their_arguments() {
+        let mut b = SlotBuffer::zeros(3, 2);
+        b.write_slot(1, &[1.0, 2.0]).unwrap();
+        let mut h = HostSlots::for_buffer(&b, 2).unwrap();
+        h.save(&b, 1, 1).unwrap();
+        b.zero(1).unwrap();
+        h.load(&mut b, 1, 2).unwrap();
+        assert_eq!(b.slot(2).unwrap(), &[1.0, 2.0]);
+        assert_eq!(b.slot(1).unwrap(), &[0.0, 0.0]);
+        assert!(matches!(h.save(&b, 0, 2), Err(KernelError::Slot { slot: 2, slots: 2 })));
+        assert!(matches!(h.load(&mut b, 0, 3), Err(KernelError::Slot { slot: 3, slots: 3 })));
+        assert!(h.save(&SlotBuffer::zeros(1, 3), 0, 0).is_err(), "another slot size");
+    }
 
     #[test]
     fn slots_are_disjoint_and_checked() {

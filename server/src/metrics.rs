@@ -73,6 +73,14 @@ pub struct Metrics {
     pub prefix_cache_memory_bytes: IntGauge,
     /// Snapshot slots allocated for the cache (0: off).
     pub prefix_cache_snapshots_total: IntGauge,
+    /// Cached prefixes whose snapshot is in host memory.
+    pub prefix_cache_host_entries: IntGauge,
+    /// Host-memory snapshot slots (0: no host tier).
+    pub prefix_cache_host_snapshots_total: IntGauge,
+    /// Bytes of host memory allocated for the host tier.
+    pub prefix_cache_host_memory_bytes: IntGauge,
+    /// Snapshots moved from device to host memory to make room.
+    pub prefix_cache_spills: IntCounter,
     /// Prompt text whose ids came from the tokenizer's segment cache, in bytes.
     pub tokenizer_cache_hit_bytes: IntCounter,
     /// Prompt text the segment cache tokenized, in bytes.
@@ -176,6 +184,26 @@ impl Metrics {
                 "Bytes held by prefix-cache snapshots (states, and KV blocks of hybrids).",
             )?,
             prefix_cache_snapshots_total: gauge(&r, "deltaserve:prefix_cache_snapshots_total", "Snapshot slots of the prefix cache.")?,
+            prefix_cache_host_entries: gauge(
+                &r,
+                "deltaserve:prefix_cache_host_entries",
+                "Cached prefixes whose snapshot is in host memory.",
+            )?,
+            prefix_cache_host_snapshots_total: gauge(
+                &r,
+                "deltaserve:prefix_cache_host_snapshots_total",
+                "Host-memory snapshot slots of the prefix cache (0: no host tier).",
+            )?,
+            prefix_cache_host_memory_bytes: gauge(
+                &r,
+                "deltaserve:prefix_cache_host_memory_bytes",
+                "Bytes of host memory allocated for the prefix cache's host tier.",
+            )?,
+            prefix_cache_spills: counter(
+                &r,
+                "deltaserve:prefix_cache_spills_total",
+                "Prefix-cache snapshots moved from device to host memory to make room.",
+            )?,
             tokenizer_cache_hit_bytes: counter(
                 &r,
                 "deltaserve:tokenizer_cache_hit_bytes_total",

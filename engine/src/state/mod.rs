@@ -136,6 +136,8 @@ pub struct StatePool {
     max_blocks: usize,
     /// The tables in device memory, for a pool on a GPU with attention layers.
     device_tables: Option<DeviceBlockTable>,
+    /// The prefix cache's host-memory tier, if added ([`Self::add_host_tier`]).
+    host: Option<Box<host::HostTier>>,
 }
 
 /// Identifies a pool's buffers (a clone gets a new id: its buffers are its own).
@@ -164,6 +166,8 @@ impl Clone for StatePool {
             // A copy that fails (out of device memory) leaves the clone without tables: its
             // GPU attention then refuses to run rather than write another pool's.
             device_tables: self.device_tables.as_ref().and_then(|t| t.deep_copy().ok()),
+            // A clone is a scratch copy of the sequences; the host tier stays with the original.
+            host: None,
         }
     }
 }
@@ -265,6 +269,7 @@ impl StatePool {
             reserved: vec![0; all],
             max_blocks: Self::max_blocks(size),
             device_tables,
+            host: None,
         }
     }
 
@@ -558,8 +563,10 @@ impl StatePool {
     }
 }
 
+mod host;
 mod snapshots;
 #[cfg(test)]
 mod tests;
 
+pub use host::HostSnapId;
 pub use snapshots::{SnapId, SnapshotAt};

@@ -109,3 +109,42 @@ fn snapshots_share_full_blocks_and_copy_a_partial_last_one_on_restore() {
     let c = p.allocate().unwrap();
     assert!(p.restore(eight, c).is_err(), "a dropped snapshot");
 }
+
+#[test]
+fn a_snapshot_spilled_to_the_host_tier_restores_its_states_and_frees_its_slot() {
+    let specs = [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 }];
+    let size = PoolSize { slots: 2, snapshots: 1, kv_blocks: 0, block_size: 4, max_seq_len: 64 };
+    let mut p = StatePool::new_on(&specs, size, &Device::Cpu).unwrap();
+    p.add_host_tier(1).unwrap();
+    let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
+    if let LayerCache::Recurrent(s) = p.layer_mut(0) {
+        s.conv_state.write_slot(a.index(), &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        s.recurrent_state.write_slot(a.index(), &[5.0; 8]).unwrap();
+    }
+    p.advance(&[a.index()], &[7]);
+    let snap = p.take_snapshot().unwrap();
+    p.save(a, snap).unwrap();
+    let h = p.spill(snap).unwrap().expect("a free host slot");
+    assert_eq!((p.snapshots_used(), p.host_snapshots_free(), p.host_snapshot_tokens(h)), (0, 0, 7));
+    assert!(p.check_snapshot(snap).is_err(), "the device slot was freed");
+    // The device slot is reused and overwritten; the host copy is unaffected.
+    let again = p.take_snapshot().unwrap();
+    p.save(b, again).unwrap();
+    assert_eq!(p.spill(again).unwrap(), None, "no host slot free");
+    p.restore_host(h, b).unwrap();
+    assert_eq!(p.seen(b), 7);
+    if let LayerCache::Recurrent(s) = p.layer(0) {
+        assert_eq!(s.conv_state.slot(b.index()).unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(s.recurrent_state.slot(b.index()).unwrap(), &[5.0; 8]);
+    }
+    p.drop_host(h).unwrap();
+    assert!(p.drop_host(h).is_err() && p.restore_host(h, b).is_err(), "a freed host slot");
+    assert_eq!(p.host_snapshots_free(), 1);
+}
+
+#[test]
+fn a_hybrid_pool_refuses_a_host_tier() {
+    let mut p = hybrid_pool(2, 4);
+    let err = p.add_host_tier(4).unwrap_err().to_string();
+    assert!(err.contains("prefix_cache_host_memory") && err.contains("attention"), "{err}");
+}

@@ -4,7 +4,7 @@
 //! (`RowsArg`: column slices of a fused projection, f32/bf16/f16). States are updated in place
 //! in a [`DeviceSlots`] allocation, by slot index.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, DType, Shape, Storage, Tensor};
@@ -163,6 +163,87 @@ impl DeviceSlots {
         let stream = self.dev.cuda_stream();
         let tmp = stream.clone_dtod(&self.data.slice(from)).w()?;
         stream.memcpy_dtod(&tmp, &mut self.data.slice_mut(to)).w()?;
+        Ok(())
+    }
+}
+
+/// Page-locked host memory for [`crate::HostSlots`]: copies to and from it are queued on the
+/// device's stream without waiting.
+pub struct PinnedSlots {
+    dev: CudaDevice,
+    /// Where the memory starts, taken once at allocation (cudarc's accessors wait for an event
+    /// this type never records: the stream orders every copy).
+    ptr: *mut f32,
+    len: usize,
+    _host: candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<f32>,
+}
+
+// SAFETY: the pointer is the allocation `_host` owns; it is only handed to copies queued on
+// the device's stream, which the owner of this value orders (one engine thread).
+unsafe impl Send for PinnedSlots {}
+unsafe impl Sync for PinnedSlots {}
+
+impl std::fmt::Debug for PinnedSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedSlots").field("len", &self.len).finish()
+    }
+}
+
+impl PinnedSlots {
+    /// `len` zeroed, page-locked f32 values.
+    pub fn zeros(slots: &DeviceSlots, len: usize) -> Result<Self> {
+        let ctx = slots.dev.cuda_stream().context().clone();
+        // SAFETY: zeroed right below, before any use.
+        let mut host = unsafe { ctx.alloc_pinned::<f32>(len.max(1)) }.w()?;
+        let ptr = host.as_mut_ptr().w()?;
+        // SAFETY: `ptr` points at `len.max(1)` f32 values no copy uses yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
+        Ok(Self { dev: slots.dev.clone(), ptr, len, _host: host })
+    }
+}
+
+impl Drop for PinnedSlots {
+    fn drop(&mut self) {
+        // Copies still queued must not outlive the memory.
+        let _ = self.dev.cuda_stream().synchronize();
+    }
+}
+
+impl DeviceSlots {
+    /// Queues a copy of `len` f32 values at `offset` into `host` at `host_offset`.
+    pub fn to_pinned(&self, offset: usize, len: usize, host: &mut PinnedSlots, host_offset: usize) -> Result<()> {
+        self.pinned_range(offset, len, host, host_offset)?;
+        let stream = self.dev.cuda_stream();
+        let view = self.data.slice(offset..offset + len);
+        let (src, _sync) = view.device_ptr(&stream);
+        // SAFETY: the range is in bounds (checked); the memory lives until the stream is done
+        // with it (`PinnedSlots::drop` synchronises).
+        let dst = unsafe { std::slice::from_raw_parts_mut(host.ptr.add(host_offset), len) };
+        unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }.w()?;
+        Ok(())
+    }
+
+    /// Queues a copy of `len` f32 values of `host` at `host_offset` to `offset`.
+    pub fn from_pinned(&mut self, offset: usize, len: usize, host: &PinnedSlots, host_offset: usize) -> Result<()> {
+        self.pinned_range(offset, len, host, host_offset)?;
+        let stream = self.dev.cuda_stream();
+        let mut view = self.data.slice_mut(offset..offset + len);
+        let (dst, _sync) = view.device_ptr_mut(&stream);
+        // SAFETY: as in `to_pinned`.
+        let src = unsafe { std::slice::from_raw_parts(host.ptr.add(host_offset), len) };
+        unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }.w()?;
+        Ok(())
+    }
+
+    fn pinned_range(&self, offset: usize, len: usize, host: &PinnedSlots, host_offset: usize) -> Result<()> {
+        if self.dtype != DType::F32 || offset + len > self.data.len() || host_offset + len > host.len {
+            return Err(KernelError::Shape {
+                op: "PinnedSlots",
+                input: "copy",
+                expected: format!("f32 ranges inside {} device and {} host values", self.data.len(), host.len),
+                actual: vec![offset, host_offset, len],
+            });
+        }
         Ok(())
     }
 }

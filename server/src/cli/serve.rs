@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// capped at 256 MiB on the CPU.
     #[arg(long, env = "DELTASERVE_PREFIX_CACHE_MEMORY", default_value = "0.1", value_parser = parse_memory)]
     prefix_cache_memory: Memory,
+    /// Host memory that snapshots evicted from the prefix cache move to instead of being
+    /// dropped (page-locked on a GPU; recurrent models only, not hybrids): bytes (`8GiB`);
+    /// 0, the default, keeps no host tier.
+    #[arg(long, env = "DELTASERVE_PREFIX_CACHE_HOST_MEMORY", default_value = "0", value_parser = parse_bytes)]
+    prefix_cache_host_memory: usize,
     /// Memory for the token ids of long prompts' segments, so that a chat turn re-sending its
     /// conversation tokenizes only what is new: bytes (`32MiB`, `0` turns it off).
     #[arg(long, env = "DELTASERVE_TOKENIZER_CACHE_MEMORY", default_value = "32MiB", value_parser = parse_bytes)]
@@ -334,13 +339,23 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         };
         bytes / per_slot
     };
-    tracing::info!(snapshots, grid = args.prefix_cache_grid, bytes = snapshots * per_slot, "prefix cache");
+    tracing::info!(
+        snapshots,
+        grid = args.prefix_cache_grid,
+        bytes = snapshots * per_slot,
+        host_snapshots = args.prefix_cache_host_memory / per_slot,
+        "prefix cache"
+    );
     let sched_cfg = SchedulerConfig {
         max_num_seqs: slots,
         kv_blocks,
         max_queue: args.max_queue,
         max_model_len,
-        prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid },
+        prefix_cache: PrefixCacheConfig {
+            snapshots,
+            grid: args.prefix_cache_grid,
+            host_snapshots: if snapshots > 0 { args.prefix_cache_host_memory / per_slot } else { 0 },
+        },
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
         warmup: !args.no_warmup,

@@ -7,7 +7,7 @@
 
 use deltaserve_engine::SlotId;
 
-use super::prefix_cache::common_prefix;
+use super::prefix_cache::{self, common_prefix};
 use super::Scheduler;
 
 /// A finished chat turn being prefilled again for the cache: `tokens` (prompt and answer) run
@@ -48,7 +48,7 @@ impl Scheduler {
             }
             if let Some(hit) = cache.lookup(&r.prompt, max).filter(|h| h.tokens > r.prefilled) {
                 let slot = r.seqs[0].slot;
-                match self.pool.restore(hit.snap, slot) {
+                match prefix_cache::restore(&mut self.pool, hit.snap, slot) {
                     Ok(true) => self.requests[i].prefilled = hit.tokens,
                     Ok(false) => {}
                     Err(e) => tracing::warn!(error = %e, %slot, "restoring a cached prefix failed; prefilling it"),
@@ -71,7 +71,7 @@ impl Scheduler {
             return false;
         }
         let slot = match hit {
-            Some(h) => match self.pool.restore(h.snap, slot) {
+            Some(h) => match prefix_cache::restore(&mut self.pool, h.snap, slot) {
                 Ok(true) => slot,
                 _ => return false,
             },
@@ -143,5 +143,7 @@ impl Scheduler {
         if c.evictions > seen {
             m.prefix_cache_evictions.inc_by(c.evictions - seen);
         }
+        m.prefix_cache_host_entries.set(c.host_entries() as i64);
+        m.prefix_cache_spills.inc_by(c.spills.saturating_sub(m.prefix_cache_spills.get()));
     }
 }

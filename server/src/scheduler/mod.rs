@@ -116,6 +116,9 @@ pub fn spawn(
         max_seq_len: cfg.max_model_len,
     };
     let mut pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
+    if cfg.prefix_cache.snapshots > 0 && cfg.prefix_cache.host_snapshots > 0 {
+        pool.add_host_tier(cfg.prefix_cache.host_snapshots).map_err(std::io::Error::other)?;
+    }
     if cfg.warmup {
         match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs) {
             Ok(w) if w.passes + w.batch_sizes > 0 => {
@@ -131,6 +134,8 @@ pub fn spawn(
         metrics.kv_blocks_total.set(pool.kv_blocks_total() as i64);
         metrics.kv_memory_bytes.set((pool.kv_blocks_total() * pool.bytes_per_block()) as i64);
         metrics.prefix_cache_snapshots_total.set(pool.snapshots_total() as i64);
+        metrics.prefix_cache_host_snapshots_total.set(pool.host_snapshots_total() as i64);
+        metrics.prefix_cache_host_memory_bytes.set((pool.host_snapshots_total() * pool.bytes_per_snapshot()) as i64);
         let cache = (pool.snapshots_total() > 0).then(|| prefix_cache::PrefixCache::new(cfg.prefix_cache.grid));
         let mut s = Scheduler {
             engine,

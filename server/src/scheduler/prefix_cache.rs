@@ -1,7 +1,9 @@
 //! The prefix cache's index: a radix tree over token ids whose nodes may hold a snapshot (a
 //! pool snapshot slot with the caches after exactly the node's tokens), with least-recently
 //! used eviction. The snapshots themselves live in the [`StatePool`]; this module decides
-//! which prefixes they stand for and which one goes when room is needed.
+//! which prefixes they stand for and which one goes when room is needed. With a host tier, a
+//! snapshot evicted from the pool's (GPU) memory moves to host memory, and only the least
+//! recently used host snapshot is dropped.
 //!
 //! Snapshots are taken on a grid (every `grid` tokens, a multiple of the prefill's chunk), so
 //! a sequence restored from one is cut where an uncached prefill would cut it too: the cache
@@ -9,7 +11,16 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use deltaserve_engine::{SlotId, SnapId, SnapshotAt, StatePool};
+use deltaserve_engine::{HostSnapId, SlotId, SnapId, SnapshotAt, StatePool};
+
+/// Where a node's snapshot is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stored {
+    /// A snapshot slot of the pool.
+    Device(SnapId),
+    /// A slot of the pool's host tier.
+    Host(HostSnapId),
+}
 
 /// A node: the tokens on the edge from its parent, and a snapshot of the caches after the
 /// whole path from the root, if one is kept.
@@ -20,7 +31,7 @@ struct Node {
     children: HashMap<u32, usize>,
     /// Tokens from the root to the end of `edge`.
     depth: usize,
-    snap: Option<SnapId>,
+    snap: Option<Stored>,
     last_used: u64,
 }
 
@@ -28,7 +39,7 @@ struct Node {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Hit {
     pub tokens: usize,
-    pub snap: SnapId,
+    pub snap: Stored,
 }
 
 /// The radix index over cached prefixes.
@@ -36,13 +47,17 @@ pub(super) struct Hit {
 pub(super) struct PrefixCache {
     nodes: Vec<Node>,
     free_nodes: Vec<usize>,
-    /// `(last_used, node)` of every node with a snapshot, oldest first.
+    /// `(last_used, node)` of every node with a snapshot in the pool, oldest first.
     lru: BTreeSet<(u64, usize)>,
+    /// The same for snapshots in the host tier.
+    host_lru: BTreeSet<(u64, usize)>,
     tick: u64,
     /// Tokens between snapshots (a multiple of the prefill chunk).
     pub grid: usize,
     /// Snapshots dropped to make room, since start.
     pub evictions: u64,
+    /// Snapshots moved to the host tier to make room, since start.
+    pub spills: u64,
     /// Snapshots indexed or dropped, since start (the gauges need recounting when it moves).
     pub changes: u64,
 }
@@ -52,12 +67,34 @@ const ROOT: usize = 0;
 impl PrefixCache {
     /// An empty index taking snapshots every `grid` tokens.
     pub fn new(grid: usize) -> Self {
-        Self { nodes: vec![Node::default()], free_nodes: Vec::new(), lru: BTreeSet::new(), tick: 0, grid, evictions: 0, changes: 0 }
+        Self {
+            nodes: vec![Node::default()],
+            free_nodes: Vec::new(),
+            lru: BTreeSet::new(),
+            host_lru: BTreeSet::new(),
+            tick: 0,
+            grid,
+            evictions: 0,
+            spills: 0,
+            changes: 0,
+        }
     }
 
-    /// Snapshots indexed.
+    /// Snapshots indexed, in the pool and in the host tier.
     pub fn entries(&self) -> usize {
-        self.lru.len()
+        self.lru.len() + self.host_lru.len()
+    }
+
+    /// Snapshots indexed in the host tier.
+    pub fn host_entries(&self) -> usize {
+        self.host_lru.len()
+    }
+
+    fn lru_of(&mut self, snap: Stored) -> &mut BTreeSet<(u64, usize)> {
+        match snap {
+            Stored::Device(_) => &mut self.lru,
+            Stored::Host(_) => &mut self.host_lru,
+        }
     }
 
     /// Walks `tokens` from the root: the nodes whose whole path is a prefix of `tokens`.
@@ -79,12 +116,13 @@ impl PrefixCache {
 
     fn touch(&mut self, node: usize) {
         self.tick += 1;
-        let n = &mut self.nodes[node];
-        if n.snap.is_some() {
-            self.lru.remove(&(n.last_used, node));
-            self.lru.insert((self.tick, node));
+        let (tick, last, snap) = (self.tick, self.nodes[node].last_used, self.nodes[node].snap);
+        if let Some(snap) = snap {
+            let lru = self.lru_of(snap);
+            lru.remove(&(last, node));
+            lru.insert((tick, node));
         }
-        n.last_used = self.tick;
+        self.nodes[node].last_used = tick;
     }
 
     /// The longest cached prefix of `tokens` of at most `max` tokens, marked as just used.
@@ -157,7 +195,7 @@ impl PrefixCache {
             self.touch(at);
             return Err(snap);
         }
-        self.nodes[at].snap = Some(snap);
+        self.nodes[at].snap = Some(Stored::Device(snap));
         self.touch(at);
         self.changes += 1;
         Ok(())
@@ -165,10 +203,11 @@ impl PrefixCache {
 
     /// Removes node `at`'s snapshot and tidies the tree: a node with neither snapshot nor
     /// children goes, one with a single child merges into it.
-    fn unlink(&mut self, at: usize) -> Option<SnapId> {
+    fn unlink(&mut self, at: usize) -> Option<Stored> {
         let n = &mut self.nodes[at];
         let snap = n.snap.take()?;
-        self.lru.remove(&(n.last_used, at));
+        let last = n.last_used;
+        self.lru_of(snap).remove(&(last, at));
         self.changes += 1;
         let mut at = at;
         while at != ROOT && self.nodes[at].snap.is_none() && self.nodes[at].children.len() <= 1 {
@@ -191,14 +230,65 @@ impl PrefixCache {
         Some(snap)
     }
 
-    /// Drops the least recently used snapshot. False when there is none.
+    /// Makes a pool snapshot slot free: the least recently used pool snapshot moves to the host
+    /// tier when there is one (dropping the least recently used host snapshot if it is full),
+    /// the snapshot holds no KV blocks and it is [worth keeping](Self::worth_keeping); otherwise
+    /// it is dropped. False when there is none.
     pub fn evict_one(&mut self, pool: &mut StatePool) -> bool {
-        let Some(&(_, node)) = self.lru.iter().next() else { return false };
-        if let Some(snap) = self.unlink(node) {
-            // Cannot fail: indexed snapshots are taken slots.
-            let _ = pool.drop_snapshot(snap);
-            self.evictions += 1;
+        let Some(&(last, node)) = self.lru.iter().next() else { return false };
+        if let Some(Stored::Device(snap)) = self.nodes[node].snap {
+            if pool.host_snapshots_total() > 0 && pool.snapshot_blocks(snap) == 0 && self.worth_keeping(node) {
+                if pool.host_snapshots_free() == 0 {
+                    self.drop_lru(pool, true);
+                }
+                if let Ok(Some(h)) = pool.spill(snap) {
+                    self.lru.remove(&(last, node));
+                    self.host_lru.insert((last, node));
+                    self.nodes[node].snap = Some(Stored::Host(h));
+                    self.spills += 1;
+                    self.changes += 1;
+                    return true;
+                }
+            }
         }
+        self.drop_lru(pool, false)
+    }
+
+    /// Whether `node`'s snapshot is the deepest of its path (nothing cached below it) or the
+    /// last one before paths part: a snapshot with a single chain of deeper snapshots below
+    /// it (a conversation's earlier grid points) is not worth a copy to the host, since every
+    /// request that would hit it hits the deeper one at least as well.
+    fn worth_keeping(&self, node: usize) -> bool {
+        let mut at = node;
+        loop {
+            let children = &self.nodes[at].children;
+            let Some(&child) = children.values().next() else { return true };
+            if children.len() > 1 {
+                return true;
+            }
+            if self.nodes[child].snap.is_some() {
+                return false;
+            }
+            at = child;
+        }
+    }
+
+    /// Drops the least recently used snapshot of the host tier or of the pool. False when
+    /// there is none.
+    fn drop_lru(&mut self, pool: &mut StatePool, host: bool) -> bool {
+        let lru = if host { &self.host_lru } else { &self.lru };
+        let Some(&(_, node)) = lru.iter().next() else { return false };
+        // Cannot fail: indexed snapshots are taken slots.
+        match self.unlink(node) {
+            Some(Stored::Device(snap)) => {
+                let _ = pool.drop_snapshot(snap);
+            }
+            Some(Stored::Host(h)) => {
+                let _ = pool.drop_host(h);
+            }
+            None => return true,
+        }
+        self.evictions += 1;
         true
     }
 
@@ -218,9 +308,9 @@ impl PrefixCache {
     /// are available to sequences or no snapshot holds any.
     pub fn free_blocks(&mut self, pool: &mut StatePool, blocks: usize) {
         while pool.kv_blocks_available() < blocks {
-            let holder = self.lru.iter().find(|&&(_, n)| self.nodes[n].snap.is_some_and(|s| pool.snapshot_blocks(s) > 0)).map(|&(_, n)| n);
-            let Some(node) = holder else { return };
-            if let Some(snap) = self.unlink(node) {
+            let holds = |n: usize| matches!(self.nodes[n].snap, Some(Stored::Device(s)) if pool.snapshot_blocks(s) > 0);
+            let Some(node) = self.lru.iter().find(|&&(_, n)| holds(n)).map(|&(_, n)| n) else { return };
+            if let Some(Stored::Device(snap)) = self.unlink(node) {
                 let _ = pool.drop_snapshot(snap);
                 self.evictions += 1;
             }
@@ -259,6 +349,15 @@ impl PrefixCache {
     }
 }
 
+/// Makes sequence slot `slot` continue from a snapshot wherever it is; `Ok(false)` as
+/// [`StatePool::restore`] gives it.
+pub(super) fn restore(pool: &mut StatePool, snap: Stored, slot: SlotId) -> deltaserve_engine::Result<bool> {
+    match snap {
+        Stored::Device(s) => pool.restore(s, slot),
+        Stored::Host(h) => pool.restore_host(h, slot).map(|()| true),
+    }
+}
+
 /// Tokens two prompts share from the start.
 pub(super) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -285,9 +384,9 @@ mod tests {
         c.insert(&[1, 2], a).unwrap();
         c.insert(&[1, 2, 3, 4], b).unwrap();
         c.insert(&[1, 2, 5, 6], d).unwrap(); // splits nothing: a new branch under [1, 2]
-        assert_eq!(c.lookup(&[1, 2, 3, 4, 9], 4), Some(Hit { tokens: 4, snap: b }));
-        assert_eq!(c.lookup(&[1, 2, 3, 4], 3), Some(Hit { tokens: 2, snap: a }), "at most 3 tokens");
-        assert_eq!(c.lookup(&[1, 2, 5, 7], 9), Some(Hit { tokens: 2, snap: a }), "mid-edge is no hit");
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 9], 4), Some(Hit { tokens: 4, snap: Stored::Device(b) }));
+        assert_eq!(c.lookup(&[1, 2, 3, 4], 3), Some(Hit { tokens: 2, snap: Stored::Device(a) }), "at most 3 tokens");
+        assert_eq!(c.lookup(&[1, 2, 5, 7], 9), Some(Hit { tokens: 2, snap: Stored::Device(a) }), "mid-edge is no hit");
         assert_eq!(c.lookup(&[7], 9), None);
         assert_eq!(c.insert(&[1, 2, 3, 4], p.take_snapshot().unwrap()).unwrap_err().index(), 4, "a duplicate comes back");
         assert!(c.has(&[1, 2, 5, 6]) && !c.has(&[1, 2, 5]));
@@ -308,6 +407,41 @@ mod tests {
         assert_eq!(c.lookup(&[1, 2, 3, 4, 5, 6], 9).map(|h| h.tokens), Some(3));
         assert!(c.evict_one(&mut p) && !c.evict_one(&mut p));
         assert_eq!(c.nodes.iter().filter(|n| n.depth > 0).count(), 0, "no nodes left but the root");
+    }
+
+    #[test]
+    fn eviction_moves_the_deepest_snapshots_to_the_host_and_drops_those_above_them() {
+        let mut p = pool(2);
+        p.add_host_tier(1).unwrap();
+        let mut c = PrefixCache::new(2);
+        let a = c.take_slot(&mut p).unwrap();
+        c.insert(&[1, 2], a).unwrap();
+        let b = c.take_slot(&mut p).unwrap();
+        c.insert(&[1, 2, 3, 4], b).unwrap();
+        // [1, 2] is least recently used, but [1, 2, 3, 4] is cached below it on one path.
+        let d = c.take_slot(&mut p).unwrap();
+        assert_eq!((c.evictions, c.spills, c.host_entries()), (1, 0, 0), "dropped, not copied");
+        c.insert(&[7, 8], d).unwrap();
+        // [1, 2, 3, 4] is now the least recently used and the deepest of its path: to the host.
+        let e = c.take_slot(&mut p).unwrap();
+        assert_eq!((c.evictions, c.spills, c.host_entries(), c.entries()), (1, 1, 1, 2));
+        let hit = c.lookup(&[1, 2, 3, 4, 5], 9).unwrap();
+        assert!(matches!(hit, Hit { tokens: 4, snap: Stored::Host(_) }), "{hit:?}");
+        c.insert(&[9, 9], e).unwrap();
+        // The host tier is full: moving [7, 8] there drops its least recently used snapshot.
+        let _ = c.take_slot(&mut p).unwrap();
+        assert_eq!((c.evictions, c.spills, c.host_entries()), (2, 2, 1));
+        assert!(c.lookup(&[1, 2, 3, 4], 9).is_none() && c.lookup(&[7, 8, 1], 9).is_some());
+        // A prefix where paths part is kept too: [5, 5] with two deeper branches.
+        let mut p = pool(3);
+        p.add_host_tier(2).unwrap();
+        let mut c = PrefixCache::new(2);
+        for key in [&[5u32, 5][..], &[5, 5, 1, 1], &[5, 5, 2, 2]] {
+            let s = c.take_slot(&mut p).unwrap();
+            c.insert(key, s).unwrap();
+        }
+        let _ = c.take_slot(&mut p).unwrap();
+        assert_eq!((c.evictions, c.spills), (0, 1), "[5, 5] went to the host");
     }
 
     #[test]

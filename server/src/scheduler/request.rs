@@ -38,6 +38,8 @@ pub struct PrefixCacheConfig {
     pub snapshots: usize,
     /// Tokens between snapshots, a multiple of the prefill chunk.
     pub grid: usize,
+    /// Host-memory snapshot slots that evicted snapshots move to (0: none).
+    pub host_snapshots: usize,
 }
 
 /// What a request asks the scheduler for, already validated.
