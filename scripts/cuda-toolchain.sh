@@ -43,4 +43,12 @@ if [[ ! -x "$CUDA_DIR/bin/nvcc" || ! -f "$CUDA_DIR/lib/stubs/libcuda.so" ]]; the
   stub libnvrtc libnvrtc.so.13 nvrtc/sys/mod.rs
   echo "cuda-toolchain: installed $("$CUDA_DIR/bin/nvcc" --version | grep release) in $CUDA_DIR" >&2
 fi
+# NCCL (the `nccl` feature, tensor parallelism): a link stub too; the GPU host's libnccl.so.2
+# (e.g. PyTorch's nvidia-nccl wheel) is loaded at run time.
+if [[ ! -f "$CUDA_DIR/lib/stubs/libnccl.so" ]]; then
+  cargo fetch --locked >&2
+  CUDARC_SRC=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-$CUDARC_VERSION/src 2>/dev/null | head -1)
+  grep -oP '^pub unsafe fn \K\w+' "$CUDARC_SRC/nccl/sys/mod.rs" | sort -u | sed 's/.*/int &(void){return 999;}/' >"$CUDA_DIR/lib/stubs/libnccl.c"
+  gcc -shared -fPIC -Wl,-soname,libnccl.so.2 -o "$CUDA_DIR/lib/stubs/libnccl.so" "$CUDA_DIR/lib/stubs/libnccl.c"
+fi
 echo "export PATH=$CUDA_DIR/bin:\$PATH CUDA_ROOT=$CUDA_DIR CUDA_HOME=$CUDA_DIR CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000"

@@ -28,6 +28,9 @@ mod host_tier;
 mod norm_gemv;
 #[path = "gpu/sampling.rs"]
 mod sampling;
+#[cfg(feature = "nccl")]
+#[path = "gpu/tensor_parallel.rs"]
+mod tensor_parallel;
 #[path = "gpu/warmup.rs"]
 mod warmup;
 
@@ -58,6 +61,8 @@ const TESTS: &[GpuTest] = &[
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
     ("gpu_host_tier_round_trips_snapshots_exactly", host_tier::gpu_host_tier_round_trips_snapshots_exactly),
+    #[cfg(feature = "nccl")]
+    ("gpu_tensor_parallel_equals_one_gpu", tensor_parallel::gpu_tensor_parallel_equals_one_gpu),
 ];
 
 fn main() {
@@ -517,6 +522,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 prefill_algo,
                 cuda_graphs: true,
                 batch_invariant: false,
+                tensor_parallel_size: 1,
             };
             Engine::load(&opts).unwrap()
         };
@@ -812,6 +818,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
                 prefill_algo: PrefillAlgo::Chunked,
                 cuda_graphs: true,
                 batch_invariant: false,
+                tensor_parallel_size: 1,
             };
             let engine = Engine::load(&opts).unwrap();
             let e = packed_model_prefill_error(engine.model(), 23);

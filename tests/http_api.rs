@@ -785,3 +785,45 @@ async fn slow_headers_and_short_bodies_are_cut_off_at_their_timeouts() {
     let m = srv.metrics().await;
     assert_eq!(sample(&m, "deltaserve:request_errors_total", "code=\"408\""), 1.0, "{m}");
 }
+
+#[tokio::test]
+async fn a_server_split_over_two_ranks_answers_as_the_unsplit_one() {
+    // `--tensor-parallel-size 2` on the CPU: two rank threads in lockstep, each holding half of
+    // every layer's heads and its own states; batched prompts with echoed prompt logprobs.
+    let (whole, split) = (start(&[]).await, start(&["--tensor-parallel-size", "2"]).await);
+    let body = json!({"prompt": ["def fibonacci(n):\n", "x = 1", "import os\nimport sys\n"], "echo": true, "logprobs": 2,
+                      "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let ((s1, a), (s2, b)) = (whole.post("/v1/completions", body.clone()).await, split.post("/v1/completions", body).await);
+    assert_eq!((s1, s2), (200, 200), "{a}\n{b}");
+    let (ca, cb) = (a["choices"].as_array().unwrap(), b["choices"].as_array().unwrap());
+    assert_eq!(ca.len(), 3);
+    let mut compared = 0;
+    for (x, y) in ca.iter().zip(cb) {
+        assert_eq!(x["text"], y["text"], "greedy text");
+        assert_eq!(x["logprobs"]["tokens"], y["logprobs"]["tokens"]);
+        let (lx, ly) = (x["logprobs"]["token_logprobs"].as_array().unwrap(), y["logprobs"]["token_logprobs"].as_array().unwrap());
+        for (p, q) in lx.iter().zip(ly).filter(|(p, _)| !p.is_null()) {
+            let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
+            assert!((p - q).abs() <= 1e-4 * p.abs().max(1.0), "logprob {p} against {q}");
+            compared += 1;
+        }
+    }
+    assert!(compared > 30, "{compared} logprobs compared");
+    // Each rank holds half of every layer's states (2 heads, one a rank): the state memory
+    // gauge, per device, is half the unsplit server's.
+    let (mw, ms) = (whole.metrics().await, split.metrics().await);
+    let (bw, bs) = (sample(&mw, "deltaserve:state_memory_bytes", ""), sample(&ms, "deltaserve:state_memory_bytes", ""));
+    assert!(bw > 0.0 && bs * 2.0 == bw, "state memory: split {bs}, unsplit {bw}");
+}
+
+#[test]
+fn a_split_the_model_cannot_take_stops_the_server_with_the_reason() {
+    // The gdn fixture has 2 value heads: they do not split 4 ways.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
+        .args(["serve", "--model", &model_dir(), "--host", "127.0.0.1", "--port", "0", "--tensor-parallel-size", "4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit status {:?}", out.status);
+    assert!(err.contains("num_v_heads") && err.contains("multiple of the tensor parallel size 4") && err.contains("got 2"), "{err}");
+}

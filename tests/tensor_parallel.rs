@@ -8,8 +8,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 use deltaserve_engine::tensor_parallel::{GroupLink, Shard, ThreadGroup};
-use deltaserve_engine::{CacheSpec, CausalLm, Logits, PrefillAlgo};
-use deltaserve_tests::{compact_model, rel_err, values};
+use deltaserve_engine::{CacheSpec, CausalLm, Engine, LoadOptions, Logits, PrefillAlgo};
+use deltaserve_tests::{compact_dir, compact_model, rel_err, serving_script, values};
 use rand::{Rng, SeedableRng};
 
 /// The same work on any model: three prompts (one alone over two prefill chunks, two packed),
@@ -147,4 +147,32 @@ fn load(dir: &Path) -> CausalLm {
     let c = deltaserve_engine::read_config(dir).unwrap();
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir).unwrap();
     CausalLm::load(&c, &ckpt, DType::F32, &Device::Cpu, false).unwrap()
+}
+
+#[test]
+fn engine_split_over_ranks_serves_the_unsplit_engines_logits() {
+    // `Engine::load` with `tensor_parallel_size` 2: each rank's slices read by `load_ranks`
+    // (one layer at a time, cut then copied to its device), every pass run on both ranks at
+    // once (rank 1 on its own thread, on its replica of the pool), pool changes mirrored.
+    for name in ["gdn", "gdp", "gdn-attn", "qwen3_5", "qwen3_next"] {
+        let dir = compact_dir().join(name);
+        let load = |n: usize| Engine::load(&LoadOptions { tensor_parallel_size: n, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap();
+        let (whole, split) = (serving_script(&load(1)), serving_script(&load(2)));
+        let mut worst: f64 = 0.0;
+        for (i, (s, w)) in split.iter().zip(&whole).enumerate() {
+            let e = rel_err(s, w);
+            worst = worst.max(e);
+            assert!(e <= 1e-5, "{name}: call {i}: split engine's logits rel err {e:.3e} against the unsplit engine");
+        }
+        println!("{name}: engine over 2 ranks: worst rel err {worst:.2e}");
+    }
+}
+
+#[test]
+fn an_engine_split_where_it_cannot_be_is_refused_at_load() {
+    let dir = compact_dir().join("gdn");
+    let err = Engine::load(&LoadOptions { tensor_parallel_size: 4, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap_err().to_string();
+    assert!(err.contains("num_v_heads") && err.contains("multiple of the tensor parallel size 4"), "{err}");
+    let err = Engine::load(&LoadOptions { tensor_parallel_size: 0, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap_err().to_string();
+    assert!(err.contains("tensor_parallel_size") && err.contains("at least 1"), "{err}");
 }

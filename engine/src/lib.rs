@@ -15,6 +15,7 @@ pub mod hub;
 pub mod inventory;
 pub mod kv_plan;
 pub mod models;
+mod ranks;
 pub mod reference;
 pub mod sampling;
 pub mod state;
@@ -54,11 +55,14 @@ pub struct LoadOptions {
     /// [`PrefillAlgo::ChunkedBf16`] (fla's bf16 precision, faster on the GPU).
     pub prefill_algo: PrefillAlgo,
     /// Run GPU decode steps as CUDA graphs (one capture per batch size, then one launch a
-    /// step); no effect on the CPU.
+    /// step); no effect on the CPU, nor on a model split over several GPUs (eager there).
     pub cuda_graphs: bool,
     /// On the GPU, make a sequence's logits independent of its batch (bf16/f16 models; the CPU
     /// in f32 always is): sets the process-wide [`deltaserve_kernels::ops::set_batch_invariant`].
     pub batch_invariant: bool,
+    /// Ranks to split the model over ([`tensor_parallel`]): on a GPU, `device` and the GPUs
+    /// after it (NCCL, the `nccl` feature); on the CPU, threads of this process. 1: unsplit.
+    pub tensor_parallel_size: usize,
 }
 
 impl LoadOptions {
@@ -72,6 +76,7 @@ impl LoadOptions {
             prefill_algo: PrefillAlgo::Chunked,
             cuda_graphs: true,
             batch_invariant: false,
+            tensor_parallel_size: 1,
         }
     }
 }
@@ -79,13 +84,11 @@ impl LoadOptions {
 /// A loaded model with its tokenizer.
 #[derive(Debug)]
 pub struct Engine {
-    model: CausalLm,
+    /// The model's tensor parallel ranks (one when unsplit); rank 0's logits are returned.
+    ranks: Vec<ranks::Rank>,
     tokenizer: Arc<Tokenizer>,
     model_dir: PathBuf,
     prefill_algo: PrefillAlgo,
-    /// Decode steps captured as CUDA graphs (a GPU model with graphs on).
-    #[cfg(feature = "cuda")]
-    graphs: Option<std::sync::Mutex<decode_graph::DecodeGraphs>>,
 }
 
 /// Parses a dtype name as given on the command line (`f32`, `bf16`, `f16`).
@@ -170,7 +173,20 @@ impl Engine {
         let dir = hub::resolve_model(&opts.model)?;
         let cfg = read_config(&dir)?;
         let ckpt = weights::Checkpoint::open(&dir)?;
-        let model = CausalLm::load(&cfg, &ckpt, opts.dtype, &opts.device, opts.check_weights)?;
+        let models = match opts.tensor_parallel_size {
+            0 => return Err(EngineError::Invalid { field: "tensor_parallel_size", expected: "at least 1".into(), actual: "0".into() }),
+            1 => vec![CausalLm::load(&cfg, &ckpt, opts.dtype, &opts.device, opts.check_weights)?],
+            n => {
+                let devices = rank_devices(&opts.device, n)?;
+                let group = all_reduce_group(&devices)?;
+                let ranks = devices
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, d)| Ok((tensor_parallel::GroupLink { shard: tensor_parallel::Shard::new(r, n)?, group: group.clone() }, d)))
+                    .collect::<Result<Vec<_>>>()?;
+                CausalLm::load_ranks(&cfg, &ckpt, opts.dtype, &ranks, opts.check_weights)?
+            }
+        };
         let tokenizer = Tokenizer::from_dir(&dir, cfg.common.bos_token_id, &cfg.eos_token_ids())?;
         if tokenizer.vocab_size() > cfg.common.vocab_size {
             return Err(EngineError::Tokenizer(format!(
@@ -179,27 +195,48 @@ impl Engine {
                 cfg.common.vocab_size
             )));
         }
-        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, "model loaded");
-        #[cfg(feature = "cuda")]
-        let graphs = (opts.cuda_graphs && opts.device.is_cuda()).then(Default::default);
+        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, tensor_parallel = opts.tensor_parallel_size, "model loaded");
+        // A split model's decode steps run eagerly: on a 4-GPU H100 host its first steps hung
+        // with CUDA graphs (captures holding the NCCL all-reduces), not yet diagnosed.
+        let graphs = opts.cuda_graphs && opts.tensor_parallel_size == 1;
+        if opts.cuda_graphs && !graphs && opts.device.is_cuda() {
+            tracing::warn!(tensor_parallel = opts.tensor_parallel_size, "decode steps of a split model run without CUDA graphs");
+        }
         Ok(Self {
-            model,
+            ranks: models.into_iter().map(|m| ranks::Rank::new(m, graphs)).collect(),
             tokenizer: Arc::new(tokenizer),
             model_dir: dir,
             prefill_algo: opts.prefill_algo,
-            #[cfg(feature = "cuda")]
-            graphs,
         })
     }
 
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
-        self.model.config()
+        self.model().config()
     }
 
-    /// The model.
+    /// The model (rank 0's slice of it when split over tensor parallel ranks).
     pub fn model(&self) -> &CausalLm {
-        &self.model
+        &self.ranks[0].model
+    }
+
+    /// Tensor parallel ranks the model is split over (1: unsplit).
+    pub fn tensor_parallel_size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Bytes free now on the fullest of the ranks' devices (see [`free_memory`]): what a pool
+    /// of equal per-rank buffers may take.
+    pub fn free_memory(&self) -> Option<usize> {
+        self.ranks.iter().map(|r| free_memory(r.model.device())).min().flatten()
+    }
+
+    /// Waits until every rank's device has run all the work queued on it.
+    pub fn synchronize(&self) -> Result<()> {
+        for r in &self.ranks {
+            r.model.device().synchronize()?;
+        }
+        Ok(())
     }
 
     /// The tokenizer.
@@ -220,54 +257,90 @@ impl Engine {
     /// A state pool of `slots` sequences for this model (hybrids: KV blocks for
     /// `max_position_embeddings` tokens each).
     pub fn new_pool(&self, slots: usize) -> Result<StatePool> {
-        self.model.new_pool(slots)
+        self.new_pool_sized(state::PoolSize::for_tokens(slots, self.config().common.max_position_embeddings))
     }
 
-    /// A state pool of the given size.
+    /// A state pool of the given size (with a replica on every other tensor parallel rank's
+    /// device, holding that rank's slices of the states).
     pub fn new_pool_sized(&self, size: state::PoolSize) -> Result<StatePool> {
-        self.model.new_pool_sized(size)
+        let mut pool = self.model().new_pool_sized(size)?;
+        for r in &self.ranks[1..] {
+            pool.add_replica(r.model.new_pool_sized(size)?);
+        }
+        Ok(pool)
     }
 
     /// Chunked prefill of `tokens` into `slot` (continuing from its state), at the precision
     /// the engine was loaded with.
     pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits) -> Result<Tensor> {
-        self.model.prefill(pool, slot, tokens, logits, self.prefill_algo)
+        ranks::on_ranks(&self.ranks, pool, |r, pool| r.model.prefill(pool, slot, tokens, logits, self.prefill_algo))
     }
 
     /// Prefills several sequences together (see [`CausalLm::prefill_many`]); returns the f32
     /// logits after each one's last token, `[S, vocab]`.
     pub fn prefill_many(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])]) -> Result<Tensor> {
-        self.model.prefill_many_with(pool, batch, self.prefill_algo, &[])
+        self.prefill_many_with(pool, batch, &[])
     }
 
     /// [`Self::prefill_many`], also writing `snapshots` on the way (see
     /// [`CausalLm::prefill_many_with`]).
     pub fn prefill_many_with(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], snapshots: &[SnapshotAt]) -> Result<Tensor> {
-        self.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots)
+        ranks::on_ranks(&self.ranks, pool, |r, pool| r.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots))
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.
     /// On a GPU with CUDA graphs on (the default) each batch size is captured once and replayed
     /// after that; otherwise the step runs eagerly.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if let (Some(graphs), false) = (&self.graphs, pool.is_host()) {
-            return graphs.lock().unwrap_or_else(|p| p.into_inner()).decode(&self.model, pool, batch);
-        }
-        self.model.decode(pool, batch)
+        ranks::on_ranks(&self.ranks, pool, |r, pool| r.decode(pool, batch))
     }
 
     /// The batch sizes with a captured decode graph (empty without graphs).
     pub fn cuda_graph_batches(&self) -> Vec<usize> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.graphs {
-            return g.lock().unwrap_or_else(|p| p.into_inner()).captured();
-        }
-        Vec::new()
+        self.ranks[0].graph_batches()
     }
 
     /// Encodes a prompt with the checkpoint's BOS convention.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         self.tokenizer.encode(text, true)
     }
+}
+
+/// The devices of `n` tensor parallel ranks starting at `first`: the GPUs `cuda:k..k+n`, or
+/// the CPU `n` times.
+fn rank_devices(first: &Device, n: usize) -> Result<Vec<Device>> {
+    match first {
+        Device::Cpu => Ok(vec![Device::Cpu; n]),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => {
+            let k = d.cuda_stream().context().ordinal();
+            let mut devices = vec![first.clone()];
+            for i in k + 1..k + n {
+                devices.push(parse_device(&format!("cuda:{i}")).map_err(|e| EngineError::Invalid {
+                    field: "tensor_parallel_size",
+                    expected: format!("{n} GPUs from cuda:{k} on"),
+                    actual: format!("cuda:{i} is not usable: {e}"),
+                })?);
+            }
+            Ok(devices)
+        }
+        other => Err(EngineError::Invalid { field: "device", expected: "cpu or cuda".into(), actual: format!("{other:?}") }),
+    }
+}
+
+/// The all-reduce for ranks on `devices`: threads adding CPU tensors, or NCCL over GPUs.
+fn all_reduce_group(devices: &[Device]) -> Result<Arc<dyn tensor_parallel::AllReduce>> {
+    if devices.iter().all(Device::is_cpu) {
+        return Ok(tensor_parallel::ThreadGroup::new(devices.len()));
+    }
+    #[cfg(feature = "nccl")]
+    {
+        Ok(tensor_parallel::NcclGroup::new(devices)?)
+    }
+    #[cfg(not(feature = "nccl"))]
+    Err(EngineError::Invalid {
+        field: "tensor_parallel_size",
+        expected: "1 on GPUs (this binary was built without the `nccl` feature)".into(),
+        actual: devices.len().to_string(),
+    })
 }

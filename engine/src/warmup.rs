@@ -35,11 +35,11 @@ impl Engine {
     /// CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
     pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<WarmUp> {
         let mut done = WarmUp::default();
-        if !self.model.device().is_cuda() {
+        if !self.model().device().is_cuda() {
             return Ok(done);
         }
         let t0 = Instant::now();
-        let vocab = self.model.config().common.vocab_size as u32;
+        let vocab = self.model().config().common.vocab_size as u32;
         let lengths = pass_lengths(max_pass_tokens);
         let longest = lengths.last().copied().unwrap_or(64) as u32;
         let tokens: Vec<u32> = (0..longest).map(|i| (i * 7919 + 13) % vocab).collect();
@@ -83,7 +83,7 @@ impl Engine {
             done.batch_sizes += 1;
         }
         // Everything queued has run before the first request is timed.
-        self.model.device().synchronize()?;
+        self.synchronize()?;
         done.secs = t0.elapsed().as_secs_f64();
         Ok(done)
     }

@@ -245,3 +245,43 @@ pub fn compact_model(name: &str, dtype: candle_core::DType, device: &candle_core
     let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
     deltaserve_engine::CausalLm::load(&c, &ckpt, dtype, device, false).unwrap()
 }
+
+/// A serving script on an engine (the same calls whatever its tensor parallel size): a chunked
+/// prefill writing a snapshot, a restore from it and the rest prefilled, a fork, decode steps of
+/// all three (eager, CUDA-graph capture, replays on a GPU), a save, a release, and a greedy
+/// continuation. Every logit, one entry per call.
+pub fn serving_script(e: &deltaserve_engine::Engine) -> Vec<Vec<f32>> {
+    let vocab = e.config().common.vocab_size as u32;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
+    let prompt: Vec<u32> = (0..150).map(|_| rand::Rng::random_range(&mut rng, 0..vocab)).collect();
+    let size = deltaserve_engine::state::PoolSize { slots: 4, snapshots: 2, kv_blocks: 256, block_size: 16, max_seq_len: 512 };
+    let mut pool = e.new_pool_sized(size).unwrap();
+    assert_eq!(pool.ranks(), e.tensor_parallel_size(), "a pool has a replica for every rank");
+    let (a, snap) = (pool.allocate().unwrap(), pool.take_snapshot().unwrap());
+    let mut out = vec![values(
+        &e.prefill_many_with(&mut pool, &[(a, &prompt)], &[deltaserve_engine::SnapshotAt { seq: 0, tokens: 128, snap }]).unwrap(),
+    )];
+    let b = pool.allocate().unwrap();
+    assert!(pool.restore(snap, b).unwrap());
+    out.push(values(&e.prefill(&mut pool, b, &prompt[128..], deltaserve_engine::Logits::All).unwrap()));
+    let c = pool.fork(a).unwrap().unwrap();
+    for step in 0..4u32 {
+        let batch = [(a, (step * 7) % vocab), (c, (step * 7 + 1) % vocab), (b, (step * 7 + 2) % vocab)];
+        out.push(values(&e.decode(&mut pool, &batch).unwrap()));
+    }
+    pool.save(c, snap).unwrap();
+    pool.release(c).unwrap();
+    let d = pool.allocate().unwrap();
+    assert!(pool.restore(snap, d).unwrap());
+    out.push(values(&e.decode(&mut pool, &[(d, 5 % vocab), (a, 6 % vocab)]).unwrap()));
+    // Then a greedy continuation of `d` (one call per token, each fed its own argmax).
+    let mut next = deltaserve_engine::sampling::argmax(&out[out.len() - 1][..vocab as usize]);
+    for _ in 0..SERVING_SCRIPT_GREEDY {
+        out.push(values(&e.decode(&mut pool, &[(d, next)]).unwrap()));
+        next = deltaserve_engine::sampling::argmax(&out[out.len() - 1]);
+    }
+    out
+}
+
+/// Greedy tokens at the end of [`serving_script`]'s output (its last calls, one row each).
+pub const SERVING_SCRIPT_GREEDY: usize = 24;

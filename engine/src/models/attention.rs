@@ -2,11 +2,11 @@
 //! attention, §5.4 OLMo-Hybrid): projections, optional q/k norms, RoPE, causal (optionally
 //! windowed) GQA attention over the paged KV cache, Qwen's output gate, `o_proj`.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq};
 
-use super::linear::project;
+use super::linear::{linear_to, project};
 use super::norm::SubInput;
 use super::rope::Rope;
 use crate::cache::CacheSpec;
@@ -86,6 +86,19 @@ impl Attention {
             eps: eps as f32,
             rope: spec.rope.as_ref().map(|r| Rope::new(r, w.device())).transpose()?,
             spec: spec.clone(),
+        })
+    }
+
+    /// The same layer on `dev`.
+    pub fn to_device(&self, dev: &Device) -> Result<Self> {
+        let to = |t: &Option<Tensor>| t.as_ref().map(|t| t.to_device(dev)).transpose();
+        Ok(Self {
+            qkv: linear_to(&self.qkv, dev)?,
+            o_proj: linear_to(&self.o_proj, dev)?,
+            q_norm: to(&self.q_norm)?,
+            k_norm: to(&self.k_norm)?,
+            rope: self.rope.as_ref().map(|r| r.to_device(dev)).transpose()?,
+            ..self.clone()
         })
     }
 

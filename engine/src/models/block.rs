@@ -106,6 +106,21 @@ pub struct Block {
 }
 
 impl Block {
+    /// The same block on `dev` (its link, if split, kept).
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        let attn = match &self.attn {
+            TokenMixer::GatedDeltaNet(m) => TokenMixer::GatedDeltaNet(m.to_device(dev)?),
+            TokenMixer::GatedDeltaProduct(m) => TokenMixer::GatedDeltaProduct(m.to_device(dev)?),
+            TokenMixer::Attention(m) => TokenMixer::Attention(m.to_device(dev)?),
+            TokenMixer::DeltaNet(m) => TokenMixer::DeltaNet(m.to_device(dev)?),
+        };
+        let mlp = match &self.mlp {
+            ChannelMixer::Mlp(m) => ChannelMixer::Mlp(m.to_device(dev)?),
+            ChannelMixer::Moe(m) => ChannelMixer::Moe(m.to_device(dev)?),
+        };
+        Ok(Self { attn, mlp, attn_norm: self.attn_norm.to_device(dev)?, mlp_norm: self.mlp_norm.to_device(dev)?, ..self.clone() })
+    }
+
     /// One tensor parallel rank's slice of this block (token mixer and MLP split, norms copied),
     /// adding its partial sums over `link`'s group.
     pub fn shard(&self, link: GroupLink) -> Result<Self> {

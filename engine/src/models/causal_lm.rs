@@ -49,79 +49,69 @@ pub struct CausalLm {
 impl CausalLm {
     /// Builds the model from a checkpoint, in `dtype` on `device`.
     pub fn load(cfg: &ModelConfig, ckpt: &Checkpoint, dtype: DType, device: &Device, check_weights: bool) -> Result<Self> {
+        log_skipped(ckpt);
         let root = Weights::new(ckpt, dtype, device, check_weights);
-        let (d, vocab, eps) = (cfg.common.hidden_size, cfg.common.vocab_size, cfg.common.norm_eps);
-        let skipped = ckpt.names().iter().filter(|n| n.starts_with("model.visual.") || n.starts_with("mtp.")).count();
-        if skipped > 0 {
-            tracing::info!(
-                tensors = skipped,
-                "skipping the vision tower (`model.visual.*`) and multi-token-prediction head (`mtp.*`): text only"
-            );
-        }
-        let fla = cfg.family == Family::Fla;
-        let m = match cfg.family {
-            Family::Qwen3_5 if ckpt.contains("model.language_model.embed_tokens.weight") => root.pp("model.language_model"),
-            _ => root.pp("model"),
-        };
-        let embeddings = m.pp(if fla { "embeddings" } else { "embed_tokens" }).get(&[vocab, d], "weight")?;
-        let zero_centred = cfg.family.zero_centred();
-        let norm = |w: &crate::weights::Weights<'_>, names: &[&str]| -> Result<RmsNorm> {
-            let name = names.iter().find(|n| w.contains(&format!("{n}.weight"))).unwrap_or(&names[0]);
-            if zero_centred {
-                RmsNorm::load_zero_centred(&w.pp(name), d, eps)
-            } else {
-                RmsNorm::load(&w.pp(name), d, eps)
-            }
-        };
-        let mut layers = Vec::with_capacity(cfg.common.num_hidden_layers);
-        for (i, (kind, mlp)) in cfg.layers.iter().zip(&cfg.mlps).enumerate() {
-            let l = m.pp("layers").pp(i);
-            let (mixer, placement, attn_norm, mlp_norm) = match (cfg.family, kind) {
-                (Family::Fla, _) => ("attn", NormPlacement::Pre, vec!["attn_norm"], vec!["mlp_norm"]),
-                (Family::OlmoHybrid, LayerKind::Attention(_)) => (
-                    "self_attn",
-                    NormPlacement::Post,
-                    vec!["post_attention_layernorm", "feedforward_layer_norm"],
-                    vec!["post_feedforward_layernorm"],
-                ),
-                (_, LayerKind::Attention(_)) => {
-                    ("self_attn", NormPlacement::Pre, vec!["input_layernorm"], vec!["post_attention_layernorm"])
-                }
-                (_, LayerKind::Linear) => (
-                    "linear_attn",
-                    NormPlacement::Pre,
-                    vec!["input_layernorm", "attention_layer_norm"],
-                    vec!["post_attention_layernorm", "feedforward_layer_norm"],
-                ),
-            };
-            let w = l.pp(mixer);
-            let attn = match (kind, &cfg.arch) {
-                (LayerKind::Attention(spec), _) => TokenMixer::Attention(Attention::load(spec, &w, d, eps, zero_centred)?),
-                (LayerKind::Linear, _) if !fla => TokenMixer::GatedDeltaNet(GatedDeltaNet::load_transformers(cfg, &w)?),
-                (LayerKind::Linear, Architecture::GatedDeltaNet(_)) => TokenMixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &w)?),
-                (LayerKind::Linear, Architecture::GatedDeltaProduct(_)) => TokenMixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &w)?),
-                (LayerKind::Linear, Architecture::DeltaNet(_)) => TokenMixer::DeltaNet(DeltaNet::load(cfg, &w)?),
-            };
-            layers.push(Block {
-                layer_idx: i,
-                placement,
-                attn_norm: norm(&l, &attn_norm)?,
-                attn,
-                mlp_norm: norm(&l, &mlp_norm)?,
-                mlp: match mlp {
-                    MlpKind::Dense { intermediate } => ChannelMixer::Mlp(Mlp::load(&l.pp("mlp"), d, *intermediate)?),
-                    MlpKind::Sparse(spec) => ChannelMixer::Moe(SparseMoe::load(&l.pp("mlp"), spec, d)?),
-                },
-                tp: None,
+        let m = body(cfg, ckpt, &root);
+        let layers = (0..cfg.common.num_hidden_layers).map(|i| load_block(cfg, &m, i)).collect::<Result<Vec<_>>>()?;
+        Self::assemble(cfg, ckpt, &root, layers, dtype, device)
+    }
+
+    /// Every rank's model of a tensor parallel split: `ranks[r]` is rank r's link to the group
+    /// and its device. Each layer is read from the checkpoint once, into host memory, cut into
+    /// the ranks' slices (as [`Self::shard`] cuts) and each slice copied to its rank's device;
+    /// embeddings, norms and the LM head are read onto every device. No device holds more than
+    /// its rank's slices, and host memory holds one whole layer at a time.
+    pub fn load_ranks(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        dtype: DType,
+        ranks: &[(GroupLink, Device)],
+        check_weights: bool,
+    ) -> Result<Vec<Self>> {
+        log_skipped(ckpt);
+        let host = Weights::new(ckpt, dtype, &Device::Cpu, check_weights);
+        let m = body(cfg, ckpt, &host);
+        let mut layers: Vec<Vec<Block>> = ranks.iter().map(|_| Vec::with_capacity(cfg.common.num_hidden_layers)).collect();
+        for i in 0..cfg.common.num_hidden_layers {
+            let whole = load_block(cfg, &m, i)?;
+            // The ranks' slices are cut and copied at once (each copy to its own GPU).
+            let slices = std::thread::scope(|s| {
+                let jobs: Vec<_> = ranks.iter().map(|(link, dev)| s.spawn(|| whole.shard(link.clone())?.to_device(dev))).collect();
+                jobs.into_iter()
+                    .map(|j| j.join().unwrap_or_else(|_| Err(crate::tensor_parallel::rank_panicked("loading a layer"))))
+                    .collect::<Vec<_>>()
             });
+            for (rank, slice) in layers.iter_mut().zip(slices) {
+                rank.push(slice?);
+            }
         }
+        ranks
+            .iter()
+            .zip(layers)
+            .map(|((_, dev), layers)| Self::assemble(cfg, ckpt, &Weights::new(ckpt, dtype, dev, check_weights), layers, dtype, dev))
+            .collect()
+    }
+
+    /// The model around `layers`: embeddings, final norm and LM head read from `root`.
+    fn assemble(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        root: &Weights<'_>,
+        layers: Vec<Block>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let (d, vocab) = (cfg.common.hidden_size, cfg.common.vocab_size);
+        let fla = cfg.family == Family::Fla;
+        let m = body(cfg, ckpt, root);
+        let embeddings = m.pp(if fla { "embeddings" } else { "embed_tokens" }).get(&[vocab, d], "weight")?;
         let tied = cfg.common.tie_word_embeddings || (!fla && !ckpt.contains("lm_head.weight"));
         let lm_head = if tied { embeddings.clone() } else { root.get(&[vocab, d], "lm_head.weight")? };
         Ok(Self {
             cfg: cfg.clone(),
             embeddings,
             layers,
-            norm: norm(&m, &["norm"])?,
+            norm: load_norm(cfg, &m, &["norm"])?,
             lm_head: Linear::new(lm_head, None),
             dtype,
             device: device.clone(),
@@ -359,4 +349,79 @@ impl CausalLm {
         let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
         self.head(&res)
     }
+}
+
+/// Logs the tensors a text model does not read.
+fn log_skipped(ckpt: &Checkpoint) {
+    let skipped = ckpt.names().iter().filter(|n| n.starts_with("model.visual.") || n.starts_with("mtp.")).count();
+    if skipped > 0 {
+        tracing::info!(
+            tensors = skipped,
+            "skipping the vision tower (`model.visual.*`) and multi-token-prediction head (`mtp.*`): text only"
+        );
+    }
+}
+
+/// The decoder's tensors: `model.language_model.*` in Qwen3.5's multimodal wrapper, else `model.*`.
+fn body<'a>(cfg: &ModelConfig, ckpt: &Checkpoint, root: &Weights<'a>) -> Weights<'a> {
+    match cfg.family {
+        Family::Qwen3_5 if ckpt.contains("model.language_model.embed_tokens.weight") => root.pp("model.language_model"),
+        _ => root.pp("model"),
+    }
+}
+
+/// A decoder RMSNorm under the first of `names` the checkpoint has (zero-centred for the
+/// families that store `w` of `x̂·(1 + w)`).
+fn load_norm(cfg: &ModelConfig, w: &Weights<'_>, names: &[&str]) -> Result<RmsNorm> {
+    let (d, eps) = (cfg.common.hidden_size, cfg.common.norm_eps);
+    let name = names.iter().find(|n| w.contains(&format!("{n}.weight"))).unwrap_or(&names[0]);
+    if cfg.family.zero_centred() {
+        RmsNorm::load_zero_centred(&w.pp(name), d, eps)
+    } else {
+        RmsNorm::load(&w.pp(name), d, eps)
+    }
+}
+
+/// Layer `i` of the decoder `m`, with each family's names (hybrid-spec.md §3.2, §5.2).
+fn load_block(cfg: &ModelConfig, m: &Weights<'_>, i: usize) -> Result<Block> {
+    let (d, eps) = (cfg.common.hidden_size, cfg.common.norm_eps);
+    let fla = cfg.family == Family::Fla;
+    let (kind, mlp) = (&cfg.layers[i], &cfg.mlps[i]);
+    let l = m.pp("layers").pp(i);
+    let (mixer, placement, attn_norm, mlp_norm) = match (cfg.family, kind) {
+        (Family::Fla, _) => ("attn", NormPlacement::Pre, vec!["attn_norm"], vec!["mlp_norm"]),
+        (Family::OlmoHybrid, LayerKind::Attention(_)) => (
+            "self_attn",
+            NormPlacement::Post,
+            vec!["post_attention_layernorm", "feedforward_layer_norm"],
+            vec!["post_feedforward_layernorm"],
+        ),
+        (_, LayerKind::Attention(_)) => ("self_attn", NormPlacement::Pre, vec!["input_layernorm"], vec!["post_attention_layernorm"]),
+        (_, LayerKind::Linear) => (
+            "linear_attn",
+            NormPlacement::Pre,
+            vec!["input_layernorm", "attention_layer_norm"],
+            vec!["post_attention_layernorm", "feedforward_layer_norm"],
+        ),
+    };
+    let w = l.pp(mixer);
+    let attn = match (kind, &cfg.arch) {
+        (LayerKind::Attention(spec), _) => TokenMixer::Attention(Attention::load(spec, &w, d, eps, cfg.family.zero_centred())?),
+        (LayerKind::Linear, _) if !fla => TokenMixer::GatedDeltaNet(GatedDeltaNet::load_transformers(cfg, &w)?),
+        (LayerKind::Linear, Architecture::GatedDeltaNet(_)) => TokenMixer::GatedDeltaNet(GatedDeltaNet::load(cfg, &w)?),
+        (LayerKind::Linear, Architecture::GatedDeltaProduct(_)) => TokenMixer::GatedDeltaProduct(GatedDeltaProduct::load(cfg, &w)?),
+        (LayerKind::Linear, Architecture::DeltaNet(_)) => TokenMixer::DeltaNet(DeltaNet::load(cfg, &w)?),
+    };
+    Ok(Block {
+        layer_idx: i,
+        placement,
+        attn_norm: load_norm(cfg, &l, &attn_norm)?,
+        attn,
+        mlp_norm: load_norm(cfg, &l, &mlp_norm)?,
+        mlp: match mlp {
+            MlpKind::Dense { intermediate } => ChannelMixer::Mlp(Mlp::load(&l.pp("mlp"), d, *intermediate)?),
+            MlpKind::Sparse(spec) => ChannelMixer::Moe(SparseMoe::load(&l.pp("mlp"), spec, d)?),
+        },
+        tp: None,
+    })
 }

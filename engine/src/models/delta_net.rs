@@ -73,6 +73,11 @@ pub struct DeltaNet {
 }
 
 impl DeltaNet {
+    /// The same layer on `dev`.
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        Ok(Self { input: self.input.to_device(dev)?, conv: self.conv.to_device(dev)?, out: self.out.to_device(dev)?, ..self.clone() })
+    }
+
     /// Loads the layer's weights, checking every shape against `cfg`.
     pub fn load(cfg: &ModelConfig, w: &Weights<'_>) -> Result<Self> {
         let Architecture::DeltaNet(f) = &cfg.arch else {

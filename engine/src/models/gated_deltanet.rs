@@ -2,7 +2,7 @@
 //! Delta Rule", ICLR 2025, arXiv:2412.06464), as implemented by flash-linear-attention's
 //! `fla/layers/gated_deltanet.py`. Math: model-spec.md §1.3; weights: §1.2; GVA: §1.4.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
 
@@ -176,6 +176,18 @@ impl GatedDeltaNet {
             head_v_dim: cfg.head_v_dim(),
             allow_neg_eigval: cfg.common.allow_neg_eigval,
             scale: (cfg.head_k_dim() as f32).powf(-0.5),
+        })
+    }
+
+    /// The same layer on `dev`.
+    pub fn to_device(&self, dev: &Device) -> Result<Self> {
+        Ok(Self {
+            input: self.input.to_device(dev)?,
+            a_log: self.a_log.to_device(dev)?,
+            dt_bias: self.dt_bias.to_device(dev)?,
+            conv: self.conv.to_device(dev)?,
+            out: self.out.to_device(dev)?,
+            ..self.clone()
         })
     }
 

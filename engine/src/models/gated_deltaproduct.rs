@@ -4,7 +4,7 @@
 //! kernels run the gated delta rule on the interleaved sequence of length T·n (model-spec.md
 //! §2.3; `ops::interleave_householder`). Weights: §2.2; legacy per-step lists: §2.4.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
@@ -131,6 +131,21 @@ impl GatedDeltaProduct {
             num_householder: n,
             allow_neg_eigval: cfg.common.allow_neg_eigval,
             scale: (cfg.head_k_dim() as f32).powf(-0.5),
+        })
+    }
+
+    /// The same layer on `dev`.
+    pub fn to_device(&self, dev: &Device) -> Result<Self> {
+        let forget = match &self.forget {
+            Some(f) => Some(ForgetGate { a_log: f.a_log.to_device(dev)?, dt_bias: f.dt_bias.to_device(dev)? }),
+            None => None,
+        };
+        Ok(Self {
+            input: self.input.to_device(dev)?,
+            forget,
+            conv: self.conv.to_device(dev)?,
+            out: self.out.to_device(dev)?,
+            ..self.clone()
         })
     }
 

@@ -2,7 +2,7 @@
 //! the CPU, a decode step's few rows through the small-batch GEMV kernel on the GPU), and
 //! several projections of one input stacked into one GEMM.
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use candle_nn::Linear;
 
 use crate::error::Result;
@@ -11,6 +11,11 @@ use crate::weights::Weights;
 /// Loads a bias-free linear layer `[out, in]`.
 pub fn linear(w: &Weights<'_>, out_dim: usize, in_dim: usize, name: &str) -> Result<Linear> {
     Ok(Linear::new(w.get(&[out_dim, in_dim], name)?, None))
+}
+
+/// `l` with its weight (and bias) copied to `dev`.
+pub fn linear_to(l: &Linear, dev: &Device) -> Result<Linear> {
+    Ok(Linear::new(l.weight().to_device(dev)?, l.bias().map(|b| b.to_device(dev)).transpose()?))
 }
 
 /// `l`'s forward for inference, through [`deltaserve_kernels::ops::linear`] (its bias, if any,
@@ -55,11 +60,16 @@ impl FusedOutput<'_> {
 impl FusedInput {
     /// Stacks `parts` (each `[out_i, D]`) in order.
     pub fn new(parts: &[&Linear]) -> Result<Self> {
-        let mut weight = Tensor::cat(&parts.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
+        let weight = Tensor::cat(&parts.iter().map(|l| l.weight()).collect::<Vec<_>>(), 0)?;
         let mut offsets = vec![0];
         for l in parts {
             offsets.push(offsets[offsets.len() - 1] + l.weight().dim(0)?);
         }
+        Self::stacked(weight, offsets)
+    }
+
+    /// The stacked `weight` (rows `offsets`), padded where it lives on a GPU.
+    fn stacked(mut weight: Tensor, offsets: Vec<usize>) -> Result<Self> {
         let (rows, cols) = weight.dims2()?;
         let padded = rows.next_multiple_of(GPU_ROW_MULTIPLE);
         if weight.device().is_cuda() && padded > rows {
@@ -69,6 +79,12 @@ impl FusedInput {
             weight = Tensor::cat(&[weight.clone(), Tensor::zeros((padded - rows, cols), weight.dtype(), weight.device())?], 0)?;
         }
         Ok(Self { weight: Linear::new(weight, None), offsets })
+    }
+
+    /// The same projections on `dev` (padded there as [`Self::new`] pads).
+    pub fn to_device(&self, dev: &Device) -> Result<Self> {
+        let rows = self.offsets[self.offsets.len() - 1];
+        Self::stacked(self.weight.weight().narrow(0, 0, rows)?.to_device(dev)?, self.offsets.clone())
     }
 
     /// `x` `[N, D]` through every part at once.

@@ -36,6 +36,11 @@ impl Mlp {
         Ok(Self { gate_up: FusedInput::new(&[&gate_proj, &up_proj])?, down_proj: linear(w, d, i, "down_proj.weight")? })
     }
 
+    /// The same MLP on `dev`.
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        Ok(Self { gate_up: self.gate_up.to_device(dev)?, down_proj: super::linear::linear_to(&self.down_proj, dev)? })
+    }
+
     /// One tensor parallel rank's slice: its share of the intermediate channels (`gate_proj` and
     /// `up_proj` rows, `down_proj` columns); its output is a partial sum.
     pub fn shard(&self, s: crate::tensor_parallel::Shard) -> Result<Self> {

@@ -6,7 +6,7 @@ use candle_core::Tensor;
 use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, ExpertWeights, SharedExpert};
 
-use super::linear::{linear, project};
+use super::linear::{linear, linear_to, project};
 use super::mlp::Mlp;
 use super::norm::SubInput;
 use crate::config::MoeSpec;
@@ -73,6 +73,20 @@ impl SparseMoe {
             None
         };
         Ok(Self { router: linear(w, spec.num_experts, d, "gate.weight")?, experts: Experts::load(w, spec, d)?, shared, spec: *spec })
+    }
+
+    /// The same block on `dev`.
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        let shared = match &self.shared {
+            Some((mlp, gate)) => Some((mlp.to_device(dev)?, linear_to(gate, dev)?)),
+            None => None,
+        };
+        Ok(Self {
+            router: linear_to(&self.router, dev)?,
+            experts: Experts { gate_up: self.experts.gate_up.to_device(dev)?, down: self.experts.down.to_device(dev)? },
+            shared,
+            spec: self.spec,
+        })
     }
 
     /// One tensor parallel rank's slice: every expert (and the shared expert) cut to the rank's

@@ -26,6 +26,11 @@ impl RmsNorm {
         Ok(Self { weight: (w.get_f32(&[dim], "weight")? + 1.0)?, eps: eps as f32 })
     }
 
+    /// The same norm on `dev`.
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        Ok(Self { weight: self.weight.to_device(dev)?, eps: self.eps })
+    }
+
     /// `norm(x)` in fp32, returned f32 (post-norm blocks normalise a sub-block's output).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?.contiguous()?, &self.weight, self.eps)?)

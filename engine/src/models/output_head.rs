@@ -40,6 +40,11 @@ pub struct OutputHead {
 }
 
 impl OutputHead {
+    /// The same head on `dev`.
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        Ok(Self { o_norm: self.o_norm.to_device(dev)?, o_proj: super::linear::linear_to(&self.o_proj, dev)?, ..self.clone() })
+    }
+
     /// Loads `o_norm` and `o_proj`, and `g_proj` when `gated` (returned apart: the mixer stacks
     /// it into its input projection).
     pub fn load(

@@ -26,6 +26,11 @@ impl Rope {
         Ok(Self { inv_freq: Tensor::from_vec(inv_freq, rot / 2, device)?, rotary_dim: rot })
     }
 
+    /// The same embedding on `dev`.
+    pub fn to_device(&self, dev: &Device) -> Result<Self> {
+        Ok(Self { inv_freq: self.inv_freq.to_device(dev)?, rotary_dim: self.rotary_dim })
+    }
+
     /// The op's view of it.
     pub fn args(&self) -> RopeArgs<'_> {
         RopeArgs { inv_freq: &self.inv_freq, rotary_dim: self.rotary_dim }

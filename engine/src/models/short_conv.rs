@@ -56,6 +56,11 @@ impl ShortConv {
         Ok(Self { weight, channels, width: self.width, act: self.act })
     }
 
+    /// The same convolution on `dev`.
+    pub fn to_device(&self, dev: &candle_core::Device) -> Result<Self> {
+        Ok(Self { weight: self.weight.as_ref().map(|w| w.to_device(dev)).transpose()?, ..self.clone() })
+    }
+
     /// Whether the conv's weights live on a GPU (no conv: false).
     pub fn on_gpu(&self) -> bool {
         self.weight.as_ref().is_some_and(|w| w.device().is_cuda())

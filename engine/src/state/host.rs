@@ -34,6 +34,10 @@ impl StatePool {
     /// Adds `slots` host snapshot slots. Refused for pools with attention layers, whose
     /// snapshots hold KV blocks that would have to move too.
     pub fn add_host_tier(&mut self, slots: usize) -> Result<()> {
+        self.mirrored(|p| p.add_host_tier_here(slots))
+    }
+
+    fn add_host_tier_here(&mut self, slots: usize) -> Result<()> {
         if self.total_blocks > 0 || self.layers.iter().any(|l| matches!(l, LayerCache::Attention(_))) {
             return Err(EngineError::Invalid {
                 field: "prefix_cache_host_memory",
@@ -73,6 +77,10 @@ impl StatePool {
     /// Moves snapshot `snap` into a free host slot and frees `snap`. `Ok(None)` (nothing
     /// changed) when no host slot is free or the snapshot holds KV blocks.
     pub fn spill(&mut self, snap: crate::SnapId) -> Result<Option<HostSnapId>> {
+        self.mirrored(|p| p.spill_here(snap))
+    }
+
+    fn spill_here(&mut self, snap: crate::SnapId) -> Result<Option<HostSnapId>> {
         self.check_snapshot(snap)?;
         if self.snapshot_blocks(snap) > 0 {
             return Ok(None);
@@ -88,12 +96,16 @@ impl StatePool {
         }
         host.in_use[h] = true;
         host.seen[h] = tokens;
-        self.drop_snapshot(snap)?;
+        self.drop_snapshot_here(snap)?;
         Ok(Some(HostSnapId(h)))
     }
 
     /// Makes sequence slot `slot` continue from host snapshot `h` (whatever it held is let go).
     pub fn restore_host(&mut self, h: HostSnapId, slot: crate::SlotId) -> Result<()> {
+        self.mirrored(|p| p.restore_host_here(h, slot))
+    }
+
+    fn restore_host_here(&mut self, h: HostSnapId, slot: crate::SlotId) -> Result<()> {
         self.check(slot)?;
         let tokens = self.check_host(h)?;
         self.drop_table(slot.0);
@@ -110,6 +122,10 @@ impl StatePool {
 
     /// Frees host slot `h`.
     pub fn drop_host(&mut self, h: HostSnapId) -> Result<()> {
+        self.mirrored(|p| p.drop_host_here(h))
+    }
+
+    fn drop_host_here(&mut self, h: HostSnapId) -> Result<()> {
         self.check_host(h)?;
         if let Some(host) = self.host.as_deref_mut() {
             host.in_use[h.0] = false;

@@ -138,6 +138,9 @@ pub struct StatePool {
     device_tables: Option<DeviceBlockTable>,
     /// The prefix cache's host-memory tier, if added ([`Self::add_host_tier`]).
     host: Option<Box<host::HostTier>>,
+    /// The other tensor parallel ranks' pools (their devices, their slices of every layer's
+    /// states), kept in step with this one: every public change is made to each of them too.
+    replicas: Vec<StatePool>,
 }
 
 /// Identifies a pool's buffers (a clone gets a new id: its buffers are its own).
@@ -168,6 +171,7 @@ impl Clone for StatePool {
             device_tables: self.device_tables.as_ref().and_then(|t| t.deep_copy().ok()),
             // A clone is a scratch copy of the sequences; the host tier stays with the original.
             host: None,
+            replicas: self.replicas.clone(),
         }
     }
 }
@@ -270,6 +274,7 @@ impl StatePool {
             max_blocks: Self::max_blocks(size),
             device_tables,
             host: None,
+            replicas: Vec::new(),
         }
     }
 
@@ -375,6 +380,10 @@ impl StatePool {
     /// Promises `slot` room for `tokens` cached tokens in all. Returns false (and promises
     /// nothing) when the unpromised free blocks do not cover it.
     pub fn reserve(&mut self, slot: SlotId, tokens: usize) -> Result<bool> {
+        self.mirrored(|p| p.reserve_here(slot, tokens))
+    }
+
+    fn reserve_here(&mut self, slot: SlotId, tokens: usize) -> Result<bool> {
         self.check(slot)?;
         let want = self.blocks_for(tokens);
         if want > self.max_blocks {
@@ -464,6 +473,10 @@ impl StatePool {
 
     /// Takes a free slot and zeroes it, so nothing of its previous owner survives.
     pub fn allocate(&mut self) -> Option<SlotId> {
+        self.mirrored(|p| p.allocate_here().ok_or(())).ok()
+    }
+
+    fn allocate_here(&mut self) -> Option<SlotId> {
         let s = self.free.pop()?;
         for l in &mut self.layers {
             if let LayerCache::Recurrent(l) = l {
@@ -480,6 +493,10 @@ impl StatePool {
     /// Takes a free slot holding a copy of `src`'s state and KV blocks (sharing one prompt's
     /// prefill). `None` when no slot, or not enough unpromised KV blocks, is free.
     pub fn fork(&mut self, src: SlotId) -> Result<Option<SlotId>> {
+        self.mirrored(|p| p.fork_here(src))
+    }
+
+    fn fork_here(&mut self, src: SlotId) -> Result<Option<SlotId>> {
         self.check(src)?;
         let blocks = self.tables[src.0].len();
         if self.free.is_empty() || blocks > self.kv_blocks_available() {
@@ -517,6 +534,10 @@ impl StatePool {
     /// Returns a slot and its KV blocks to the pool. Releasing a free slot is an error, not a
     /// double free.
     pub fn release(&mut self, slot: SlotId) -> Result<()> {
+        self.mirrored(|p| p.release_here(slot))
+    }
+
+    fn release_here(&mut self, slot: SlotId) -> Result<()> {
         self.check(slot)?;
         self.in_use[slot.0] = false;
         self.free.push(slot.0);
@@ -564,6 +585,7 @@ impl StatePool {
 }
 
 mod host;
+mod replicas;
 mod snapshots;
 #[cfg(test)]
 mod tests;

@@ -50,6 +50,10 @@ impl StatePool {
     /// Takes a free snapshot slot, empty (no tokens, no blocks) until a pass or [`Self::save`]
     /// writes it.
     pub fn take_snapshot(&mut self) -> Option<SnapId> {
+        self.mirrored(|p| p.take_snapshot_here().ok_or(())).ok()
+    }
+
+    fn take_snapshot_here(&mut self) -> Option<SnapId> {
         let s = self.free_snaps.pop()?;
         self.in_use[s] = true;
         self.seen[s] = 0;
@@ -58,6 +62,10 @@ impl StatePool {
 
     /// Frees a snapshot slot and lets go of its KV blocks.
     pub fn drop_snapshot(&mut self, snap: SnapId) -> Result<()> {
+        self.mirrored(|p| p.drop_snapshot_here(snap))
+    }
+
+    pub(super) fn drop_snapshot_here(&mut self, snap: SnapId) -> Result<()> {
         self.check_snapshot(snap)?;
         self.drop_table(snap.0);
         self.in_use[snap.0] = false;
@@ -87,6 +95,10 @@ impl StatePool {
     /// Copies `slot`'s states into `snap` and shares its KV blocks: the snapshot then holds
     /// the sequence as it is now.
     pub fn save(&mut self, slot: crate::SlotId, snap: SnapId) -> Result<()> {
+        self.mirrored(|p| p.save_here(slot, snap))
+    }
+
+    fn save_here(&mut self, slot: crate::SlotId, snap: SnapId) -> Result<()> {
         self.check(slot)?;
         self.check_snapshot(snap)?;
         for l in &mut self.layers {
@@ -118,6 +130,10 @@ impl StatePool {
     /// held before is let go. `Ok(false)` (and nothing changed) when the copy of a partial block
     /// finds no block.
     pub fn restore(&mut self, snap: SnapId, slot: crate::SlotId) -> Result<bool> {
+        self.mirrored(|p| p.restore_here(snap, slot))
+    }
+
+    fn restore_here(&mut self, snap: SnapId, slot: crate::SlotId) -> Result<bool> {
         self.check(slot)?;
         self.check_snapshot(snap)?;
         let tokens = self.seen[snap.0];

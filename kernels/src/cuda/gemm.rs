@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
 use candle_core::cuda_backend::cudarc::driver::CudaSlice;
@@ -52,13 +52,14 @@ struct Lt {
     algos: HashMap<Key, Option<sys::cublasLtMatmulAlgo_t>>,
 }
 
-// SAFETY: the handle is only used under the registry's lock, by one thread at a time.
+// SAFETY: the handle is only used under its stream's lock, by one thread at a time.
 unsafe impl Send for Lt {}
 
 /// Per stream (keyed by its address): GEMMs on one stream are ordered, so its workspace is
-/// never used by two at once.
-fn registry() -> &'static Mutex<HashMap<usize, Lt>> {
-    static R: OnceLock<Mutex<HashMap<usize, Lt>>> = OnceLock::new();
+/// never used by two at once. Each stream has its own lock, so tensor parallel ranks (one
+/// stream each, launching from their own threads) do not wait on each other.
+fn registry() -> &'static Mutex<HashMap<usize, Arc<Mutex<Lt>>>> {
+    static R: OnceLock<Mutex<HashMap<usize, Arc<Mutex<Lt>>>>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -211,18 +212,22 @@ where
 fn run(dev: &CudaDevice, key: Key, ty: sys::cudaDataType, m: usize, [wp, xp, yp]: [u64; 3]) -> Result<bool> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
     let stream = dev.cuda_stream();
-    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     let id = stream.cu_stream() as usize;
-    let state = match reg.entry(id) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => {
-            let handle = lt::create_handle()
-                .map_err(|e| crate::KernelError::Unsupported { op: "linear_lt", what: format!("cublasLtCreate: {e}") })?;
-            // SAFETY: a workspace is scratch for cublasLt; nothing reads it before a GEMM writes it.
-            let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.w()?;
-            e.insert(Lt { handle, workspace, algos: HashMap::new() })
+    let entry = {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        match reg.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let handle = lt::create_handle()
+                    .map_err(|e| crate::KernelError::Unsupported { op: "linear_lt", what: format!("cublasLtCreate: {e}") })?;
+                // SAFETY: a workspace is scratch for cublasLt; nothing reads it before a GEMM writes it.
+                let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.w()?;
+                e.insert(Arc::new(Mutex::new(Lt { handle, workspace, algos: HashMap::new() }))).clone()
+            }
         }
     };
+    let mut guard = entry.lock().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *guard;
     let algo = match state.algos.get(&key) {
         Some(a) => *a,
         None => {

@@ -24,6 +24,13 @@ pub fn free_memory(dev: &CudaDevice) -> Result<usize> {
     Ok(dev.cuda_stream().context().mem_get_info().w()?.0)
 }
 
+/// Makes `dev`'s context current on the calling thread (a tensor parallel rank's pass runs on a
+/// worker thread; some library calls expect the context already current).
+pub fn bind_to_thread(dev: &CudaDevice) -> Result<()> {
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    Ok(())
+}
+
 /// Keeps memory freed on `dev` in its stream-ordered allocation pool instead of handing it back
 /// to the driver at every synchronisation (the pool's default release threshold is 0). Without
 /// it each prefill maps its scratch buffers (hundreds of MB for long prompts) afresh; with it
@@ -521,6 +528,8 @@ mod prefill;
 mod rows;
 mod sample;
 
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_states, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};

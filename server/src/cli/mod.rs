@@ -71,6 +71,13 @@ pub struct ModelArgs {
     /// bf16/f16 models. The CPU in f32 is batch-invariant without it.
     #[arg(long, env = "DELTASERVE_BATCH_INVARIANT")]
     pub batch_invariant: bool,
+    /// Split the model over N GPUs (tensor parallelism, NCCL; a build with `--features nccl`):
+    /// `--device cuda:K` and the N-1 GPUs after it, one engine thread each, in lockstep. Each
+    /// GPU holds 1/N of every layer's heads and its own states. On the CPU, N threads (for
+    /// testing).
+    #[arg(long, visible_alias = "tp", env = "DELTASERVE_TENSOR_PARALLEL_SIZE", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub tensor_parallel_size: u16,
 }
 
 /// `--mixer-precision`.
@@ -107,6 +114,7 @@ impl ModelArgs {
             prefill_algo: prefill_algo(self.mixer_precision, dtype),
             cuda_graphs: !self.no_cuda_graphs,
             batch_invariant: self.batch_invariant,
+            tensor_parallel_size: self.tensor_parallel_size.into(),
         };
         Ok(Engine::load(&opts)?)
     }

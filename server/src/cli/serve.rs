@@ -267,10 +267,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let engine = model_args.load()?;
     let cfg = engine.config().clone();
-    let per_slot = cfg.state_bytes_per_sequence().max(1);
+    // Per rank: each tensor parallel rank holds its slice of every slot and block on its own
+    // device, and the fullest device bounds them all.
     let specs = engine.model().cache_specs();
+    let per_slot = specs.iter().map(|s| s.bytes_per_sequence()).sum::<usize>().max(1);
     let per_block = specs.iter().map(|s| s.bytes_per_token()).sum::<usize>() * DEFAULT_BLOCK_SIZE;
-    let free = deltaserve_engine::free_memory(engine.model().device());
+    let free = engine.free_memory();
     let budget = free.map(|avail| (avail as f64 * args.state_memory_fraction) as usize);
     let mut slots = args.max_num_seqs;
     if let Some(budget) = budget {

@@ -18,8 +18,11 @@
 //! Each layer's `shard` lives in its own file; [`GroupLink`] is what a split block adds its
 //! partial sums over.
 //!
-//! [`ThreadGroup`] runs the ranks as threads of one process on the CPU: the sharding math is
-//! tested there against the unsplit model.
+//! [`ThreadGroup`] adds the ranks' partial sums on the CPU (ranks as threads of one process: the
+//! sharding math is tested there against the unsplit model); `NcclGroup` (the `nccl` feature)
+//! on GPUs. [`CausalLm::load_ranks`](crate::CausalLm::load_ranks) reads each rank's slices, and
+//! the engine runs every pass on all ranks at once (`crate::ranks`), each on its own replica of
+//! the state pool.
 
 use std::fmt::Debug;
 use std::ops::Range;
@@ -28,6 +31,17 @@ use std::sync::{Arc, Barrier, Mutex};
 use candle_core::Tensor;
 
 use crate::error::{EngineError, Result};
+
+#[cfg(feature = "nccl")]
+mod nccl;
+
+#[cfg(feature = "nccl")]
+pub use nccl::NcclGroup;
+
+/// The error for a rank's thread that panicked while doing `what`.
+pub(crate) fn rank_panicked(what: &str) -> EngineError {
+    EngineError::Invalid { field: "tensor parallel rank", expected: format!("{what} to finish"), actual: "its thread panicked".into() }
+}
 
 /// One rank's place in a group of `size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,95 @@
+//! Tensor parallelism on several GPUs (the `nccl` feature): the engine split over 2 and 4 GPUs
+//! (NCCL all-reduces; a split model's decode steps run eagerly) against the same engine on one
+//! GPU with its CUDA graphs, through the whole serving script (prefill with a snapshot, restore,
+//! fork, decode, greedy continuation). Needs at least 2 GPUs; on fewer it says so and checks
+//! nothing.
+
+use candle_core::{DType, Device};
+use deltaserve_engine::{Engine, LoadOptions, PrefillAlgo};
+use deltaserve_tests::{compact_dir, rel_err, serving_script, GREEDY_MARGIN, SERVING_SCRIPT_GREEDY};
+
+/// GPUs visible to this process.
+fn gpus() -> usize {
+    candle_core::cuda_backend::cudarc::driver::CudaContext::device_count().map_or(0, |n| n as usize)
+}
+
+fn load(name: &str, dtype: DType, tp: usize) -> Engine {
+    let dir = compact_dir().join(name);
+    let algo = if dtype == DType::F32 { PrefillAlgo::Chunked } else { PrefillAlgo::ChunkedBf16 };
+    let opts = LoadOptions {
+        dtype,
+        device: deltaserve_engine::parse_device("cuda").unwrap(),
+        prefill_algo: algo,
+        tensor_parallel_size: tp,
+        ..LoadOptions::cpu(dir.to_str().unwrap())
+    };
+    Engine::load(&opts).unwrap_or_else(|e| panic!("{name} {dtype:?} TP={tp}: {e}"))
+}
+
+/// Top-2 margin of a row.
+fn margin(row: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
+    let n = gpus();
+    if n < 2 {
+        println!("SKIPPED (needs 2 GPUs): gpu_tensor_parallel_equals_one_gpu sees {n}");
+        return;
+    }
+    let sizes: Vec<usize> = [2, 4].into_iter().filter(|&s| s <= n).collect();
+    // Fixtures whose heads divide 4 ways (gdn and gdp have 2 value heads: 2 ways only).
+    let cases = [("gdn", 2), ("gdp", 2), ("gdn-attn", 4), ("qwen3_5", 4), ("qwen3_next", 4), ("qwen3_5_moe", 4)];
+    for dtype in [DType::F32, DType::BF16] {
+        for (name, most) in cases {
+            // bf16: the model tolerance (a near-tie of router probabilities can pick another
+            // expert, so the MoE fixtures take their reference-derived bound, as in
+            // `gpu_models_match_cpu_and_goldens`).
+            let tol = match dtype {
+                DType::F32 => 1e-4,
+                _ if name == "qwen3_next" || name == "qwen3_5_moe" => {
+                    super::moe_bf16_bounds(&compact_dir().join(format!("{name}.goldens.json")))
+                        .and_then(|b| b.first().copied())
+                        .unwrap_or(2e-2)
+                }
+                _ => 2e-2,
+            };
+            let whole = serving_script(&load(name, dtype, 1));
+            let vocab = whole[whole.len() - 1].len();
+            for &tp in sizes.iter().filter(|&&s| s <= most) {
+                let split = serving_script(&load(name, dtype, tp));
+                let calls = whole.len() - SERVING_SCRIPT_GREEDY;
+                let mut worst: f64 = 0.0;
+                for (i, (s, w)) in split[..calls].iter().zip(&whole[..calls]).enumerate() {
+                    let e = rel_err(s, w);
+                    worst = worst.max(e);
+                    assert!(e <= tol, "{name} {dtype:?} TP={tp}: call {i}: logits rel err {e:.3e} > {tol:e} against one GPU");
+                }
+                // The greedy continuation: tokens equal while one GPU's margin is real (after a
+                // near-tie the two may go different ways, legitimately).
+                let mut equal = 0;
+                for (s, w) in split[calls..].iter().zip(&whole[calls..]) {
+                    let (ts, tw) = (deltaserve_engine::sampling::argmax(s), deltaserve_engine::sampling::argmax(w));
+                    if f64::from(margin(w)) < GREEDY_MARGIN {
+                        break;
+                    }
+                    assert_eq!(ts, tw, "{name} {dtype:?} TP={tp}: greedy token {equal} differs (margin {:.2e})", margin(w));
+                    worst = worst.max(rel_err(s, w));
+                    equal += 1;
+                }
+                assert_eq!(vocab, split[split.len() - 1].len());
+                println!(
+                    "{name} {dtype:?} TP={tp}: {calls} calls, worst rel err {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal"
+                );
+            }
+        }
+    }
+}
