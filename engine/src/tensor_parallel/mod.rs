@@ -103,42 +103,96 @@ impl GroupLink {
     }
 }
 
+/// Where a group's ranks meet for one collective: each leaves its part, the last to arrive
+/// turns all the parts into every rank's result, and each takes its own. Every rank must meet
+/// the same number of times.
+#[derive(Debug)]
+pub(crate) struct Meeting {
+    barrier: Barrier,
+    /// Each rank's part, then its result.
+    slots: Mutex<Vec<Slot>>,
+}
+
+#[derive(Debug, Clone, Default)]
+enum Slot {
+    #[default]
+    Empty,
+    Part(Tensor),
+    Done(std::result::Result<Tensor, String>),
+}
+
+impl Meeting {
+    /// A meeting of `size` ranks.
+    pub(crate) fn new(size: usize) -> Self {
+        Self { barrier: Barrier::new(size), slots: Mutex::new(vec![Slot::Empty; size]) }
+    }
+
+    /// Leaves `part` for rank `rank` and returns its result; `combine` (run by one rank, with
+    /// the parts in rank order) makes every rank's result.
+    pub(crate) fn exchange(&self, rank: usize, part: Tensor, combine: impl FnOnce(Vec<Tensor>) -> Result<Vec<Tensor>>) -> Result<Tensor> {
+        let lock = || self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let size = lock().len();
+        if rank >= size {
+            return Err(EngineError::Invalid {
+                field: "tensor parallel rank",
+                expected: format!("a rank below the group size {size}"),
+                actual: rank.to_string(),
+            });
+        }
+        lock()[rank] = Slot::Part(part);
+        if self.barrier.wait().is_leader() {
+            let mut slots = lock();
+            let parts: Option<Vec<Tensor>> =
+                slots.iter_mut().map(|s| if let Slot::Part(t) = std::mem::take(s) { Some(t) } else { None }).collect();
+            let results = match parts {
+                Some(parts) => combine(parts).map_err(|e| e.to_string()),
+                None => Err(format!("a partial from each of {size} ranks; one was missing")),
+            };
+            match results {
+                Ok(r) if r.len() == size => slots.iter_mut().zip(r).for_each(|(s, t)| *s = Slot::Done(Ok(t))),
+                Ok(r) => slots.fill(Slot::Done(Err(format!("{size} results; got {}", r.len())))),
+                Err(e) => slots.fill(Slot::Done(Err(e))),
+            }
+        }
+        // Every result is in place; a rank leaves its next part only after taking this one.
+        self.barrier.wait();
+        let failed = |actual: String| EngineError::Invalid { field: "all-reduce", expected: "every rank's sum".into(), actual };
+        match std::mem::take(&mut lock()[rank]) {
+            Slot::Done(Ok(t)) => Ok(t),
+            Slot::Done(Err(e)) => Err(failed(e)),
+            _ => Err(failed("no result".into())),
+        }
+    }
+}
+
 /// The ranks of a group as threads of one process (CPU tensors, or any device's: the sum runs
 /// where the tensors are). Every rank must call [`AllReduce::sum`] the same number of times.
 #[derive(Debug)]
 pub struct ThreadGroup {
-    size: usize,
-    barrier: Barrier,
-    /// Each rank's partial of the current sum.
-    parts: Mutex<Vec<Option<Tensor>>>,
+    meeting: Meeting,
 }
 
 impl ThreadGroup {
     /// A group of `size` ranks.
     pub fn new(size: usize) -> Arc<Self> {
-        Arc::new(Self { size, barrier: Barrier::new(size), parts: Mutex::new(vec![None; size]) })
+        Arc::new(Self { meeting: Meeting::new(size) })
     }
 }
 
 impl AllReduce for ThreadGroup {
     fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor> {
-        self.parts.lock().unwrap_or_else(|p| p.into_inner())[rank] = Some(t.clone());
-        self.barrier.wait();
-        // Every rank adds the same parts in the same order: the totals are identical.
-        let total = {
-            let parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
-            let mut it = parts.iter().map(|p| p.as_ref().ok_or_else(|| missing(self.size)));
-            let first = it.next().unwrap_or_else(|| Err(missing(self.size)))?.clone();
-            it.try_fold(first, |acc, p| -> Result<Tensor> { Ok((acc + p?)?) })
-        };
-        // Nobody overwrites a part before every rank has read them all.
-        self.barrier.wait();
-        total
+        self.meeting.exchange(rank, t.clone(), |parts| {
+            // Added once, in rank order: every rank gets the same total.
+            let n = parts.len();
+            let mut parts = parts.into_iter();
+            let none = || EngineError::Invalid { field: "all-reduce", expected: "a partial from a rank".into(), actual: "none".into() };
+            let mut total = parts.next().ok_or_else(none)?;
+            for p in parts {
+                total = (total + p)?;
+            }
+            Ok(vec![total; n])
+        })
     }
-}
-
-fn missing(size: usize) -> EngineError {
-    EngineError::Invalid { field: "all-reduce", expected: format!("a partial from each of {size} ranks"), actual: "a missing one".into() }
 }
 
 /// A rank's share of `inner` heads that read `outer` shared heads in groups (value heads and

@@ -36,13 +36,6 @@ pub fn communicators(devices: &[CudaDevice]) -> Result<Vec<Communicator>> {
     Ok(comms.into_iter().zip(devices).map(|(comm, dev)| Communicator { comm, dev: dev.clone() }).collect())
 }
 
-impl Communicator {
-    /// This member's rank.
-    pub fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-}
-
 /// The sum over the group of `parts[r]`, each on member r's device (same shape and dtype: f32,
 /// bf16 or f16): member r's copy of the total in `out[r]`, new tensors. Every member's
 /// all-reduce is queued by this one thread inside one NCCL group, on each device's stream.

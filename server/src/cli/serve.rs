@@ -341,23 +341,14 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         };
         bytes / per_slot
     };
-    tracing::info!(
-        snapshots,
-        grid = args.prefix_cache_grid,
-        bytes = snapshots * per_slot,
-        host_snapshots = args.prefix_cache_host_memory / per_slot,
-        "prefix cache"
-    );
+    let host_snapshots = if snapshots > 0 { args.prefix_cache_host_memory / per_slot } else { 0 };
+    tracing::info!(snapshots, grid = args.prefix_cache_grid, bytes = snapshots * per_slot, host_snapshots, "prefix cache");
     let sched_cfg = SchedulerConfig {
         max_num_seqs: slots,
         kv_blocks,
         max_queue: args.max_queue,
         max_model_len,
-        prefix_cache: PrefixCacheConfig {
-            snapshots,
-            grid: args.prefix_cache_grid,
-            host_snapshots: if snapshots > 0 { args.prefix_cache_host_memory / per_slot } else { 0 },
-        },
+        prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid, host_snapshots },
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
         warmup: !args.no_warmup,
