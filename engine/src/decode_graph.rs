@@ -11,7 +11,9 @@
 //!
 //! A batch size runs eagerly the first time it is seen, which also fills candle's cache of
 //! layout parameters (a capture can upload nothing), is captured the second time, and replays
-//! from then on. A capture that fails leaves that size eager, with a warning. The graphs write
+//! from then on. A capture that fails leaves that size eager, with a warning. A split model's
+//! ranks capture the same step together, each graph holding its rank's all-reduces, which wait
+//! for the other ranks' graphs: a batch size has a graph on every rank or on none. The graphs write
 //! one pool's buffers: a step on another pool drops them and starts over.
 
 use std::collections::HashSet;
@@ -73,10 +75,22 @@ impl DecodeGraphs {
         self.entries.iter().map(|e| e.batch).collect()
     }
 
-    /// One decode step of `model` on a CUDA `pool`: replays the graph of this batch size when
-    /// there is one, captures it when the size ran before, else runs eagerly. Returns
-    /// `[B, vocab]` f32 logits, owned by the caller.
+    /// One decode step of `model` (unsplit) on a CUDA `pool`: replays the graph of this batch
+    /// size when there is one, captures it when the size ran before, else runs eagerly.
+    /// Returns `[B, vocab]` f32 logits, owned by the caller.
     pub fn decode(&mut self, model: &CausalLm, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        self.decode_agreeing(model, pool, batch, &Ok)
+    }
+
+    /// [`Self::decode`] for one rank of a split model: a capture is kept only if
+    /// `agree(captured)` (every rank's capture worked).
+    pub(crate) fn decode_agreeing(
+        &mut self,
+        model: &CausalLm,
+        pool: &mut StatePool,
+        batch: &[(SlotId, u32)],
+        agree: &dyn Fn(bool) -> Result<bool>,
+    ) -> Result<Tensor> {
         let (tokens, slots) = model.check_decode(pool, batch)?;
         let Device::Cuda(dev) = model.device() else {
             let ids = Tensor::new(tokens.as_slice(), model.device())?;
@@ -86,11 +100,19 @@ impl DecodeGraphs {
             *self = Self { pool: Some(pool.id()), ..Self::default() };
         }
         let _span = tracing::debug_span!("decode", batch = batch.len(), graph = true).entered();
-        self.step(model, dev, pool, &tokens, &slots)
+        self.step(model, dev, pool, &tokens, &slots, agree)
     }
 
     /// Replays, captures or runs eagerly; `slots` are checked (in range, in use, distinct).
-    fn step(&mut self, model: &CausalLm, dev: &CudaDevice, pool: &mut StatePool, tokens: &[u32], slots: &[usize]) -> Result<Tensor> {
+    fn step(
+        &mut self,
+        model: &CausalLm,
+        dev: &CudaDevice,
+        pool: &mut StatePool,
+        tokens: &[u32],
+        slots: &[usize],
+        agree: &dyn Fn(bool) -> Result<bool>,
+    ) -> Result<Tensor> {
         let b = tokens.len();
         let slot_ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
         let positions: Vec<i32> = slots.iter().map(|&s| pool.seen(SlotId(s)) as i32).collect();
@@ -119,8 +141,20 @@ impl DecodeGraphs {
         let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
         // The capture may upload nothing: the blocks (and device table entries) come first.
         pool.plan(slots, &vec![1; b])?;
-        match capture(model, dev, pool, &ids, (&dev_slots, &dev_positions), &logits, slots) {
-            Ok(graph) => {
+        tracing::debug!(batch = b, "capturing a decode graph");
+        let captured = capture(model, dev, pool, &ids, (&dev_slots, &dev_positions), &logits, slots);
+        // A split model's ranks keep their graphs only together: `agree(false)` there calls the
+        // pass off on every rank (the engine retries it eagerly), `agree(true)` fails if
+        // another rank did so.
+        let kept = match captured {
+            Ok(graph) => agree(true).map(|all| all.then_some(graph)),
+            Err(e) => {
+                tracing::warn!(batch = b, error = %e, "decode graph capture failed; this batch size stays eager");
+                agree(false).map(|_| None)
+            }
+        };
+        match kept {
+            Ok(Some(graph)) => {
                 tracing::debug!(batch = b, "captured a decode graph");
                 let entry =
                     Entry { batch: b, graph, tokens: ids, slots: dev_slots, positions: dev_positions, logits, _model: model.clone() };
@@ -133,17 +167,22 @@ impl DecodeGraphs {
                 self.entries.push(entry);
                 Ok(out)
             }
-            Err(e) => {
-                tracing::warn!(batch = b, error = %e, "decode graph capture failed; this batch size stays eager");
+            not_kept => {
                 // The recording may have counted the step; nothing ran, so it did not happen.
                 for (&s, &p) in slots.iter().zip(&positions) {
                     pool.set_seen(s, p as usize);
                 }
                 self.failed.insert(b);
+                not_kept?;
                 let _cache = dev.enable_cuda_graph_htod_cache();
                 model.decode_step(pool, &ids, StepSlots::from(slots), None)
             }
         }
+    }
+
+    /// Whether batch size `b`'s capture failed (it runs eagerly).
+    pub fn failed(&self, b: usize) -> bool {
+        self.failed.contains(&b)
     }
 }
 

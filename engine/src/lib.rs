@@ -85,7 +85,7 @@ impl LoadOptions {
 #[derive(Debug)]
 pub struct Engine {
     /// The model's tensor parallel ranks (one when unsplit); rank 0's logits are returned.
-    ranks: Vec<ranks::Rank>,
+    ranks: ranks::Ranks,
     tokenizer: Arc<Tokenizer>,
     model_dir: PathBuf,
     prefill_algo: PrefillAlgo,
@@ -120,7 +120,14 @@ pub fn parse_device(s: &str) -> Result<Device> {
             actual: s.into(),
         });
     }
-    let dev = Device::new_cuda(ordinal).map_err(|e| EngineError::Invalid {
+    // One stream of its own (candle's `new_cuda` takes the per-thread default stream): every
+    // thread that works on this GPU (a tensor parallel rank's, the one that queues the ranks'
+    // all-reduces, the engine's) must queue on the same stream, or their work is unordered.
+    #[cfg(feature = "cuda")]
+    let dev = candle_core::CudaDevice::new_with_stream(ordinal).map(Device::Cuda);
+    #[cfg(not(feature = "cuda"))]
+    let dev = Device::new_cuda(ordinal);
+    let dev = dev.map_err(|e| EngineError::Invalid {
         field: "device",
         expected: format!("a usable CUDA device {ordinal}"),
         actual: e.to_string(),
@@ -152,6 +159,18 @@ pub fn free_memory(device: &Device) -> Option<usize> {
     }
 }
 
+/// Has CUDA load each kernel module's kernels when the module loads, not at their first launch,
+/// when a model is split over `tensor_parallel_size` > 1 GPUs and the user has not chosen
+/// (`CUDA_MODULE_LOADING`). A lazy load waits for its GPU to go idle while it holds a lock the
+/// other ranks' launches need; a GPU whose all-reduce waits for another rank's launch never goes
+/// idle, so the ranks would hang. Call it before the first CUDA call, while the process has one
+/// thread.
+pub fn load_kernels_eagerly_for(tensor_parallel_size: usize) {
+    if tensor_parallel_size > 1 && std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
+    }
+}
+
 /// Reads and validates `DIR/config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
@@ -173,9 +192,9 @@ impl Engine {
         let dir = hub::resolve_model(&opts.model)?;
         let cfg = read_config(&dir)?;
         let ckpt = weights::Checkpoint::open(&dir)?;
-        let models = match opts.tensor_parallel_size {
+        let (models, links) = match opts.tensor_parallel_size {
             0 => return Err(EngineError::Invalid { field: "tensor_parallel_size", expected: "at least 1".into(), actual: "0".into() }),
-            1 => vec![CausalLm::load(&cfg, &ckpt, opts.dtype, &opts.device, opts.check_weights)?],
+            1 => (vec![CausalLm::load(&cfg, &ckpt, opts.dtype, &opts.device, opts.check_weights)?], vec![None]),
             n => {
                 let devices = rank_devices(&opts.device, n)?;
                 let group = all_reduce_group(&devices)?;
@@ -184,7 +203,8 @@ impl Engine {
                     .enumerate()
                     .map(|(r, d)| Ok((tensor_parallel::GroupLink { shard: tensor_parallel::Shard::new(r, n)?, group: group.clone() }, d)))
                     .collect::<Result<Vec<_>>>()?;
-                CausalLm::load_ranks(&cfg, &ckpt, opts.dtype, &ranks, opts.check_weights)?
+                let models = CausalLm::load_ranks(&cfg, &ckpt, opts.dtype, &ranks, opts.check_weights)?;
+                (models, ranks.into_iter().map(|(link, _)| Some(link)).collect())
             }
         };
         let tokenizer = Tokenizer::from_dir(&dir, cfg.common.bos_token_id, &cfg.eos_token_ids())?;
@@ -196,14 +216,8 @@ impl Engine {
             )));
         }
         tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, tensor_parallel = opts.tensor_parallel_size, "model loaded");
-        // A split model's decode steps run eagerly: on a 4-GPU H100 host its first steps hung
-        // with CUDA graphs (captures holding the NCCL all-reduces), not yet diagnosed.
-        let graphs = opts.cuda_graphs && opts.tensor_parallel_size == 1;
-        if opts.cuda_graphs && !graphs && opts.device.is_cuda() {
-            tracing::warn!(tensor_parallel = opts.tensor_parallel_size, "decode steps of a split model run without CUDA graphs");
-        }
         Ok(Self {
-            ranks: models.into_iter().map(|m| ranks::Rank::new(m, graphs)).collect(),
+            ranks: ranks::Ranks::new(models.into_iter().zip(links).map(|(m, link)| ranks::Rank::new(m, opts.cuda_graphs, link)).collect())?,
             tokenizer: Arc::new(tokenizer),
             model_dir: dir,
             prefill_algo: opts.prefill_algo,
@@ -233,7 +247,7 @@ impl Engine {
 
     /// Waits until every rank's device has run all the work queued on it.
     pub fn synchronize(&self) -> Result<()> {
-        for r in &self.ranks {
+        for r in self.ranks.iter() {
             r.model.device().synchronize()?;
         }
         Ok(())
@@ -273,7 +287,7 @@ impl Engine {
     /// Chunked prefill of `tokens` into `slot` (continuing from its state), at the precision
     /// the engine was loaded with.
     pub fn prefill(&self, pool: &mut StatePool, slot: SlotId, tokens: &[u32], logits: Logits) -> Result<Tensor> {
-        ranks::on_ranks(&self.ranks, pool, |r, pool| r.model.prefill(pool, slot, tokens, logits, self.prefill_algo))
+        self.ranks.run(pool, |r, pool| r.model.prefill(pool, slot, tokens, logits, self.prefill_algo))
     }
 
     /// Prefills several sequences together (see [`CausalLm::prefill_many`]); returns the f32
@@ -285,14 +299,22 @@ impl Engine {
     /// [`Self::prefill_many`], also writing `snapshots` on the way (see
     /// [`CausalLm::prefill_many_with`]).
     pub fn prefill_many_with(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], snapshots: &[SnapshotAt]) -> Result<Tensor> {
-        ranks::on_ranks(&self.ranks, pool, |r, pool| r.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots))
+        self.ranks.run(pool, |r, pool| r.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots))
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.
     /// On a GPU with CUDA graphs on (the default) each batch size is captured once and replayed
     /// after that; otherwise the step runs eagerly.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
-        ranks::on_ranks(&self.ranks, pool, |r, pool| r.decode(pool, batch))
+        let b = batch.len();
+        let failed_before = self.ranks[0].capture_failed(b);
+        let out = self.ranks.run(pool, |r, pool| r.decode(pool, batch));
+        // A split model's failed capture fails the pass on every rank, having run nothing:
+        // the step runs again, eagerly on every rank now.
+        if out.is_err() && !failed_before && self.ranks.iter().all(|r| r.capture_failed(b)) {
+            return self.ranks.run(pool, |r, pool| r.decode(pool, batch));
+        }
+        out
     }
 
     /// The batch sizes with a captured decode graph (empty without graphs).

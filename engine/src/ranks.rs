@@ -1,33 +1,38 @@
 //! A loaded model's ranks (one without tensor parallelism) and how a pass runs on all of them
-//! at once: rank 0 on the calling thread with the scheduler's pool, every other rank on a
-//! thread of its own with that pool's replica for it. The ranks meet only in their
-//! all-reduces, so each must run the same pass with the same inputs; their host work (kernel
-//! launches) overlaps.
+//! at once. Unsplit, the pass runs on the calling thread. Split, rank r runs every pass on
+//! thread r of the ranks' own, rank 0 with the scheduler's pool and the others with that
+//! pool's replicas. The ranks meet only in their all-reduces, so each must run the same pass
+//! with the same inputs; their host work (kernel launches) overlaps.
 
 use candle_core::Tensor;
 
 use crate::error::{EngineError, Result};
 use crate::models::CausalLm;
 use crate::state::{SlotId, StatePool};
+use crate::tensor_parallel::GroupLink;
 
 /// One rank's model and its captured decode steps.
 #[derive(Debug)]
 pub(crate) struct Rank {
     pub(crate) model: CausalLm,
+    /// This rank's link to its group (a split model).
+    link: Option<GroupLink>,
     /// Decode steps captured as CUDA graphs (a GPU model with graphs on).
     #[cfg(feature = "cuda")]
     pub(crate) graphs: Option<std::sync::Mutex<crate::decode_graph::DecodeGraphs>>,
 }
 
 impl Rank {
-    /// `model` with CUDA graphs for its decode steps when `graphs` (a GPU model only).
-    pub(crate) fn new(model: CausalLm, graphs: bool) -> Self {
+    /// `model` (rank `link.shard` of a split one) with CUDA graphs for its decode steps when
+    /// `graphs` (a GPU model only).
+    pub(crate) fn new(model: CausalLm, graphs: bool, link: Option<GroupLink>) -> Self {
         #[cfg(feature = "cuda")]
         let graphs = (graphs && model.device().is_cuda()).then(Default::default);
         #[cfg(not(feature = "cuda"))]
         let _ = graphs;
         Self {
             model,
+            link,
             #[cfg(feature = "cuda")]
             graphs,
         }
@@ -42,14 +47,56 @@ impl Rank {
         Ok(())
     }
 
+    /// `f` on this rank, bound to its device. A failure (or panic) calls off the group's
+    /// collectives, so the other ranks return instead of waiting for this one.
+    fn run<T>(&self, pool: &mut StatePool, f: &(impl Fn(&Rank, &mut StatePool) -> Result<T> + Sync)) -> Result<T> {
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.bind().and_then(|()| f(self, pool))))
+            .unwrap_or_else(|_| Err(crate::tensor_parallel::rank_panicked("a pass")));
+        if let (Err(e), Some(link)) = (&out, &self.link) {
+            link.group.abort(&format!("rank {} failed: {e}", link.shard.rank));
+        }
+        out
+    }
+
     /// One decode step on this rank's `pool`: a CUDA graph's replay (or capture) where there
-    /// are graphs, else eagerly.
+    /// are graphs, else eagerly. A split model's ranks capture a batch size together: each
+    /// keeps its graph only if every rank's capture worked, as each graph's all-reduces wait
+    /// for the other ranks' graphs.
     pub(crate) fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if let (Some(graphs), false) = (&self.graphs, pool.is_host()) {
-            return graphs.lock().unwrap_or_else(|p| p.into_inner()).decode(&self.model, pool, batch);
+            return graphs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .decode_agreeing(&self.model, pool, batch, &|ok| self.agree_on_capture(ok));
         }
         self.model.decode(pool, batch)
+    }
+
+    /// Whether every rank's decode graph capture worked (`ok` here). A rank whose capture
+    /// failed may have left the others waiting in an all-reduce of theirs, so it calls the
+    /// group's collectives off: the pass fails on every rank, and the engine runs it again.
+    #[cfg(feature = "cuda")]
+    fn agree_on_capture(&self, ok: bool) -> Result<bool> {
+        match &self.link {
+            None => Ok(ok),
+            Some(link) if ok => link.agree(true),
+            Some(link) => {
+                let why = format!("rank {}'s decode graph capture failed", link.shard.rank);
+                link.group.abort(&why);
+                Err(EngineError::Invalid { field: "decode graph", expected: "a capture on every rank".into(), actual: why })
+            }
+        }
+    }
+
+    /// Whether this rank's decode graph capture of batch size `b` failed (it runs eagerly).
+    pub(crate) fn capture_failed(&self, b: usize) -> bool {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.graphs {
+            return g.lock().unwrap_or_else(|p| p.into_inner()).failed(b);
+        }
+        let _ = b;
+        false
     }
 
     /// The batch sizes with a captured decode graph (empty without graphs).
@@ -62,39 +109,75 @@ impl Rank {
     }
 }
 
-/// Runs `f` on every rank at once: rank 0 here on `pool`, rank r > 0 on its own thread on
-/// `pool`'s replica r − 1. Returns rank 0's result, or the first error of any rank.
-pub(crate) fn on_ranks<T>(ranks: &[Rank], pool: &mut StatePool, f: impl Fn(&Rank, &mut StatePool) -> Result<T> + Sync) -> Result<T> {
-    let Some((first, rest)) = ranks.split_first() else {
-        return Err(EngineError::Invalid { field: "ranks", expected: "at least one".into(), actual: "0".into() });
-    };
-    if rest.is_empty() {
-        return f(first, pool);
+/// A model's ranks; when there are several, each runs every pass on a thread of its own.
+#[derive(Debug)]
+pub(crate) struct Ranks {
+    ranks: Vec<Rank>,
+    /// Thread r runs rank r's every pass (a split model). What CUDA keeps per thread stays
+    /// with the rank from pass to pass: candle's cache of uploaded launch parameters, filled by
+    /// a decode step's eager run, is what that step's graph capture reads.
+    workers: Option<rayon::ThreadPool>,
+}
+
+impl std::ops::Deref for Ranks {
+    type Target = [Rank];
+
+    fn deref(&self) -> &[Rank] {
+        &self.ranks
     }
-    let mut replicas = pool.take_replicas();
-    if replicas.len() != rest.len() {
-        let found = replicas.len() + 1;
+}
+
+impl Ranks {
+    /// `ranks` (at least one), with a thread each when there are several.
+    pub(crate) fn new(ranks: Vec<Rank>) -> Result<Self> {
+        if ranks.is_empty() {
+            return Err(EngineError::Invalid { field: "ranks", expected: "at least one".into(), actual: "0".into() });
+        }
+        let workers = (ranks.len() > 1)
+            .then(|| rayon::ThreadPoolBuilder::new().num_threads(ranks.len()).thread_name(|r| format!("rank{r}")).build())
+            .transpose()
+            .map_err(|e| EngineError::Invalid { field: "tensor parallel rank", expected: "a thread each".into(), actual: e.to_string() })?;
+        Ok(Self { ranks, workers })
+    }
+
+    /// Runs `f` on every rank at once, rank r on `pool`'s replica r − 1 (rank 0 on `pool`).
+    /// Returns rank 0's result, or the first error of any rank.
+    pub(crate) fn run<T: Send>(&self, pool: &mut StatePool, f: impl Fn(&Rank, &mut StatePool) -> Result<T> + Sync) -> Result<T> {
+        let Some(workers) = &self.workers else {
+            return f(&self.ranks[0], pool);
+        };
+        let mut replicas = pool.take_replicas();
+        if replicas.len() + 1 != self.ranks.len() {
+            let found = replicas.len() + 1;
+            pool.put_replicas(replicas);
+            return Err(EngineError::Invalid {
+                field: "pool",
+                expected: format!("a pool of {} tensor parallel ranks (from this engine's `new_pool`)", self.ranks.len()),
+                actual: format!("{found} ranks"),
+            });
+        }
+        let mut results: Vec<Result<Option<T>>> = {
+            let pools: Vec<std::sync::Mutex<&mut StatePool>> =
+                std::iter::once(&mut *pool).chain(replicas.iter_mut()).map(std::sync::Mutex::new).collect();
+            workers.broadcast(|ctx| {
+                let r = ctx.index();
+                let mut pool = pools[r].lock().unwrap_or_else(|p| p.into_inner());
+                let out = self.ranks[r].run(&mut pool, &f);
+                out.map(|t| (r == 0).then_some(t))
+            })
+        };
         pool.put_replicas(replicas);
-        return Err(EngineError::Invalid {
-            field: "pool",
-            expected: format!("a pool of {} tensor parallel ranks (from this engine's `new_pool`)", ranks.len()),
-            actual: format!("{found} ranks"),
-        });
+        if results.iter().any(Result::is_err) {
+            // Every rank has left the pass: a failed one's group can meet again.
+            if let Some(link) = &self.ranks[0].link {
+                link.group.reset();
+            }
+            // Rank 0's error first (it names the others' when it was called off by them).
+            return Err(results.into_iter().find_map(Result::err).unwrap_or_else(|| crate::tensor_parallel::rank_panicked("a pass")));
+        }
+        match results.swap_remove(0) {
+            Ok(Some(t)) => Ok(t),
+            _ => Err(crate::tensor_parallel::rank_panicked("a pass")),
+        }
     }
-    let (out, others) = std::thread::scope(|s| {
-        let f = &f;
-        let jobs: Vec<_> = rest
-            .iter()
-            .zip(replicas.iter_mut())
-            .map(|(rank, pool)| s.spawn(move || rank.bind().and_then(|()| f(rank, pool).map(drop))))
-            .collect();
-        let out = first.bind().and_then(|()| f(first, pool));
-        let others: Vec<Result<()>> =
-            jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(crate::tensor_parallel::rank_panicked("a pass")))).collect();
-        (out, others)
-    });
-    pool.put_replicas(replicas);
-    let out = out?;
-    others.into_iter().collect::<Result<Vec<()>>>()?;
-    Ok(out)
 }

@@ -31,8 +31,22 @@ enum Command {
     InitRandom(cli::init_random::InitRandomArgs),
 }
 
+impl Command {
+    /// GPUs the command splits its model over (1 where it loads none, or does not split it).
+    fn tensor_parallel_size(&self) -> usize {
+        match self {
+            Command::Serve(a) => a.model.tensor_parallel_size.into(),
+            Command::Generate(a) => a.model.tensor_parallel_size.into(),
+            Command::Eval(a) => a.model().tensor_parallel_size.into(),
+            Command::Prune(_) | Command::InitRandom(_) => 1,
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Before any CUDA call, while this is the only thread.
+    deltaserve_engine::load_kernels_eagerly_for(cli.command.tensor_parallel_size());
     let filter = EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // A closed log stream (a pipe whose reader went away) must not take the server down:
     // tracing-subscriber reports a failed write with `eprintln!`, which panics when stderr is

@@ -1,8 +1,7 @@
 //! Tensor parallelism on several GPUs (the `nccl` feature): the engine split over 2 and 4 GPUs
-//! (NCCL all-reduces; a split model's decode steps run eagerly) against the same engine on one
-//! GPU with its CUDA graphs, through the whole serving script (prefill with a snapshot, restore,
-//! fork, decode, greedy continuation). Needs at least 2 GPUs; on fewer it says so and checks
-//! nothing.
+//! (NCCL all-reduces, inside the decode steps' CUDA graphs) against the same engine on one GPU,
+//! through the whole serving script (prefill with a snapshot, restore, fork, decode, greedy
+//! continuation). Needs at least 2 GPUs; on fewer it says so and checks nothing.
 
 use candle_core::{DType, Device};
 use deltaserve_engine::{Engine, LoadOptions, PrefillAlgo};
@@ -48,11 +47,15 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
     let sizes: Vec<usize> = [2, 4].into_iter().filter(|&s| s <= n).collect();
     // Fixtures whose heads divide 4 ways (gdn and gdp have 2 value heads: 2 ways only).
     let cases = [("gdn", 2), ("gdp", 2), ("gdn-attn", 4), ("qwen3_5", 4), ("qwen3_next", 4), ("qwen3_5_moe", 4)];
-    for dtype in [DType::F32, DType::BF16] {
-        for (name, most) in cases {
-            // bf16: the model tolerance (a near-tie of router probabilities can pick another
-            // expert, so the MoE fixtures take their reference-derived bound, as in
-            // `gpu_models_match_cpu_and_goldens`).
+    for (name, most) in cases {
+        // The unsplit engine in f32: the logits both precisions are measured against.
+        let exact = serving_script(&load(name, DType::F32, 1));
+        let calls = exact.len() - SERVING_SCRIPT_GREEDY;
+        for dtype in [DType::F32, DType::BF16] {
+            // bf16: the model tolerance against exact logits (the MoE fixtures take their
+            // reference-derived bound, a near-tie of router probabilities picking another
+            // expert, as in `gpu_models_match_cpu_and_goldens`), or half as much again as the
+            // unsplit bf16 engine's own error where that is larger.
             let tol = match dtype {
                 DType::F32 => 1e-4,
                 _ if name == "qwen3_next" || name == "qwen3_5_moe" => {
@@ -62,32 +65,40 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                 }
                 _ => 2e-2,
             };
-            let whole = serving_script(&load(name, dtype, 1));
+            let whole = if dtype == DType::F32 { exact.clone() } else { serving_script(&load(name, dtype, 1)) };
             let vocab = whole[whole.len() - 1].len();
             for &tp in sizes.iter().filter(|&&s| s <= most) {
                 let split = serving_script(&load(name, dtype, tp));
-                let calls = whole.len() - SERVING_SCRIPT_GREEDY;
                 let mut worst: f64 = 0.0;
-                for (i, (s, w)) in split[..calls].iter().zip(&whole[..calls]).enumerate() {
-                    let e = rel_err(s, w);
+                for (i, ((s, w), x)) in split[..calls].iter().zip(&whole[..calls]).zip(&exact).enumerate() {
+                    let (e, e_whole) = (rel_err(s, x), rel_err(w, x));
                     worst = worst.max(e);
-                    assert!(e <= tol, "{name} {dtype:?} TP={tp}: call {i}: logits rel err {e:.3e} > {tol:e} against one GPU");
+                    let bound = tol.max(1.5 * e_whole);
+                    assert!(
+                        e <= bound,
+                        "{name} {dtype:?} TP={tp}: call {i}: logits rel err {e:.3e} > {bound:.3e} against one GPU in f32 (one GPU in {dtype:?}: {e_whole:.3e})"
+                    );
                 }
                 // The greedy continuation: tokens equal while one GPU's margin is real (after a
-                // near-tie the two may go different ways, legitimately).
+                // near-tie the two may go different ways, legitimately). bf16 logits lie on a grid
+                // of 8 significant bits: a margin under two of its steps at the top logit is a tie.
                 let mut equal = 0;
                 for (s, w) in split[calls..].iter().zip(&whole[calls..]) {
                     let (ts, tw) = (deltaserve_engine::sampling::argmax(s), deltaserve_engine::sampling::argmax(w));
-                    if f64::from(margin(w)) < GREEDY_MARGIN {
+                    let top = w.iter().fold(0f32, |m, &x| m.max(x.abs()));
+                    let tie = match dtype {
+                        DType::F32 => GREEDY_MARGIN,
+                        _ => GREEDY_MARGIN.max(2.0 * f64::from(top).log2().floor().exp2() / 128.0),
+                    };
+                    if f64::from(margin(w)) < tie {
                         break;
                     }
                     assert_eq!(ts, tw, "{name} {dtype:?} TP={tp}: greedy token {equal} differs (margin {:.2e})", margin(w));
-                    worst = worst.max(rel_err(s, w));
                     equal += 1;
                 }
                 assert_eq!(vocab, split[split.len() - 1].len());
                 println!(
-                    "{name} {dtype:?} TP={tp}: {calls} calls, worst rel err {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal"
+                    "{name} {dtype:?} TP={tp}: {calls} calls, worst rel err against one GPU in f32 {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal"
                 );
             }
         }

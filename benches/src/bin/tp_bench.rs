@@ -37,6 +37,9 @@ struct Args {
     /// Decode steps per timed repetition.
     #[arg(long, default_value_t = 20)]
     steps: usize,
+    /// Decode eagerly, without CUDA graphs.
+    #[arg(long)]
+    no_cuda_graphs: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -46,6 +49,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    deltaserve_engine::load_kernels_eagerly_for(args.tensor_parallel_size);
+    // Progress on stderr (`DELTASERVE_LOG=debug` shows each step), so a hang shows where it is.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_thread_names(true).with_writer(std::io::stderr).init();
     let dtype = parse_dtype(&args.dtype)?;
     let t0 = Instant::now();
     let engine = Engine::load(&LoadOptions {
@@ -54,7 +61,7 @@ fn main() -> anyhow::Result<()> {
         device: parse_device(&args.device)?,
         check_weights: false,
         prefill_algo: if dtype == deltaserve_engine::DType::F32 { PrefillAlgo::Chunked } else { PrefillAlgo::ChunkedBf16 },
-        cuda_graphs: true,
+        cuda_graphs: !args.no_cuda_graphs,
         batch_invariant: false,
         tensor_parallel_size: args.tensor_parallel_size,
     })?;
@@ -94,12 +101,16 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(slots.len() == b, "only {} slots for batch {b}", slots.len());
         let short: Vec<Vec<u32>> = (0..b).map(|_| (0..16).map(|_| rng.random_range(0..vocab)).collect()).collect();
         let batch: Vec<_> = slots.iter().copied().zip(short.iter().map(Vec::as_slice)).collect();
+        tracing::info!(batch = b, "prefilling the batch's prompts");
         engine.prefill_many(&mut pool, &batch)?;
         let step: Vec<_> = slots.iter().map(|&s| (s, 1u32)).collect();
         // Eager, capture, then replays.
-        for _ in 0..3 {
+        for i in 0..3 {
+            tracing::info!(batch = b, step = i, "decode step (eager, capture, replay)");
             engine.decode(&mut pool, &step)?;
+            engine.synchronize()?;
         }
+        tracing::info!(batch = b, "timing");
         engine.synchronize()?;
         let mut times = Vec::new();
         for _ in 0..args.reps {

@@ -26,14 +26,17 @@
 
 use std::fmt::Debug;
 use std::ops::Range;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::Arc;
 
 use candle_core::Tensor;
 
 use crate::error::{EngineError, Result};
 
+mod meeting;
 #[cfg(feature = "nccl")]
 mod nccl;
+
+pub(crate) use meeting::Meeting;
 
 #[cfg(feature = "nccl")]
 pub use nccl::NcclGroup;
@@ -81,10 +84,49 @@ impl Shard {
 }
 
 /// Adds a tensor over the ranks of a group: every rank passes its partial sum and gets the
-/// same total back.
+/// same total back. Every rank must make the same calls in the same order.
 pub trait AllReduce: Send + Sync + Debug {
     /// The sum of every rank's `t` (same shape and dtype on each), in rank order.
     fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor>;
+
+    /// Where the group's rank threads meet.
+    fn meetings(&self) -> &Meetings;
+
+    /// Whether every rank's `ok` is true: how the ranks take one decision together (a decode
+    /// step captured as a CUDA graph on every rank, or on none).
+    fn agree(&self, rank: usize, ok: bool) -> Result<bool> {
+        self.meetings().votes.exchange(rank, ok, |all| {
+            let every = all.iter().all(|&v| v);
+            Ok(vec![every; all.len()])
+        })
+    }
+
+    /// Calls off the collectives in progress and to come (a rank's pass failed): ranks waiting
+    /// in one, or arriving later, get an error instead of waiting for it.
+    fn abort(&self, why: &str) {
+        self.meetings().sums.abort(why);
+        self.meetings().votes.abort(why);
+    }
+
+    /// Makes the group usable again after [`abort`](Self::abort), once no rank is in a pass.
+    fn reset(&self) {
+        self.meetings().sums.reset();
+        self.meetings().votes.reset();
+    }
+}
+
+/// Where a group's rank threads meet: for sums, and for votes.
+#[derive(Debug)]
+pub struct Meetings {
+    pub(crate) sums: Meeting<Tensor>,
+    votes: Meeting<bool>,
+}
+
+impl Meetings {
+    /// The meetings of `size` ranks.
+    pub(crate) fn new(size: usize) -> Self {
+        Self { sums: Meeting::new(size), votes: Meeting::new(size) }
+    }
 }
 
 /// A rank's link to its group, kept by each block of a split model.
@@ -101,67 +143,10 @@ impl GroupLink {
     pub fn sum(&self, t: &Tensor) -> Result<Tensor> {
         self.group.sum(self.shard.rank, t)
     }
-}
 
-/// Where a group's ranks meet for one collective: each leaves its part, the last to arrive
-/// turns all the parts into every rank's result, and each takes its own. Every rank must meet
-/// the same number of times.
-#[derive(Debug)]
-pub(crate) struct Meeting {
-    barrier: Barrier,
-    /// Each rank's part, then its result.
-    slots: Mutex<Vec<Slot>>,
-}
-
-#[derive(Debug, Clone, Default)]
-enum Slot {
-    #[default]
-    Empty,
-    Part(Tensor),
-    Done(std::result::Result<Tensor, String>),
-}
-
-impl Meeting {
-    /// A meeting of `size` ranks.
-    pub(crate) fn new(size: usize) -> Self {
-        Self { barrier: Barrier::new(size), slots: Mutex::new(vec![Slot::Empty; size]) }
-    }
-
-    /// Leaves `part` for rank `rank` and returns its result; `combine` (run by one rank, with
-    /// the parts in rank order) makes every rank's result.
-    pub(crate) fn exchange(&self, rank: usize, part: Tensor, combine: impl FnOnce(Vec<Tensor>) -> Result<Vec<Tensor>>) -> Result<Tensor> {
-        let lock = || self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let size = lock().len();
-        if rank >= size {
-            return Err(EngineError::Invalid {
-                field: "tensor parallel rank",
-                expected: format!("a rank below the group size {size}"),
-                actual: rank.to_string(),
-            });
-        }
-        lock()[rank] = Slot::Part(part);
-        if self.barrier.wait().is_leader() {
-            let mut slots = lock();
-            let parts: Option<Vec<Tensor>> =
-                slots.iter_mut().map(|s| if let Slot::Part(t) = std::mem::take(s) { Some(t) } else { None }).collect();
-            let results = match parts {
-                Some(parts) => combine(parts).map_err(|e| e.to_string()),
-                None => Err(format!("a partial from each of {size} ranks; one was missing")),
-            };
-            match results {
-                Ok(r) if r.len() == size => slots.iter_mut().zip(r).for_each(|(s, t)| *s = Slot::Done(Ok(t))),
-                Ok(r) => slots.fill(Slot::Done(Err(format!("{size} results; got {}", r.len())))),
-                Err(e) => slots.fill(Slot::Done(Err(e))),
-            }
-        }
-        // Every result is in place; a rank leaves its next part only after taking this one.
-        self.barrier.wait();
-        let failed = |actual: String| EngineError::Invalid { field: "all-reduce", expected: "every rank's sum".into(), actual };
-        match std::mem::take(&mut lock()[rank]) {
-            Slot::Done(Ok(t)) => Ok(t),
-            Slot::Done(Err(e)) => Err(failed(e)),
-            _ => Err(failed("no result".into())),
-        }
+    /// Whether every rank's `ok` is true.
+    pub fn agree(&self, ok: bool) -> Result<bool> {
+        self.group.agree(self.shard.rank, ok)
     }
 }
 
@@ -169,19 +154,19 @@ impl Meeting {
 /// where the tensors are). Every rank must call [`AllReduce::sum`] the same number of times.
 #[derive(Debug)]
 pub struct ThreadGroup {
-    meeting: Meeting,
+    meetings: Meetings,
 }
 
 impl ThreadGroup {
     /// A group of `size` ranks.
     pub fn new(size: usize) -> Arc<Self> {
-        Arc::new(Self { meeting: Meeting::new(size) })
+        Arc::new(Self { meetings: Meetings::new(size) })
     }
 }
 
 impl AllReduce for ThreadGroup {
     fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor> {
-        self.meeting.exchange(rank, t.clone(), |parts| {
+        self.meetings.sums.exchange(rank, t.clone(), |parts| {
             // Added once, in rank order: every rank gets the same total.
             let n = parts.len();
             let mut parts = parts.into_iter();
@@ -192,6 +177,10 @@ impl AllReduce for ThreadGroup {
             }
             Ok(vec![total; n])
         })
+    }
+
+    fn meetings(&self) -> &Meetings {
+        &self.meetings
     }
 }
 

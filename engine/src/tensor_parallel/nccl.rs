@@ -2,17 +2,20 @@
 //! queuing its collectives on its GPU's stream (so they sit in a decode step's CUDA graph like
 //! any kernel).
 //!
-//! The ranks' threads meet at every all-reduce (a `Meeting`, as [`ThreadGroup`](super::ThreadGroup)'s do):
-//! each leaves its partial, one of them queues every GPU's all-reduce in one NCCL group
-//! ([`all_reduce_sum`]), and all go on together. No rank's thread makes another CUDA call while
-//! a GPU's all-reduce is queued and another's is not, which could deadlock them.
+//! The ranks' threads meet at every all-reduce (a [`Meeting`], as
+//! [`ThreadGroup`](super::ThreadGroup)'s do): each leaves its partial, and the last to arrive
+//! queues every GPU's all-reduce in one NCCL group ([`all_reduce_sum`]). No GPU's all-reduce is
+//! queued while another's is not, so no CUDA call of one thread can wait on an all-reduce that
+//! another thread has yet to queue. (Each rank's thread queuing its own, NCCL's one thread per
+//! GPU, hung on 2 H200s once its decode steps were CUDA graphs.) In a decode step's graph the
+//! meetings happen once, at the capture; replays run without the host.
 
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use deltaserve_kernels::cuda::nccl::{all_reduce_sum, communicators, Communicator};
 
-use super::{AllReduce, Meeting};
+use super::{AllReduce, Meetings};
 use crate::error::{EngineError, Result};
 
 /// NCCL over the GPUs of one process, rank i on the i-th device.
@@ -20,7 +23,7 @@ use crate::error::{EngineError, Result};
 pub struct NcclGroup {
     comms: Vec<Communicator>,
     devices: Vec<candle_core::CudaDevice>,
-    meeting: Meeting,
+    meetings: Meetings,
 }
 
 impl NcclGroup {
@@ -37,17 +40,23 @@ impl NcclGroup {
                 }),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Arc::new(Self { comms: communicators(&cuda)?, meeting: Meeting::new(cuda.len()), devices: cuda }))
+        tracing::info!(gpus = cuda.len(), "NCCL group");
+        let n = cuda.len();
+        Ok(Arc::new(Self { comms: communicators(&cuda)?, meetings: Meetings::new(n), devices: cuda }))
     }
 }
 
 impl AllReduce for NcclGroup {
     fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor> {
-        self.meeting.exchange(rank, t.contiguous()?, |parts| {
+        self.meetings.sums.exchange(rank, t.contiguous()?, |parts| {
             let totals = all_reduce_sum(&self.comms, &parts)?;
             // This thread queued work on every GPU: its own device is current again.
             deltaserve_kernels::cuda::bind_to_thread(&self.devices[rank])?;
             Ok(totals)
         })
+    }
+
+    fn meetings(&self) -> &Meetings {
+        &self.meetings
     }
 }

@@ -53,7 +53,7 @@ pub fn all_reduce_sum(comms: &[Communicator], parts: &[Tensor]) -> Result<Vec<Te
     candle_core::cuda_backend::cudarc::nccl::group_start().map_err(nccl_err)?;
     let queued = (|| -> Result<()> {
         for (c, t) in comms.iter().zip(&parts) {
-            out.push(c.queue_sum(t)?);
+            out.push(c.sum(t)?);
         }
         Ok(())
     })();
@@ -65,8 +65,9 @@ pub fn all_reduce_sum(comms: &[Communicator], parts: &[Tensor]) -> Result<Vec<Te
 }
 
 impl Communicator {
-    /// Queues this member's part of a grouped all-reduce of `t` (contiguous); the new output.
-    fn queue_sum(&self, t: &Tensor) -> Result<Tensor> {
+    /// Queues this member's part of a grouped all-reduce of `t` (contiguous) on its GPU's
+    /// stream; the new output.
+    fn sum(&self, t: &Tensor) -> Result<Tensor> {
         let n = t.elem_count();
         let (guard, layout) = t.storage_and_layout();
         let candle_core::Storage::Cuda(cs) = &*guard else {

@@ -91,6 +91,14 @@ pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize, p
 }
 
 /// Runs the subcommand.
+impl EvalArgs {
+    /// The model's arguments.
+    pub fn model(&self) -> &ModelArgs {
+        let EvalCommand::Ppl(a) = &self.what;
+        &a.model
+    }
+}
+
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let EvalCommand::Ppl(a) = args.what;
     anyhow::ensure!(a.seq_len >= 2, "invalid `--seq-len`: expected >= 2, got {}", a.seq_len);

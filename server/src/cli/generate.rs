@@ -11,7 +11,7 @@ use super::ModelArgs;
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,

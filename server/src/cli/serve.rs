@@ -21,7 +21,7 @@ use deltaserve_engine::PREFILL_CHUNK;
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Address to listen on.
     #[arg(long, env = "DELTASERVE_HOST", default_value = "0.0.0.0")]
     host: String,
