@@ -19,7 +19,13 @@ fn copy_gdn() -> tempfile::TempDir {
 }
 
 fn load_err(dir: &Path) -> String {
-    Engine::load(&LoadOptions { check_weights: true, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap_err().to_string()
+    load_err_split(dir, 1)
+}
+
+/// The error of loading `dir` split over `tp` ranks (on the CPU, ranks as threads).
+fn load_err_split(dir: &Path, tp: usize) -> String {
+    let opts = LoadOptions { check_weights: true, tensor_parallel_size: tp, ..LoadOptions::cpu(dir.to_str().unwrap()) };
+    Engine::load(&opts).unwrap_err().to_string()
 }
 
 fn rewrite_tensors(dir: &Path, f: impl FnOnce(&mut HashMap<String, Tensor>)) {
@@ -44,6 +50,8 @@ fn missing_tensor_is_named_with_its_shape() {
     });
     let e = load_err(d.path());
     assert_eq!(e, "missing tensor `model.layers.1.attn.k_proj.weight` (expected shape [64, 64])");
+    // Split, the layers are read on a thread of their own while the ranks take their slices.
+    assert_eq!(load_err_split(d.path(), 2), e);
 }
 
 #[test]
@@ -54,6 +62,7 @@ fn wrong_shape_names_expected_and_actual() {
     });
     let e = load_err(d.path());
     assert_eq!(e, "tensor `model.layers.0.attn.o_norm.weight` has shape [47], expected [48]");
+    assert_eq!(load_err_split(d.path(), 2), e);
 }
 
 #[test]

@@ -58,9 +58,9 @@ impl CausalLm {
 
     /// Every rank's model of a tensor parallel split: `ranks[r]` is rank r's link to the group
     /// and its device. Each layer is read from the checkpoint once, into host memory, cut into
-    /// the ranks' slices (as [`Self::shard`] cuts) and each slice copied to its rank's device;
-    /// embeddings, norms and the LM head are read onto every device. No device holds more than
-    /// its rank's slices, and host memory holds one whole layer at a time.
+    /// the ranks' slices (as [`Self::shard`] cuts) and each slice copied to its rank's device,
+    /// while the next layer is read; embeddings, norms and the LM head are read onto every
+    /// device. No device holds more than its rank's slices, and host memory a few layers.
     pub fn load_ranks(
         cfg: &ModelConfig,
         ckpt: &Checkpoint,
@@ -71,19 +71,39 @@ impl CausalLm {
         log_skipped(ckpt);
         let host = Weights::new(ckpt, dtype, &Device::Cpu, check_weights);
         let m = body(cfg, ckpt, &host);
-        let mut layers: Vec<Vec<Block>> = ranks.iter().map(|_| Vec::with_capacity(cfg.common.num_hidden_layers)).collect();
-        for i in 0..cfg.common.num_hidden_layers {
-            let whole = load_block(cfg, &m, i)?;
-            // The ranks' slices are cut and copied at once (each copy to its own GPU).
-            let slices = std::thread::scope(|s| {
-                let jobs: Vec<_> = ranks.iter().map(|(link, dev)| s.spawn(|| whole.shard(link.clone())?.to_device(dev))).collect();
-                jobs.into_iter()
-                    .map(|j| j.join().unwrap_or_else(|_| Err(crate::tensor_parallel::rank_panicked("loading a layer"))))
-                    .collect::<Vec<_>>()
+        let n = cfg.common.num_hidden_layers;
+        let mut layers: Vec<Vec<Block>> = ranks.iter().map(|_| Vec::with_capacity(n)).collect();
+        std::thread::scope(|s| -> Result<()> {
+            // The next layer is read while this one is cut and copied (host memory holds at
+            // most three); a failed read ends the reading, a failed copy drops the channel.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Block>>(1);
+            let m = &m;
+            s.spawn(move || {
+                for i in 0..n {
+                    let block = load_block(cfg, m, i);
+                    let failed = block.is_err();
+                    if tx.send(block).is_err() || failed {
+                        break;
+                    }
+                }
             });
-            for (rank, slice) in layers.iter_mut().zip(slices) {
-                rank.push(slice?);
+            for whole in rx {
+                let whole = whole?;
+                // The ranks' slices are cut and copied at once (each copy to its own GPU).
+                let slices = std::thread::scope(|s| {
+                    let jobs: Vec<_> = ranks.iter().map(|(link, dev)| s.spawn(|| whole.shard(link.clone())?.to_device(dev))).collect();
+                    jobs.into_iter()
+                        .map(|j| j.join().unwrap_or_else(|_| Err(crate::tensor_parallel::rank_panicked("loading a layer"))))
+                        .collect::<Vec<_>>()
+                });
+                for (rank, slice) in layers.iter_mut().zip(slices) {
+                    rank.push(slice?);
+                }
             }
+            Ok(())
+        })?;
+        if layers.iter().any(|l| l.len() != n) {
+            return Err(crate::tensor_parallel::rank_panicked("reading the layers"));
         }
         ranks
             .iter()
