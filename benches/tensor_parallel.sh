@@ -10,14 +10,15 @@
 # - tests: the GPU test suite, `gpu_tensor_parallel_equals_one_gpu` included (TP 2 and 4 against
 #   one GPU on the fixtures);
 # - gdn: `tp_bench` on the random bf16 1.39B Gated DeltaNet (benches/configs/gdn-1.3b.json; its
-#   6 heads split 2 ways, not 4) at TP 1 and 2;
+#   6 heads split 2 ways, not 4) at TP 1, 2, and 2 without CUDA graphs;
 # - serve: that model served at TP 1 and 2, `serve_bench` at concurrency 64 (512-token prompts,
 #   256-token outputs);
 # - q3n64: `tp_bench` at TP 1, 2 and 4 on Qwen3-Next-80B's shapes with 64 experts a layer instead
 #   of 512 (23 GB: fits one GPU);
 # - q3n80b: Qwen3-Next-80B-A3B's shapes (159 GB bf16: does not fit one GPU) written to /dev/shm,
 #   served at TP 4 (or TP=$BIG_TP), `serve_bench` at concurrency 16.
-# Results: OUT_DIR/tp_bench.jsonl (`TP` lines), served.md, q3n80b.md, logs.
+# Results: OUT_DIR/tp_bench.jsonl (`TP` lines), smoke.md, served.md, q3n80b.md, logs.
+# `benches/nccl_check.py` checks NCCL itself on the host (PyTorch's grouped all-reduce).
 set -uo pipefail
 BIN=$1 OUT=$2
 shift 2
