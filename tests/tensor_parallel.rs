@@ -169,6 +169,27 @@ fn engine_split_over_ranks_serves_the_unsplit_engines_logits() {
 }
 
 #[test]
+fn a_split_engine_driven_from_two_threads_at_once_serves_each_the_unsplit_logits() {
+    // Each caller's passes must reach every rank thread in the same order: otherwise one
+    // caller's rank would meet the other's in an all-reduce (wrong sums, or a hang).
+    let dir = compact_dir().join("gdn-attn");
+    let load = |n: usize| Engine::load(&LoadOptions { tensor_parallel_size: n, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap();
+    let whole = serving_script(&load(1));
+    let split = load(2);
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| serving_script(&split));
+        let b = s.spawn(|| serving_script(&split));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for (who, run) in [("first", a), ("second", b)] {
+        for (i, (s, w)) in run.iter().zip(&whole).enumerate() {
+            let e = rel_err(s, w);
+            assert!(e <= 1e-5, "{who} caller: call {i}: rel err {e:.3e} against the unsplit engine");
+        }
+    }
+}
+
+#[test]
 fn an_engine_split_where_it_cannot_be_is_refused_at_load() {
     let dir = compact_dir().join("gdn");
     let err = Engine::load(&LoadOptions { tensor_parallel_size: 4, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap_err().to_string();

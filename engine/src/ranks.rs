@@ -117,6 +117,10 @@ pub(crate) struct Ranks {
     /// with the rank from pass to pass: candle's cache of uploaded launch parameters, filled by
     /// a decode step's eager run, is what that step's graph capture reads.
     workers: Option<rayon::ThreadPool>,
+    /// One split pass at a time: two callers' passes taken in different orders by different
+    /// rank threads would meet in each other's all-reduces (rayon happens to queue concurrent
+    /// broadcasts in one order, but does not promise it).
+    one_pass: std::sync::Mutex<()>,
 }
 
 impl std::ops::Deref for Ranks {
@@ -137,7 +141,7 @@ impl Ranks {
             .then(|| rayon::ThreadPoolBuilder::new().num_threads(ranks.len()).thread_name(|r| format!("rank{r}")).build())
             .transpose()
             .map_err(|e| EngineError::Invalid { field: "tensor parallel rank", expected: "a thread each".into(), actual: e.to_string() })?;
-        Ok(Self { ranks, workers })
+        Ok(Self { ranks, workers, one_pass: std::sync::Mutex::new(()) })
     }
 
     /// Runs `f` on every rank at once, rank r on `pool`'s replica r − 1 (rank 0 on `pool`).
@@ -146,6 +150,7 @@ impl Ranks {
         let Some(workers) = &self.workers else {
             return f(&self.ranks[0], pool);
         };
+        let _one = self.one_pass.lock().unwrap_or_else(|p| p.into_inner());
         let mut replicas = pool.take_replicas();
         if replicas.len() + 1 != self.ranks.len() {
             let found = replicas.len() + 1;
