@@ -55,7 +55,7 @@ pub struct LoadOptions {
     /// [`PrefillAlgo::ChunkedBf16`] (fla's bf16 precision, faster on the GPU).
     pub prefill_algo: PrefillAlgo,
     /// Run GPU decode steps as CUDA graphs (one capture per batch size, then one launch a
-    /// step); no effect on the CPU, nor on a model split over several GPUs (eager there).
+    /// step, on every rank of a split model); no effect on the CPU.
     pub cuda_graphs: bool,
     /// On the GPU, make a sequence's logits independent of its batch (bf16/f16 models; the CPU
     /// in f32 always is): sets the process-wide [`deltaserve_kernels::ops::set_batch_invariant`].
@@ -306,13 +306,18 @@ impl Engine {
     /// On a GPU with CUDA graphs on (the default) each batch size is captured once and replayed
     /// after that; otherwise the step runs eagerly.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        let step = |pool: &mut StatePool| self.ranks.run(pool, |r, pool| r.decode(pool, batch));
+        if self.ranks.len() == 1 {
+            // Unsplit, a failed capture falls back to an eager step in place.
+            return step(pool);
+        }
         let b = batch.len();
         let failed_before = self.ranks[0].capture_failed(b);
-        let out = self.ranks.run(pool, |r, pool| r.decode(pool, batch));
+        let out = step(pool);
         // A split model's failed capture fails the pass on every rank, having run nothing:
         // the step runs again, eagerly on every rank now.
         if out.is_err() && !failed_before && self.ranks.iter().all(|r| r.capture_failed(b)) {
-            return self.ranks.run(pool, |r, pool| r.decode(pool, batch));
+            return step(pool);
         }
         out
     }
