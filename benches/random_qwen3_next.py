@@ -7,6 +7,9 @@ A_log = log U(1, 16), as the reference initialises them; the text is meaningless
 
     python3 random_qwen3_next.py CONFIG OUT_DIR --part K --parts N   # shard writers, one per GPU
     python3 random_qwen3_next.py CONFIG OUT_DIR --index              # config.json and the index
+
+With `--spill DIR --keep-bytes B`, the shards past the first B bytes are written to DIR and
+linked from OUT_DIR (a host whose /dev/shm cannot hold the whole checkpoint).
 """
 import argparse
 import json
@@ -76,6 +79,8 @@ def main():
     ap.add_argument("--part", type=int, default=0)
     ap.add_argument("--parts", type=int, default=1)
     ap.add_argument("--index", action="store_true")
+    ap.add_argument("--spill", help="directory for the shards past --keep-bytes")
+    ap.add_argument("--keep-bytes", type=int, default=0)
     a = ap.parse_args()
     c = json.load(open(a.config))
     groups = shards(c)
@@ -90,9 +95,21 @@ def main():
         return
     dev = f"cuda:{a.part % max(torch.cuda.device_count(), 1)}"
     torch.manual_seed(a.part)
+    end = 0
+    ends = []
+    for g in groups:
+        end += sum(2 * math.prod(s) for _, s in g)
+        ends.append(end)
     for k in range(a.part, len(groups), a.parts):
         t = {n: value(n, s, dev).to(torch.bfloat16).cpu() for n, s in groups[k]}
-        save_file(t, os.path.join(a.out, names[k]))
+        path = os.path.join(a.out, names[k])
+        if a.spill and ends[k] > a.keep_bytes:
+            os.makedirs(a.spill, exist_ok=True)
+            save_file(t, os.path.join(a.spill, names[k]))
+            if not os.path.lexists(path):
+                os.symlink(os.path.join(a.spill, names[k]), path)
+        else:
+            save_file(t, path)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@
 #   256-token outputs);
 # - q3n64: `tp_bench` at TP 1, 2 and 4 on Qwen3-Next-80B's shapes with 64 experts a layer instead
 #   of 512 (23 GB: fits one GPU);
-# - q3n80b: Qwen3-Next-80B-A3B's shapes (159 GB bf16: does not fit one GPU) written to /dev/shm,
-#   served at TP 4 (or TP=$BIG_TP), `serve_bench` at concurrency 16.
+# - q3n80b: Qwen3-Next-80B-A3B's shapes (159 GB bf16: does not fit one GPU) written to /dev/shm
+#   (the shards it cannot hold to SPILL_DIR on disk), served over every GPU (or TP=$BIG_TP),
+#   `serve_bench` at concurrency 16.
 # Results: OUT_DIR/tp_bench.jsonl (`TP` lines), smoke.md, served.md, q3n80b.md, logs.
 # `benches/nccl_check.py` checks NCCL itself on the host (PyTorch's grouped all-reduce).
 set -uo pipefail
@@ -40,11 +41,12 @@ python3 -c "import torch; print('nccl', torch.cuda.nccl.version())" >>"$OUT/gpus
 source "$(dirname "$0")/../scripts/serve-common.sh"
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/stages.log"; }
 
-random_q3n() { # CONFIG DIR: a random Qwen3-Next checkpoint, written by one process a GPU
+random_q3n() { # CONFIG DIR [ARGS]: a random Qwen3-Next checkpoint, written by one process a GPU
   local cfg=$1 dir=$2
+  shift 2
   [ -f "$dir/model.safetensors.index.json" ] && return 0
   for k in $(seq 0 $((GPUS - 1))); do
-    python3 benches/random_qwen3_next.py "$cfg" "$dir" --part "$k" --parts "$GPUS" &
+    python3 benches/random_qwen3_next.py "$cfg" "$dir" --part "$k" --parts "$GPUS" "$@" &
   done
   wait
   python3 benches/random_qwen3_next.py "$cfg" "$dir" --index
@@ -128,21 +130,26 @@ for stage in $STAGES; do
     done
     ;;
   q3n80b)
-    TP=${BIG_TP:-4}
+    TP=${BIG_TP:-$GPUS}
     Q=/dev/shm/deltaserve-q3n-80b
-    df -h /dev/shm >"$OUT/q3n80b-write.log"
+    # What /dev/shm cannot hold (less 16 GB of room) goes to SPILL_DIR on disk, linked from Q.
+    SPILL=${SPILL_DIR:-$HOME/deltaserve-q3n-80b-spill}
+    KEEP=$(($(df -B1 --output=avail /dev/shm | tail -1) - (16 << 30)))
+    df -h /dev/shm / "$HOME" >"$OUT/q3n80b-write.log"
+    free -g >>"$OUT/q3n80b-write.log"
     start=$(date +%s)
-    random_q3n benches/configs/qwen3-next-80b-a3b.json $Q >>"$OUT/q3n80b-write.log" 2>&1
+    random_q3n benches/configs/qwen3-next-80b-a3b.json $Q --spill "$SPILL" --keep-bytes "$KEEP" >>"$OUT/q3n80b-write.log" 2>&1
     echo "written in $(($(date +%s) - start)) s" >>"$OUT/q3n80b-write.log"
-    du -sh $Q >>"$OUT/q3n80b-write.log"
+    du -shL $Q >>"$OUT/q3n80b-write.log"
     start=$(date +%s)
     if READY_SECS=420 start_server "$BIN/deltaserve" 18990 "$OUT/serve-q3n80b.log" --model $Q --device cuda --dtype bf16 --max-num-seqs 32 \
       --max-model-len 4096 --tensor-parallel-size "$TP" $GRAPH_FLAG; then
       echo "| load + warm-up to /ready | $(($(date +%s) - start)) s |" >>"$OUT/q3n80b.md"
       nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >>"$OUT/q3n80b.md"
-      timeout 120 "$BIN/serve_bench" --url http://127.0.0.1:18990 --num-prompts 64 --input-len 512 --output-len 128 --max-concurrency 16 \
+      timeout 120 "$BIN/serve_bench" --url http://127.0.0.1:18990 --num-prompts 64 --input-len 512 --output-len 128 --max-concurrency 16 --logprobs 0 \
         --label "q3n80b-tp$TP" --json "$OUT/q3n80b.json" | tail -3 | tee -a "$OUT/q3n80b.md"
-      kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+      kill "$server_pid" 2>/dev/null; wait "$server_pid"
+      echo "| server exit status after SIGTERM | $? |" >>"$OUT/q3n80b.md"
     fi
     ;;
   esac

@@ -498,3 +498,49 @@ async fn a_cancelled_stream_leaves_its_prompt_cached_and_the_cache_consistent() 
     assert_eq!(metric(&client, &on, "deltaserve:prefix_cache_entries").await, 4.0);
     assert_eq!(metric(&client, &on, "deltaserve:kv_blocks_used").await, 16.0);
 }
+
+#[tokio::test]
+async fn shutting_the_scheduler_down_fails_what_runs_and_drops_the_engine_before_returning() {
+    use deltaserve::scheduler::{self, Event, GenParams, GenRequest, SchedulerConfig, SchedulerError};
+    let engine = Engine::load(&LoadOptions::cpu(compact_dir().join("gdn").to_str().unwrap())).unwrap();
+    // Held by the engine (and the scheduler's detokenizers) only: gone once they are.
+    let tokenizer = Arc::downgrade(&engine.tokenizer_arc());
+    let cfg = SchedulerConfig {
+        max_num_seqs: 2,
+        kv_blocks: 0,
+        max_queue: 2,
+        max_model_len: 4096,
+        prefix_cache: PrefixCacheConfig { snapshots: 4, grid: 64, host_snapshots: 0 },
+        prefill_budget: 64,
+        request_timeout: Duration::from_secs(60),
+        warmup: false,
+    };
+    let (handle, _thread) = scheduler::spawn(engine, cfg, Arc::new(Metrics::new("gdn").unwrap())).unwrap();
+    let params = GenParams {
+        n: 1,
+        max_tokens: 1_000_000,
+        sampling: Default::default(),
+        stop: vec![],
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        logprobs: None,
+        prompt_logprobs: false,
+        cache_output: false,
+        constraint: None,
+    };
+    let (req, mut events) = GenRequest::new("long".into(), vec![1, 2, 3], params.clone());
+    handle.submit(req).unwrap();
+    // Running: its first token is out.
+    assert!(matches!(events.recv().await, Some(Event::Token { .. })));
+    assert!(handle.shut_down(Duration::from_secs(30)).await, "the engine thread stopped");
+    assert!(!handle.alive());
+    assert!(tokenizer.upgrade().is_none(), "the engine was dropped before shut_down returned");
+    // The running request ended with the shutdown error, after whatever tokens it had.
+    let mut last = None;
+    while let Some(e) = events.recv().await {
+        last = Some(e);
+    }
+    assert!(matches!(last, Some(Event::Error(SchedulerError::ShutDown))), "last event: {last:?}");
+    let (late, _rx) = GenRequest::new("late".into(), vec![1], params);
+    assert_eq!(handle.submit(late), Err(SchedulerError::Stopped));
+}

@@ -66,6 +66,11 @@ struct Args {
     /// Nucleus sampling's p (1: off).
     #[arg(long, default_value_t = 1.0)]
     top_p: f64,
+    /// Ask for this many top log-probabilities a token (0: the chosen token's only), so that
+    /// every token sends a chunk even when its text is held back (a random model's partial
+    /// UTF-8 bytes): TTFT and ITL then time tokens, not text.
+    #[arg(long)]
+    logprobs: Option<usize>,
 }
 
 /// SplitMix64: a small seeded generator (the benchmark needs no crate for it).
@@ -143,12 +148,15 @@ async fn main() -> anyhow::Result<()> {
         }
         let permit = limit.clone().acquire_owned().await?;
         let (client, url) = (client.clone(), format!("{}/v1/completions", a.url));
-        let (temperature, top_p) = (a.temperature, a.top_p);
+        let (temperature, top_p, logprobs) = (a.temperature, a.top_p, a.logprobs);
         tasks.push(tokio::spawn(async move {
-            let body = json!({
+            let mut body = json!({
                 "prompt": r.prompt, "max_tokens": r.output, "ignore_eos": true, "temperature": temperature, "top_p": top_p,
                 "stream": true, "stream_options": {"include_usage": true}
             });
+            if let Some(n) = logprobs {
+                body["logprobs"] = json!(n);
+            }
             let mut s = Sample::default();
             stream_tokens(&client, &url, &body, &mut s).await;
             drop(permit);

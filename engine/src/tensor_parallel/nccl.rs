@@ -46,6 +46,16 @@ impl NcclGroup {
     }
 }
 
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        for (rank, c) in self.comms.iter_mut().enumerate() {
+            if let Err(e) = c.close() {
+                tracing::warn!(rank, error = %e, "freeing an NCCL communicator failed");
+            }
+        }
+    }
+}
+
 impl AllReduce for NcclGroup {
     fn sum(&self, rank: usize, t: &Tensor) -> Result<Tensor> {
         self.meetings.sums.exchange(rank, t.contiguous()?, |parts| {

@@ -3,17 +3,21 @@
 //! that GPU's one stream, so they are ordered with every kernel around them and can be captured
 //! into a CUDA graph.
 
-use candle_core::cuda_backend::cudarc::driver::CudaStream;
-use candle_core::cuda_backend::cudarc::nccl::{Comm, ReduceOp};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::cudarc::nccl::{result, sys};
 use candle_core::{CudaDevice, DType, Tensor};
 
 use super::wrap;
 use crate::{KernelError, Result};
 
-/// One GPU's member of a group made by [`communicators`].
+/// One GPU's member of a group made by [`communicators`]. Ours rather than cudarc's `Comm`,
+/// whose drop panics when NCCL's abort fails (at a process's exit, say): this one's
+/// [`Communicator::close`] returns the error, and its drop ignores it.
 #[derive(Debug)]
 pub struct Communicator {
-    comm: Comm,
+    /// Null once closed.
+    comm: sys::ncclComm_t,
+    stream: std::sync::Arc<CudaStream>,
     dev: CudaDevice,
 }
 
@@ -31,9 +35,11 @@ fn nccl_err(e: impl std::fmt::Debug) -> KernelError {
 /// One communicator per device, rank `i` on `devices[i]` (`ncclCommInitAll`). The devices must
 /// be distinct GPUs.
 pub fn communicators(devices: &[CudaDevice]) -> Result<Vec<Communicator>> {
-    let streams: Vec<std::sync::Arc<CudaStream>> = devices.iter().map(|d| d.cuda_stream()).collect();
-    let comms = Comm::from_devices(streams).map_err(nccl_err)?;
-    Ok(comms.into_iter().zip(devices).map(|(comm, dev)| Communicator { comm, dev: dev.clone() }).collect())
+    let ordinals: Vec<i32> = devices.iter().map(|d| d.cuda_stream().context().ordinal() as i32).collect();
+    let mut comms = vec![std::ptr::null_mut(); devices.len()];
+    // SAFETY: `comms` has room for one communicator per ordinal.
+    unsafe { result::comm_init_all(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr()) }.map_err(nccl_err)?;
+    Ok(comms.into_iter().zip(devices).map(|(comm, dev)| Communicator { comm, stream: dev.cuda_stream(), dev: dev.clone() }).collect())
 }
 
 /// The sum over the group of `parts[r]`, each on member r's device (same shape and dtype: f32,
@@ -64,7 +70,24 @@ pub fn all_reduce_sum(comms: &[Communicator], parts: &[Tensor]) -> Result<Vec<Te
     Ok(out)
 }
 
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
 impl Communicator {
+    /// Frees this member (`ncclCommAbort`: nothing of it is queued that another member waits
+    /// for, since every all-reduce is queued for all members at once). Later calls do nothing.
+    pub fn close(&mut self) -> Result<()> {
+        let comm = std::mem::replace(&mut self.comm, std::ptr::null_mut());
+        if comm.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a live communicator made by `comm_init_all`, freed once (it is null after).
+        unsafe { result::comm_abort(comm) }.map(|_| ()).map_err(nccl_err)
+    }
+
     /// Queues this member's part of a grouped all-reduce of `t` (contiguous) on its GPU's
     /// stream; the new output.
     fn sum(&self, t: &Tensor) -> Result<Tensor> {
@@ -75,18 +98,38 @@ impl Communicator {
         };
         let start = layout.start_offset();
         macro_rules! reduce {
-            ($ty:ty) => {{
+            ($ty:ty, $nccl:expr) => {{
+                if self.comm.is_null() {
+                    return Err(KernelError::Unsupported { op: "all_reduce", what: "a closed communicator".into() });
+                }
                 let src = cs.as_cuda_slice::<$ty>()?.slice(start..start + n);
                 // SAFETY: the all-reduce writes all n elements before anything reads them.
                 let mut dst = unsafe { self.dev.alloc::<$ty>(n) }?;
-                self.comm.all_reduce(&src, &mut dst, &ReduceOp::Sum).map_err(nccl_err)?;
+                {
+                    let (sp, _s) = src.device_ptr(&self.stream);
+                    let (dp, _d) = dst.device_ptr_mut(&self.stream);
+                    // SAFETY: both buffers hold n elements of the type named, on this member's
+                    // device, and the all-reduce is queued on the stream that owns them.
+                    unsafe {
+                        result::all_reduce(
+                            sp as *const _,
+                            dp as *mut _,
+                            n,
+                            $nccl,
+                            sys::ncclRedOp_t::ncclSum,
+                            self.comm,
+                            self.stream.cu_stream() as _,
+                        )
+                    }
+                    .map_err(nccl_err)?;
+                }
                 wrap(&self.dev, dst, t.shape().clone())
             }};
         }
         let out = match t.dtype() {
-            DType::F32 => reduce!(f32),
-            DType::BF16 => reduce!(half::bf16),
-            DType::F16 => reduce!(half::f16),
+            DType::F32 => reduce!(f32, sys::ncclDataType_t::ncclFloat32),
+            DType::BF16 => reduce!(half::bf16, sys::ncclDataType_t::ncclBfloat16),
+            DType::F16 => reduce!(half::f16, sys::ncclDataType_t::ncclFloat16),
             other => return Err(KernelError::Unsupported { op: "all_reduce", what: format!("dtype {other:?} (f32, bf16 or f16)") }),
         };
         drop(guard);

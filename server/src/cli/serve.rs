@@ -260,6 +260,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Err(e) => anyhow::bail!("model loading panicked: {e}"),
     }
     server.await?;
+    // The engine is dropped here, not raced by the process's exit (its GPU memory and NCCL
+    // communicators are released while CUDA is still up).
+    if let Some(s) = state.serving.get() {
+        if !s.scheduler.shut_down(Duration::from_secs(30)).await {
+            tracing::warn!("the engine thread did not stop within 30 s");
+        }
+    }
     tracing::info!("shut down");
     Ok(())
 }

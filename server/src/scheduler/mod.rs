@@ -41,10 +41,17 @@ struct Shared {
     abort: AtomicBool,
 }
 
+/// What the engine thread receives.
+enum Msg {
+    Request(Box<GenRequest>),
+    /// Fail whatever is left, drop the engine and end the thread.
+    Stop,
+}
+
 /// Cheap, cloneable handle on the scheduler thread.
 #[derive(Clone)]
 pub struct SchedulerHandle {
-    tx: mpsc::Sender<GenRequest>,
+    tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
     max_num_seqs: usize,
     max_queue: usize,
@@ -73,7 +80,7 @@ impl SchedulerHandle {
         }
         // The channel holds as many requests as the count admits, so it is full only if the
         // engine thread is gone or behind on dropping finished requests: the same answer.
-        match self.tx.try_send(req) {
+        match self.tx.try_send(Msg::Request(Box::new(req))) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 Err(SchedulerError::QueueFull { in_flight: prev, slots: self.max_num_seqs, queue: self.max_queue })
@@ -95,6 +102,19 @@ impl SchedulerHandle {
     /// Fails every waiting and running request (shutdown past its deadline).
     pub fn abort_all(&self) {
         self.shared.abort.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the engine thread: what is still in flight fails, the engine and its pool are
+    /// dropped (GPU memory, NCCL communicators) before this returns, so that nothing of them is
+    /// left to the process's exit. False if the thread was still running after `timeout`.
+    pub async fn shut_down(&self, timeout: std::time::Duration) -> bool {
+        // The channel may be full of requests; the thread reads them all before the stop.
+        let _ = tokio::time::timeout(timeout, self.tx.send(Msg::Stop)).await;
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.alive() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        !self.alive()
     }
 }
 
@@ -152,6 +172,8 @@ pub fn spawn(
             cache_published: 0,
         };
         s.run(rx);
+        // The engine goes before the thread says it is gone (see `SchedulerHandle::shut_down`).
+        drop(s);
         shared.alive.store(false, Ordering::SeqCst);
     })?;
     Ok((handle, thread))
@@ -226,16 +248,22 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 impl Scheduler {
-    fn run(&mut self, mut rx: mpsc::Receiver<GenRequest>) {
+    fn run(&mut self, mut rx: mpsc::Receiver<Msg>) {
         loop {
             if self.waiting.is_empty() && self.requests.is_empty() && self.tails.is_empty() {
                 match rx.blocking_recv() {
-                    Some(r) => self.enqueue(r),
-                    None => return,
+                    Some(Msg::Request(r)) => self.enqueue(*r),
+                    Some(Msg::Stop) | None => return,
                 }
             }
-            while let Ok(r) = rx.try_recv() {
-                self.enqueue(r);
+            while let Ok(m) = rx.try_recv() {
+                match m {
+                    Msg::Request(r) => self.enqueue(*r),
+                    Msg::Stop => {
+                        self.fail_all(SchedulerError::ShutDown);
+                        return;
+                    }
+                }
             }
             if self.shared.abort.load(Ordering::SeqCst) {
                 self.fail_all(SchedulerError::ShutDown);
