@@ -14,7 +14,9 @@
 # - serve: that model served at TP 1 and 2, `serve_bench` at concurrency 64 (512-token prompts,
 #   256-token outputs);
 # - q3n64: `tp_bench` at TP 1, 2 and 4 on Qwen3-Next-80B's shapes with 64 experts a layer instead
-#   of 512 (23 GB: fits one GPU);
+#   of 512 (23 GB: fits one GPU), experts cut per rank and (at 2 and 4) whole experts a rank
+#   (`--expert-parallel on`); Q3N_RUNS picks the runs ("1 2 2ep 4 4ep");
+# - q3n12l: the same on 12 of the 80B's layers with all 512 experts (40 GB);
 # - q3n80b: Qwen3-Next-80B-A3B's shapes (159 GB bf16: does not fit one GPU) written to /dev/shm
 #   (the shards it cannot hold to SPILL_DIR on disk), served over every GPU (or TP=$BIG_TP),
 #   `serve_bench` at concurrency 16.
@@ -23,7 +25,7 @@
 set -uo pipefail
 BIN=$1 OUT=$2
 shift 2
-STAGES=${*:-smoke tests gdn serve q3n64 q3n80b}
+STAGES=${*:-smoke tests gdn serve q3n64 q3n12l q3n80b}
 mkdir -p "$OUT"
 # NVLink multicast stays off (KINDS.md: it can take the host's shared GPUs out of service).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -119,14 +121,21 @@ for stage in $STAGES; do
       kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
     done
     ;;
-  q3n64)
-    python3 -c "import json; c = json.load(open('benches/configs/qwen3-next-80b-a3b.json')); c['num_experts'] = 64; json.dump(c, open('$OUT/q3n64-config.json', 'w'))"
-    Q=/tmp/deltaserve-q3n-64e
-    random_q3n "$OUT/q3n64-config.json" $Q >"$OUT/q3n64-write.log" 2>&1
-    du -sh $Q >>"$OUT/q3n64-write.log"
-    for tp in 1 2 4; do
+  q3n64 | q3n12l)
+    # q3n64: all 48 layers with 64 experts each; q3n12l: 12 layers with all 512 experts (the
+    # 80B's per-layer shapes, 40 GB: fits one GPU).
+    if [ $stage = q3n64 ]; then edit="c['num_experts'] = 64"; else edit="c['num_hidden_layers'] = 12"; fi
+    python3 -c "import json; c = json.load(open('benches/configs/qwen3-next-80b-a3b.json')); $edit; json.dump(c, open('$OUT/$stage-config.json', 'w'))"
+    Q=/tmp/deltaserve-$stage
+    random_q3n "$OUT/$stage-config.json" $Q >"$OUT/$stage-write.log" 2>&1
+    du -sh $Q >>"$OUT/$stage-write.log"
+    # Experts cut per rank, then (`ep`) whole experts a rank.
+    for run in ${Q3N_RUNS:-1 2 2ep 4 4ep}; do
+      tp=${run%ep}
       [ $tp -le "$GPUS" ] || continue
-      timeout -s KILL 150 "$BIN/tp_bench" --model $Q --tensor-parallel-size $tp --reps 3 --prefill 4096 $GRAPH_FLAG 2>>"$OUT/tp_bench.err" | sed "s/^TP /TP q3n-64e /" | tee -a "$OUT/tp_bench.jsonl"
+      ep="--expert-parallel off"
+      [ "$run" != "$tp" ] && ep="--expert-parallel on"
+      timeout -s KILL 150 "$BIN/tp_bench" --model $Q --tensor-parallel-size $tp --reps 3 --prefill 4096 $ep $GRAPH_FLAG 2>>"$OUT/tp_bench.err" | sed "s/^TP /TP $stage /" | tee -a "$OUT/tp_bench.jsonl"
     done
     ;;
   q3n80b)

@@ -472,7 +472,8 @@ fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
 /// experts 2 and 9 given equal logits (exact ties, so the tie rule decides), with and without
 /// renormalisation and the shared expert. D = 512 (two 256-wide steps a warp), I = 96 (a
 /// partial step, a partial 64-column tile). 1 and 5 tokens take the GEMV kernels; 70 tokens
-/// (280 rows, ~17 an expert) take the tensor-core tiles in bf16, with partial row tiles.
+/// (280 rows, ~17 an expert) take the tensor-core tiles in bf16, with partial row tiles. Split
+/// by whole experts over 2 and 4 calls (expert parallelism), the calls sum to the whole op.
 fn gpu_sparse_moe_matches_cpu(dev: &Device) {
     use deltaserve_kernels::ops::{sparse_moe, ExpertWeights, SharedExpert};
     let (e, k, d, i) = (16usize, 4usize, 512usize, 96usize);
@@ -498,7 +499,8 @@ fn gpu_sparse_moe_matches_cpu(dev: &Device) {
                     let t = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(device).unwrap();
                     let (gu, dn, so, sg) = (t(&gate_up), t(&down), t(&shared_out), t(&shared_gate));
                     let shared = with_shared.then_some(SharedExpert { out: &so, gate: &sg });
-                    let y = sparse_moe(&t(&x), &t(&logits), ExpertWeights { gate_up: &gu, down: &dn }, k, normalise, shared).unwrap();
+                    let y =
+                        sparse_moe(&t(&x), &t(&logits), ExpertWeights { gate_up: &gu, down: &dn, first: 0 }, k, normalise, shared).unwrap();
                     assert_eq!(y.dtype(), dtype);
                     values(&y)
                 };
@@ -506,6 +508,25 @@ fn gpu_sparse_moe_matches_cpu(dev: &Device) {
                 let err = rel_err(&gpu, &cpu);
                 println!("sparse MoE N={n} {dtype:?} normalise={normalise} shared={with_shared}: GPU vs CPU {err:.2e}");
                 assert!(err <= tol, "N={n} {dtype:?}: {err:.3e}");
+                // Expert parallelism: P calls, each holding E/P whole experts (the shared expert
+                // added by the first), sum to the whole op.
+                for parts in [2usize, 4] {
+                    let t = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(dev).unwrap();
+                    let (gu, dn, so, sg) = (t(&gate_up), t(&down), t(&shared_out), t(&shared_gate));
+                    let per = e / parts;
+                    let mut sum = vec![0f32; n * d];
+                    for r in 0..parts {
+                        let (g, w) = (gu.narrow(0, r * per, per).unwrap(), dn.narrow(0, r * per, per).unwrap());
+                        let shared = (with_shared && r == 0).then_some(SharedExpert { out: &so, gate: &sg });
+                        let held = ExpertWeights { gate_up: &g, down: &w, first: r * per };
+                        let y = sparse_moe(&t(&x), &t(&logits), held, k, normalise, shared).unwrap();
+                        for (s, v) in sum.iter_mut().zip(values(&y)) {
+                            *s += v;
+                        }
+                    }
+                    let err = rel_err(&sum, &gpu);
+                    assert!(err <= tol, "N={n} {dtype:?}: {parts} expert parallel parts summed against the whole: {err:.3e}");
+                }
             }
         }
     }
@@ -523,6 +544,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 cuda_graphs: true,
                 batch_invariant: false,
                 tensor_parallel_size: 1,
+                expert_split: Default::default(),
             };
             Engine::load(&opts).unwrap()
         };
@@ -819,6 +841,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
                 cuda_graphs: true,
                 batch_invariant: false,
                 tensor_parallel_size: 1,
+                expert_split: Default::default(),
             };
             let engine = Engine::load(&opts).unwrap();
             let e = packed_model_prefill_error(engine.model(), 23);

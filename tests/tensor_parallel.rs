@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use deltaserve_engine::tensor_parallel::{GroupLink, Shard, ThreadGroup};
+use deltaserve_engine::tensor_parallel::{ExpertSplit, GroupLink, Shard, ThreadGroup};
 use deltaserve_engine::{CacheSpec, CausalLm, Engine, LoadOptions, Logits, PrefillAlgo};
 use deltaserve_tests::{compact_dir, compact_model, rel_err, serving_script, values};
 use rand::{Rng, SeedableRng};
@@ -31,11 +31,20 @@ fn script(m: &CausalLm, seed: u64) -> deltaserve_engine::Result<Vec<Vec<f32>>> {
     Ok(out)
 }
 
-/// Runs `script` on `n` ranks of `m` at once; returns each rank's logits.
-fn split_run(m: &CausalLm, n: usize, seed: u64) -> Vec<Vec<Vec<f32>>> {
+/// Runs `script` on `n` ranks of `m` at once (MoE layers split by whole experts when `ep`,
+/// else by channels); returns each rank's logits.
+fn split_run(m: &CausalLm, n: usize, ep: bool, seed: u64) -> Vec<Vec<Vec<f32>>> {
     let group = ThreadGroup::new(n);
-    let ranks: Vec<CausalLm> =
-        (0..n).map(|r| m.shard(&GroupLink { shard: Shard::new(r, n).unwrap(), group: group.clone() }).unwrap()).collect();
+    let split = if ep { ExpertSplit::Experts } else { ExpertSplit::Channels };
+    let shard = |r| Shard::new(r, n).unwrap().with_experts(split);
+    let ranks: Vec<CausalLm> = (0..n).map(|r| m.shard(&GroupLink { shard: shard(r), group: group.clone() }).unwrap()).collect();
+    if let Some(all) = m.experts_held() {
+        for (r, rank) in ranks.iter().enumerate() {
+            let per = if ep { all.len() / n } else { all.len() };
+            let first = if ep { r * per } else { 0 };
+            assert_eq!(rank.experts_held(), Some(first..first + per), "rank {r} of {n} (expert parallel: {ep})");
+        }
+    }
     // Each rank holds 1/N of every layer's recurrent states (its conv states may hold copies of
     // shared key heads' channels).
     let states = |specs: Vec<CacheSpec>| -> (usize, usize) {
@@ -58,9 +67,14 @@ fn split_run(m: &CausalLm, n: usize, seed: u64) -> Vec<Vec<Vec<f32>>> {
 
 /// Splits `m` over each of `sizes` and compares every rank with the unsplit model.
 fn check(name: &str, m: &CausalLm, sizes: &[usize]) {
+    check_split(name, m, sizes, false)
+}
+
+/// [`check`], MoE layers split by whole experts when `ep`.
+fn check_split(name: &str, m: &CausalLm, sizes: &[usize], ep: bool) {
     let whole = script(m, 7).unwrap();
     for &n in sizes {
-        let ranks = split_run(m, n, 7);
+        let ranks = split_run(m, n, ep, 7);
         for (r, got) in ranks.iter().enumerate() {
             assert_eq!(got, &ranks[0], "{name} N={n}: rank {r}'s logits differ from rank 0's");
         }
@@ -91,6 +105,15 @@ fn split_hybrid_and_moe_models_equal_the_unsplit_model() {
     // expert, the gated shared expert): 2 and 4 ranks (at 4 key and KV heads are shared).
     for name in ["gdn-attn", "qwen3_5", "qwen3_next", "qwen3_5_moe"] {
         check(name, &compact_model(name, DType::F32, &Device::Cpu), &[2, 4]);
+    }
+}
+
+#[test]
+fn moe_models_split_by_whole_experts_equal_the_unsplit_model() {
+    // Expert parallelism: each rank holds E/N whole experts (the shared expert still cut) and
+    // adds only the choices it holds; the all-reduce sums them. 8 experts: 2 and 4 ranks.
+    for name in ["qwen3_next", "qwen3_5_moe"] {
+        check_split(name, &compact_model(name, DType::F32, &Device::Cpu), &[2, 4], true);
     }
 }
 
@@ -154,17 +177,29 @@ fn engine_split_over_ranks_serves_the_unsplit_engines_logits() {
     // `Engine::load` with `tensor_parallel_size` 2: each rank's slices read by `load_ranks`
     // (one layer at a time, cut then copied to its device), every pass run on both ranks at
     // once (rank 1 on its own thread, on its replica of the pool), pool changes mirrored.
-    for name in ["gdn", "gdp", "gdn-attn", "qwen3_5", "qwen3_next"] {
+    // The MoE fixture by every expert's channels and by whole experts a rank (the default for
+    // its 8 experts over 2 ranks).
+    let (channels, auto) = (ExpertSplit::Channels, ExpertSplit::Auto);
+    for (name, split) in
+        [("gdn", auto), ("gdp", auto), ("gdn-attn", auto), ("qwen3_5", auto), ("qwen3_next", channels), ("qwen3_next", auto)]
+    {
         let dir = compact_dir().join(name);
-        let load = |n: usize| Engine::load(&LoadOptions { tensor_parallel_size: n, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap();
-        let (whole, split) = (serving_script(&load(1)), serving_script(&load(2)));
+        let load = |n: usize| {
+            Engine::load(&LoadOptions { tensor_parallel_size: n, expert_split: split, ..LoadOptions::cpu(dir.to_str().unwrap()) }).unwrap()
+        };
+        let engine = load(2);
+        if name == "qwen3_next" {
+            let held = if split == channels { 0..8 } else { 0..4 };
+            assert_eq!(engine.model().experts_held(), Some(held), "{name} ({split:?}): the experts rank 0 holds");
+        }
+        let (whole, split) = (serving_script(&load(1)), serving_script(&engine));
         let mut worst: f64 = 0.0;
         for (i, (s, w)) in split.iter().zip(&whole).enumerate() {
             let e = rel_err(s, w);
             worst = worst.max(e);
-            assert!(e <= 1e-5, "{name}: call {i}: split engine's logits rel err {e:.3e} against the unsplit engine");
+            assert!(e <= 1e-5, "{name} ({split:?}): call {i}: split engine's logits rel err {e:.3e} against the unsplit engine");
         }
-        println!("{name}: engine over 2 ranks: worst rel err {worst:.2e}");
+        println!("{name} ({split:?}): engine over 2 ranks: worst rel err {worst:.2e}");
     }
 }
 

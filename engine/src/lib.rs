@@ -63,6 +63,9 @@ pub struct LoadOptions {
     /// Ranks to split the model over ([`tensor_parallel`]): on a GPU, `device` and the GPUs
     /// after it (NCCL, the `nccl` feature); on the CPU, threads of this process. 1: unsplit.
     pub tensor_parallel_size: usize,
+    /// When split, how MoE layers are cut: whole experts a rank, or every expert's channels
+    /// ([`tensor_parallel::ExpertSplit`]). No effect on dense models or unsplit.
+    pub expert_split: tensor_parallel::ExpertSplit,
 }
 
 impl LoadOptions {
@@ -77,6 +80,7 @@ impl LoadOptions {
             cuda_graphs: true,
             batch_invariant: false,
             tensor_parallel_size: 1,
+            expert_split: tensor_parallel::ExpertSplit::Auto,
         }
     }
 }
@@ -201,7 +205,15 @@ impl Engine {
                 let ranks = devices
                     .into_iter()
                     .enumerate()
-                    .map(|(r, d)| Ok((tensor_parallel::GroupLink { shard: tensor_parallel::Shard::new(r, n)?, group: group.clone() }, d)))
+                    .map(|(r, d)| {
+                        Ok((
+                            tensor_parallel::GroupLink {
+                                shard: tensor_parallel::Shard::new(r, n)?.with_experts(opts.expert_split),
+                                group: group.clone(),
+                            },
+                            d,
+                        ))
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 let models = CausalLm::load_ranks(&cfg, &ckpt, opts.dtype, &ranks, opts.check_weights)?;
                 (models, ranks.into_iter().map(|(link, _)| Some(link)).collect())

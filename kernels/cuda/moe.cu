@@ -1,7 +1,9 @@
 // Sparse mixture-of-experts on the device (hybrid-spec.md §4.3), with nothing sized by the
 // routing on the host, so that a decode step holding it can be captured as a CUDA graph:
 //   moe_route_T    one block a token: fp32 softmax of its router logits, top-k (an exact tie
-//                  goes to the lower expert), weights renormalised, rounded to T;
+//                  goes to the lower expert), weights renormalised, rounded to T; each choice
+//                  named by its index among the experts held here (expert parallelism holds a
+//                  run of them), or by `held` when it is not held (a group never computed);
 //   moe_sort       one block: the N·k (token, choice) pairs grouped by expert (counts, offsets,
 //                  a stable-enough scatter: the order inside a group changes no result);
 //   moe_up_T       per expert, per 16 output columns: h = silu(gate x) · up x over the rows that
@@ -52,11 +54,12 @@ __device__ __forceinline__ float block_sum(float s) {
   return t;
 }
 
-// Token blockIdx.x: logits [E] (row stride ld) → ids [k], weights [k] (fp32 of T-rounded values).
+// Token blockIdx.x: logits [E] (row stride ld) → ids [k] (expert − first when held here, else
+// `held`), weights [k] (fp32 of T-rounded values).
 // Probabilities as torch's fp32 softmax: exp(x − max) / Σ (IEEE exp and division), so equal
 // logits give equal probabilities and the tie rule decides.
 template <typename T>
-__device__ void route(const T* logits, long ld, int E, int k, int normalise, int* ids, float* weights) {
+__device__ void route(const T* logits, long ld, int E, int k, int normalise, int first, int held, int* ids, float* weights) {
   extern __shared__ float p[];
   const int t = blockIdx.x;
   const T* l = logits + (size_t)t * ld;
@@ -77,7 +80,7 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
       if (p[e] > v) v = p[e], i = e;  // ascending e: a tie keeps the lower index
     block_argmax(v, i);
     if (threadIdx.x == 0) {
-      ids[t * k + j] = i;
+      ids[t * k + j] = (i >= first && i < first + held) ? i - first : held;
       weights[t * k + j] = v;
       p[i] = -1.0f;  // probabilities are ≥ 0: taken
     }
@@ -98,11 +101,11 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
 #define TC_LD (TC_K + 8)
 
 // pairs P = N·k of expert ids → offsets [E+1], order [P] (pair at each grouped position),
-// pos [P] (grouped position of each pair), and the tensor-core kernels' row tiles: tiles[t] =
-// (expert, first row) for each TC_M rows of each expert, ntiles[0] of them. One block; shared
-// memory 2E ints.
-extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int* offsets, int* order, int* pos,
-                                                            int2* tiles, int* ntiles) {
+// pos [P] (grouped position of each pair; −1 for a pair of group `held` and above, whose
+// experts are not here), and the tensor-core kernels' row tiles: tiles[t] = (expert, first row)
+// for each TC_M rows of each held expert, ntiles[0] of them. One block; shared memory 2E ints.
+extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int held, int* offsets, int* order,
+                                                            int* pos, int2* tiles, int* ntiles) {
   extern __shared__ int cnt[];
   for (int e = threadIdx.x; e < 2 * E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -113,7 +116,8 @@ extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int 
     for (int e = 0; e < E; ++e) {
       offsets[e] = o;
       cnt[E + e] = o;
-      for (int r = 0; r < cnt[e]; r += TC_M) tiles[t++] = make_int2(e, r);
+      if (e < held)
+        for (int r = 0; r < cnt[e]; r += TC_M) tiles[t++] = make_int2(e, r);
       o += cnt[e];
     }
     offsets[E] = o;
@@ -123,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int 
   for (int p = threadIdx.x; p < P; p += blockDim.x) {
     const int at = atomicAdd(&cnt[E + ids[p]], 1);
     order[at] = p;
-    pos[p] = at;
+    pos[p] = ids[p] < held ? at : -1;
   }
 }
 
@@ -209,7 +213,10 @@ __device__ void combine(const float* y, const int* pos, const float* w, int k, c
   const float gate = shared ? 1.0f / (1.0f + expf(-to_f32(sgate[(size_t)t * ldg]))) : 0.0f;
   for (int d = threadIdx.x; d < D; d += MOE_THREADS) {
     float s = 0.0f;
-    for (int j = 0; j < k; ++j) s += w[t * k + j] * y[(size_t)pos[t * k + j] * D + d];
+    for (int j = 0; j < k; ++j) {
+      const int at = pos[t * k + j];
+      if (at >= 0) s += w[t * k + j] * y[(size_t)at * D + d];  // < 0: an expert another rank holds
+    }
     if (shared) s += gate * to_f32(shared[(size_t)t * lds + d]);
     out[(size_t)t * D + d] = from_f32<T>(s);
   }
@@ -321,8 +328,9 @@ MOE_TC_ENTRIES(__half, f16)
 
 #define MOE_ENTRIES(T, NAME)                                                                                        \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
-      moe_route_##NAME(const T* logits, long ld, int E, int k, int normalise, int* ids, float* weights) {             \
-    route<T>(logits, ld, E, k, normalise, ids, weights);                                                            \
+      moe_route_##NAME(const T* logits, long ld, int E, int k, int normalise, int first, int held, int* ids,          \
+                       float* weights) {                                                                             \
+    route<T>(logits, ld, E, k, normalise, first, held, ids, weights);                                               \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_##NAME(                                          \
       const T* x, long ldx, const int* order, int k, const int* offsets, const T* w, int N, int K, T* out) {         \

@@ -12,7 +12,8 @@ fn gpus() -> usize {
     candle_core::cuda_backend::cudarc::driver::CudaContext::device_count().map_or(0, |n| n as usize)
 }
 
-fn load(name: &str, dtype: DType, tp: usize) -> Engine {
+fn load(name: &str, dtype: DType, tp: usize, expert_parallel: bool) -> Engine {
+    use deltaserve_engine::tensor_parallel::ExpertSplit;
     let dir = compact_dir().join(name);
     let algo = if dtype == DType::F32 { PrefillAlgo::Chunked } else { PrefillAlgo::ChunkedBf16 };
     let opts = LoadOptions {
@@ -20,9 +21,10 @@ fn load(name: &str, dtype: DType, tp: usize) -> Engine {
         device: deltaserve_engine::parse_device("cuda").unwrap(),
         prefill_algo: algo,
         tensor_parallel_size: tp,
+        expert_split: if expert_parallel { ExpertSplit::Experts } else { ExpertSplit::Channels },
         ..LoadOptions::cpu(dir.to_str().unwrap())
     };
-    Engine::load(&opts).unwrap_or_else(|e| panic!("{name} {dtype:?} TP={tp}: {e}"))
+    Engine::load(&opts).unwrap_or_else(|e| panic!("{name} {dtype:?} TP={tp} EP={expert_parallel}: {e}"))
 }
 
 /// Top-2 margin of a row.
@@ -49,7 +51,7 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
     let cases = [("gdn", 2), ("gdp", 2), ("gdn-attn", 4), ("qwen3_5", 4), ("qwen3_next", 4), ("qwen3_5_moe", 4)];
     for (name, most) in cases {
         // The unsplit engine in f32: the logits both precisions are measured against.
-        let exact = serving_script(&load(name, DType::F32, 1));
+        let exact = serving_script(&load(name, DType::F32, 1, false));
         let calls = exact.len() - SERVING_SCRIPT_GREEDY;
         for dtype in [DType::F32, DType::BF16] {
             // bf16 runs the bf16 mixer (the default for bf16 models): the tolerance
@@ -68,10 +70,13 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                 }
                 _ => super::BF16_MIXER_TOL,
             };
-            let whole = if dtype == DType::F32 { exact.clone() } else { serving_script(&load(name, dtype, 1)) };
+            let whole = if dtype == DType::F32 { exact.clone() } else { serving_script(&load(name, dtype, 1, false)) };
             let vocab = whole[whole.len() - 1].len();
-            for &tp in sizes.iter().filter(|&&s| s <= most) {
-                let split = serving_script(&load(name, dtype, tp));
+            // The MoE fixtures also split by whole experts (expert parallelism).
+            let moe = name == "qwen3_next" || name == "qwen3_5_moe";
+            let splits = sizes.iter().filter(|&&s| s <= most).flat_map(|&tp| [(tp, false), (tp, true)]).filter(|&(_, ep)| moe || !ep);
+            for (tp, ep) in splits {
+                let split = serving_script(&load(name, dtype, tp, ep));
                 let mut worst: f64 = 0.0;
                 for (i, ((s, w), x)) in split[..calls].iter().zip(&whole[..calls]).zip(&exact).enumerate() {
                     let (e, e_whole) = (rel_err(s, x), rel_err(w, x));
@@ -79,7 +84,7 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                     let bound = tol.max(1.5 * e_whole);
                     assert!(
                         e <= bound,
-                        "{name} {dtype:?} TP={tp}: call {i}: logits rel err {e:.3e} > {bound:.3e} against one GPU in f32 (one GPU in {dtype:?}: {e_whole:.3e})"
+                        "{name} {dtype:?} TP={tp} EP={ep}: call {i}: logits rel err {e:.3e} > {bound:.3e} against one GPU in f32 (one GPU in {dtype:?}: {e_whole:.3e})"
                     );
                 }
                 // The greedy continuation: tokens equal while one GPU's margin is real (after a
@@ -96,12 +101,12 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                     if f64::from(margin(w)) < tie {
                         break;
                     }
-                    assert_eq!(ts, tw, "{name} {dtype:?} TP={tp}: greedy token {equal} differs (margin {:.2e})", margin(w));
+                    assert_eq!(ts, tw, "{name} {dtype:?} TP={tp} EP={ep}: greedy token {equal} differs (margin {:.2e})", margin(w));
                     equal += 1;
                 }
                 assert_eq!(vocab, split[split.len() - 1].len());
                 println!(
-                    "{name} {dtype:?} TP={tp}: {calls} calls, worst rel err against one GPU in f32 {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal"
+                    "{name} {dtype:?} TP={tp} EP={ep}: {calls} calls, worst rel err against one GPU in f32 {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal"
                 );
             }
         }

@@ -8,6 +8,7 @@
 use std::time::Instant;
 
 use clap::Parser;
+use deltaserve_engine::tensor_parallel::ExpertSplit;
 use deltaserve_engine::{parse_device, parse_dtype, Engine, LoadOptions, Logits, PrefillAlgo};
 use rand::{Rng, SeedableRng};
 
@@ -40,6 +41,10 @@ struct Args {
     /// Decode eagerly, without CUDA graphs.
     #[arg(long)]
     no_cuda_graphs: bool,
+    /// MoE layers split by whole experts (`on`), by every expert's channels (`off`), or by
+    /// whole experts where the ranks divide them (`auto`).
+    #[arg(long, default_value = "auto")]
+    expert_parallel: String,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -54,6 +59,12 @@ fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_thread_names(true).with_writer(std::io::stderr).init();
     let dtype = parse_dtype(&args.dtype)?;
+    let split = match args.expert_parallel.as_str() {
+        "auto" => ExpertSplit::Auto,
+        "on" => ExpertSplit::Experts,
+        "off" => ExpertSplit::Channels,
+        other => anyhow::bail!("--expert-parallel: expected auto, on or off, got {other}"),
+    };
     let t0 = Instant::now();
     let engine = Engine::load(&LoadOptions {
         model: args.model.clone(),
@@ -64,10 +75,12 @@ fn main() -> anyhow::Result<()> {
         cuda_graphs: !args.no_cuda_graphs,
         batch_invariant: false,
         tensor_parallel_size: args.tensor_parallel_size,
+        expert_split: split,
     })?;
     let tp = args.tensor_parallel_size;
+    let ep = args.expert_parallel.clone();
     let load_s = t0.elapsed().as_secs_f64();
-    println!("TP {}", serde_json::json!({"tp": tp, "what": "load", "secs": load_s}));
+    println!("TP {}", serde_json::json!({"tp": tp, "ep": ep, "what": "load", "secs": load_s}));
     let vocab = engine.config().common.vocab_size as u32;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let prompt: Vec<u32> = (0..args.prefill).map(|_| rng.random_range(0..vocab)).collect();
@@ -92,7 +105,7 @@ fn main() -> anyhow::Result<()> {
     let ms = median(times);
     println!(
         "TP {}",
-        serde_json::json!({"tp": tp, "what": "prefill", "tokens": args.prefill, "ms": ms, "tokens_per_s": args.prefill as f64 / ms * 1e3})
+        serde_json::json!({"tp": tp, "ep": ep, "what": "prefill", "tokens": args.prefill, "ms": ms, "tokens_per_s": args.prefill as f64 / ms * 1e3})
     );
 
     // Decode: B slots, each with a 16-token prompt, stepped together through the CUDA graphs.
@@ -124,7 +137,7 @@ fn main() -> anyhow::Result<()> {
         let ms = median(times);
         println!(
             "TP {}",
-            serde_json::json!({"tp": tp, "what": "decode", "batch": b, "ms": ms, "tokens_per_s": b as f64 / ms * 1e3,
+            serde_json::json!({"tp": tp, "ep": ep, "what": "decode", "batch": b, "ms": ms, "tokens_per_s": b as f64 / ms * 1e3,
                                "graphs": engine.cuda_graph_batches().contains(&b)})
         );
         for s in slots {

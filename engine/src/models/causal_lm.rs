@@ -159,6 +159,15 @@ impl CausalLm {
         &self.device
     }
 
+    /// The router's experts this model's MoE layers hold (all of them unless split by whole
+    /// experts), or `None` for a dense model.
+    pub fn experts_held(&self) -> Option<std::ops::Range<usize>> {
+        self.layers.iter().find_map(|b| match &b.mlp {
+            ChannelMixer::Moe(m) => Some(m.experts_held()),
+            ChannelMixer::Mlp(_) => None,
+        })
+    }
+
     /// What one sequence keeps in each layer's cache, in layer order (the pool is built from it).
     pub fn cache_specs(&self) -> Vec<CacheSpec> {
         self.layers.iter().map(|b| b.attn.cache()).collect()

@@ -11,16 +11,19 @@ use super::mlp::Mlp;
 use super::norm::SubInput;
 use crate::config::MoeSpec;
 use crate::error::{Result, WeightError};
-use crate::tensor_parallel::Shard;
+use crate::tensor_parallel::{ExpertSplit, Shard};
 use crate::weights::Weights;
 
-/// The routed experts of one layer, packed as transformers keeps them in memory.
+/// The routed experts of one layer, packed as transformers keeps them in memory (or the run of
+/// them an expert parallel rank holds).
 #[derive(Debug, Clone)]
 pub struct Experts {
     /// `[E, 2I, D]`: rows `[0, I)` of expert e are its `gate_proj`, rows `[I, 2I)` its `up_proj`.
     pub(crate) gate_up: Tensor,
     /// `[E, D, I]`.
     pub(crate) down: Tensor,
+    /// The router's index of expert 0 here.
+    pub(crate) first: usize,
 }
 
 impl Experts {
@@ -35,9 +38,10 @@ impl Experts {
                 Self {
                     gate_up: w.get(&[e, d, 2 * i], "experts.gate_up_proj")?.transpose(1, 2)?.contiguous()?,
                     down: w.get(&[e, i, d], "experts.down_proj")?.transpose(1, 2)?.contiguous()?,
+                    first: 0,
                 }
             } else {
-                Self { gate_up: w.get(&[e, 2 * i, d], "experts.gate_up_proj")?, down: w.get(&[e, d, i], "experts.down_proj")? }
+                Self { gate_up: w.get(&[e, 2 * i, d], "experts.gate_up_proj")?, down: w.get(&[e, d, i], "experts.down_proj")?, first: 0 }
             });
         }
         if !w.contains("experts.0.gate_proj.weight") {
@@ -49,7 +53,7 @@ impl Experts {
             gate_up.push(Tensor::cat(&[p.get(&[i, d], "gate_proj.weight")?, p.get(&[i, d], "up_proj.weight")?], 0)?);
             down.push(p.get(&[d, i], "down_proj.weight")?);
         }
-        Ok(Self { gate_up: Tensor::stack(&gate_up, 0)?, down: Tensor::stack(&down, 0)? })
+        Ok(Self { gate_up: Tensor::stack(&gate_up, 0)?, down: Tensor::stack(&down, 0)?, first: 0 })
     }
 }
 
@@ -83,16 +87,40 @@ impl SparseMoe {
         };
         Ok(Self {
             router: linear_to(&self.router, dev)?,
-            experts: Experts { gate_up: self.experts.gate_up.to_device(dev)?, down: self.experts.down.to_device(dev)? },
+            experts: Experts {
+                gate_up: self.experts.gate_up.to_device(dev)?,
+                down: self.experts.down.to_device(dev)?,
+                first: self.experts.first,
+            },
             shared,
             spec: self.spec,
         })
     }
 
     /// One tensor parallel rank's slice: every expert (and the shared expert) cut to the rank's
-    /// share of its intermediate channels; the router and the shared expert's gate are copied,
-    /// so every rank routes alike and its output is a partial sum.
+    /// share of its intermediate channels, or the rank's E/N whole experts (the shared expert
+    /// still cut), as `s.experts` says; the router and the shared expert's gate are copied, so
+    /// every rank routes alike and its output is a partial sum.
     pub fn shard(&self, s: Shard) -> Result<Self> {
+        let shared = match &self.shared {
+            Some((mlp, gate)) => Some((mlp.shard(s)?, gate.clone())),
+            None => None,
+        };
+        let shared_intermediate = self.spec.shared_intermediate / s.size;
+        let whole = match s.experts {
+            ExpertSplit::Experts => true,
+            ExpertSplit::Channels => false,
+            ExpertSplit::Auto => self.spec.num_experts.is_multiple_of(s.size),
+        };
+        if whole {
+            let held = s.part(self.spec.num_experts, "num_experts")?;
+            let experts = Experts {
+                gate_up: self.experts.gate_up.narrow(0, held.start, held.len())?.contiguous()?,
+                down: self.experts.down.narrow(0, held.start, held.len())?.contiguous()?,
+                first: self.experts.first + held.start,
+            };
+            return Ok(Self { router: self.router.clone(), experts, shared, spec: MoeSpec { shared_intermediate, ..self.spec } });
+        }
         let i = self.spec.expert_intermediate;
         let part = s.part(i, "moe_intermediate_size")?;
         let gate_up = Tensor::cat(
@@ -101,12 +129,14 @@ impl SparseMoe {
         )?
         .contiguous()?;
         let down = self.experts.down.narrow(2, part.start, part.len())?.contiguous()?;
-        let shared = match &self.shared {
-            Some((mlp, gate)) => Some((mlp.shard(s)?, gate.clone())),
-            None => None,
-        };
-        let spec = MoeSpec { expert_intermediate: part.len(), shared_intermediate: self.spec.shared_intermediate / s.size, ..self.spec };
-        Ok(Self { router: self.router.clone(), experts: Experts { gate_up, down }, shared, spec })
+        let spec = MoeSpec { expert_intermediate: part.len(), shared_intermediate, ..self.spec };
+        Ok(Self { router: self.router.clone(), experts: Experts { gate_up, down, first: self.experts.first }, shared, spec })
+    }
+
+    /// The router's experts held here.
+    pub fn experts_held(&self) -> std::ops::Range<usize> {
+        let held = self.experts.gate_up.dims().first().copied().unwrap_or(0);
+        self.experts.first..self.experts.first + held
     }
 
     /// `x` `[N, D]` → `[N, D]` in x's dtype: router logits in the compute dtype, then
@@ -120,7 +150,7 @@ impl SparseMoe {
             Some((mlp, gate)) => Some((mlp.forward(&SubInput::Formed(x.clone()))?, project(gate, x)?)),
             None => None,
         };
-        let experts = ExpertWeights { gate_up: &self.experts.gate_up, down: &self.experts.down };
+        let experts = ExpertWeights { gate_up: &self.experts.gate_up, down: &self.experts.down, first: self.experts.first };
         let shared = shared.as_ref().map(|(out, gate)| SharedExpert { out, gate });
         Ok(ops::sparse_moe(x, &logits, experts, self.spec.top_k, self.spec.norm_topk_prob, shared)?)
     }

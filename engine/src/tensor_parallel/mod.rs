@@ -46,6 +46,19 @@ pub(crate) fn rank_panicked(what: &str) -> EngineError {
     EngineError::Invalid { field: "tensor parallel rank", expected: format!("{what} to finish"), actual: "its thread panicked".into() }
 }
 
+/// How MoE layers are split over the ranks of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertSplit {
+    /// Whole experts where the group size divides the experts, channels otherwise (whole
+    /// experts measured as fast or faster on Qwen3-Next's shapes: docs/performance.md).
+    #[default]
+    Auto,
+    /// Each rank holds E/N whole experts (expert parallelism).
+    Experts,
+    /// Each rank holds every expert's 1/N of its intermediate channels.
+    Channels,
+}
+
 /// One rank's place in a group of `size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {
@@ -53,6 +66,8 @@ pub struct Shard {
     pub rank: usize,
     /// Ranks in the group.
     pub size: usize,
+    /// How MoE layers are split.
+    pub experts: ExpertSplit,
 }
 
 impl Shard {
@@ -65,7 +80,12 @@ impl Shard {
                 actual: rank.to_string(),
             });
         }
-        Ok(Self { rank, size })
+        Ok(Self { rank, size, experts: ExpertSplit::Auto })
+    }
+
+    /// This shard with MoE layers split as `experts` says.
+    pub fn with_experts(self, experts: ExpertSplit) -> Self {
+        Self { experts, ..self }
     }
 
     /// This rank's equal share of `n` items (`what` names them in the error when `n` does not

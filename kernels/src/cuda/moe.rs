@@ -35,10 +35,13 @@ pub fn sparse_moe(
     let dev = cuda_dev(x, "sparse_moe")?;
     // Shapes and k were checked by the op; what is left is what the kernels need.
     let (n, d) = x.dims2()?;
+    // `e` experts held here, the router's `all`: a choice of one not held goes to group `e`,
+    // which no kernel computes.
     let (e, two_i, _) = experts.gate_up.dims3()?;
+    let all = logits.dims2()?.1;
     let i = two_i / 2;
-    if e > 4096 {
-        return Err(shape_err("experts", "at most 4096 experts (the routing kernel's shared memory)".into(), &[e]));
+    if all > 4096 {
+        return Err(shape_err("experts", "at most 4096 experts (the routing kernel's shared memory)".into(), &[all]));
     }
     let dtype = x.dtype();
     if [experts.gate_up.dtype(), experts.down.dtype(), logits.dtype()].iter().any(|&t| t != dtype)
@@ -57,7 +60,8 @@ pub fn sparse_moe(
     // SAFETY (all five): each is written in full by the kernel that produces it before any reads.
     let ids = unsafe { dev.alloc::<i32>(pairs) }?;
     let weights = unsafe { dev.alloc::<f32>(pairs) }?;
-    let offsets = unsafe { dev.alloc::<i32>(e + 1) }?;
+    let groups = if all > e { e + 1 } else { e };
+    let offsets = unsafe { dev.alloc::<i32>(groups + 1) }?;
     let order = unsafe { dev.alloc::<i32>(pairs) }?;
     let pos = unsafe { dev.alloc::<i32>(pairs) }?;
     // Row tiles of the tensor-core path: at most ⌈P / 64⌉ + E, as (expert, first row) pairs.
@@ -68,17 +72,17 @@ pub fn sparse_moe(
     let y = alloc_rows(&dev, candle_core::DType::F32, pairs, d)?;
     let out = alloc_rows(&dev, dtype, n, d)?;
     let (ei, ki, ii, di) = (e as i32, k as i32, i as i32, d as i32);
-    let (pi, norm) = (pairs as i32, i32::from(normalise));
+    let (pi, norm, alli, gi, first) = (pairs as i32, i32::from(normalise), all as i32, groups as i32, experts.first as i32);
 
     let f = dev.get_or_load_custom_func(&format!("moe_route_{suffix}"), "moe", ptx::MOE)?;
     let mut l = f.builder();
-    l.arg(&la.ptr).arg(&la.ld).arg(&ei).arg(&ki).arg(&norm).arg(&ids).arg(&weights);
-    unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * e) as u32)) }.w()?;
+    l.arg(&la.ptr).arg(&la.ld).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
+    unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * all) as u32)) }.w()?;
 
     let f = dev.get_or_load_custom_func("moe_sort", "moe", ptx::MOE)?;
     let mut l = f.builder();
-    l.arg(&ids).arg(&pi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tiles).arg(&ntiles);
-    unsafe { l.launch(grid(1, 1, 1, 1024, (8 * e) as u32)) }.w()?;
+    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tiles).arg(&ntiles);
+    unsafe { l.launch(grid(1, 1, 1, 1024, (8 * groups) as u32)) }.w()?;
 
     let (gu, dn) = (first_element_address_any(experts.gate_up)?, first_element_address_any(experts.down)?);
     let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
@@ -86,7 +90,8 @@ pub fn sparse_moe(
     // weight-streaming GEMVs over each expert's few rows.
     // Batch-invariant mode keeps every pair on the GEMVs: a row's sums then never depend on
     // how many rows the batch routes to its expert.
-    let tensor_cores = !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * e && d.is_multiple_of(32) && i.is_multiple_of(32);
+    let tensor_cores =
+        !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * all && d.is_multiple_of(32) && i.is_multiple_of(32);
     if tensor_cores {
         let f = dev.get_or_load_custom_func(&format!("moe_up_tc_{suffix}"), "moe", ptx::MOE)?;
         let mut l = f.builder();

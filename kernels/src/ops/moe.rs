@@ -7,14 +7,17 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use super::{dims2, expect_dims};
 use crate::{KernelError, Result};
 
-/// A layer's routed experts: `gate_up` `[E, 2I, D]` (rows `[0, I)` of expert e its gate, rows
-/// `[I, 2I)` its up projection) and `down` `[E, D, I]`, in the activation dtype.
+/// A layer's routed experts, or the run of them one expert parallel rank holds: `gate_up`
+/// `[E, 2I, D]` (rows `[0, I)` of expert e its gate, rows `[I, 2I)` its up projection) and
+/// `down` `[E, D, I]`, in the activation dtype, for the router's experts `first .. first + E`.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertWeights<'a> {
     /// `[E, 2I, D]`.
     pub gate_up: &'a Tensor,
     /// `[E, D, I]`.
     pub down: &'a Tensor,
+    /// The router's index of expert 0 here (0 unless the experts are spread over ranks).
+    pub first: usize,
 }
 
 /// The shared expert's output `[N, D]` and its gate logit `[N, 1]` (before the sigmoid).
@@ -50,6 +53,8 @@ pub fn top_k(p: &[f32], k: usize, normalise: bool) -> Route {
 /// each token's top-`k` experts by fp32 softmax probability, weights renormalised when
 /// `normalise` and rounded to x's dtype (as the references round them), `Σ w_e ·
 /// down_e(silu(gate_e x) ⊙ up_e x)` summed in fp32, plus `σ(shared.gate) · shared.out`.
+/// Where `experts` holds only some of the router's experts (expert parallelism), the sum runs
+/// over the chosen experts it holds: the ranks' outputs add up to the whole.
 /// Returns `[N, D]` in x's dtype. On a GPU everything stays on the device (no host round trip:
 /// decode graphs can hold it); the CPU runs each chosen expert over the rows that chose it.
 pub fn sparse_moe(
@@ -62,11 +67,20 @@ pub fn sparse_moe(
 ) -> Result<Tensor> {
     const OP: &str = "sparse_moe";
     let (n, d) = dims2(OP, "x", x)?;
-    let (e, two_i, _) = experts.gate_up.dims3().map_err(|_| shape(OP, "gate_up", "[E, 2I, D]", experts.gate_up))?;
+    let (held, two_i, _) = experts.gate_up.dims3().map_err(|_| shape(OP, "gate_up", "[E, 2I, D]", experts.gate_up))?;
     let i = two_i / 2;
-    expect_dims(OP, "gate_up", experts.gate_up, &[e, 2 * i, d])?;
-    expect_dims(OP, "down", experts.down, &[e, d, i])?;
+    expect_dims(OP, "gate_up", experts.gate_up, &[held, 2 * i, d])?;
+    expect_dims(OP, "down", experts.down, &[held, d, i])?;
+    let e = logits.dims().last().copied().unwrap_or(0);
     expect_dims(OP, "logits", logits, &[n, e])?;
+    if experts.first + held > e {
+        return Err(KernelError::Shape {
+            op: OP,
+            input: "experts",
+            expected: format!("experts {}..{} within the router's {e}", experts.first, experts.first + held),
+            actual: vec![experts.first, held],
+        });
+    }
     if k == 0 || k > e {
         return Err(KernelError::Shape { op: OP, input: "top_k", expected: format!("1..={e}"), actual: vec![k] });
     }
@@ -94,12 +108,12 @@ pub fn sparse_moe(
             r.1 = w;
         }
     }
-    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); e];
-    let mut weights: Vec<Vec<f32>> = vec![Vec::new(); e];
+    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); held];
+    let mut weights: Vec<Vec<f32>> = vec![Vec::new(); held];
     for (t, route) in routes.iter().enumerate() {
-        for &(x, w) in route {
-            rows[x].push(t as u32);
-            weights[x].push(w);
+        for &(x, w) in route.iter().filter(|r| (experts.first..experts.first + held).contains(&r.0)) {
+            rows[x - experts.first].push(t as u32);
+            weights[x - experts.first].push(w);
         }
     }
     let mut out = Tensor::zeros((n, d), DType::F32, x.device())?;

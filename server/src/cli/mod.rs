@@ -78,6 +78,32 @@ pub struct ModelArgs {
     #[arg(long, visible_alias = "tp", env = "DELTASERVE_TENSOR_PARALLEL_SIZE", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub tensor_parallel_size: u16,
+    /// With `--tensor-parallel-size N`, how MoE layers are split: `on` gives each GPU E/N whole
+    /// experts (vLLM's `--enable-expert-parallel`), `off` every expert's 1/N of its channels,
+    /// `auto` whole experts where N divides them (measured as fast or faster).
+    #[arg(long, value_enum, env = "DELTASERVE_EXPERT_PARALLEL", default_value_t = ExpertParallel::Auto)]
+    pub expert_parallel: ExpertParallel,
+}
+
+/// `--expert-parallel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExpertParallel {
+    /// Whole experts where the GPUs divide them, channels otherwise.
+    Auto,
+    /// Whole experts a GPU.
+    On,
+    /// Every expert's channels cut.
+    Off,
+}
+
+impl From<ExpertParallel> for deltaserve_engine::tensor_parallel::ExpertSplit {
+    fn from(e: ExpertParallel) -> Self {
+        match e {
+            ExpertParallel::Auto => Self::Auto,
+            ExpertParallel::On => Self::Experts,
+            ExpertParallel::Off => Self::Channels,
+        }
+    }
 }
 
 /// `--mixer-precision`.
@@ -115,6 +141,7 @@ impl ModelArgs {
             cuda_graphs: !self.no_cuda_graphs,
             batch_invariant: self.batch_invariant,
             tensor_parallel_size: self.tensor_parallel_size.into(),
+            expert_split: self.expert_parallel.into(),
         };
         Ok(Engine::load(&opts)?)
     }
