@@ -259,14 +259,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Ok(Err(e)) => return Err(e),
         Err(e) => anyhow::bail!("model loading panicked: {e}"),
     }
-    server.await?;
+    let served = server.await;
     // The engine is dropped here, not raced by the process's exit (its GPU memory and NCCL
-    // communicators are released while CUDA is still up).
+    // communicators are released while CUDA is still up), also when the serving task panicked.
     if let Some(s) = state.serving.get() {
         if !s.scheduler.shut_down(Duration::from_secs(30)).await {
             tracing::warn!("the engine thread did not stop within 30 s");
         }
     }
+    served?;
     tracing::info!("shut down");
     Ok(())
 }
