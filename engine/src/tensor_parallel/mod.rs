@@ -12,7 +12,8 @@
 //! - an attention layer: Hq/N query heads with the KV heads they read (copied likewise), their
 //!   KV cache, `o_proj` by input columns with its bias on rank 0 only;
 //! - the MLP: `gate_proj` / `up_proj` split by rows (column-parallel), `down_proj` by columns;
-//!   a MoE block cuts every expert (and the shared expert) so, and copies the router;
+//!   a MoE block gives each rank E/N whole experts or cuts every expert so ([`ExpertSplit`]),
+//!   cuts the shared expert so, and copies the router;
 //! - embeddings, norms and the LM head are copied to every rank.
 //!
 //! Each layer's `shard` lives in its own file; [`GroupLink`] is what a split block adds its

@@ -90,7 +90,6 @@ pub fn perplexity(engine: &Engine, ids: &[u32], seq_len: usize, stride: usize, p
     Ok(Perplexity { ppl: mean.exp(), nll: mean, tokens: count })
 }
 
-/// Runs the subcommand.
 impl EvalArgs {
     /// The model's arguments.
     pub fn model(&self) -> &ModelArgs {
@@ -99,6 +98,7 @@ impl EvalArgs {
     }
 }
 
+/// Runs the subcommand.
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let EvalCommand::Ppl(a) = args.what;
     anyhow::ensure!(a.seq_len >= 2, "invalid `--seq-len`: expected >= 2, got {}", a.seq_len);

@@ -108,9 +108,9 @@ impl SchedulerHandle {
     /// dropped (GPU memory, NCCL communicators) before this returns, so that nothing of them is
     /// left to the process's exit. False if the thread was still running after `timeout`.
     pub async fn shut_down(&self, timeout: std::time::Duration) -> bool {
-        // The channel may be full of requests; the thread reads them all before the stop.
-        let _ = tokio::time::timeout(timeout, self.tx.send(Msg::Stop)).await;
         let deadline = tokio::time::Instant::now() + timeout;
+        // The channel may be full of requests; the thread reads them all before the stop.
+        let _ = tokio::time::timeout_at(deadline, self.tx.send(Msg::Stop)).await;
         while self.alive() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
