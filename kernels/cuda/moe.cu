@@ -5,10 +5,12 @@
 //                  named by its index among the experts held here (expert parallelism holds a
 //                  run of them), or by `held` when it is not held (a group never computed);
 //   moe_sort       one block: the N·k (token, choice) pairs grouped by expert (counts, offsets,
-//                  a stable-enough scatter: the order inside a group changes no result);
-//   moe_up_T       per expert, per 16 output columns: h = silu(gate x) · up x over the rows that
-//                  chose it, gate and up rows of `gate_up` read once for 8 rows at a time;
-//   moe_down_T     per expert: y = h · downᵀ, fp32 out;
+//                  a stable-enough scatter: the order inside a group changes no result), and
+//                  the list of held experts with rows;
+//   moe_up_T       per listed expert, per 16 output columns: h = silu(gate x) · up x over the
+//                  rows that chose it, gate and up rows of `gate_up` read once for 8 rows at a
+//                  time;
+//   moe_down_T     per listed expert: y = h · downᵀ, fp32 out;
 //   moe_combine_T  per token: Σ_j w_j · y[pair j] (+ σ(shared gate) · shared), rounded once.
 // T is the activation dtype (f32, bf16, f16); accumulation is fp32 throughout. For prompts
 // (many rows an expert), moe_up_tc_T / moe_down_tc_T do the two projections on the tensor
@@ -102,26 +104,35 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
 
 // pairs P = N·k of expert ids → offsets [E+1], order [P] (pair at each grouped position),
 // pos [P] (grouped position of each pair; −1 for a pair of group `held` and above, whose
-// experts are not here), and the tensor-core kernels' row tiles: tiles[t] = (expert, first row)
-// for each TC_M rows of each held expert, ntiles[0] of them. One block; shared memory 2E ints.
+// experts are not here), and the list the expert kernels run over: with `tensor_cores`, their
+// row tiles, tiles[t] = (expert, first row) for each TC_M rows of each held expert, ntiles[0] of
+// them; otherwise the held experts with rows, active[0 .. nactive[0]) (the GEMV kernels' grid
+// covers only those). One block; shared memory 2E ints.
 extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int held, int* offsets, int* order,
-                                                            int* pos, int2* tiles, int* ntiles) {
+                                                            int* pos, int tensor_cores, int2* tiles, int* ntiles,
+                                                            int* active, int* nactive) {
   extern __shared__ int cnt[];
   for (int e = threadIdx.x; e < 2 * E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
-    int o = 0, t = 0;
+    int o = 0, t = 0, a = 0;
     for (int e = 0; e < E; ++e) {
       offsets[e] = o;
       cnt[E + e] = o;
-      if (e < held)
-        for (int r = 0; r < cnt[e]; r += TC_M) tiles[t++] = make_int2(e, r);
+      if (e < held) {
+        if (tensor_cores) {
+          for (int r = 0; r < cnt[e]; r += TC_M) tiles[t++] = make_int2(e, r);
+        } else if (cnt[e] > 0) {
+          active[a++] = e;
+        }
+      }
       o += cnt[e];
     }
     offsets[E] = o;
     ntiles[0] = t;
+    nactive[0] = a;
   }
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) {
@@ -131,16 +142,18 @@ extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int 
   }
 }
 
-// Expert blockIdx.y, output columns from (blockIdx.x·warps + warp)·MOE_COLS. Rows of x: the
+// Expert active[blockIdx.y] (blocks past nactive[0] return), output columns from
+// (blockIdx.x·warps + warp)·MOE_COLS. Rows of x: the
 // expert's grouped positions [offsets[e], offsets[e+1]); row r reads x + src(r)·ldx where
 // src(r) = order[r] / k (the token of a pair) when `gather`, else r. W: [E, Nw, K]; GATED reads
 // rows n and n + N of W (gate and up) and writes T(silu(T(g)) · T(u)) rounded as transformers'
 // bf16 ops do; otherwise writes the fp32 dot. out: [P, N] of T (GATED) or f32.
 template <typename T, bool GATED>
 __device__ void grouped(const T* __restrict__ x, long ldx, const int* __restrict__ order, int k, int gather,
-                        const int* __restrict__ offsets, const T* __restrict__ w, int N, int K, void* out) {
-  const int e = blockIdx.y, o0 = offsets[e], o1 = offsets[e + 1];
-  if (o0 == o1) return;
+                        const int* __restrict__ offsets, const int* __restrict__ active, const int* __restrict__ nactive,
+                        const T* __restrict__ w, int N, int K, void* out) {
+  if ((int)blockIdx.y >= nactive[0]) return;
+  const int e = active[blockIdx.y], o0 = offsets[e], o1 = offsets[e + 1];
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * MOE_COLS;
   if (n0 >= N) return;
@@ -333,12 +346,14 @@ MOE_TC_ENTRIES(__half, f16)
     route<T>(logits, ld, E, k, normalise, first, held, ids, weights);                                               \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_##NAME(                                          \
-      const T* x, long ldx, const int* order, int k, const int* offsets, const T* w, int N, int K, T* out) {         \
-    grouped<T, true>(x, ldx, order, k, 1, offsets, w, N, K, out);                                                   \
+      const T* x, long ldx, const int* order, int k, const int* offsets, const int* active, const int* nactive,      \
+      const T* w, int N, int K, T* out) {                                                                           \
+    grouped<T, true>(x, ldx, order, k, 1, offsets, active, nactive, w, N, K, out);                                  \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
-      moe_down_##NAME(const T* h, const int* offsets, const T* w, int N, int K, float* out) {                        \
-    grouped<T, false>(h, K, nullptr, 1, 0, offsets, w, N, K, out);                                                  \
+      moe_down_##NAME(const T* h, const int* offsets, const int* active, const int* nactive, const T* w, int N,      \
+                      int K, float* out) {                                                                          \
+    grouped<T, false>(h, K, nullptr, 1, 0, offsets, active, nactive, w, N, K, out);                                 \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_combine_##NAME(                                     \
       const float* y, const int* pos, const float* w, int k, const T* shared, long lds, const T* sgate, long ldg,    \

@@ -57,7 +57,9 @@ pub fn sparse_moe(
     let la = RowsArg::new(logits)?;
     let suffix = xa.suffix;
     let pairs = n * k;
-    // SAFETY (all five): each is written in full by the kernel that produces it before any reads.
+    // SAFETY (all of them): each is written by the kernel that produces it before any reads (of
+    // `tiles` and `active` the sort writes only the list the chosen path reads, its first ntiles
+    // or nactive entries, and only those are read).
     let ids = unsafe { dev.alloc::<i32>(pairs) }?;
     let weights = unsafe { dev.alloc::<f32>(pairs) }?;
     let groups = if all > e { e + 1 } else { e };
@@ -68,6 +70,10 @@ pub fn sparse_moe(
     let max_tiles = pairs.div_ceil(TC_TILE) + e;
     let tiles = unsafe { dev.alloc::<i32>(2 * max_tiles) }?;
     let ntiles = unsafe { dev.alloc::<i32>(1) }?;
+    // The held experts with rows (at most one a pair): the GEMVs' grid rows.
+    let most_active = e.min(pairs);
+    let active = unsafe { dev.alloc::<i32>(most_active) }?;
+    let nactive = unsafe { dev.alloc::<i32>(1) }?;
     let h = alloc_rows(&dev, dtype, pairs, i)?;
     let y = alloc_rows(&dev, candle_core::DType::F32, pairs, d)?;
     let out = alloc_rows(&dev, dtype, n, d)?;
@@ -79,19 +85,21 @@ pub fn sparse_moe(
     l.arg(&la.ptr).arg(&la.ld).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
     unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * all) as u32)) }.w()?;
 
-    let f = dev.get_or_load_custom_func("moe_sort", "moe", ptx::MOE)?;
-    let mut l = f.builder();
-    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tiles).arg(&ntiles);
-    unsafe { l.launch(grid(1, 1, 1, 1024, (8 * groups) as u32)) }.w()?;
-
-    let (gu, dn) = (first_element_address_any(experts.gate_up)?, first_element_address_any(experts.down)?);
-    let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
     // Prompts (8 or more rows an expert on average) on the tensor cores; decode steps as
     // weight-streaming GEMVs over each expert's few rows.
     // Batch-invariant mode keeps every pair on the GEMVs: a row's sums then never depend on
     // how many rows the batch routes to its expert.
     let tensor_cores =
         !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * all && d.is_multiple_of(32) && i.is_multiple_of(32);
+    let f = dev.get_or_load_custom_func("moe_sort", "moe", ptx::MOE)?;
+    let mut l = f.builder();
+    let tci = i32::from(tensor_cores);
+    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tci);
+    l.arg(&tiles).arg(&ntiles).arg(&active).arg(&nactive);
+    unsafe { l.launch(grid(1, 1, 1, 1024, (8 * groups) as u32)) }.w()?;
+
+    let (gu, dn) = (first_element_address_any(experts.gate_up)?, first_element_address_any(experts.down)?);
+    let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
     if tensor_cores {
         let f = dev.get_or_load_custom_func(&format!("moe_up_tc_{suffix}"), "moe", ptx::MOE)?;
         let mut l = f.builder();
@@ -104,12 +112,12 @@ pub fn sparse_moe(
     } else {
         let f = dev.get_or_load_custom_func(&format!("moe_up_{suffix}"), "moe", ptx::MOE)?;
         let mut l = f.builder();
-        l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&gu).arg(&ii).arg(&di).arg(&hp);
-        unsafe { l.launch(grid(i.div_ceil(WARPS * COLS), e, 1, THREADS as u32, 0)) }.w()?;
+        l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&active).arg(&nactive).arg(&gu).arg(&ii).arg(&di).arg(&hp);
+        unsafe { l.launch(grid(i.div_ceil(WARPS * COLS), most_active, 1, THREADS as u32, 0)) }.w()?;
         let f = dev.get_or_load_custom_func(&format!("moe_down_{suffix}"), "moe", ptx::MOE)?;
         let mut l = f.builder();
-        l.arg(&hp).arg(&offsets).arg(&dn).arg(&di).arg(&ii).arg(&yp);
-        unsafe { l.launch(grid(d.div_ceil(WARPS * COLS), e, 1, THREADS as u32, 0)) }.w()?;
+        l.arg(&hp).arg(&offsets).arg(&active).arg(&nactive).arg(&dn).arg(&di).arg(&ii).arg(&yp);
+        unsafe { l.launch(grid(d.div_ceil(WARPS * COLS), most_active, 1, THREADS as u32, 0)) }.w()?;
     }
 
     let shared_args = match shared {
