@@ -277,7 +277,7 @@ async fn cached_and_uncached(dir: &std::path::Path, snapshots: usize, template: 
     let setup = |snapshots| Setup {
         slots: 8,
         max_queue: 16,
-        cache: PrefixCacheConfig { snapshots, grid: 64, host_snapshots: 0 },
+        cache: PrefixCacheConfig { snapshots, grid: 64, host_snapshots: 0, answer_delay: Duration::ZERO },
         template,
         ..Setup::default()
     };
@@ -370,9 +370,9 @@ async fn snapshots_evicted_to_the_host_tier_are_hit_from_there_and_stay_exact() 
     let client = reqwest::Client::new();
     let dir = compact_dir().join("gdn");
     // Two pool snapshots and eight in host memory, against a server without the cache.
-    let cache = PrefixCacheConfig { snapshots: 2, grid: 64, host_snapshots: 8 };
+    let cache = PrefixCacheConfig { snapshots: 2, grid: 64, host_snapshots: 8, answer_delay: Duration::ZERO };
     let on = serve_dir(&dir, Setup { slots: 4, cache, ..Setup::default() }).await.0;
-    let none = PrefixCacheConfig { snapshots: 0, grid: 64, host_snapshots: 0 };
+    let none = PrefixCacheConfig { snapshots: 0, grid: 64, host_snapshots: 0, answer_delay: Duration::ZERO };
     let off = serve_dir(&dir, Setup { slots: 4, cache: none, ..Setup::default() }).await.0;
     let ask = |p: u32, n: usize| json!({"prompt": ids(40 + p, n), "max_tokens": 4, "temperature": 0, "ignore_eos": true, "logprobs": 1});
     let check = |on: Value, off: Value, what: String| assert_eq!(on["choices"], off["choices"], "{what}");
@@ -401,6 +401,20 @@ async fn snapshots_evicted_to_the_host_tier_are_hit_from_there_and_stay_exact() 
     assert_eq!(m("deltaserve:prefix_cache_hits_total").await, 128.0, "prompt 0's is still on the host");
 }
 
+/// The `n` greedy tokens `engine` generates after `ids` (what a server answers at temperature 0).
+fn greedy(engine: &Engine, ids: &[u32], n: usize) -> Vec<u32> {
+    let mut pool = engine.new_pool(1).unwrap();
+    let s = pool.allocate().unwrap();
+    let mut logits = engine.prefill(&mut pool, s, ids, Logits::Last).unwrap();
+    let mut out = vec![];
+    for _ in 0..n {
+        let t = argmax(&logits.to_vec1::<f32>().unwrap());
+        out.push(t);
+        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
+    }
+    out
+}
+
 /// A chat template in the shape of Qwen's.
 /// (The generation prompt is an expression: Jinja drops a template's final newline.)
 const TEMPLATE: &str =
@@ -419,18 +433,7 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
         deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
     };
     // The 40 greedy tokens the engine generates after `ids` (what the server answers).
-    let answer = |ids: &[u32]| {
-        let mut pool = engine.new_pool(1).unwrap();
-        let s = pool.allocate().unwrap();
-        let mut logits = engine.prefill(&mut pool, s, ids, Logits::Last).unwrap();
-        let mut out = vec![];
-        for _ in 0..40 {
-            let t = argmax(&logits.to_vec1::<f32>().unwrap());
-            out.push(t);
-            logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
-        }
-        out
-    };
+    let answer = |ids: &[u32]| greedy(&engine, ids, 40);
     let mut messages = json!([{"role": "system", "content": "You write Python. ".repeat(30)}]);
     let (mut prev, mut beyond_prompt) = (Vec::new(), 0);
     for turn in 0..4 {
@@ -472,6 +475,59 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
     assert!(hit > missed && missed > 0.0, "tokenizer cache: {hit} bytes hit, {missed} tokenized");
 }
 
+/// A follow-up sent while the previous turn's answer waits to be re-prefilled (an agent's, sent
+/// at once) gives that re-prefill up and prefills the answer in its own pass: the same output
+/// as without the cache, the hit only the previous prompt's grid points, and the given-up
+/// re-prefill's slot freed (here the delay is a minute, so no re-prefill ever runs by itself).
+#[tokio::test]
+async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_output() {
+    let client = reqwest::Client::new();
+    let demo = deltaserve_tests::tests_dir().join("../models/gdn-demo");
+    let cache = |snapshots| PrefixCacheConfig { snapshots, grid: 64, host_snapshots: 0, answer_delay: Duration::from_secs(60) };
+    let setup = |snapshots| Setup { slots: 8, max_queue: 16, cache: cache(snapshots), template: Some(TEMPLATE), ..Setup::default() };
+    let (on, off) = (serve_dir(&demo, setup(64)).await.0, serve_dir(&demo, setup(0)).await.0);
+    let engine = Engine::load(&LoadOptions::cpu(demo.to_str().unwrap())).unwrap();
+    let template = deltaserve::api::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
+    let prompt = |m: &Value| {
+        let msgs = deltaserve::api::chat::parse_messages(Some(m)).unwrap();
+        deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
+    };
+    let mut messages = json!([{"role": "system", "content": "You write Python. ".repeat(30)}]);
+    let mut prev: Vec<u32> = Vec::new();
+    // Re-prefills waiting (each a turn's prompt and answer, through its last grid point), and
+    // how many a later turn re-sent and so gave up.
+    let (mut waiting, mut given_up): (Vec<(Vec<u32>, usize)>, usize) = (Vec::new(), 0);
+    for turn in 0..3 {
+        messages.as_array_mut().unwrap().push(json!({"role": "user", "content": format!("Question {turn}: define a function.")}));
+        let this = prompt(&messages);
+        // 100 tokens: every answer crosses a grid point past its prompt's, so each turn leaves a
+        // re-prefill waiting.
+        let body = json!({"messages": messages, "max_tokens": 100, "temperature": 0, "ignore_eos": true, "logprobs": true});
+        let before = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await;
+        let (a, b) =
+            (client.post(format!("{on}/v1/chat/completions")).json(&body), client.post(format!("{off}/v1/chat/completions")).json(&body));
+        let (a, b): (Value, Value) = (a.send().await.unwrap().json().await.unwrap(), b.send().await.unwrap().json().await.unwrap());
+        assert_eq!(a["choices"], b["choices"], "turn {turn}: the cache changed the answer");
+        let hits = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await - before;
+        let shared = deltaserve_tests::common_prefix(&prev, &this).min(this.len() - 1) / 64 * 64;
+        assert_eq!(hits, shared as f64, "turn {turn}: only the previous prompt's grid points are cached");
+        let before = waiting.len();
+        waiting.retain(|(tokens, end)| deltaserve_tests::common_prefix(tokens, &this) < *end);
+        given_up += before - waiting.len();
+        let tokens = [&this[..], &greedy(&engine, &this, 100)[..]].concat();
+        let end = tokens.len() / 64 * 64;
+        waiting.push((tokens, end));
+        // A waiting re-prefill holds its turn's slot; a given-up one's is free.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let slots = metric(&client, &on, "deltaserve:state_slots_used").await;
+        assert_eq!(slots, waiting.len() as f64, "turn {turn}: slots held by waiting re-prefills");
+        let answer = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": answer}));
+        prev = this;
+    }
+    assert!(given_up > 0, "no turn re-sent the one before it through its last grid point");
+}
+
 #[tokio::test]
 async fn a_cancelled_stream_leaves_its_prompt_cached_and_the_cache_consistent() {
     let client = reqwest::Client::new();
@@ -510,7 +566,7 @@ async fn shutting_the_scheduler_down_fails_what_runs_and_drops_the_engine_before
         kv_blocks: 0,
         max_queue: 2,
         max_model_len: 4096,
-        prefix_cache: PrefixCacheConfig { snapshots: 4, grid: 64, host_snapshots: 0 },
+        prefix_cache: PrefixCacheConfig { snapshots: 4, grid: 64, host_snapshots: 0, answer_delay: Duration::ZERO },
         prefill_budget: 64,
         request_timeout: Duration::from_secs(60),
         warmup: false,

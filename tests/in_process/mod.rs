@@ -43,7 +43,7 @@ impl Default for Setup {
             slots: 4,
             kv_blocks: 1024,
             max_queue: 8,
-            cache: PrefixCacheConfig { snapshots: 32, grid: 64, host_snapshots: 0 },
+            cache: PrefixCacheConfig { snapshots: 32, grid: 64, host_snapshots: 0, answer_delay: Duration::ZERO },
             template: None,
             metrics: None,
         }

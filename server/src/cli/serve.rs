@@ -356,7 +356,7 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         kv_blocks,
         max_queue: args.max_queue,
         max_model_len,
-        prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid, host_snapshots },
+        prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid, host_snapshots, answer_delay: scheduler::ANSWER_DELAY },
         prefill_budget: args.max_num_batched_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
         warmup: !args.no_warmup,

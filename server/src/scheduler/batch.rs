@@ -58,7 +58,8 @@ impl Scheduler {
         let plan = plan_prefill(&left, self.cfg.prefill_budget, PREFILL_CHUNK);
         let tokens: usize = plan.iter().map(|(_, take)| take).sum();
         // Finished chat turns re-prefilled for the cache get what budget is left.
-        let tail_left: Vec<(usize, usize)> = self.tails.iter().map(|t| (t.done, t.end - t.done)).collect();
+        let now = Instant::now();
+        let tail_left: Vec<(usize, usize)> = self.tails.iter().map(|t| (t.done, if t.ready <= now { t.end - t.done } else { 0 })).collect();
         let tails = plan_prefill(&tail_left, self.cfg.prefill_budget - tokens, PREFILL_CHUNK);
         if plan.is_empty() && tails.is_empty() {
             return;

@@ -5,19 +5,22 @@
 //! The re-prefill runs chunkwise like any prompt, so the snapshots it leaves hold the bits an
 //! uncached prefill of the next turn computes (a snapshot of the decoded state would not).
 
+use std::time::Instant;
+
 use deltaserve_engine::SlotId;
 
 use super::prefix_cache::{self, common_prefix};
 use super::Scheduler;
 
 /// A finished chat turn being prefilled again for the cache: `tokens` (prompt and answer) run
-/// from `done` to `end`, the last grid point, in `slot`.
+/// from `done` to `end`, the last grid point, in `slot`, from `ready` on.
 #[derive(Debug)]
 pub(super) struct Tail {
     pub slot: SlotId,
     pub tokens: Vec<u32>,
     pub done: usize,
     pub end: usize,
+    pub ready: Instant,
 }
 
 impl Scheduler {
@@ -27,6 +30,7 @@ impl Scheduler {
     /// together are prefilled once).
     pub(super) fn use_cache(&mut self) -> Vec<bool> {
         let mut waits = vec![false; self.requests.len()];
+        self.give_up_tails_resent();
         let Some(cache) = self.cache.as_mut() else { return waits };
         let grid = cache.grid;
         for (i, waits_i) in waits.iter_mut().enumerate() {
@@ -86,8 +90,32 @@ impl Scheduler {
                 fresh
             }
         };
-        self.tails.push(Tail { slot, tokens, done: start, end });
+        let ready = Instant::now() + self.cfg.prefix_cache.answer_delay;
+        self.tails.push(Tail { slot, tokens, done: start, end, ready });
         true
+    }
+
+    /// Gives up the re-prefills that a request not yet started re-sends through their last grid
+    /// point: it prefills those tokens itself, from the same snapshot on, so to the same bits
+    /// (and snapshots them on the way), in the pass it runs anyway.
+    fn give_up_tails_resent(&mut self) {
+        let (requests, pool) = (&self.requests, &mut self.pool);
+        self.tails.retain(|t| {
+            let resent = requests.iter().any(|r| !r.started && !r.params.prompt_logprobs && common_prefix(&r.prompt, &t.tokens) >= t.end);
+            if resent {
+                tracing::debug!(slot = %t.slot, tokens = t.end - t.done, "re-prefill given up: a new request re-sends it");
+                let _ = pool.release(t.slot);
+            }
+            !resent
+        });
+    }
+
+    /// How long the engine thread may wait for a message when only re-prefills not yet ready
+    /// are left: until the first is ready (`None` when one is, or none is waiting).
+    pub(super) fn until_a_tail_is_ready(&self) -> Option<std::time::Duration> {
+        let first = self.tails.iter().map(|t| t.ready).min()?;
+        let now = Instant::now();
+        (first > now).then(|| first - now)
     }
 
     /// Records the tails' pieces of this step and frees the slots of those done.

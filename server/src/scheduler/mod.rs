@@ -27,7 +27,7 @@ mod request;
 mod sequence;
 
 pub use error::SchedulerError;
-pub use request::{Event, FinishReason, GenParams, GenRequest, PrefixCacheConfig, SchedulerConfig, StopCause, TokenLogprob};
+pub use request::{Event, FinishReason, GenParams, GenRequest, PrefixCacheConfig, SchedulerConfig, StopCause, TokenLogprob, ANSWER_DELAY};
 use sequence::{send, Seq};
 
 /// Counters the HTTP layer reads without locking, and the shutdown flag it sets.
@@ -250,10 +250,15 @@ fn ms(d: std::time::Duration) -> f64 {
 impl Scheduler {
     fn run(&mut self, mut rx: mpsc::Receiver<Msg>) {
         loop {
-            if self.waiting.is_empty() && self.requests.is_empty() && self.tails.is_empty() {
-                match rx.blocking_recv() {
-                    Some(Msg::Request(r)) => self.enqueue(*r),
-                    Some(Msg::Stop) | None => return,
+            if self.waiting.is_empty() && self.requests.is_empty() {
+                if self.tails.is_empty() {
+                    match rx.blocking_recv() {
+                        Some(Msg::Request(r)) => self.enqueue(*r),
+                        Some(Msg::Stop) | None => return,
+                    }
+                } else if let Some(wait) = self.until_a_tail_is_ready() {
+                    // Only re-prefills not yet due: look for messages every millisecond.
+                    std::thread::sleep(wait.min(std::time::Duration::from_millis(1)));
                 }
             }
             while let Ok(m) = rx.try_recv() {

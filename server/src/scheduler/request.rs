@@ -40,7 +40,16 @@ pub struct PrefixCacheConfig {
     pub grid: usize,
     /// Host-memory snapshot slots that evicted snapshots move to (0: none).
     pub host_snapshots: usize,
+    /// How long a finished chat turn waits before its answer is re-prefilled for the cache
+    /// (`deltaserve serve`: [`ANSWER_DELAY`]). A follow-up that re-sends the turn within it,
+    /// as an agent's does, gives the re-prefill up and prefills the answer in its own pass,
+    /// instead of waiting for a pass of its own first.
+    pub answer_delay: Duration,
 }
+
+/// [`PrefixCacheConfig::answer_delay`] of `deltaserve serve`: long enough for a client on the
+/// same host to send its next turn, short beside a person's.
+pub const ANSWER_DELAY: Duration = Duration::from_millis(25);
 
 /// What a request asks the scheduler for, already validated.
 #[derive(Debug, Clone)]
