@@ -51,4 +51,7 @@ if [[ ! -f "$CUDA_DIR/lib/stubs/libnccl.so" ]]; then
   grep -oP '^pub unsafe fn \K\w+' "$CUDARC_SRC/nccl/sys/mod.rs" | sort -u | sed 's/.*/int &(void){return 999;}/' >"$CUDA_DIR/lib/stubs/libnccl.c"
   gcc -shared -fPIC -Wl,-soname,libnccl.so.2 -o "$CUDA_DIR/lib/stubs/libnccl.so" "$CUDA_DIR/lib/stubs/libnccl.c"
 fi
-echo "export PATH=$CUDA_DIR/bin:\$PATH CUDA_ROOT=$CUDA_DIR CUDA_HOME=$CUDA_DIR CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000"
+# CUDAFORGE_THREADS: the build scripts that run nvcc (ours, candle-kernels') use every core, not
+# cudaforge's default of half: candle-kernels' GGUF kernels, compiled to SASS one file after
+# another, were the longest step of a 2-core CI build (about 8 minutes on one core).
+echo "export PATH=$CUDA_DIR/bin:\$PATH CUDA_ROOT=$CUDA_DIR CUDA_HOME=$CUDA_DIR CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000 CUDAFORGE_THREADS=$(nproc)"
