@@ -415,6 +415,25 @@ fn greedy(engine: &Engine, ids: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
+/// One chat turn sent to a server with the prefix cache (`on`) and one without (`off`): asserts
+/// both give the same choices; returns the cached server's response and its cache hits (tokens).
+async fn chat_turn(client: &reqwest::Client, on: &str, off: &str, body: &Value, turn: usize) -> (Value, f64) {
+    let before = metric(client, on, "deltaserve:prefix_cache_hits_total").await;
+    let (a, b) =
+        (client.post(format!("{on}/v1/chat/completions")).json(body), client.post(format!("{off}/v1/chat/completions")).json(body));
+    let (a, b): (Value, Value) = (a.send().await.unwrap().json().await.unwrap(), b.send().await.unwrap().json().await.unwrap());
+    assert_eq!(a["choices"], b["choices"], "turn {turn}: the cache changed the answer");
+    let hits = metric(client, on, "deltaserve:prefix_cache_hits_total").await - before;
+    (a, hits)
+}
+
+/// The token ids a server renders for chat `messages` with [`TEMPLATE`].
+fn chat_prompt(engine: &Engine, messages: &Value) -> Vec<u32> {
+    let template = deltaserve::api::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
+    let msgs = deltaserve::api::chat::parse_messages(Some(messages)).unwrap();
+    deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
+}
+
 /// A chat template in the shape of Qwen's.
 /// (The generation prompt is an expression: Jinja drops a template's final newline.)
 const TEMPLATE: &str =
@@ -426,12 +445,7 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
     let demo = deltaserve_tests::tests_dir().join("../models/gdn-demo");
     let (on, off) = cached_and_uncached(&demo, 64, Some(TEMPLATE)).await;
     let engine = Engine::load(&LoadOptions::cpu(demo.to_str().unwrap())).unwrap();
-    let template = deltaserve::api::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
-    // The prompt the server renders for `messages`.
-    let prompt = |m: &Value| {
-        let msgs = deltaserve::api::chat::parse_messages(Some(m)).unwrap();
-        deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
-    };
+    let prompt = |m: &Value| chat_prompt(&engine, m);
     // The 40 greedy tokens the engine generates after `ids` (what the server answers).
     let answer = |ids: &[u32]| greedy(&engine, ids, 40);
     let mut messages = json!([{"role": "system", "content": "You write Python. ".repeat(30)}]);
@@ -440,12 +454,7 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
         messages.as_array_mut().unwrap().push(json!({"role": "user", "content": format!("Question {turn}: define a function.")}));
         let this = prompt(&messages);
         let body = json!({"messages": messages, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "logprobs": true});
-        let before = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await;
-        let (a, b) =
-            (client.post(format!("{on}/v1/chat/completions")).json(&body), client.post(format!("{off}/v1/chat/completions")).json(&body));
-        let (a, b): (Value, Value) = (a.send().await.unwrap().json().await.unwrap(), b.send().await.unwrap().json().await.unwrap());
-        assert_eq!(a["choices"], b["choices"], "turn {turn}: the cache changed the answer");
-        let hits = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await - before;
+        let (a, hits) = chat_turn(&client, &on, &off, &body, turn).await;
         // The previous prompt's grid points that this one shares, and those of the previous
         // prompt with its answer (re-prefilled for the cache): the hit is the longer.
         let shared = deltaserve_tests::common_prefix(&prev, &this).min(this.len() - 1) / 64 * 64;
@@ -487,11 +496,6 @@ async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_outpu
     let setup = |snapshots| Setup { slots: 8, max_queue: 16, cache: cache(snapshots), template: Some(TEMPLATE), ..Setup::default() };
     let (on, off) = (serve_dir(&demo, setup(64)).await.0, serve_dir(&demo, setup(0)).await.0);
     let engine = Engine::load(&LoadOptions::cpu(demo.to_str().unwrap())).unwrap();
-    let template = deltaserve::api::chat::ChatTemplate::new(TEMPLATE, None, None).unwrap();
-    let prompt = |m: &Value| {
-        let msgs = deltaserve::api::chat::parse_messages(Some(m)).unwrap();
-        deltaserve::api::validate::render_chat_prompt(&template, engine.tokenizer(), &msgs, None, None).unwrap().ids
-    };
     let mut messages = json!([{"role": "system", "content": "You write Python. ".repeat(30)}]);
     let mut prev: Vec<u32> = Vec::new();
     // Re-prefills waiting (each a turn's prompt and answer, through its last grid point), and
@@ -499,16 +503,11 @@ async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_outpu
     let (mut waiting, mut given_up): (Vec<(Vec<u32>, usize)>, usize) = (Vec::new(), 0);
     for turn in 0..3 {
         messages.as_array_mut().unwrap().push(json!({"role": "user", "content": format!("Question {turn}: define a function.")}));
-        let this = prompt(&messages);
+        let this = chat_prompt(&engine, &messages);
         // 100 tokens: every answer crosses a grid point past its prompt's, so each turn leaves a
         // re-prefill waiting.
         let body = json!({"messages": messages, "max_tokens": 100, "temperature": 0, "ignore_eos": true, "logprobs": true});
-        let before = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await;
-        let (a, b) =
-            (client.post(format!("{on}/v1/chat/completions")).json(&body), client.post(format!("{off}/v1/chat/completions")).json(&body));
-        let (a, b): (Value, Value) = (a.send().await.unwrap().json().await.unwrap(), b.send().await.unwrap().json().await.unwrap());
-        assert_eq!(a["choices"], b["choices"], "turn {turn}: the cache changed the answer");
-        let hits = metric(&client, &on, "deltaserve:prefix_cache_hits_total").await - before;
+        let (a, hits) = chat_turn(&client, &on, &off, &body, turn).await;
         let shared = deltaserve_tests::common_prefix(&prev, &this).min(this.len() - 1) / 64 * 64;
         assert_eq!(hits, shared as f64, "turn {turn}: only the previous prompt's grid points are cached");
         let before = waiting.len();
