@@ -257,8 +257,12 @@ impl Scheduler {
                         Some(Msg::Stop) | None => return,
                     }
                 } else if let Some(wait) = self.until_a_tail_is_ready() {
-                    // Only re-prefills not yet due: look for messages every millisecond.
+                    // Only re-prefills not yet due: look for messages every millisecond, and run
+                    // no step until one comes or a re-prefill is due.
                     std::thread::sleep(wait.min(std::time::Duration::from_millis(1)));
+                    if rx.is_empty() && self.until_a_tail_is_ready().is_some() {
+                        continue;
+                    }
                 }
             }
             while let Ok(m) = rx.try_recv() {
