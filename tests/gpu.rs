@@ -26,6 +26,8 @@ mod host_tier;
 #[cfg(feature = "cuda")]
 #[path = "gpu/norm_gemv.rs"]
 mod norm_gemv;
+#[path = "gpu/prefill_graph.rs"]
+mod prefill_graph;
 #[path = "gpu/sampling.rs"]
 mod sampling;
 #[cfg(feature = "nccl")]
@@ -59,6 +61,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
+    ("gpu_prefill_graphs_equal_eager_prefill", prefill_graph::gpu_prefill_graphs_equal_eager_prefill),
     ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
     ("gpu_host_tier_round_trips_snapshots_exactly", host_tier::gpu_host_tier_round_trips_snapshots_exactly),
     #[cfg(feature = "nccl")]
@@ -300,8 +303,8 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
                 }
                 let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(device).unwrap();
                 let (xw, sw, wt) = (on(&x_wide), on(&step_wide), weight.to_device(device).unwrap());
-                let y =
-                    conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act, &[], DType::F32).unwrap();
+                let y = conv_prefill_packed(&xw.narrow(1, offset, c).unwrap(), &wt, &mut states, &cu, &slots, act, &[], DType::F32, None)
+                    .unwrap();
                 let prefill_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
                 let ys = conv_step(&sw.narrow(1, offset, c).unwrap(), &wt, &mut states, &step_slots, act).unwrap();
                 let step_states: Vec<Vec<f32>> = (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect();
@@ -542,6 +545,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 check_weights: false,
                 prefill_algo,
                 cuda_graphs: true,
+                prefill_graph_tokens: deltaserve_engine::DEFAULT_PREFILL_GRAPH_TOKENS,
                 batch_invariant: false,
                 tensor_parallel_size: 1,
                 expert_split: Default::default(),
@@ -673,7 +677,7 @@ fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
         for l in lens {
             cu.push(cu.last().unwrap() + l);
         }
-        let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked, &[]).unwrap();
+        let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked, &[], None).unwrap();
         let mut worst = 0f64;
         for (i, case) in cases.iter().enumerate() {
             let mut alone = SlotBuffer::zeros_on(1, per, dev).unwrap();
@@ -839,6 +843,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
                 check_weights: false,
                 prefill_algo: PrefillAlgo::Chunked,
                 cuda_graphs: true,
+                prefill_graph_tokens: 0,
                 batch_invariant: false,
                 tensor_parallel_size: 1,
                 expert_split: Default::default(),

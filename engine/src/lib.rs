@@ -15,6 +15,7 @@ pub mod hub;
 pub mod inventory;
 pub mod kv_plan;
 pub mod models;
+pub mod prefill_graph;
 mod ranks;
 pub mod reference;
 pub mod sampling;
@@ -57,6 +58,11 @@ pub struct LoadOptions {
     /// Run GPU decode steps as CUDA graphs (one capture per batch size, then one launch a
     /// step, on every rank of a split model); no effect on the CPU.
     pub cuda_graphs: bool,
+    /// With `cuda_graphs`, prefill passes of up to this many tokens in all (at most
+    /// [`prefill_graph::MAX_SEQS`] sequences) are padded to a power-of-two bucket of at least
+    /// 64 rows and run as CUDA graphs too, on models whose every layer allows it (Gated
+    /// DeltaNet or DeltaNet mixers, dense MLPs), unsplit. 0: off.
+    pub prefill_graph_tokens: usize,
     /// On the GPU, make a sequence's logits independent of its batch (bf16/f16 models; the CPU
     /// in f32 always is): sets the process-wide [`deltaserve_kernels::ops::set_batch_invariant`].
     pub batch_invariant: bool,
@@ -78,12 +84,17 @@ impl LoadOptions {
             check_weights: false,
             prefill_algo: PrefillAlgo::Chunked,
             cuda_graphs: true,
+            prefill_graph_tokens: DEFAULT_PREFILL_GRAPH_TOKENS,
             batch_invariant: false,
             tensor_parallel_size: 1,
             expert_split: tensor_parallel::ExpertSplit::Auto,
         }
     }
 }
+
+/// [`LoadOptions::prefill_graph_tokens`]'s default: a chat turn continued from the prefix
+/// cache, or a short prompt, pads to 64–256 rows.
+pub const DEFAULT_PREFILL_GRAPH_TOKENS: usize = 256;
 
 /// A loaded model with its tokenizer.
 #[derive(Debug)]
@@ -229,7 +240,13 @@ impl Engine {
         }
         tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, tensor_parallel = opts.tensor_parallel_size, "model loaded");
         Ok(Self {
-            ranks: ranks::Ranks::new(models.into_iter().zip(links).map(|(m, link)| ranks::Rank::new(m, opts.cuda_graphs, link)).collect())?,
+            ranks: ranks::Ranks::new(
+                models
+                    .into_iter()
+                    .zip(links)
+                    .map(|(m, link)| ranks::Rank::new(m, opts.cuda_graphs, opts.prefill_graph_tokens, link))
+                    .collect(),
+            )?,
             tokenizer: Arc::new(tokenizer),
             model_dir: dir,
             prefill_algo: opts.prefill_algo,
@@ -311,7 +328,23 @@ impl Engine {
     /// [`Self::prefill_many`], also writing `snapshots` on the way (see
     /// [`CausalLm::prefill_many_with`]).
     pub fn prefill_many_with(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], snapshots: &[SnapshotAt]) -> Result<Tensor> {
+        self.ranks.run(pool, |r, pool| r.prefill_many(pool, batch, self.prefill_algo, snapshots))
+    }
+
+    /// [`Self::prefill_many_with`] run eagerly, never from a CUDA graph.
+    pub(crate) fn prefill_eager(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], snapshots: &[SnapshotAt]) -> Result<Tensor> {
         self.ranks.run(pool, |r, pool| r.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots))
+    }
+
+    /// The row buckets short prefill passes pad to, to run as CUDA graphs (empty when they
+    /// do not).
+    pub fn prefill_graph_buckets(&self) -> Vec<usize> {
+        self.ranks[0].prefill_graph_buckets()
+    }
+
+    /// The prefill shapes (padded rows, sequences) with a captured CUDA graph.
+    pub fn prefill_graph_shapes(&self) -> Vec<prefill_graph::Shape> {
+        self.ranks[0].prefill_graph_shapes()
     }
 
     /// One batched decode step; returns `[B, vocab]` f32 logits.

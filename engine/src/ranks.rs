@@ -20,22 +20,71 @@ pub(crate) struct Rank {
     /// Decode steps captured as CUDA graphs (a GPU model with graphs on).
     #[cfg(feature = "cuda")]
     pub(crate) graphs: Option<std::sync::Mutex<crate::decode_graph::DecodeGraphs>>,
+    /// Short prefill passes captured as CUDA graphs (an unsplit GPU model whose layers allow it).
+    #[cfg(feature = "cuda")]
+    prefill_graphs: Option<std::sync::Mutex<crate::prefill_graph::PrefillGraphs>>,
 }
 
 impl Rank {
     /// `model` (rank `link.shard` of a split one) with CUDA graphs for its decode steps when
-    /// `graphs` (a GPU model only).
-    pub(crate) fn new(model: CausalLm, graphs: bool, link: Option<GroupLink>) -> Self {
+    /// `graphs` (a GPU model only), and for its prefill passes of up to `prefill_tokens`
+    /// tokens where the model allows (unsplit).
+    pub(crate) fn new(model: CausalLm, graphs: bool, prefill_tokens: usize, link: Option<GroupLink>) -> Self {
+        #[cfg(feature = "cuda")]
+        let prefill_graphs = {
+            let buckets = crate::prefill_graph::Buckets::new(prefill_tokens);
+            let on = graphs && link.is_none() && model.prefill_tables_supported() && !buckets.all().is_empty();
+            on.then(|| std::sync::Mutex::new(crate::prefill_graph::PrefillGraphs::new(buckets)))
+        };
         #[cfg(feature = "cuda")]
         let graphs = (graphs && model.device().is_cuda()).then(Default::default);
         #[cfg(not(feature = "cuda"))]
-        let _ = graphs;
+        let _ = (graphs, prefill_tokens);
         Self {
             model,
             link,
             #[cfg(feature = "cuda")]
             graphs,
+            #[cfg(feature = "cuda")]
+            prefill_graphs,
         }
+    }
+
+    /// A packed prefill on this rank's `pool`: a CUDA graph's replay (or capture) where the
+    /// pass fits one, else eagerly.
+    pub(crate) fn prefill_many(
+        &self,
+        pool: &mut StatePool,
+        batch: &[(SlotId, &[u32])],
+        algo: deltaserve_kernels::ops::PrefillAlgo,
+        snapshots: &[crate::SnapshotAt],
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(graphs) = &self.prefill_graphs {
+            let mut graphs = graphs.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(logits) = graphs.prefill(&self.model, pool, batch, algo, snapshots)? {
+                return Ok(logits);
+            }
+        }
+        self.model.prefill_many_with(pool, batch, algo, snapshots)
+    }
+
+    /// The row buckets of the prefill graphs (empty without them).
+    pub(crate) fn prefill_graph_buckets(&self) -> Vec<usize> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.prefill_graphs {
+            return g.lock().unwrap_or_else(|p| p.into_inner()).buckets().all();
+        }
+        Vec::new()
+    }
+
+    /// The prefill shapes with a captured graph (empty without them).
+    pub(crate) fn prefill_graph_shapes(&self) -> Vec<crate::prefill_graph::Shape> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.prefill_graphs {
+            return g.lock().unwrap_or_else(|p| p.into_inner()).captured();
+        }
+        Vec::new()
     }
 
     /// Makes this rank's GPU current on the calling thread (a no-op on the CPU).

@@ -16,6 +16,9 @@ pub struct WarmUp {
     pub passes: usize,
     /// Decode batch sizes run twice (captured when CUDA graphs are on).
     pub batch_sizes: usize,
+    /// Prefill graph shapes (bucket, sequences) run twice: once from fixed tables, then
+    /// captured.
+    pub prefill_graphs: usize,
     /// Wall seconds.
     pub secs: f64,
 }
@@ -29,9 +32,10 @@ pub fn pass_lengths(max_pass_tokens: usize) -> Vec<usize> {
 }
 
 impl Engine {
-    /// On a GPU, one prefill pass of each length of [`pass_lengths`] (the 64-token one also
-    /// writing a snapshot when `pool` has a snapshot slot) and two decode steps of every batch
-    /// size from 1 to `max_batch`, in free slots of `pool`, all released after. Nothing on the
+    /// On a GPU, one eager prefill pass of each length of [`pass_lengths`] (the 64-token one
+    /// also writing a snapshot when `pool` has a snapshot slot), two decode steps of every
+    /// batch size from 1 to `max_batch`, and two passes of every prefill graph shape with up
+    /// to `max_batch` sequences, in free slots of `pool`, all released after. Nothing on the
     /// CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
     pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<WarmUp> {
         let mut done = WarmUp::default();
@@ -49,7 +53,7 @@ impl Engine {
             let ran = match pool.reserve(slot, t) {
                 Ok(true) => {
                     let at: Vec<SnapshotAt> = snap.map(|snap| SnapshotAt { seq: 0, tokens: 64, snap }).into_iter().collect();
-                    Some(self.prefill_many_with(pool, &[(slot, &tokens[..t])], &at))
+                    Some(self.prefill_eager(pool, &[(slot, &tokens[..t])], &at))
                 }
                 _ => None,
             };
@@ -82,10 +86,54 @@ impl Engine {
             }
             done.batch_sizes += 1;
         }
+        done.prefill_graphs = self.warm_prefill_graphs(pool, max_batch)?;
         // Everything queued has run before the first request is timed.
         self.synchronize()?;
         done.secs = t0.elapsed().as_secs_f64();
         Ok(done)
+    }
+
+    /// Runs every prefill graph shape twice (captured the second time), with up to
+    /// `max_seqs` sequences (and one slot left for the padding): each bucket's rows split over
+    /// the sequences. Returns the shapes run; a shape whose slots are not free ends it.
+    fn warm_prefill_graphs(&self, pool: &mut StatePool, max_seqs: usize) -> Result<usize> {
+        let mut shapes = 0;
+        let vocab = self.model().config().common.vocab_size as u32;
+        // A pass's padding needs a free slot of its own.
+        let most = crate::prefill_graph::MAX_SEQS.min(max_seqs).min((pool.capacity() - pool.used()).saturating_sub(1));
+        for rows in self.prefill_graph_buckets() {
+            let tokens: Vec<u32> = (0..rows as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+            for seqs in 1..=most {
+                let lens: Vec<usize> = (0..seqs).map(|i| rows / seqs + usize::from(i < rows % seqs)).collect();
+                let slots: Vec<_> = (0..seqs).map_while(|_| pool.allocate()).collect();
+                let mut ok = slots.len() == seqs;
+                for (&s, &n) in slots.iter().zip(&lens) {
+                    ok = ok && matches!(pool.reserve(s, 2 * n), Ok(true));
+                }
+                let mut ran = Ok(());
+                if ok {
+                    let mut from = 0;
+                    let batch: Vec<(crate::SlotId, &[u32])> = slots
+                        .iter()
+                        .zip(&lens)
+                        .map(|(&s, &n)| {
+                            from += n;
+                            (s, &tokens[from - n..from])
+                        })
+                        .collect();
+                    ran = self.prefill_many(pool, &batch).and_then(|_| self.prefill_many(pool, &batch)).map(|_| ());
+                }
+                for s in slots {
+                    pool.release(s)?;
+                }
+                ran?;
+                if !ok {
+                    return Ok(shapes);
+                }
+                shapes += 1;
+            }
+        }
+        Ok(shapes)
     }
 }
 

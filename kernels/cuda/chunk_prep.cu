@@ -27,6 +27,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
                               const float* __restrict__ beta, const float* __restrict__ g, const int* __restrict__ crow,
                               const int* __restrict__ clen, TI* __restrict__ W, TI* __restrict__ U,
                               TI* __restrict__ P, float* __restrict__ Gout, int H, int HV, int K, int V) {
+  // An unused entry of a fixed-size chunk table (a pass captured as a CUDA graph).
+  if (clen[blockIdx.x] == 0) return;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr bool LO = Split<TI>::value;
   const int K16 = round16(K), KP = K16 + 8;

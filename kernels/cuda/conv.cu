@@ -119,6 +119,8 @@ __device__ void conv_state(const T* __restrict__ x, long ldx, float* __restrict_
   const int s = blockIdx.y;
   if (ch >= C) return;
   const int t0 = cu[s], t1 = cu[s + 1], len = t1 - t0;
+  // An empty sequence keeps its state (and may be an unused entry of a fixed-size table).
+  if (len == 0) return;
   float* st = states + (size_t)slots[s] * C * W + (size_t)ch * W;
   float next[MAX_W];
 #pragma unroll

@@ -9,10 +9,12 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod ops;
+pub mod packing;
 mod slots;
 
 pub use cpu::conv::ConvActivation;
 pub use cpu::norm::GateActivation;
+pub use packing::PackedTables;
 pub use slots::{HostSlots, SlotBuffer, StepSlots};
 
 /// Chunk length of the chunkwise-parallel (WY/UT) prefill, CPU and GPU. A prompt prefilled in

@@ -228,6 +228,59 @@ impl SlotBuffer {
         Ok(())
     }
 
+    /// Copies slot `src` over slot `dst` in every buffer of `bufs` (a sequence's states in
+    /// all its layers): on a GPU one launch for all of them when they share a device, else one
+    /// copy a buffer.
+    pub fn copy_slot_all(bufs: &mut [&mut SlotBuffer], src: usize, dst: usize) -> Result<()> {
+        if Self::batched(bufs, Some(src), dst)? {
+            return Ok(());
+        }
+        for b in bufs.iter_mut() {
+            b.copy_slot(src, dst)?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes `slot` in every buffer of `bufs` (on a GPU one launch for all of them).
+    pub fn zero_all(bufs: &mut [&mut SlotBuffer], slot: usize) -> Result<()> {
+        if Self::batched(bufs, None, slot)? {
+            return Ok(());
+        }
+        for b in bufs.iter_mut() {
+            b.zero(slot)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `src` (or zeros) over `dst` in every buffer in one launch, when all of them live
+    /// on one GPU; false (nothing done) otherwise.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn batched(bufs: &mut [&mut SlotBuffer], src: Option<usize>, dst: usize) -> Result<bool> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut copies = Vec::with_capacity(bufs.len());
+            let mut dev = None;
+            for b in bufs.iter_mut() {
+                if let Some(s) = src {
+                    b.check(s)?;
+                }
+                b.check(dst)?;
+                let p = b.per_slot;
+                let Store::Cuda(d) = &mut b.store else { return Ok(false) };
+                if dev.get_or_insert_with(|| d.device().clone()).cuda_stream().cu_stream() != d.device().cuda_stream().cu_stream() {
+                    return Ok(false);
+                }
+                let (from, to, words) = d.copy_args(src.unwrap_or(dst) * p, dst * p, p, src.is_none())?;
+                copies.push((if src.is_some() { from } else { 0 }, to, words));
+            }
+            if let Some(dev) = dev {
+                crate::cuda::copy_many(&dev, &copies)?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Copies slot `src` over slot `dst` (used to fork a prefilled prompt for `n > 1`).
     pub fn copy_slot(&mut self, src: usize, dst: usize) -> Result<()> {
         self.check(src)?;

@@ -16,6 +16,11 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
         let w = warm.warm_up(&mut pw, 128, 4).unwrap();
         assert_eq!((w.passes, w.batch_sizes), (4, 4), "{name}: passes of 16, 32, 64 and 128 tokens, batch sizes 1 to 4");
         assert_eq!(warm.cuda_graph_batches(), vec![1, 2, 3, 4], "{name}: a graph for each batch size");
+        // Prefill graphs (GDN and DeltaNet stacks): buckets of 64, 128 and 256 rows, 1 to 3
+        // sequences each (the fourth slot holds the padding).
+        let shapes = if warm.prefill_graph_buckets().is_empty() { 0 } else { 9 };
+        assert_eq!(w.prefill_graphs, shapes, "{name}: prefill graph shapes warmed");
+        assert_eq!(warm.prefill_graph_shapes().len(), shapes, "{name}: each captured");
         assert_eq!((pw.used(), pw.snapshots_used(), pw.kv_blocks_used()), (0, 0, 0), "{name}: everything released");
         let vocab = warm.model().config().common.vocab_size as u32;
         let prompt: Vec<u32> = (0..100u32).map(|i| (i * 31 + 7) % vocab).collect();
@@ -34,6 +39,9 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
             assert!(e <= 1e-6, "{name}: decode step {step}: logits rel err {e:.3e}");
             token = (token * 7 + 3) % vocab;
         }
-        println!("{name}: warm-up of {} passes and {} batch sizes in {:.2} s", w.passes, w.batch_sizes, w.secs);
+        println!(
+            "{name}: warm-up of {} passes, {} batch sizes and {} prefill graph shapes in {:.2} s",
+            w.passes, w.batch_sizes, w.prefill_graphs, w.secs
+        );
     }
 }

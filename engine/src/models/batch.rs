@@ -2,7 +2,7 @@
 
 use candle_core::Tensor;
 use deltaserve_kernels::ops::PrefillAlgo;
-use deltaserve_kernels::{Capture, StepSlots};
+use deltaserve_kernels::{Capture, PackedTables, StepSlots};
 
 /// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and
 /// continues from the state of `slots[s]`.
@@ -15,6 +15,9 @@ pub struct Packed<'a> {
     /// States to copy into other slots at chunk boundaries inside the pass (prefix-cache
     /// snapshots); recurrent layers honour them, attention layers share KV blocks instead.
     pub captures: &'a [Capture],
+    /// The same packing in a fixed device buffer, for a pass captured as a CUDA graph (the
+    /// recurrent layers' kernels read it instead of uploading their tables).
+    pub tables: Option<&'a PackedTables>,
 }
 
 /// One forward pass: a packed prefill, or one decode token for each of B slots.

@@ -264,7 +264,7 @@ impl CausalLm {
         self.check_tokens(tokens)?;
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
         let (cu, slots) = ([0, tokens.len()], [slot.index()]);
-        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &[] }, algo };
+        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &[], tables: None }, algo };
         let res = self.blocks(self.embed(tokens)?, pool, &pass)?;
         match logits {
             Logits::All => self.head(&res),
@@ -290,6 +290,28 @@ impl CausalLm {
         algo: PrefillAlgo,
         snapshots: &[SnapshotAt],
     ) -> Result<Tensor> {
+        let (cu, slots, captures) = self.check_prefill(pool, batch, snapshots)?;
+        let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = cu[cu.len() - 1]).entered();
+        let starts: Vec<usize> = batch.iter().map(|(slot, _)| pool.seen(*slot)).collect();
+        let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &captures, tables: None }, algo };
+        let res = self.blocks(self.embed(&all)?, pool, &pass)?;
+        for s in snapshots {
+            pool.seal(s.snap, slots[s.seq], starts[s.seq] + s.tokens);
+        }
+        let last: Vec<u32> = cu[1..].iter().map(|&c| (c - 1) as u32).collect();
+        let last = Tensor::new(last.as_slice(), &self.device)?;
+        self.head(&res.rows(|t| t.index_select(&last, 0))?)
+    }
+
+    /// Checks a packed prefill (sequences with tokens, in distinct allocated slots, snapshots
+    /// taken and on chunk boundaries); returns its row offsets, slots and captures.
+    pub(crate) fn check_prefill(
+        &self,
+        pool: &StatePool,
+        batch: &[(SlotId, &[u32])],
+        snapshots: &[SnapshotAt],
+    ) -> Result<(Vec<usize>, Vec<usize>, Vec<Capture>)> {
         if batch.is_empty() || batch.iter().any(|(_, t)| t.is_empty()) {
             return Err(EngineError::Invalid {
                 field: "batch",
@@ -322,16 +344,38 @@ impl CausalLm {
             }
             captures.push(Capture { seq: s.seq, tokens: s.tokens, slot: s.snap.index() });
         }
-        let starts: Vec<usize> = batch.iter().map(|(slot, _)| pool.seen(*slot)).collect();
-        let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &captures }, algo };
-        let res = self.blocks(self.embed(&all)?, pool, &pass)?;
-        for s in snapshots {
-            pool.seal(s.snap, slots[s.seq], starts[s.seq] + s.tokens);
-        }
-        let last: Vec<u32> = cu[1..].iter().map(|&c| (c - 1) as u32).collect();
-        let last = Tensor::new(last.as_slice(), &self.device)?;
-        self.head(&res.rows(|t| t.index_select(&last, 0))?)
+        Ok((cu, slots, captures))
+    }
+
+    /// Whether this model's prefill passes can read their tables from a fixed
+    /// [`PackedTables`] buffer, and so be captured as CUDA graphs: on a GPU, with every token
+    /// mixer a delta rule of one step a token (Gated DeltaNet, DeltaNet) and every channel
+    /// mixer dense. (Attention layers plan KV blocks per pass, and MoE layers and Gated
+    /// DeltaProduct's interleaved rows have no fixed-table path yet.)
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn prefill_tables_supported(&self) -> bool {
+        self.device.is_cuda()
+            && self
+                .layers
+                .iter()
+                .all(|b| matches!(b.attn, TokenMixer::GatedDeltaNet(_) | TokenMixer::DeltaNet(_)) && matches!(b.mlp, ChannelMixer::Mlp(_)))
+    }
+
+    /// The prefill forward of a packing that covers every row of its fixed `seqs.tables`
+    /// (padding included, as a sequence of its own): token ids `[rows]` and the rows whose
+    /// logits to return, `last` `[S]` u32, both on the device. Uploads nothing, so it can be
+    /// captured. Every slot of `seqs` advances; snapshots are the caller's to seal.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn prefill_fixed(
+        &self,
+        pool: &mut StatePool,
+        ids: &Tensor,
+        seqs: Packed<'_>,
+        algo: PrefillAlgo,
+        last: &Tensor,
+    ) -> Result<Tensor> {
+        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Prefill { seqs, algo })?;
+        self.head(&res.rows(|t| t.index_select(last, 0))?)
     }
 
     /// Checks a decode batch (non-empty, allocated and distinct slots, ids in the vocabulary);

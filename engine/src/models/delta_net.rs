@@ -181,7 +181,7 @@ impl DeltaNet {
         let c = self.conv.prefill(&y.span(Q, V + 1)?, &mut state.conv_state, seqs, candle_core::DType::F32)?;
         let (q, k, v, beta) = self.inputs(&y, &c)?;
         let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };
-        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures)?;
+        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?;
         self.out.forward(&o, &y, self.g_part, x.dtype())
     }
 

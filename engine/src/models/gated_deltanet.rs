@@ -258,7 +258,7 @@ impl GatedDeltaNet {
         let v = heads_of(&c, self.v_offset(), hv, vd)?;
         // Step 8: the gated delta rule, chunkwise.
         let inputs = ops::MixerInputs { q: &p.q, k: &p.k, v: &v, beta: &p.beta, g: p.g.as_ref(), n: 1, scale: self.scale };
-        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures)?;
+        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?;
         // Steps 9–10.
         self.out.forward(&o, &y, G, x.dtype())
     }

@@ -225,7 +225,7 @@ impl GatedDeltaProduct {
         let beta = p.beta.reshape((t * n, h))?;
         let v = c.narrow(1, self.v_offset(), n * h * vd)?.reshape((t * n, h, vd))?;
         let inputs = ops::MixerInputs { q: &p.q, k: &kk, v: &v, beta: &beta, g: p.g.as_ref(), n, scale: self.scale };
-        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures)?;
+        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?;
         self.out.forward(&o, &y, self.g_part, x.dtype())
     }
 

@@ -76,7 +76,7 @@ impl ShortConv {
     /// bf16 mixer).
     pub fn prefill(&self, x: &Tensor, states: &mut SlotBuffer, seqs: &Packed<'_>, out: DType) -> Result<Tensor> {
         match &self.weight {
-            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act, seqs.captures, out)?),
+            Some(wt) => Ok(ops::conv_prefill_packed(x, wt, states, seqs.cu, seqs.slots, self.act, seqs.captures, out, seqs.tables)?),
             None => Ok(self.without_conv(x)?.to_dtype(out)?),
         }
     }

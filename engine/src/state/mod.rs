@@ -471,6 +471,43 @@ impl StatePool {
         }
     }
 
+    /// Copies slot `src`'s conv and recurrent states in every layer over slot `dst`'s (one
+    /// launch on a GPU).
+    pub(crate) fn copy_states(&mut self, src: usize, dst: usize) -> Result<()> {
+        let mut bufs: Vec<&mut SlotBuffer> = Vec::with_capacity(2 * self.layers.len());
+        for l in &mut self.layers {
+            if let LayerCache::Recurrent(l) = l {
+                bufs.push(&mut l.conv_state);
+                bufs.push(&mut l.recurrent_state);
+            }
+        }
+        Ok(SlotBuffer::copy_slot_all(&mut bufs, src, dst)?)
+    }
+
+    /// Lends a free sequence slot as scratch, without zeroing it, for work whose results are
+    /// thrown away (the padding of a prefill pass run as a CUDA graph); [`Self::allocate`]
+    /// zeroes it before anyone owns it. `None` when no slot is free, or for a split model's
+    /// pool (its replicas would need the same slot).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn lend_scratch(&mut self) -> Option<usize> {
+        if !self.replicas.is_empty() {
+            return None;
+        }
+        let s = self.free.pop()?;
+        self.in_use[s] = true;
+        Some(s)
+    }
+
+    /// Takes back a slot lent by [`Self::lend_scratch`].
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn return_scratch(&mut self, s: usize) {
+        if self.in_use.get(s) == Some(&true) && s < self.seq_slots {
+            self.in_use[s] = false;
+            self.seen[s] = 0;
+            self.free.push(s);
+        }
+    }
+
     /// Takes a free slot and zeroes it, so nothing of its previous owner survives.
     pub fn allocate(&mut self) -> Option<SlotId> {
         self.mirrored(|p| p.allocate_here().ok_or(())).ok()
@@ -478,12 +515,18 @@ impl StatePool {
 
     fn allocate_here(&mut self) -> Option<SlotId> {
         let s = self.free.pop()?;
+        let mut bufs: Vec<&mut SlotBuffer> = Vec::with_capacity(2 * self.layers.len());
         for l in &mut self.layers {
             if let LayerCache::Recurrent(l) = l {
-                // Cannot fail: `s` comes from the free list of this pool.
-                let _ = l.conv_state.zero(s);
-                let _ = l.recurrent_state.zero(s);
+                bufs.push(&mut l.conv_state);
+                bufs.push(&mut l.recurrent_state);
             }
+        }
+        // Cannot fail for a slot of this pool's free list, but a failed launch must not hand
+        // out a slot holding its previous owner's state.
+        if SlotBuffer::zero_all(&mut bufs, s).is_err() {
+            self.free.push(s);
+            return None;
         }
         self.in_use[s] = true;
         self.seen[s] = 0;
@@ -507,12 +550,10 @@ impl StatePool {
         for _ in 0..blocks {
             table.push(self.take_block(blocks)?);
         }
+        self.copy_states(src.0, s)?;
         for l in &mut self.layers {
             match l {
-                LayerCache::Recurrent(l) => {
-                    l.conv_state.copy_slot(src.0, s)?;
-                    l.recurrent_state.copy_slot(src.0, s)?;
-                }
+                LayerCache::Recurrent(_) => {}
                 LayerCache::Attention(kv) => {
                     for (&from, &to) in self.tables[src.0].iter().zip(&table) {
                         kv.k.copy_slot(from as usize, to as usize)?;

@@ -101,12 +101,7 @@ impl StatePool {
     fn save_here(&mut self, slot: crate::SlotId, snap: SnapId) -> Result<()> {
         self.check(slot)?;
         self.check_snapshot(snap)?;
-        for l in &mut self.layers {
-            if let LayerCache::Recurrent(l) = l {
-                l.conv_state.copy_slot(slot.0, snap.0)?;
-                l.recurrent_state.copy_slot(slot.0, snap.0)?;
-            }
-        }
+        self.copy_states(slot.0, snap.0)?;
         self.seal(snap, slot.0, self.seen[slot.0]);
         Ok(())
     }
@@ -159,12 +154,7 @@ impl StatePool {
         for &b in &table[..table.len() - usize::from(partial)] {
             self.refs[b as usize] += 1;
         }
-        for l in &mut self.layers {
-            if let LayerCache::Recurrent(l) = l {
-                l.conv_state.copy_slot(snap.0, slot.0)?;
-                l.recurrent_state.copy_slot(snap.0, slot.0)?;
-            }
-        }
+        self.copy_states(snap.0, slot.0)?;
         if let Some(t) = &self.device_tables {
             t.write(slot.0, 0, &table)?;
         }

@@ -7,8 +7,9 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
 use super::decode::DecodeSlots;
-use super::{alloc_rows, cuda_dev, f32c, grid, index_tables, ptx, wrap, DeviceSlots, RowsArg};
-use crate::{KernelError, Result, StepSlots};
+use super::{alloc_rows, cuda_dev, f32c, grid, ptx, table_addrs, wrap, DeviceSlots, RowsArg};
+use crate::packing::{capture_packing, Part};
+use crate::{Capture, KernelError, PackedTables, Result, StepSlots};
 
 /// Rows a thread of `conv_prefill_*` walks, with one channel a thread and (`_x4`) four.
 const CONV_ROWS: [usize; 2] = [32, 16];
@@ -22,15 +23,21 @@ const MAX_GRID_Y: usize = 65535;
 /// or with `narrow` (bf16 `x`) bf16.
 ///
 /// Two launches: the outputs, parallel over channels and row tiles, reading the old states;
-/// then the new states (the last W inputs of each sequence).
+/// then the new states (the last W inputs of each sequence); a third writes the captures'
+/// states when there are any (or `fixed` tables, whose capture entries may be unused). With
+/// `fixed`, the tables are read from its buffer (filled with this packing) and nothing is
+/// uploaded.
+#[allow(clippy::too_many_arguments)]
 pub fn conv_prefill(
     x: &Tensor,
     weight: &Tensor,
     states: &mut DeviceSlots,
     cu_seqlens: &[usize],
     slots: &[usize],
+    captures: &[Capture],
     silu: bool,
     narrow: bool,
+    fixed: Option<&PackedTables>,
 ) -> Result<Tensor> {
     let dev = cuda_dev(x, "conv_prefill")?;
     let (rows, c) = x.dims2()?;
@@ -53,8 +60,12 @@ pub fn conv_prefill(
         return Ok(y);
     }
     let weight = f32c(weight)?;
-    let (tables, [r_cu, r_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
-    let (cu, sl) = (tables.slice(r_cu), tables.slice(r_sl));
+    if let Some(t) = fixed {
+        t.check("conv_prefill", rows, slots)?;
+    }
+    let (cap_cu, cap_slots) = capture_packing(cu_seqlens, captures);
+    let fixed_parts = fixed.map(|t| (t, [Part::Cu, Part::Slots, Part::CaptureCu, Part::CaptureSlot]));
+    let (_tables, [cu, sl, ccu, csl]) = table_addrs(&dev, [cu_seqlens, slots, &cap_cu, &cap_slots], fixed_parts)?;
     // Four channels a thread (8- or 16-byte loads) when the rows allow it.
     let (x4, ch, tile) = if xa.vectorisable(4, c) { ("_x4", 4, CONV_ROWS[1]) } else { ("", 1, CONV_ROWS[0]) };
     // fla's default width 4 has kernels with the width compiled in (see conv.cu).
@@ -69,31 +80,22 @@ pub fn conv_prefill(
         b.arg(&y_ptr).arg(&ri).arg(&ci).arg(&wi).arg(&act);
         unsafe { b.launch(grid(c.div_ceil(ch * BLOCK), rows.div_ceil(tile), 1, BLOCK as u32, 0)) }.w()?;
     });
-    write_states(&dev, &xa, states, &cu, &sl, slots.len(), c, w)?;
+    write_states(&dev, &xa, states, (cu, sl), slots.len(), c, w)?;
+    // The captures' states, from rows no launch writes.
+    let copies = fixed.map_or(cap_slots.len(), PackedTables::captures);
+    if copies > 0 {
+        write_states(&dev, &xa, states, (ccu, csl), copies, c, w)?;
+    }
     Ok(y)
 }
 
-/// Writes into `slots[s]` the conv state after rows `cu_seqlens[s]..cu_seqlens[s+1]` of `x`
-/// `[rows, C]` (their last W rows; the slot's old values where a sequence is shorter).
-pub fn conv_states(x: &Tensor, states: &mut DeviceSlots, cu_seqlens: &[usize], slots: &[usize], w: usize) -> Result<()> {
-    let dev = cuda_dev(x, "conv_states")?;
-    let c = x.dim(1)?;
-    if slots.is_empty() || c == 0 {
-        return Ok(());
-    }
-    let xa = RowsArg::new(x)?;
-    let (tables, [r_cu, r_sl]) = index_tables(&dev, [cu_seqlens, slots])?;
-    write_states(&dev, &xa, states, &tables.slice(r_cu), &tables.slice(r_sl), slots.len(), c, w)
-}
-
-/// The `conv_state_*` launch: one block row a sequence.
-#[allow(clippy::too_many_arguments)]
+/// The `conv_state_*` launch: one block row for each of the `n` sequences of the tables at
+/// `cu` and `slots` (device addresses): slot `slots[s]` takes the last W rows of sequence s.
 fn write_states(
     dev: &candle_core::cuda_backend::CudaDevice,
     xa: &RowsArg,
     states: &mut DeviceSlots,
-    cu: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, i32>,
-    sl: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, i32>,
+    (cu, sl): (u64, u64),
     n: usize,
     c: usize,
     w: usize,
@@ -101,7 +103,7 @@ fn write_states(
     let f = dev.get_or_load_custom_func(&format!("conv_state_{}", xa.suffix), "conv", ptx::CONV)?;
     let (ci, wi) = (c as i32, w as i32);
     let mut b = f.builder();
-    b.arg(&xa.ptr).arg(&xa.ld).arg(states.state_words("conv")?).arg(cu).arg(sl).arg(&ci).arg(&wi);
+    b.arg(&xa.ptr).arg(&xa.ld).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&ci).arg(&wi);
     unsafe { b.launch(grid(c.div_ceil(BLOCK), n, 1, BLOCK as u32, 0)) }.w()?;
     Ok(())
 }

@@ -164,14 +164,73 @@ impl DeviceSlots {
         Ok(())
     }
 
-    /// Copies `len` values from `src` to `dst` (non-overlapping slots).
-    pub fn copy(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
+    /// The device addresses of `len` values at `src` and at `dst`, and their 32-bit words
+    /// (for [`copy_many`]; with `zero`, `src` is not read and may equal `dst`).
+    pub(crate) fn copy_args(&mut self, src: usize, dst: usize, len: usize, zero: bool) -> Result<(u64, u64, usize)> {
         let (from, to) = (self.words(src, len), self.words(dst, len));
+        if !zero && from.start < to.end && to.start < from.end {
+            return Err(KernelError::Shape {
+                op: "copy",
+                input: "slots",
+                expected: "non-overlapping ranges".into(),
+                actual: vec![src, dst, len],
+            });
+        }
         let stream = self.dev.cuda_stream();
-        let tmp = stream.clone_dtod(&self.data.slice(from)).w()?;
-        stream.memcpy_dtod(&tmp, &mut self.data.slice_mut(to)).w()?;
+        let (base, _sync) = self.data.device_ptr_mut(&stream);
+        Ok((base + 4 * from.start as u64, base + 4 * to.start as u64, from.end - from.start))
+    }
+
+    /// The device these slots live on.
+    pub(crate) fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Copies `len` values from `src` to `dst` (non-overlapping slots): one copy within the
+    /// buffer, straight from slot to slot.
+    pub fn copy(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
+        let (from, to, words) = self.copy_args(src, dst, len, false)?;
+        let stream = self.dev.cuda_stream();
+        // SAFETY: both ranges lie inside `data` (`words` of checked slots) and do not overlap; the
+        // copy is ordered on the stream that orders every use of `data`.
+        unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_dtod_async(to, from, words * 4, stream.cu_stream()) }.w()?;
         Ok(())
     }
+}
+
+/// Copies of at most this many ranges go in one launch of `copy_many` (its parameter block).
+const MAX_COPIES: usize = 64;
+
+/// The launch parameters of `copy_many` (copy.cu's `Copies`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Copies {
+    src: [u64; MAX_COPIES],
+    dst: [u64; MAX_COPIES],
+    words: [u64; MAX_COPIES],
+}
+
+// SAFETY: plain data with the layout of the kernel's parameter struct.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for Copies {}
+
+/// Copies each `(source address, destination address, 32-bit words)` on `dev`'s stream (a
+/// source address of 0 zeroes the destination), up to 64 in one launch. The ranges must be
+/// live device memory that no other copy of the call writes.
+pub(crate) fn copy_many(dev: &CudaDevice, copies: &[(u64, u64, usize)]) -> Result<()> {
+    let f = dev.get_or_load_custom_func("copy_many", "copy", ptx::COPY)?;
+    for group in copies.chunks(MAX_COPIES) {
+        let mut c = Copies { src: [0; MAX_COPIES], dst: [0; MAX_COPIES], words: [0; MAX_COPIES] };
+        for (i, &(s, d, n)) in group.iter().enumerate() {
+            (c.src[i], c.dst[i], c.words[i]) = (s, d, n as u64);
+        }
+        let most = group.iter().map(|g| g.2).max().unwrap_or(0);
+        // About 16 KB a block, at most 64 blocks a copy.
+        let blocks = most.div_ceil(4096).clamp(1, 64);
+        let mut l = f.builder();
+        l.arg(&c);
+        unsafe { l.launch(grid(blocks, group.len(), 1, 256, 0)) }.w()?;
+    }
+    Ok(())
 }
 
 /// Page-locked host memory for [`crate::HostSlots`]: copies to and from it are queued on the
@@ -332,6 +391,27 @@ fn index_tables<const N: usize>(dev: &CudaDevice, tables: [&[usize]; N]) -> Resu
         *range = start..v.len();
     }
     Ok((dev.cuda_stream().clone_htod(&v).w()?, ranges))
+}
+
+/// A launch's index tables by address: `host` uploaded in one copy, or with `fixed` the
+/// matching parts of a pass's fixed buffer (a pass captured as a CUDA graph reads its tables
+/// there; a replay writes them first). Returns the upload (keep it alive while the kernels
+/// may read it) and each table's address.
+fn table_addrs<const N: usize>(
+    dev: &CudaDevice,
+    host: [&[usize]; N],
+    fixed: Option<(&crate::PackedTables, [crate::packing::Part; N])>,
+) -> Result<(Option<CudaSlice<i32>>, [u64; N])> {
+    if let Some((t, parts)) = fixed {
+        let base = device_address::<i32>(t.tensor())?;
+        return Ok((None, parts.map(|p| base + 4 * t.range(p).start as u64)));
+    }
+    let (buf, ranges) = index_tables(dev, host)?;
+    let base = {
+        let (base, _sync) = buf.device_ptr(buf.stream());
+        base
+    };
+    Ok((Some(buf), ranges.map(|r| base + 4 * r.start as u64)))
 }
 
 /// The device address of a contiguous CUDA tensor's first element. The caller keeps the tensor
@@ -531,7 +611,7 @@ mod sample;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub use attention::paged_attention;
-pub use conv::{conv_prefill, conv_states, conv_step};
+pub use conv::{conv_prefill, conv_step};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemm::{linear_lt, linear_lt_counts};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};

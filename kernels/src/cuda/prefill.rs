@@ -4,9 +4,10 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, f32c, grid, index_tables, ptx, push_gate, sm_count, wrap, DeviceSlots, GatePtr, CHUNK};
+use super::{check_head_dim, cuda_dev, f32c, grid, ptx, push_gate, sm_count, table_addrs, wrap, DeviceSlots, GatePtr, CHUNK};
 use crate::ops::MixerInputs;
-use crate::{Capture, Result};
+use crate::packing::Part;
+use crate::{Capture, PackedTables, Result};
 
 /// Shared memory of the tensor-core kernels, in bytes (each buffer rounded up to 128 bytes, as
 /// the kernels' allocator does).
@@ -93,13 +94,15 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
 /// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32; the
 /// engine's path), bf16 (k and v converted to it) uses single bf16 operands, as fla does.
 /// Each capture also copies its sequence's state, at the end of the chunk it ends on, into its
-/// slot.
+/// slot. With `fixed`, the tables are read from its buffer (filled with this packing), the
+/// grids sized by its capacities, and nothing is uploaded.
 pub fn gated_delta_chunk_tc(
     x: &MixerInputs<'_>,
     states: &mut DeviceSlots,
     cu_seqlens: &[usize],
     slots: &[usize],
     captures: &[Capture],
+    fixed: Option<&PackedTables>,
 ) -> Result<Tensor> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use half::bf16;
@@ -145,14 +148,18 @@ pub fn gated_delta_chunk_tc(
     let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
     // Per row: 1 + the slot that takes the state after the chunk starting there, or 0 (an
     // empty table when nothing is captured: the kernels then skip the lookup).
-    let mut snap = vec![0usize; if captures.is_empty() { 0 } else { rows }];
-    for c in captures {
+    let mut snap = vec![0usize; if captures.is_empty() || fixed.is_some() { 0 } else { rows }];
+    for c in captures.iter().filter(|_| fixed.is_none()) {
         snap[cu_seqlens[c.seq] + c.tokens - CHUNK] = c.slot + 1;
     }
-    let (tables, [r_crow, r_clen, r_cu, r_sl, r_snap]) = index_tables(&dev, [&crow, &clen, cu_seqlens, slots, &snap])?;
-    let (crow_d, clen_d, cu, sl) = (tables.slice(r_crow), tables.slice(r_clen), tables.slice(r_cu), tables.slice(r_sl));
-    let snap_d = tables.slice(r_snap);
-    let has_snap = !captures.is_empty() as i32;
+    if let Some(t) = fixed {
+        t.check("gated_delta_prefill", rows, slots)?;
+    }
+    let parts = fixed.map(|t| (t, [Part::ChunkRow, Part::ChunkLen, Part::Cu, Part::Slots, Part::Snap]));
+    let (_tables, [crow_d, clen_d, cu, sl, snap_d]) = table_addrs(&dev, [&crow, &clen, cu_seqlens, slots, &snap], parts)?;
+    // Fixed tables always carry the snapshot rows (zeros when nothing is captured).
+    let has_snap = (!captures.is_empty() || fixed.is_some()) as i32;
+    let chunks = fixed.map_or(crow.len(), PackedTables::chunks);
     let mut gc = unsafe { dev.alloc::<f32>(rows * hv) }?;
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
@@ -194,7 +201,7 @@ pub fn gated_delta_chunk_tc(
                                 for i in &ints {
                                     l.arg(i);
                                 }
-                                unsafe { l.launch(grid(crow.len(), hv, 1, 256, smem as u32)) }.w()?;
+                                unsafe { l.launch(grid(chunks, hv, 1, 256, smem as u32)) }.w()?;
                             });
                             let mut l = state.builder();
                             l.arg(&qv).arg(&kv);

@@ -5,13 +5,13 @@ use candle_core::{DType, Tensor};
 
 use super::{check_captures, check_packing, check_rows, cpu_f32, dims2, expect_dims};
 use crate::cpu::conv;
-use crate::{Capture, ConvActivation, KernelError, Result, SlotBuffer, StepSlots};
+use crate::{Capture, ConvActivation, KernelError, PackedTables, Result, SlotBuffer, StepSlots};
 
 /// Causal depthwise conv over a prompt chunk `x` `[T, C]` with `weight` `[C, W]`, continuing
 /// from and updating the conv state `[C, W]` of `slot`. Returns `[T, C]` f32.
 pub fn conv_prefill(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slot: usize, act: ConvActivation) -> Result<Tensor> {
     let t = dims2("conv_prefill", "x", x)?.0;
-    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act, &[], DType::F32)
+    conv_prefill_packed(x, weight, states, &[0, t], &[slot], act, &[], DType::F32, None)
 }
 
 /// [`conv_prefill`] over several sequences packed in `x` `[Σ T, C]`: sequence `s` owns rows
@@ -19,7 +19,8 @@ pub fn conv_prefill(x: &Tensor, weight: &Tensor, states: &mut SlotBuffer, slot: 
 /// the state its sequence has after `tokens` tokens (the W inputs before) into its slot. The
 /// output is in `out`: f32, or bf16 for a bf16 mixer (as fla's conv outputs a bf16 model's
 /// activations; on the GPU the kernel writes bf16 from bf16 inputs, elsewhere the f32 result is
-/// rounded).
+/// rounded). On a GPU, `fixed` tables (filled with this packing) replace the uploaded ones, so
+/// that the pass can be captured as a CUDA graph; the CPU ignores them.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_prefill_packed(
     x: &Tensor,
@@ -30,6 +31,7 @@ pub fn conv_prefill_packed(
     act: ConvActivation,
     captures: &[Capture],
     out: DType,
+    fixed: Option<&PackedTables>,
 ) -> Result<Tensor> {
     const OP: &str = "conv_prefill";
     let (t, c) = dims2(OP, "x", x)?;
@@ -46,19 +48,12 @@ pub fn conv_prefill_packed(
             return Err(KernelError::Shape { op: OP, input: "weight", expected: "conv width ≤ 8".into(), actual: vec![c, w] });
         }
         let narrow = out == DType::BF16 && x.dtype() == DType::BF16;
-        let y = crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, act == ConvActivation::Silu, narrow)?;
-        if !captures.is_empty() {
-            // Every capture ends ≥ 64 rows into its sequence and 64 past the one before, so
-            // back to back they pack as sequences whose state is their last W rows.
-            let mut caps = captures.to_vec();
-            caps.sort_unstable_by_key(|c| cu_seqlens[c.seq] + c.tokens);
-            let ends: Vec<usize> = caps.iter().map(|c| cu_seqlens[c.seq] + c.tokens).collect();
-            let cu: Vec<usize> = std::iter::once(ends[0] - w).chain(ends.iter().copied()).collect();
-            let to: Vec<usize> = caps.iter().map(|c| c.slot).collect();
-            crate::cuda::conv_states(x, d, &cu, &to, w)?;
-        }
+        let silu = act == ConvActivation::Silu;
+        let y = crate::cuda::conv_prefill(x, weight, d, cu_seqlens, slots, captures, silu, narrow, fixed)?;
         return Ok(y.to_dtype(out)?);
     }
+    // Host buffers: the tables are the host slices themselves.
+    let _ = fixed;
     let (xs, ws) = (cpu_f32(OP, x)?, cpu_f32(OP, weight)?);
     let mut y = vec![0f32; t * c];
     conv::causal_conv1d_prefill_packed(&xs, &ws, w, act, states.slots_mut(slots)?, cu_seqlens, &mut y);

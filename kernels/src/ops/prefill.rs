@@ -5,7 +5,7 @@ use candle_core::{DType, Tensor};
 
 use super::{check_captures, check_packing, cpu_f32, expect_dims};
 use crate::cpu::gated_delta as gd;
-use crate::{Capture, KernelError, Result, SlotBuffer};
+use crate::{Capture, KernelError, PackedTables, Result, SlotBuffer};
 
 /// Which algorithm runs a multi-token prefill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,14 +117,16 @@ pub(super) fn check_state(op: &'static str, d: gd::Dims, per_slot: usize) -> Res
 /// in place). Returns `o` `[T, HV, V]` f32.
 pub fn gated_delta_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, slot: usize, algo: PrefillAlgo) -> Result<Tensor> {
     let t = x.q.dim(0)?;
-    gated_delta_prefill_packed(x, states, &[0, t], &[slot], algo, &[])
+    gated_delta_prefill_packed(x, states, &[0, t], &[slot], algo, &[], None)
 }
 
 /// [`gated_delta_prefill`] over several sequences packed along the token axis: sequence `s`
 /// owns tokens `cu_seqlens[s]..cu_seqlens[s+1]` and the state of `slots[s]`. On a GPU all
 /// sequences go through the tensor-core chunked kernels at once (varlen; `Recurrent` runs as
 /// `Chunked` there); the CPU runs them one after another. `captures` copy states at chunk
-/// boundaries inside the pass into other slots.
+/// boundaries inside the pass into other slots. On a GPU, `fixed` tables (filled with this
+/// packing) replace the uploaded ones, so that the pass can be captured as a CUDA graph (one
+/// householder step a token only); the CPU ignores them.
 pub fn gated_delta_prefill_packed(
     x: MixerInputs<'_>,
     states: &mut SlotBuffer,
@@ -132,6 +134,7 @@ pub fn gated_delta_prefill_packed(
     slots: &[usize],
     algo: PrefillAlgo,
     captures: &[Capture],
+    fixed: Option<&PackedTables>,
 ) -> Result<Tensor> {
     const OP: &str = "gated_delta_prefill";
     let (t, d) = x.dims(OP)?;
@@ -147,9 +150,12 @@ pub fn gated_delta_prefill_packed(
         };
         let (q, k, v) = (round(x.q)?, round(x.k)?, round(x.v)?);
         let rounded = MixerInputs { q: &q, k: &k, v: &v, ..x };
-        return gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked, captures);
+        return gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked, captures, fixed);
     }
     let n = x.n.max(1);
+    if n > 1 && fixed.is_some() && !states.is_host() {
+        return Err(KernelError::Unsupported { op: OP, what: "fixed tables with several householder steps a token".into() });
+    }
     if n > 1 {
         // Gated DeltaProduct = the gated delta rule on the interleaved sequence (§2.3).
         let (q, g) = interleave_householder(x.q, x.g, n)?;
@@ -157,11 +163,11 @@ pub fn gated_delta_prefill_packed(
         let one_step = MixerInputs { q: &q, g: g.as_ref(), n: 1, ..x };
         // A token's n steps are n rows: a capture after `tokens` tokens comes after tokens·n rows.
         let caps: Vec<Capture> = captures.iter().map(|c| Capture { tokens: c.tokens * n, ..*c }).collect();
-        return last_householder_step(&gated_delta_prefill_packed(one_step, states, &cu, slots, algo, &caps)?, n);
+        return last_householder_step(&gated_delta_prefill_packed(one_step, states, &cu, slots, algo, &caps, None)?, n);
     }
     #[cfg(feature = "cuda")]
     if let Some(dev) = states.device_slots() {
-        return crate::cuda::gated_delta_chunk_tc(&x, dev, cu_seqlens, slots, captures);
+        return crate::cuda::gated_delta_chunk_tc(&x, dev, cu_seqlens, slots, captures, fixed);
     }
     let mut outs = Vec::with_capacity(slots.len());
     for (s, &slot) in slots.iter().enumerate() {

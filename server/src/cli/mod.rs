@@ -66,6 +66,12 @@ pub struct ModelArgs {
     /// one launch a step). For debugging and comparison; no effect on the CPU.
     #[arg(long, env = "DELTASERVE_NO_CUDA_GRAPHS")]
     pub no_cuda_graphs: bool,
+    /// With CUDA graphs, prefill passes of up to this many tokens (at most 8 sequences) are
+    /// padded to 64, 128, 256, ... rows and replayed from a graph per shape, captured at
+    /// start-up: a short pass (a chat turn continued from the prefix cache) costs its GPU time,
+    /// not ~300 launches. Gated DeltaNet and DeltaNet models, unsplit; 0 turns it off.
+    #[arg(long, env = "DELTASERVE_PREFILL_GRAPH_TOKENS", default_value_t = deltaserve_engine::DEFAULT_PREFILL_GRAPH_TOKENS)]
+    pub prefill_graph_tokens: usize,
     /// On the GPU, make every sequence's logits the same bits whatever else is in its batch
     /// (so a seed gives the same text under any load), at a cost in speed (docs/performance.md);
     /// bf16/f16 models. The CPU in f32 is batch-invariant without it.
@@ -139,6 +145,7 @@ impl ModelArgs {
             check_weights: self.check_weights,
             prefill_algo: prefill_algo(self.mixer_precision, dtype),
             cuda_graphs: !self.no_cuda_graphs,
+            prefill_graph_tokens: self.prefill_graph_tokens,
             batch_invariant: self.batch_invariant,
             tensor_parallel_size: self.tensor_parallel_size.into(),
             expert_split: self.expert_parallel.into(),

@@ -39,6 +39,18 @@ struct Shared {
     alive: AtomicBool,
     /// Set at shutdown past the drain deadline: fail everything still in flight.
     abort: AtomicBool,
+    /// The engine thread, unparked after each message so that a thread parked until a
+    /// re-prefill is due wakes for a request at once.
+    engine_thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Shared {
+    /// Wakes the engine thread if it is parked.
+    fn wake(&self) {
+        if let Some(t) = self.engine_thread.get() {
+            t.unpark();
+        }
+    }
 }
 
 /// What the engine thread receives.
@@ -81,7 +93,10 @@ impl SchedulerHandle {
         // The channel holds as many requests as the count admits, so it is full only if the
         // engine thread is gone or behind on dropping finished requests: the same answer.
         match self.tx.try_send(Msg::Request(Box::new(req))) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.shared.wake();
+                Ok(())
+            }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 Err(SchedulerError::QueueFull { in_flight: prev, slots: self.max_num_seqs, queue: self.max_queue })
             }
@@ -111,6 +126,7 @@ impl SchedulerHandle {
         let deadline = tokio::time::Instant::now() + timeout;
         // The channel may be full of requests; the thread reads them all before the stop.
         let _ = tokio::time::timeout_at(deadline, self.tx.send(Msg::Stop)).await;
+        self.shared.wake();
         while self.alive() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
@@ -142,13 +158,20 @@ pub fn spawn(
     if cfg.warmup {
         match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs) {
             Ok(w) if w.passes + w.batch_sizes > 0 => {
-                tracing::info!(prefill_passes = w.passes, decode_batch_sizes = w.batch_sizes, secs = w.secs, "warmed up")
+                tracing::info!(
+                    prefill_passes = w.passes,
+                    decode_batch_sizes = w.batch_sizes,
+                    prefill_graph_shapes = w.prefill_graphs,
+                    secs = w.secs,
+                    "warmed up"
+                )
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "warm-up failed; the first requests pay its one-time costs"),
         }
     }
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
+        let _ = shared.engine_thread.set(std::thread::current());
         metrics.state_slots_total.set(pool.capacity() as i64);
         metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
         metrics.kv_blocks_total.set(pool.kv_blocks_total() as i64);
@@ -257,9 +280,11 @@ impl Scheduler {
                         Some(Msg::Stop) | None => return,
                     }
                 } else if let Some(wait) = self.until_a_tail_is_ready() {
-                    // Only re-prefills not yet due: look for messages every millisecond, and run
-                    // no step until one comes or a re-prefill is due.
-                    std::thread::sleep(wait.min(std::time::Duration::from_millis(1)));
+                    // Only re-prefills not yet due: run no step until a message comes (its
+                    // sender unparks this thread) or a re-prefill is due.
+                    if rx.is_empty() {
+                        std::thread::park_timeout(wait);
+                    }
                     if rx.is_empty() && self.until_a_tail_is_ready().is_some() {
                         continue;
                     }

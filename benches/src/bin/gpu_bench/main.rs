@@ -42,6 +42,10 @@ struct Args {
     /// (`benches/prefill_profile.sh`); no tables.
     #[arg(long)]
     profile_prefill: bool,
+    /// Tokens of the profiled prefill (`--profile-prefill`), continuing a 4,096-token one when
+    /// fewer than 4,096: a short pass as a cached chat turn runs it.
+    #[arg(long, default_value_t = 4096)]
+    profile_tokens: usize,
     /// Load the whole model and replay one captured decode step of this batch size between
     /// cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start off --graph-profiling
     /// node`; `benches/decode_profile.sh`); no tables.
@@ -59,6 +63,11 @@ struct Args {
     /// costs at a pass's row counts.
     #[arg(long)]
     host_cost: bool,
+    /// Only short prefill passes eagerly against the same passes replayed from CUDA graphs
+    /// (padded to 64/128/256 rows), ms to the logits on the host: chat turns continued from a
+    /// 2,048-token prefix, and packed short prompts.
+    #[arg(long)]
+    prefill_graphs: bool,
     /// Only the prefill projections as GEMMs: candle's cuBLAS call against cublasLt at the
     /// model's shapes and a pass's row counts (`benches/gemm_torch.py` times PyTorch's).
     #[arg(long)]
@@ -298,7 +307,7 @@ fn prefill_table(dev: &Device, reps: usize, fla: &FlaTimes) -> anyhow::Result<()
             let (q, kk, vv) = (q.to_dtype(dtype)?, kk.to_dtype(dtype)?, vv.to_dtype(dtype)?);
             let x = MixerInputs { q: &q, k: &kk, v: &vv, beta: &beta, g: Some(&g), n: 1, scale: (k as f32).powf(-0.5) };
             median_gpu_ms(dev, reps, timing, || {
-                gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked, &[])?;
+                gated_delta_prefill_packed(x, &mut states, &cu, &slots, PrefillAlgo::Chunked, &[], None)?;
                 Ok(())
             })
         };
@@ -488,6 +497,10 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     if args.host_cost {
         return passes::host_cost_table(&model, dev, args.reps);
     }
+    #[cfg(feature = "cuda")]
+    if args.prefill_graphs {
+        return passes::prefill_graph_table(&model, dev, args.reps);
+    }
     let mut pool = model.new_pool(64)?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % cfg.common.vocab_size as u32).collect();
@@ -514,10 +527,12 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if args.profile_prefill {
         use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
+        let profiled = &tokens[..args.profile_tokens.clamp(1, t)];
         model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::ChunkedBf16)?;
+        model.prefill(&mut pool, slot, profiled, Logits::Last, PrefillAlgo::ChunkedBf16)?;
         dev.synchronize()?;
         profiler_start()?;
-        model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::ChunkedBf16)?;
+        model.prefill(&mut pool, slot, profiled, Logits::Last, PrefillAlgo::ChunkedBf16)?;
         dev.synchronize()?;
         profiler_stop()?;
         return Ok(());
@@ -740,7 +755,13 @@ fn main() -> anyhow::Result<()> {
         mlp_table(&dev, args.reps)?;
         return norm_table(&dev, args.reps);
     }
-    if args.profile_prefill || args.profile_decode.is_some() || args.model_only || args.small_prefill || args.host_cost {
+    if args.profile_prefill
+        || args.profile_decode.is_some()
+        || args.model_only
+        || args.small_prefill
+        || args.host_cost
+        || args.prefill_graphs
+    {
         return model_table(&dev, &args);
     }
     prefill_table(&dev, args.reps, &fla)?;

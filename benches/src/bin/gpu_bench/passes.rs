@@ -75,6 +75,75 @@ pub(super) fn small_prefill_table(model: &CausalLm, dev: &Device, reps: usize) -
     Ok(())
 }
 
+/// Short passes eagerly and from CUDA graphs, alternating, ms to the logits on the host
+/// (bf16 mixer): a chat turn of T tokens continued from a restored 2,048-token prefix, and B
+/// fresh prompts of T tokens packed in one pass. Graph shapes are warmed (run from fixed
+/// tables, then captured) before timing.
+#[cfg(feature = "cuda")]
+pub(super) fn prefill_graph_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_engine::prefill_graph::{Buckets, PrefillGraphs};
+    use deltaserve_engine::SnapshotAt;
+    let algo = PrefillAlgo::ChunkedBf16;
+    let vocab = model.config().common.vocab_size as u32;
+    let mut graphs = PrefillGraphs::new(Buckets::new(256));
+    let size = deltaserve_engine::state::PoolSize { snapshots: 1, ..deltaserve_engine::state::PoolSize::for_tokens(10, 4096) };
+    let mut pool = model.new_pool_sized(size)?;
+    let prefix: Vec<u32> = (0..2048u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+    let snap = pool.take_snapshot().ok_or_else(|| anyhow::anyhow!("no snapshot slot"))?;
+    model.prefill_many_with(&mut pool, &[(slot, &prefix)], algo, &[SnapshotAt { seq: 0, tokens: 2048, snap }])?;
+    println!("| pass | eager ms | graph ms | eager / graph |");
+    println!("|---|---|---|---|");
+    let mut row = |what: String, run: &mut dyn FnMut(bool, &mut deltaserve_engine::StatePool, &mut PrefillGraphs) -> anyhow::Result<()>| {
+        // Warm the shape: once from fixed tables, once captured.
+        for _ in 0..2 {
+            run(true, &mut pool, &mut graphs)?;
+        }
+        let (mut eager, mut graph) = (Vec::new(), Vec::new());
+        for _ in 0..reps.max(1) {
+            eager.push(median_ms(dev, 1, || run(false, &mut pool, &mut graphs))?);
+            graph.push(median_ms(dev, 1, || run(true, &mut pool, &mut graphs))?);
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (e, g) = (med(&mut eager), med(&mut graph));
+        println!("| {what} | {e:.2} | {g:.2} | {:.2}× |", e / g);
+        anyhow::Ok(())
+    };
+    for t in [51usize, 84, 100, 128, 200] {
+        let rest: Vec<u32> = (0..t as u32).map(|i| (i * 31 + 5) % vocab).collect();
+        row(format!("1 × {t}, continued from 2,048"), &mut |graph, pool, graphs| {
+            pool.restore(snap, slot)?;
+            let batch = [(slot, rest.as_slice())];
+            let logits = match graph {
+                true => graphs.prefill(model, pool, &batch, algo, &[])?.ok_or_else(|| anyhow::anyhow!("no graph for 1 × {t}"))?,
+                false => model.prefill_many_with(pool, &batch, algo, &[])?,
+            };
+            let _host = logits.to_vec2::<f32>()?;
+            Ok(())
+        })?;
+    }
+    for (b, t) in [(4usize, 50usize), (8, 30), (2, 100)] {
+        let prompts: Vec<Vec<u32>> = (0..b).map(|s| (0..t as u32).map(|i| (i * 7919 + 13 + s as u32 * 101) % vocab).collect()).collect();
+        row(format!("{b} × {t}, fresh"), &mut |graph, pool, graphs| {
+            let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+            let batch: Vec<_> = slots.iter().zip(&prompts).map(|(s, p)| (*s, p.as_slice())).collect();
+            let logits = match graph {
+                true => graphs.prefill(model, pool, &batch, algo, &[])?.ok_or_else(|| anyhow::anyhow!("no graph for {b} × {t}"))?,
+                false => model.prefill_many_with(pool, &batch, algo, &[])?,
+            };
+            let _host = logits.to_vec2::<f32>()?;
+            for s in slots {
+                pool.release(s)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
 /// A named op call, timed by [`per_call_us`].
 #[cfg(feature = "cuda")]
 type Case<'a> = (&'static str, Box<dyn FnMut() -> anyhow::Result<()> + 'a>);
