@@ -61,7 +61,7 @@ pub struct LoadOptions {
     /// With `cuda_graphs`, prefill passes of up to this many tokens in all (at most
     /// [`prefill_graph::MAX_SEQS`] sequences) are padded to a power-of-two bucket of at least
     /// 64 rows and run as CUDA graphs too, on models whose every layer allows it (Gated
-    /// DeltaNet or DeltaNet mixers, dense MLPs), unsplit. 0: off.
+    /// DeltaNet, Gated DeltaProduct or DeltaNet mixers, dense MLPs), unsplit. 0: off.
     pub prefill_graph_tokens: usize,
     /// On the GPU, make a sequence's logits independent of its batch (bf16/f16 models; the CPU
     /// in f32 always is): sets the process-wide [`deltaserve_kernels::ops::set_batch_invariant`].

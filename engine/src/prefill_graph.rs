@@ -208,7 +208,7 @@ mod graphs {
                 return out.map(Some);
             }
             let device = Device::Cuda(dev.clone());
-            let tables = PackedTables::new(shape.rows, shape.seqs + 1, &device)?;
+            let tables = PackedTables::new(shape.rows, shape.seqs + 1, model.config().num_householder(), &device)?;
             tables.fill(&x.cu, &x.slots, &x.captures)?;
             let ids = Tensor::new(x.ids.as_slice(), &device)?;
             let last = Tensor::new(x.last.as_slice(), &device)?;

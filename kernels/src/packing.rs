@@ -6,7 +6,8 @@
 //! its kernels read the tables from a buffer whose contents each replay first overwrites, and
 //! its grids are sized by capacities fixed at capture: `rows` packed rows, `seqs` sequences,
 //! `rows / 64 + seqs` chunks and `rows / 64` snapshot copies. Unused chunk and copy entries have
-//! length 0, which the kernels skip.
+//! length 0, which the kernels skip. For Gated DeltaProduct, whose mixer runs `n` rows a token,
+//! the buffer also holds the tables of the interleaved packing ([`PackedTables::interleaved`]).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -15,10 +16,14 @@ use crate::{Capture, KernelError, Result, PREFILL_CHUNK};
 /// The tables of a packed prefill of a fixed shape, in device memory (see the module docs).
 #[derive(Debug, Clone)]
 pub struct PackedTables {
-    /// `[len]` i32: the parts of [`Part`], in that order.
+    /// `[len]` i32: the parts of [`Part`], in that order, from `offset` on; then, with `steps`
+    /// > 1, the interleaved packing's.
     buf: Tensor,
+    offset: usize,
     rows: usize,
     seqs: usize,
+    /// Rows a token of the interleaved packing (1: none).
+    steps: usize,
 }
 
 /// One table of the buffer.
@@ -42,10 +47,27 @@ pub enum Part {
 }
 
 impl PackedTables {
-    /// Zeroed tables for passes of `rows` rows in `seqs` sequences, on `device`.
-    pub fn new(rows: usize, seqs: usize, device: &Device) -> Result<Self> {
-        let len = part_lens(rows, seqs).iter().sum::<usize>();
-        Ok(Self { buf: Tensor::zeros(len, DType::I32, device)?, rows, seqs })
+    /// Zeroed tables for passes of `rows` rows in `seqs` sequences, on `device`, and with
+    /// `steps` > 1 those of the same packing interleaved `steps` rows a token.
+    pub fn new(rows: usize, seqs: usize, steps: usize, device: &Device) -> Result<Self> {
+        let steps = steps.max(1);
+        let mut len = part_lens(rows, seqs).iter().sum::<usize>();
+        if steps > 1 {
+            len += part_lens(rows * steps, seqs).iter().sum::<usize>();
+        }
+        Ok(Self { buf: Tensor::zeros(len, DType::I32, device)?, offset: 0, rows, seqs, steps })
+    }
+
+    /// The tables of the interleaved packing (Gated DeltaProduct's mixer: `steps` rows a
+    /// token), in the same buffer; `None` without one.
+    pub fn interleaved(&self) -> Option<Self> {
+        let own = part_lens(self.rows, self.seqs).iter().sum::<usize>();
+        (self.steps > 1).then(|| Self { buf: self.buf.clone(), offset: self.offset + own, rows: self.rows * self.steps, steps: 1, ..*self })
+    }
+
+    /// Rows a token of the interleaved packing (1: none).
+    pub fn steps(&self) -> usize {
+        self.steps
     }
 
     /// Packed rows.
@@ -72,7 +94,7 @@ impl PackedTables {
     pub fn range(&self, part: Part) -> std::ops::Range<usize> {
         let lens = part_lens(self.rows, self.seqs);
         let i = part as usize;
-        let start = lens[..i].iter().sum();
+        let start = self.offset + lens[..i].iter().sum::<usize>();
         start..start + lens[i]
     }
 
@@ -83,8 +105,20 @@ impl PackedTables {
 
     /// The buffer's values for a packing of exactly this shape (host side; [`Self::fill`]
     /// writes them): `cu_seqlens` from 0 to `rows` over `seqs` sequences, `captures` as the
-    /// prefill ops take them.
+    /// prefill ops take them; then the interleaved packing's, if any.
     pub fn values(&self, cu_seqlens: &[usize], slots: &[usize], captures: &[Capture]) -> Result<Vec<i32>> {
+        let mut v = self.own_values(cu_seqlens, slots, captures)?;
+        if let Some(inner) = self.interleaved() {
+            let n = self.steps;
+            let cu: Vec<usize> = cu_seqlens.iter().map(|c| c * n).collect();
+            let caps: Vec<Capture> = captures.iter().map(|c| Capture { tokens: c.tokens * n, ..*c }).collect();
+            v.extend(inner.own_values(&cu, slots, &caps)?);
+        }
+        Ok(v)
+    }
+
+    /// [`Self::values`] without the interleaved packing's.
+    fn own_values(&self, cu_seqlens: &[usize], slots: &[usize], captures: &[Capture]) -> Result<Vec<i32>> {
         const OP: &str = "packed_tables";
         if slots.len() != self.seqs || cu_seqlens.len() != self.seqs + 1 || cu_seqlens.last() != Some(&self.rows) {
             return Err(KernelError::Shape {
@@ -129,7 +163,7 @@ impl PackedTables {
         let values = self.values(cu_seqlens, slots, captures)?;
         #[cfg(feature = "cuda")]
         if self.buf.device().is_cuda() {
-            return crate::cuda::write_from_host(&self.buf, &values);
+            return crate::cuda::write_at(&self.buf, self.offset, &values);
         }
         let _ = values;
         Err(KernelError::UnsupportedDevice { op: "packed_tables", device: format!("{:?} (expected cuda)", self.buf.device()) })
@@ -176,8 +210,9 @@ mod tests {
 
     #[test]
     fn a_padded_pass_lays_out_its_tables_at_fixed_capacities() {
-        let t = PackedTables::new(128, 2, &Device::Cpu).unwrap();
+        let t = PackedTables::new(128, 2, 1, &Device::Cpu).unwrap();
         assert_eq!((t.chunks(), t.captures()), (4, 2));
+        assert!(t.interleaved().is_none());
         // 70 tokens of slot 5 with a copy after 64 into slot 9, then 58 rows of padding in slot 3.
         let v = t.values(&[0, 70, 128], &[5, 3], &[Capture { seq: 0, tokens: 64, slot: 9 }]).unwrap();
         let part = |p| v[t.range(p)].to_vec();
@@ -195,12 +230,27 @@ mod tests {
 
     #[test]
     fn a_packing_of_another_shape_is_refused() {
-        let t = PackedTables::new(64, 2, &Device::Cpu).unwrap();
+        let t = PackedTables::new(64, 2, 1, &Device::Cpu).unwrap();
         let err = t.values(&[0, 30, 60], &[1, 2], &[]).unwrap_err().to_string();
         assert!(err.contains("2 sequences ending at row 64"), "{err}");
         assert!(t.values(&[0, 64], &[1], &[]).is_err());
         // A full pass with an empty padding sequence fits.
         assert!(t.values(&[0, 64, 64], &[1, 2], &[]).is_ok());
+    }
+
+    #[test]
+    fn a_householder_packing_carries_its_interleaved_tables_after_its_own() {
+        // Two householder steps a token: 40 tokens of slot 1, 24 rows of padding in slot 2.
+        let t = PackedTables::new(64, 2, 2, &Device::Cpu).unwrap();
+        let inner = t.interleaved().unwrap();
+        assert_eq!((inner.rows(), inner.seqs(), inner.steps()), (128, 2, 1));
+        assert_eq!(inner.range(Part::Cu).start, t.range(Part::CaptureSlot).end);
+        let v = t.values(&[0, 40, 64], &[1, 2], &[]).unwrap();
+        assert_eq!(v.len(), inner.range(Part::CaptureSlot).end);
+        assert_eq!(v[t.range(Part::Cu)], [0, 40, 64]);
+        assert_eq!(v[inner.range(Part::Cu)], [0, 80, 128]);
+        assert_eq!(v[inner.range(Part::ChunkRow)], [0, 64, 80, 0]);
+        assert_eq!(v[inner.range(Part::ChunkLen)], [64, 16, 48, 0]);
     }
 
     #[test]

@@ -51,9 +51,13 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
         for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 2e-2)] {
             let (g, e) = (load(dir.to_str().unwrap(), dtype, dev, 256), load(dir.to_str().unwrap(), dtype, dev, 0));
             let cfg = g.config();
-            let eligible = matches!(cfg.model_type(), "gated_deltanet" | "delta_net")
+            let eligible = matches!(cfg.model_type(), "gated_deltanet" | "gated_deltaproduct" | "delta_net")
                 && cfg.layers.iter().all(|l| matches!(l, deltaserve_engine::config::LayerKind::Linear));
-            assert_eq!(!g.prefill_graph_buckets().is_empty(), eligible, "{name}: prefill graphs on exactly for GDN / DeltaNet stacks");
+            assert_eq!(
+                !g.prefill_graph_buckets().is_empty(),
+                eligible,
+                "{name}: prefill graphs on exactly for GDN / GDP / DeltaNet stacks"
+            );
             assert!(e.prefill_graph_buckets().is_empty(), "{name}: 0 tokens turns them off");
             if !eligible {
                 continue;
@@ -121,5 +125,5 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
             graphed += 1;
         }
     }
-    assert!(graphed >= 6, "GDN and DeltaNet fixtures in f32 and bf16 ran through graphs ({graphed})");
+    assert!(graphed >= 10, "GDN, GDP and DeltaNet fixtures in f32 and bf16 ran through graphs ({graphed})");
 }

@@ -349,16 +349,16 @@ impl CausalLm {
 
     /// Whether this model's prefill passes can read their tables from a fixed
     /// [`PackedTables`] buffer, and so be captured as CUDA graphs: on a GPU, with every token
-    /// mixer a delta rule of one step a token (Gated DeltaNet, DeltaNet) and every channel
-    /// mixer dense. (Attention layers plan KV blocks per pass, and MoE layers and Gated
-    /// DeltaProduct's interleaved rows have no fixed-table path yet.)
+    /// mixer a delta rule (Gated DeltaNet, Gated DeltaProduct, DeltaNet) and every channel
+    /// mixer dense. (Attention layers plan KV blocks per pass, and MoE layers have no
+    /// fixed-table path yet.)
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn prefill_tables_supported(&self) -> bool {
         self.device.is_cuda()
-            && self
-                .layers
-                .iter()
-                .all(|b| matches!(b.attn, TokenMixer::GatedDeltaNet(_) | TokenMixer::DeltaNet(_)) && matches!(b.mlp, ChannelMixer::Mlp(_)))
+            && self.layers.iter().all(|b| {
+                let mixer = matches!(b.attn, TokenMixer::GatedDeltaNet(_) | TokenMixer::GatedDeltaProduct(_) | TokenMixer::DeltaNet(_));
+                mixer && matches!(b.mlp, ChannelMixer::Mlp(_))
+            })
     }
 
     /// The prefill forward of a packing that covers every row of its fixed `seqs.tables`

@@ -125,8 +125,8 @@ pub fn gated_delta_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, slot: us
 /// sequences go through the tensor-core chunked kernels at once (varlen; `Recurrent` runs as
 /// `Chunked` there); the CPU runs them one after another. `captures` copy states at chunk
 /// boundaries inside the pass into other slots. On a GPU, `fixed` tables (filled with this
-/// packing) replace the uploaded ones, so that the pass can be captured as a CUDA graph (one
-/// householder step a token only); the CPU ignores them.
+/// packing, and for several householder steps a token the interleaved packing) replace the
+/// uploaded ones, so that the pass can be captured as a CUDA graph; the CPU ignores them.
 pub fn gated_delta_prefill_packed(
     x: MixerInputs<'_>,
     states: &mut SlotBuffer,
@@ -153,9 +153,6 @@ pub fn gated_delta_prefill_packed(
         return gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked, captures, fixed);
     }
     let n = x.n.max(1);
-    if n > 1 && fixed.is_some() && !states.is_host() {
-        return Err(KernelError::Unsupported { op: OP, what: "fixed tables with several householder steps a token".into() });
-    }
     if n > 1 {
         // Gated DeltaProduct = the gated delta rule on the interleaved sequence (§2.3).
         let (q, g) = interleave_householder(x.q, x.g, n)?;
@@ -163,7 +160,20 @@ pub fn gated_delta_prefill_packed(
         let one_step = MixerInputs { q: &q, g: g.as_ref(), n: 1, ..x };
         // A token's n steps are n rows: a capture after `tokens` tokens comes after tokens·n rows.
         let caps: Vec<Capture> = captures.iter().map(|c| Capture { tokens: c.tokens * n, ..*c }).collect();
-        return last_householder_step(&gated_delta_prefill_packed(one_step, states, &cu, slots, algo, &caps, None)?, n);
+        // Fixed tables hold the interleaved packing's too (a GPU pass captured as a graph).
+        let inner = match fixed.filter(|_| !states.is_host()) {
+            Some(t) if t.steps() == n => t.interleaved(),
+            Some(t) => {
+                return Err(KernelError::Shape {
+                    op: OP,
+                    input: "packed tables",
+                    expected: format!("tables interleaved {n} rows a token"),
+                    actual: vec![t.steps()],
+                })
+            }
+            None => None,
+        };
+        return last_householder_step(&gated_delta_prefill_packed(one_step, states, &cu, slots, algo, &caps, inner.as_ref())?, n);
     }
     #[cfg(feature = "cuda")]
     if let Some(dev) = states.device_slots() {
