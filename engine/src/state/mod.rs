@@ -471,43 +471,6 @@ impl StatePool {
         }
     }
 
-    /// Copies slot `src`'s conv and recurrent states in every layer over slot `dst`'s (one
-    /// launch on a GPU).
-    pub(crate) fn copy_states(&mut self, src: usize, dst: usize) -> Result<()> {
-        let mut bufs: Vec<&mut SlotBuffer> = Vec::with_capacity(2 * self.layers.len());
-        for l in &mut self.layers {
-            if let LayerCache::Recurrent(l) = l {
-                bufs.push(&mut l.conv_state);
-                bufs.push(&mut l.recurrent_state);
-            }
-        }
-        Ok(SlotBuffer::copy_slot_all(&mut bufs, src, dst)?)
-    }
-
-    /// Lends a free sequence slot as scratch, without zeroing it, for work whose results are
-    /// thrown away (the padding of a prefill pass run as a CUDA graph); [`Self::allocate`]
-    /// zeroes it before anyone owns it. `None` when no slot is free, or for a split model's
-    /// pool (its replicas would need the same slot).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn lend_scratch(&mut self) -> Option<usize> {
-        if !self.replicas.is_empty() {
-            return None;
-        }
-        let s = self.free.pop()?;
-        self.in_use[s] = true;
-        Some(s)
-    }
-
-    /// Takes back a slot lent by [`Self::lend_scratch`].
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn return_scratch(&mut self, s: usize) {
-        if self.in_use.get(s) == Some(&true) && s < self.seq_slots {
-            self.in_use[s] = false;
-            self.seen[s] = 0;
-            self.free.push(s);
-        }
-    }
-
     /// Takes a free slot and zeroes it, so nothing of its previous owner survives.
     pub fn allocate(&mut self) -> Option<SlotId> {
         self.mirrored(|p| p.allocate_here().ok_or(())).ok()
@@ -627,6 +590,7 @@ impl StatePool {
 
 mod host;
 mod replicas;
+mod slot_copies;
 mod snapshots;
 #[cfg(test)]
 mod tests;

@@ -198,41 +198,6 @@ impl DeviceSlots {
     }
 }
 
-/// Copies of at most this many ranges go in one launch of `copy_many` (its parameter block).
-const MAX_COPIES: usize = 64;
-
-/// The launch parameters of `copy_many` (copy.cu's `Copies`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Copies {
-    src: [u64; MAX_COPIES],
-    dst: [u64; MAX_COPIES],
-    words: [u64; MAX_COPIES],
-}
-
-// SAFETY: plain data with the layout of the kernel's parameter struct.
-unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for Copies {}
-
-/// Copies each `(source address, destination address, 32-bit words)` on `dev`'s stream (a
-/// source address of 0 zeroes the destination), up to 64 in one launch. The ranges must be
-/// live device memory that no other copy of the call writes.
-pub(crate) fn copy_many(dev: &CudaDevice, copies: &[(u64, u64, usize)]) -> Result<()> {
-    let f = dev.get_or_load_custom_func("copy_many", "copy", ptx::COPY)?;
-    for group in copies.chunks(MAX_COPIES) {
-        let mut c = Copies { src: [0; MAX_COPIES], dst: [0; MAX_COPIES], words: [0; MAX_COPIES] };
-        for (i, &(s, d, n)) in group.iter().enumerate() {
-            (c.src[i], c.dst[i], c.words[i]) = (s, d, n as u64);
-        }
-        let most = group.iter().map(|g| g.2).max().unwrap_or(0);
-        // About 16 KB a block, at most 64 blocks a copy.
-        let blocks = most.div_ceil(4096).clamp(1, 64);
-        let mut l = f.builder();
-        l.arg(&c);
-        unsafe { l.launch(grid(blocks, group.len(), 1, 256, 0)) }.w()?;
-    }
-    Ok(())
-}
-
 /// Page-locked host memory for [`crate::HostSlots`]: copies to and from it are queued on the
 /// device's stream without waiting.
 pub struct PinnedSlots {
@@ -599,6 +564,7 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
 
 mod attention;
 mod conv;
+mod copy;
 mod decode;
 mod gemm;
 mod gemv;
@@ -612,6 +578,7 @@ mod sample;
 pub mod nccl;
 pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_step};
+pub(crate) use copy::copy_many;
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemm::{linear_lt, linear_lt_counts};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};

@@ -1,0 +1,44 @@
+//! Many device-to-device copies (or zero fills) in one launch of `copy_many` (copy.cu): one slot
+//! of every layer's states for a restore, a snapshot, a fork or a new sequence.
+
+use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+use candle_core::cuda_backend::WrapErr;
+use candle_core::CudaDevice;
+
+use super::{grid, ptx};
+use crate::Result;
+
+/// Copies of at most this many ranges go in one launch of `copy_many` (its parameter block).
+const MAX_COPIES: usize = 64;
+
+/// The launch parameters of `copy_many` (copy.cu's `Copies`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Copies {
+    src: [u64; MAX_COPIES],
+    dst: [u64; MAX_COPIES],
+    words: [u64; MAX_COPIES],
+}
+
+// SAFETY: plain data with the layout of the kernel's parameter struct.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for Copies {}
+
+/// Copies each `(source address, destination address, 32-bit words)` on `dev`'s stream (a
+/// source address of 0 zeroes the destination), up to 64 in one launch. The ranges must be
+/// live device memory that no other copy of the call writes.
+pub(crate) fn copy_many(dev: &CudaDevice, copies: &[(u64, u64, usize)]) -> Result<()> {
+    let f = dev.get_or_load_custom_func("copy_many", "copy", ptx::COPY)?;
+    for group in copies.chunks(MAX_COPIES) {
+        let mut c = Copies { src: [0; MAX_COPIES], dst: [0; MAX_COPIES], words: [0; MAX_COPIES] };
+        for (i, &(s, d, n)) in group.iter().enumerate() {
+            (c.src[i], c.dst[i], c.words[i]) = (s, d, n as u64);
+        }
+        let most = group.iter().map(|g| g.2).max().unwrap_or(0);
+        // About 16 KB a block, at most 64 blocks a copy.
+        let blocks = most.div_ceil(4096).clamp(1, 64);
+        let mut l = f.builder();
+        l.arg(&c);
+        unsafe { l.launch(grid(blocks, group.len(), 1, 256, 0)) }.w()?;
+    }
+    Ok(())
+}
