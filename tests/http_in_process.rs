@@ -34,16 +34,7 @@ async fn serve_queued(model: &str, slots: usize, kv_blocks: usize, max_queue: us
 
 /// `n` greedy tokens after `prompt`, from the engine run directly.
 fn engine_greedy(engine: &Engine, prompt: &str, n: usize) -> Vec<u32> {
-    let mut pool = engine.new_pool(1).unwrap();
-    let s = pool.allocate().unwrap();
-    let mut logits = engine.prefill(&mut pool, s, &engine.encode(prompt).unwrap(), Logits::Last).unwrap();
-    let mut ids = vec![];
-    for _ in 0..n {
-        let t = argmax(&logits.to_vec1::<f32>().unwrap());
-        ids.push(t);
-        logits = engine.decode(&mut pool, &[(s, t)]).unwrap().squeeze(0).unwrap();
-    }
-    ids
+    greedy(engine, &engine.encode(prompt).unwrap(), n)
 }
 
 /// POSTs `body` to `{base}/v1/completions` and returns the JSON answer.

@@ -142,7 +142,10 @@ impl DecodeGraphs {
         // The capture may upload nothing: the blocks (and device table entries) come first.
         pool.plan(slots, &vec![1; b])?;
         tracing::debug!(batch = b, "capturing a decode graph");
-        let captured = capture(model, dev, pool, &ids, (&dev_slots, &dev_positions), &logits, slots);
+        // The step reads `ids`, `dev_slots` and `dev_positions`; its logits go into `logits`.
+        let captured = record_graph(dev, "decode", &logits, || {
+            model.decode_step(pool, &ids, StepSlots { host: slots, device: Some(&dev_slots) }, Some(&dev_positions))
+        });
         // A split model's ranks keep their graphs only together: `agree(false)` there calls the
         // pass off on every rank (the engine retries it eagerly), `agree(true)` fails if
         // another rank did so.
@@ -186,29 +189,17 @@ impl DecodeGraphs {
     }
 }
 
-/// Records one decode step into a graph; nothing runs. The step reads `ids`, `dev_slots` and
-/// `dev_positions` and copies its logits into `logits`.
-fn capture(
-    model: &CausalLm,
-    dev: &CudaDevice,
-    pool: &mut StatePool,
-    ids: &Tensor,
-    (dev_slots, dev_positions): (&Tensor, &Tensor),
-    logits: &Tensor,
-    slots: &[usize],
-) -> Result<CudaGraph> {
+/// Records what `record` queues on `dev`'s stream into a graph, with a copy of its result into
+/// `out`; nothing runs. The graph is uploaded, ready to launch. `what` names it in errors.
+pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<CudaGraph> {
     let stream = dev.cuda_stream();
     let _cache = dev.enable_cuda_graph_htod_cache();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
-    let recorded = (|| -> Result<()> {
-        let step = model.decode_step(pool, ids, StepSlots { host: slots, device: Some(dev_slots) }, Some(dev_positions))?;
-        logits.slice_set(&step, 0, 0)?;
-        Ok(())
-    })();
+    let recorded = record().and_then(|t| Ok(out.slice_set(&t, 0, 0)?));
     // End the capture whatever happened, so the stream leaves capture mode.
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
     recorded?;
-    let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg("empty decode graph".into()))?;
+    let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg(format!("empty {what} graph")))?;
     graph.upload().map_err(candle_core::Error::wrap)?;
     Ok(graph)
 }

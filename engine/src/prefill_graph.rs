@@ -69,12 +69,13 @@ impl Buckets {
 mod graphs {
     use std::collections::HashSet;
 
-    use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+    use candle_core::cuda_backend::cudarc::driver::CudaGraph;
     use candle_core::{CudaDevice, DType, Device, Tensor};
     use deltaserve_kernels::ops::PrefillAlgo;
     use deltaserve_kernels::{Capture, PackedTables};
 
     use super::{Buckets, Shape};
+    use crate::decode_graph::record_graph;
     use crate::error::Result;
     use crate::models::batch::Packed;
     use crate::models::CausalLm;
@@ -222,7 +223,8 @@ mod graphs {
             }
             let logits = Tensor::zeros((shape.seqs, model.config().common.vocab_size), DType::F32, &device)?;
             tracing::debug!(rows = shape.rows, seqs = shape.seqs, "capturing a prefill graph");
-            match capture(model, dev, pool, &ids, seqs, algo, &last, &logits) {
+            // The pass reads `ids`, the fixed tables and `last`; its logits go into `logits`.
+            match record_graph(dev, "prefill", &logits, || model.prefill_fixed(pool, &ids, seqs, algo, &last)) {
                 Ok(graph) => {
                     let entry = Entry { shape, graph, ids, tables, last, logits, _model: model.clone() };
                     if self.entries.len() >= MAX_GRAPHS {
@@ -264,35 +266,6 @@ mod graphs {
             let starts = slots.iter().map(|&s| pool.seen(SlotId(s))).collect();
             Self { cu, slots, captures, ids, last, starts }
         }
-    }
-
-    /// Records one pass into a graph; nothing runs. The pass reads `ids`, the fixed tables of
-    /// `seqs` and `last`, and copies its logits into `logits`.
-    #[allow(clippy::too_many_arguments)]
-    fn capture(
-        model: &CausalLm,
-        dev: &CudaDevice,
-        pool: &mut StatePool,
-        ids: &Tensor,
-        seqs: Packed<'_>,
-        algo: PrefillAlgo,
-        last: &Tensor,
-        logits: &Tensor,
-    ) -> Result<CudaGraph> {
-        let stream = dev.cuda_stream();
-        let _cache = dev.enable_cuda_graph_htod_cache();
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
-        let recorded = (|| -> Result<()> {
-            let out = model.prefill_fixed(pool, ids, seqs, algo, last)?;
-            logits.slice_set(&out, 0, 0)?;
-            Ok(())
-        })();
-        // End the capture whatever happened, so the stream leaves capture mode.
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
-        recorded?;
-        let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg("empty prefill graph".into()))?;
-        graph.upload().map_err(candle_core::Error::wrap)?;
-        Ok(graph)
     }
 
     /// Writes this pass's tokens, tables and last rows into the graph's inputs, launches it, and
