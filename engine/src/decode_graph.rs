@@ -18,8 +18,7 @@
 
 use std::collections::HashSet;
 
-use candle_core::cuda_backend::cudarc::driver::sys;
-use deltaserve_kernels::cuda::StepGraph;
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{CudaDevice, DType, Device, Tensor};
 use deltaserve_kernels::StepSlots;
 
@@ -33,7 +32,7 @@ const MAX_GRAPHS: usize = 64;
 /// One captured batch size.
 struct Entry {
     batch: usize,
-    graph: StepGraph,
+    graph: CudaGraph,
     /// `[B]` u32, read by the graph's embedding lookup.
     tokens: Tensor,
     /// `[B]` i32, read by the conv and recurrent decode kernels.
@@ -46,6 +45,10 @@ struct Entry {
     _model: CausalLm,
 }
 
+// SAFETY: a CudaGraph is a pair of driver handles that the cache uses from one thread at a time
+// (`DecodeGraphs::decode` takes `&mut self`; the engine keeps it behind a mutex); the handles
+// themselves are not tied to a thread.
+unsafe impl Send for Entry {}
 
 /// Captured decode steps of one model over one state pool.
 #[derive(Default)]
@@ -162,7 +165,7 @@ impl DecodeGraphs {
                     self.entries.remove(0);
                 }
                 // The capture ran nothing: this step's work is the first replay (inputs in place).
-                entry.graph.launch()?;
+                entry.graph.launch().map_err(candle_core::Error::wrap)?;
                 let out = entry.logits.copy()?;
                 self.entries.push(entry);
                 Ok(out)
@@ -188,17 +191,16 @@ impl DecodeGraphs {
 
 /// Records what `record` queues on `dev`'s stream into a graph, with a copy of its result into
 /// `out`; nothing runs. The graph is uploaded, ready to launch. `what` names it in errors.
-pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<StepGraph> {
+pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<CudaGraph> {
     let stream = dev.cuda_stream();
     let _cache = dev.enable_cuda_graph_htod_cache();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
     let recorded = record().and_then(|t| Ok(out.slice_set(&t, 0, 0)?));
     // End the capture whatever happened, so the stream leaves capture mode.
-    let graph = StepGraph::end_capture(&stream);
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
     recorded?;
-    let graph = graph?.ok_or_else(|| candle_core::Error::Msg(format!("empty {what} graph")))?;
-    graph.upload()?;
-    tracing::debug!(what, stats = ?graph.stats(), "graph captured");
+    let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg(format!("empty {what} graph")))?;
+    graph.upload().map_err(candle_core::Error::wrap)?;
     Ok(graph)
 }
 
@@ -208,6 +210,6 @@ fn replay(entry: &Entry, tokens: &[u32], slots: &[i32], positions: &[i32]) -> Re
     deltaserve_kernels::cuda::write_from_host(&entry.tokens, tokens)?;
     deltaserve_kernels::cuda::write_from_host(&entry.slots, slots)?;
     deltaserve_kernels::cuda::write_from_host(&entry.positions, positions)?;
-    entry.graph.launch()?;
+    entry.graph.launch().map_err(candle_core::Error::wrap)?;
     Ok(entry.logits.copy()?)
 }

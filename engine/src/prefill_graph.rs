@@ -69,6 +69,7 @@ impl Buckets {
 mod graphs {
     use std::collections::HashSet;
 
+    use candle_core::cuda_backend::cudarc::driver::CudaGraph;
     use candle_core::{CudaDevice, DType, Device, Tensor};
     use deltaserve_kernels::ops::PrefillAlgo;
     use deltaserve_kernels::{Capture, PackedTables};
@@ -86,7 +87,7 @@ mod graphs {
     /// One captured shape and the buffers its graph reads and writes.
     struct Entry {
         shape: Shape,
-        graph: deltaserve_kernels::cuda::StepGraph,
+        graph: CudaGraph,
         /// `[rows]` u32.
         ids: Tensor,
         tables: PackedTables,
@@ -97,6 +98,10 @@ mod graphs {
         /// Keeps the weights the graph reads alive as long as the graph.
         _model: CausalLm,
     }
+
+    // SAFETY: as for decode graphs' entries: driver handles used from one thread at a time (the
+    // cache takes `&mut self` and the engine keeps it behind a mutex), not tied to a thread.
+    unsafe impl Send for Entry {}
 
     /// Captured short prefill passes of one model over one state pool.
     pub struct PrefillGraphs {
@@ -226,7 +231,7 @@ mod graphs {
                         self.entries.remove(0);
                     }
                     // The capture ran nothing: this pass's work is the first replay (inputs in place).
-                    entry.graph.launch()?;
+                    entry.graph.launch().map_err(candle_core::Error::wrap)?;
                     let out = entry.logits.copy()?;
                     self.entries.push(entry);
                     Ok(Some(out))
@@ -269,7 +274,7 @@ mod graphs {
         entry.tables.fill(&x.cu, &x.slots, &x.captures)?;
         deltaserve_kernels::cuda::write_from_host(&entry.ids, &x.ids)?;
         deltaserve_kernels::cuda::write_from_host(&entry.last, &x.last)?;
-        entry.graph.launch()?;
+        entry.graph.launch().map_err(candle_core::Error::wrap)?;
         Ok(entry.logits.copy()?)
     }
 }

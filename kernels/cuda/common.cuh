@@ -10,28 +10,6 @@ __device__ __forceinline__ float ds_silu(float x) { return x * ds_sigmoid(x); }
 // PyTorch's softplus with threshold 20 (fla's gate matches it).
 __device__ __forceinline__ float ds_softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
 
-// Programmatic dependent launch (sm_90; kernels/src/cuda/pdl.rs launches the decode step's
-// kernels with it). Such a kernel may start while the kernel before it still runs: before
-// `pdl_wait` it may only read what no kernel of the step writes (weights, a sequence's own
-// recurrent state). `pdl_wait` holds it until the kernel before has finished and its writes
-// are visible; `pdl_release` then lets the kernel after it start early in turn, one kernel
-// ahead and no further. Launched without the attribute, both do nothing.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-// Both, for kernels with nothing to read early.
-__device__ __forceinline__ void pdl_enter() {
-  pdl_wait();
-  pdl_release();
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

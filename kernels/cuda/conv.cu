@@ -176,7 +176,6 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
   extern "C" __global__ void conv_step_##NAME(const T* x, long ldx, const float* weight, float* states,              \
                                               SlotList slots, const int* more_slots, float* y, int C, int W,         \
                                               int silu) {                                                            \
-    pdl_enter();                                                                                                     \
     conv_step<T>(x, ldx, weight, states, slots, more_slots, y, C, W, silu);                                          \
   }
 CONV_ENTRIES(float, f32)

@@ -181,9 +181,6 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
       for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
     }
   }
-  // The state is this sequence's alone: no kernel of the step before this one writes it, so
-  // its loads go out before the wait for that kernel's outputs (programmatic launch).
-  pdl_enter();
   in.load_q(qq, b, hk, K);
   const float decay = in.decay_of(b, hv);
   float out[CW] = {};

@@ -59,33 +59,16 @@ struct SwigluRows {
 // do not depend on NB or on the other rows. Splitting K gives rows few enough to leave SMs idle (N =
 // 2048: 128 blocks) more warps to keep loads in flight. K, the row strides and the addresses
 // are multiples of 8 elements (checked by the launcher).
-//
-// `stage()` runs first, in every thread: it waits for the kernel before (pdl_wait) and, in
-// gemv_staged.cu, forms the rows of x. With PF > 0 the warp first asks L2 for the first PF
-// steps of its slice of W (no registers held), which under a programmatic launch overlaps the
-// kernel before.
-template <typename T, int NB, int PF, typename X, typename Stage>
-__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits, Stage stage) {
+template <typename T, int NB, typename X>
+__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits) {
   __shared__ float part[8][GEMV_ROWS][NB];
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = wib % splits;
   const int n0 = (blockIdx.y * (8 / splits) + wib / splits) * GEMV_ROWS;
-  const int steps = (K + 255) / 256, per = (steps + splits - 1) / splits;
-  const int k_end = min(K, (s + 1) * per * 256);
-  if (PF > 0 && n0 < N) {
-    // A 128-byte line is 8 lanes' pieces: every eighth lane asks for one.
-#pragma unroll
-    for (int i = 0; i < PF; ++i) {
-      const int k = s * per * 256 + i * 256 + lane * 8;
-#pragma unroll
-      for (int r = 0; r < GEMV_ROWS; ++r)
-        if ((lane & 7) == 0 && n0 + r < N && k < k_end)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (size_t)(n0 + r) * K + k));
-    }
-  }
-  stage();
   x.skip(blockIdx.x * NB);
   y += (size_t)blockIdx.x * NB * N;
+  const int steps = (K + 255) / 256, per = (steps + splits - 1) / splits;
+  const int k_end = min(K, (s + 1) * per * 256);
   float acc[GEMV_ROWS][NB] = {};
   if (n0 < N) {
 #pragma unroll 4
@@ -140,3 +123,4 @@ __device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int
         for (int b = 0; b < NB; ++b) y[(size_t)b * N + n0 + r] = from_f32<T>(acc[r][b]);
   }
 }
+

@@ -70,33 +70,22 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
 
 // add_norm_gemv_{dtype}_b{NB}: y = norm(h + delta) Wᵀ and r = h + delta (written by the blocks
 // of column 0). gated_norm_gemv_{dtype}_b{NB}: y = gated_norm(o, z) Wᵀ, K = heads · Vd. One
-// group of NB rows (gridDim.x = 1); dynamic shared memory NB · K elements of T. The stage waits
-// for the kernel before (programmatic launch) and forms x.
-// `_pf2`, `_pf4`: with two or four steps of W asked of L2 first (for comparison).
-#define STAGED_GEMV_ENTRY_PRE(T, NAME, NB, PRE, SUFFIX)                                                              \
+// One group of NB rows (gridDim.x = 1); dynamic shared memory NB · K elements of T.
+#define STAGED_GEMV_ENTRY(T, NAME, NB)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
-      add_norm_gemv_##NAME##_b##NB##SUFFIX(const float* h, const T* delta, const float* nw, float eps, float* r,     \
-                                           const T* w, T* y, int N, int K, int splits) {                             \
-    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                        \
-    gemv<T, NB, PRE>(StagedRows<T>{xs, K}, w, y, N, K, splits, [&] {                                                 \
-      pdl_enter();                                                                                                   \
-      stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                           \
-    });                                                                                                              \
+      add_norm_gemv_##NAME##_b##NB(const float* h, const T* delta, const float* nw, float eps, float* r, const T* w,  \
+                                   T* y, int N, int K, int splits) {                                                 \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
+    stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
+    gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
-      gated_norm_gemv_##NAME##_b##NB##SUFFIX(const float* o, const T* z, long ldz, int heads, const float* nw,       \
-                                             float eps, int act_sigmoid, const T* w, T* y, int N, int K,             \
-                                             int splits) {                                                           \
-    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                        \
-    gemv<T, NB, PRE>(StagedRows<T>{xs, K}, w, y, N, K, splits, [&] {                                                 \
-      pdl_enter();                                                                                                   \
-      stage_gated_norm<T, NB>(o, z, ldz, heads, nw, xs, K / heads, eps, act_sigmoid);                                \
-    });                                                                                                              \
+      gated_norm_gemv_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw, float eps,    \
+                                     int act_sigmoid, const T* w, T* y, int N, int K, int splits) {                  \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
+    stage_gated_norm<T, NB>(o, z, ldz, heads, nw, xs, K / heads, eps, act_sigmoid);                                  \
+    gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
   }
-#define STAGED_GEMV_ENTRY(T, NAME, NB)                        \
-  STAGED_GEMV_ENTRY_PRE(T, NAME, NB, 0, /*none*/) \
-  STAGED_GEMV_ENTRY_PRE(T, NAME, NB, 2, _pf2)                  \
-  STAGED_GEMV_ENTRY_PRE(T, NAME, NB, 4, _pf4)
 #define STAGED_GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(STAGED_GEMV_ENTRY, T, NAME)
 STAGED_GEMV_ENTRIES(__nv_bfloat16, bf16)
 STAGED_GEMV_ENTRIES(__half, f16)

@@ -27,7 +27,6 @@ __device__ void swiglu(const T* __restrict__ gate, long ldg, const T* __restrict
 #define SWIGLU_ENTRY(T, NAME, N, SUFFIX)                                                                            \
   extern "C" __global__ void swiglu_##NAME##SUFFIX(const T* gate, long ldg, const T* up, long ldu, T* out, int rows, \
                                                    int I) {                                                         \
-    pdl_enter();                                                                                                    \
     swiglu<T, N>(gate, ldg, up, ldu, out, rows, I);                                                                 \
   }
 #define SWIGLU_ENTRIES(T, NAME)         \

@@ -7,7 +7,6 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
 use super::decode::DecodeSlots;
-use super::pdl::Launch;
 use super::{alloc_rows, cuda_dev, f32c, grid, ptx, table_addrs, wrap, DeviceSlots, RowsArg};
 use crate::packing::{capture_packing, Part};
 use crate::{Capture, KernelError, PackedTables, Result, StepSlots};
@@ -119,7 +118,7 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: S
         return Err(KernelError::Shape { op: "conv_step", input: "x", expected: format!("at most {MAX_GRID_Y} rows"), actual: vec![b, c] });
     }
     // SAFETY: the kernel writes every element of y.
-    let y = unsafe { dev.alloc::<f32>(b * c) }?;
+    let mut y = unsafe { dev.alloc::<f32>(b * c) }?;
     if b == 0 || c == 0 {
         return Ok(wrap(&dev, y, (b, c)));
     }
@@ -129,12 +128,11 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: S
     let f = dev.get_or_load_custom_func(&format!("conv_step_{}", xa.suffix), "conv", ptx::CONV)?;
     let (ci, wi, act) = (c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
-        let mut l = Launch::new(&dev, &f, ptx::CONV)?;
-        l.arg(&xa.ptr).arg(&xa.ld).buf(&wv).buf(states.state_words("conv")?);
+        let mut l = f.builder();
+        l.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?);
         sl.push(&mut l);
-        l.buf(&y).arg(&ci).arg(&wi).arg(&act);
-        // SAFETY: conv.cu's conv_step parameters, in order; it waits before any load.
-        unsafe { l.launch(grid(c.div_ceil(BLOCK), b, 1, BLOCK as u32, 0)) }?;
+        l.arg(&mut y).arg(&ci).arg(&wi).arg(&act);
+        unsafe { l.launch(grid(c.div_ceil(BLOCK), b, 1, BLOCK as u32, 0)) }.w()?;
     });
     Ok(wrap(&dev, y, (b, c)))
 }

@@ -1,13 +1,13 @@
 //! Launcher of the decode step of the gated delta rule over B slots, and the slot lists that
 //! the decode kernels (this one and the conv step) take.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
-use super::pdl::Launch;
 use super::{
-    check_head_dim, cuda_dev, device_address, f32c, first_element_address_any, grid, indices, ptx, sm_count, wrap, DeviceSlots, GatePtr,
-    RowsArg,
+    check_head_dim, cuda_dev, device_address, f32c, first_element_address_any, grid, indices, ptx, push_gate, sm_count, wrap, DeviceSlots,
+    GatePtr, RowsArg,
 };
 use crate::ops::{MixerInputs, RawStepInputs};
 use crate::{Result, StepSlots};
@@ -49,10 +49,10 @@ impl DecodeSlots {
     }
 
     /// Pushes the two kernel arguments (`SlotList slots, const int* more_slots`).
-    pub(super) fn push(&self, l: &mut Launch<'_>) {
+    pub(super) fn push<'a>(&'a self, l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>) {
         l.arg(&self.inline);
         match &self.uploaded {
-            Some(m) => l.buf(m),
+            Some(m) => l.arg(m),
             None => l.arg(&self.ptr),
         };
     }
@@ -136,12 +136,9 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
     let ints = [h as i32, hv as i32, k as i32, v as i32, x.n.max(1) as i32];
     with_mixer_views!(x, qv, kv, vv, bv, gp, {
-        let mut l = Launch::new(&dev, &f, ptx::GATED_DELTA)?;
-        l.buf(&qv).buf(&kv).buf(&vv).buf(&bv);
-        match &gp {
-            GatePtr::View(v) => l.buf(*v),
-            GatePtr::Null(n) => l.arg(n),
-        };
+        let mut l = f.builder();
+        l.arg(&qv).arg(&kv).arg(&vv).arg(&bv);
+        push_gate(&mut l, &gp);
         launch_with_state(l, states.state_words("gated_delta_step")?, &sl, &mut o, &ints, &x.scale, cfg)?;
     });
     Ok(wrap(&dev, o, (b, hv, v)))
@@ -159,25 +156,24 @@ fn step_kernel(dev: &CudaDevice, k: usize, b: usize, hv: usize, v: usize) -> Res
 
 /// Pushes the arguments every step kernel ends with (states, slots, o, `ints`, scale) after
 /// the inputs already in `l`, and launches.
-fn launch_with_state(
-    mut l: Launch<'_>,
-    states: &CudaSlice<f32>,
-    sl: &DecodeSlots,
-    o: &CudaSlice<f32>,
-    ints: &[i32],
-    scale: &f32,
+fn launch_with_state<'a>(
+    mut l: LaunchArgs<'a>,
+    states: &'a mut CudaSlice<f32>,
+    sl: &'a DecodeSlots,
+    o: &'a mut CudaSlice<f32>,
+    ints: &'a [i32],
+    scale: &'a f32,
     cfg: LaunchConfig,
 ) -> Result<()> {
-    l.buf(states);
+    l.arg(states);
     sl.push(&mut l);
-    l.buf(o);
+    l.arg(o);
     for i in ints {
         l.arg(i);
     }
     l.arg(scale);
-    // SAFETY: the arguments are gated_delta.cu's decode entry points' parameters, in order; the
-    // kernels load only their own sequences' states before pdl_wait.
-    unsafe { l.launch(cfg) }
+    unsafe { l.launch(cfg) }.w()?;
+    Ok(())
 }
 
 /// The raw decode kernels' first argument, field for field `struct Raw` in gated_delta.cu
@@ -260,7 +256,7 @@ pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slo
         hv: hv as i32,
     };
     let ints = [k as i32, v as i32, n as i32];
-    let mut l = Launch::new(&dev, &f, ptx::GATED_DELTA)?;
+    let mut l = f.builder();
     l.arg(&args);
     launch_with_state(l, states.state_words("gated_delta_step")?, &sl, &mut o, &ints, &x.scale, cfg)?;
     Ok(wrap(&dev, o, (b, hv, v)))

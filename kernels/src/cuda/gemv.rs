@@ -1,9 +1,9 @@
 //! Launcher of the small-batch projection `y = x Wᵀ` (a decode step's projections).
 
+use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::pdl::Launch;
 use super::{alloc_rows, cuda_dev, first_element_address_any, grid, ptx, sm_count, RowsArg};
 use crate::{KernelError, Result};
 
@@ -119,13 +119,6 @@ pub(super) fn vector_rows(w: &Tensor, k: usize) -> Result<Option<RowsArg>> {
     Ok(wa.vectorisable(8, k).then_some(wa))
 }
 
-/// The steps of W the kernels ask of L2 before waiting for the kernel before them (gemv.cuh),
-/// when `DELTASERVE_GEMV_PREFETCH` is 2 or 4: the `_pf2` / `_pf4` kernels (for comparison).
-fn prefetch() -> Option<u8> {
-    static WANTED: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("DELTASERVE_GEMV_PREFETCH").ok().and_then(|v| v.parse().ok()).filter(|s| [2, 4].contains(s)))
-}
-
 /// Slices of K (1, 2, 4 or 8) for `n` output rows and `b` rows of x: the fewest that make at
 /// least three blocks an SM, keeping two or more 256-column steps a warp, and at most two when
 /// `b` > 4 (more rows of x already keep a warp's loads busy; on the H100, I=5632 → 2048:
@@ -194,11 +187,7 @@ fn launch(
         XArgs::Plain { .. } | XArgs::Swiglu { .. } => ("gemv", ptx::GEMV, 0),
     };
     let dev = cuda_dev(x, "gemv")?;
-    let name = match prefetch() {
-        Some(steps) => format!("{name}_pf{steps}"),
-        None => name.to_string(),
-    };
-    let f = dev.get_or_load_custom_func(&name, module, ptx)?;
+    let f = dev.get_or_load_custom_func(name, module, ptx)?;
     // Past 48 KiB with the static arrays (under 1 KiB) the launch needs the opt-in; a decode
     // step's 1–2 rows stay under it, so the hot path makes no driver call for it.
     if smem + 1024 > 48 * 1024 {
@@ -207,7 +196,7 @@ fn launch(
     }
     let y_ptr = first_element_address_any(y)? + y_offset as u64;
     let (ni, ki, si) = (n as i32, k as i32, splits as i32);
-    let mut l = Launch::new(&dev, &f, ptx)?;
+    let mut l = f.builder();
     match &x_args {
         XArgs::Plain { x, ld } => l.arg(x).arg(ld),
         XArgs::Swiglu { gate, up, ld } => l.arg(gate).arg(up).arg(ld),
@@ -224,7 +213,6 @@ fn launch(
             what: format!("{nb} rows a group, {blocks} column blocks (at most 8 and 65535)"),
         });
     }
-    // SAFETY: the arguments are gemv.cuh's entry points' parameters, in order.
-    unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }?;
+    unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }.w()?;
     Ok(())
 }

@@ -13,9 +13,6 @@ use crate::{KernelError, Result};
 
 mod ptx {
     include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
-    /// Every module (pdl.rs reads which kernels wait for their predecessor).
-    pub const ALL: [&str; 14] =
-        [ATTENTION, CHUNK_MMA, CHUNK_PREP, CHUNK_STATE, CONV, COPY, GATED_DELTA, GEMV, GEMV_STAGED, MOE, NORM, PREP, SAMPLE, SWIGLU];
 }
 
 /// Largest key head dim the decode and chunk kernels take.
@@ -571,10 +568,8 @@ mod copy;
 mod decode;
 mod gemm;
 mod gemv;
-mod graph;
 mod moe;
 mod norm_gemv;
-mod pdl;
 mod prefill;
 mod rows;
 mod sample;
@@ -589,7 +584,6 @@ pub use gemm::{linear_lt, linear_lt_counts};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use norm_gemv::{add_norm_gemv, gated_norm_gemv};
-pub use graph::{GraphStats, StepGraph};
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, swiglu, GateInputs};
 pub use sample::sample;

@@ -4,7 +4,6 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::pdl::Launch;
 use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, grid, ptx, wrap, RowsArg};
 use crate::ops::Prepared;
 use crate::Result;
@@ -108,10 +107,9 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     let y_ptr = first_element_address_any(&y)?;
     with_view!(x, xv, {
         with_view!(w, wv, {
-            let mut l = Launch::new(&dev, &f, ptx::NORM)?;
-            l.buf(&xv).arg(&z_ptr).arg(&z_ld).arg(&hi).buf(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai);
-            // SAFETY: norm.cu's gated_rms_norm parameters, in order; it waits before any load.
-            unsafe { l.launch(grid(rows.div_ceil(4), 1, 1, 128, 0)) }?;
+            let mut l = f.builder();
+            l.arg(&xv).arg(&z_ptr).arg(&z_ld).arg(&hi).arg(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai);
+            unsafe { l.launch(grid(rows.div_ceil(4), 1, 1, 128, 0)) }.w()?;
         })
     });
     Ok(y.reshape(x.shape())?)
@@ -137,7 +135,7 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
     let w = f32c(weight)?;
     let x = alloc_rows(&dev, dtype, rows, d)?;
     // SAFETY: the kernel writes every element of r.
-    let r = unsafe { dev.alloc::<f32>(rows * d) }?;
+    let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
     let lean = if rows > LATENCY_ROWS { "_lean" } else { "" };
     let f = dev.get_or_load_custom_func(&format!("{name}{lean}"), "norm", ptx::NORM)?;
     let cfg = grid(rows, 1, 1, 256, 0);
@@ -145,10 +143,9 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
     let (x_ptr, delta_ptr) = (first_element_address_any(&x)?, delta.map(first_element_address_any).transpose()?.unwrap_or(0));
     with_view!(h, hv, {
         with_view!(w, wv, {
-            let mut l = Launch::new(&dev, &f, ptx::NORM)?;
-            l.buf(&hv).arg(&delta_ptr).buf(&wv).buf(&r).arg(&x_ptr).arg(&di).arg(&eps);
-            // SAFETY: norm.cu's add_rms_norm parameters, in order; it waits before any load.
-            unsafe { l.launch(cfg) }?;
+            let mut l = f.builder();
+            l.arg(&hv).arg(&delta_ptr).arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
+            unsafe { l.launch(cfg) }.w()?;
         })
     });
     Ok(Some((wrap(&dev, r, (rows, d)), x)))
@@ -175,9 +172,8 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let f = dev.get_or_load_custom_func(&format!("swiglu_{}{vec}", g.suffix), "swiglu", ptx::SWIGLU)?;
     let out_ptr = first_element_address_any(&out)?;
     let (ri, ii) = (rows as i32, i as i32);
-    let mut l = Launch::new(&dev, &f, ptx::SWIGLU)?;
+    let mut l = f.builder();
     l.arg(&g.ptr).arg(&g.ld).arg(&u.ptr).arg(&u.ld).arg(&out_ptr).arg(&ri).arg(&ii);
-    // SAFETY: swiglu.cu's parameters, in order; it waits before any load.
-    unsafe { l.launch(grid(i.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }?;
+    unsafe { l.launch(grid(i.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }.w()?;
     Ok(out)
 }

@@ -717,9 +717,6 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool,
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // `DELTASERVE_LOG=deltaserve_engine=debug` shows, among others, each captured graph's edges.
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DELTASERVE_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     if !cfg!(feature = "cuda") {
         println!("gpu_bench: built without `--features cuda`; nothing to time");
         return Ok(());
