@@ -479,6 +479,9 @@ async fn a_chat_s_next_turn_finds_the_previous_turn_and_its_answer_cached() {
 /// at once) gives that re-prefill up and prefills the answer in its own pass: the same output
 /// as without the cache, the hit only the previous prompt's grid points, and the given-up
 /// re-prefill's slot freed (here the delay is a minute, so no re-prefill ever runs by itself).
+/// A re-prefill is given up by a request that re-sends it through its last grid point, or that
+/// re-sends its whole prompt and goes on (the next turn of that conversation, whether or not
+/// the answer's text tokenizes back to the answer's tokens).
 #[tokio::test]
 async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_output() {
     let client = reqwest::Client::new();
@@ -489,9 +492,9 @@ async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_outpu
     let engine = Engine::load(&LoadOptions::cpu(demo.to_str().unwrap())).unwrap();
     let mut messages = json!([{"role": "system", "content": "You write Python. ".repeat(30)}]);
     let mut prev: Vec<u32> = Vec::new();
-    // Re-prefills waiting (each a turn's prompt and answer, through its last grid point), and
-    // how many a later turn re-sent and so gave up.
-    let (mut waiting, mut given_up): (Vec<(Vec<u32>, usize)>, usize) = (Vec::new(), 0);
+    // Re-prefills waiting (each a turn's prompt and answer, the prompt's length, the last grid
+    // point), and how many a later turn continued and so gave up.
+    let (mut waiting, mut given_up): (Vec<(Vec<u32>, usize, usize)>, usize) = (Vec::new(), 0);
     for turn in 0..3 {
         messages.as_array_mut().unwrap().push(json!({"role": "user", "content": format!("Question {turn}: define a function.")}));
         let this = chat_prompt(&engine, &messages);
@@ -502,11 +505,14 @@ async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_outpu
         let shared = deltaserve_tests::common_prefix(&prev, &this).min(this.len() - 1) / 64 * 64;
         assert_eq!(hits, shared as f64, "turn {turn}: only the previous prompt's grid points are cached");
         let before = waiting.len();
-        waiting.retain(|(tokens, end)| deltaserve_tests::common_prefix(tokens, &this) < *end);
+        waiting.retain(|(tokens, prompt, end)| {
+            let shared = deltaserve_tests::common_prefix(tokens, &this);
+            shared < *end && !(shared >= *prompt && this.len() > *prompt)
+        });
         given_up += before - waiting.len();
         let tokens = [&this[..], &greedy(&engine, &this, 100)[..]].concat();
         let end = tokens.len() / 64 * 64;
-        waiting.push((tokens, end));
+        waiting.push((tokens, this.len(), end));
         // A waiting re-prefill holds its turn's slot; a given-up one's is free.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let slots = metric(&client, &on, "deltaserve:state_slots_used").await;
@@ -515,7 +521,8 @@ async fn a_follow_up_sent_at_once_prefills_the_answer_itself_with_the_same_outpu
         messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": answer}));
         prev = this;
     }
-    assert!(given_up > 0, "no turn re-sent the one before it through its last grid point");
+    // Every turn after the first continues the one before.
+    assert_eq!(given_up, 2, "re-prefills given up by the next turn");
 }
 
 #[tokio::test]

@@ -40,10 +40,11 @@ pub(super) fn plan_prefill(left: &[(usize, usize)], mut budget: usize, align: us
 }
 
 impl Scheduler {
-    /// Advances prompts in chunks, oldest first, within the per-step token budget. The chunks
-    /// run as one packed prefill (one pass through the model for all of them), except those of
-    /// requests that want prompt logprobs, which need every position's logits and run alone.
-    pub(super) fn prefill(&mut self) {
+    /// Advances prompts in chunks, oldest first, within `budget` tokens. The chunks run as one
+    /// packed prefill (one pass through the model for all of them), except those of requests
+    /// that want prompt logprobs, which need every position's logits and run alone. Returns the
+    /// tokens it ran, cache re-prefills included.
+    pub(super) fn prefill(&mut self, budget: usize) -> usize {
         let started = Instant::now();
         // Cached prefixes first: restored requests start later in their prompts, and those
         // whose prefix an older request is about to snapshot wait for it.
@@ -55,14 +56,14 @@ impl Scheduler {
             .zip(&waits)
             .map(|(r, &wait)| (r.prefilled, if wait || r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }))
             .collect();
-        let plan = plan_prefill(&left, self.cfg.prefill_budget, PREFILL_CHUNK);
+        let plan = plan_prefill(&left, budget, PREFILL_CHUNK);
         let tokens: usize = plan.iter().map(|(_, take)| take).sum();
         // Finished chat turns re-prefilled for the cache get what budget is left.
         let now = Instant::now();
         let tail_left: Vec<(usize, usize)> = self.tails.iter().map(|t| (t.done, if t.ready <= now { t.end - t.done } else { 0 })).collect();
-        let tails = plan_prefill(&tail_left, self.cfg.prefill_budget - tokens, PREFILL_CHUNK);
+        let tails = plan_prefill(&tail_left, budget - tokens, PREFILL_CHUNK);
         if plan.is_empty() && tails.is_empty() {
-            return;
+            return 0;
         }
         for &(i, _) in &plan {
             let r = &mut self.requests[i];
@@ -140,6 +141,7 @@ impl Scheduler {
             drawn_ms = ms(drawn),
             "prefill step"
         );
+        tokens + tail_tokens
     }
 
     /// The next `take` prompt tokens of each `(request, take)` and of each `(tail, take)` in

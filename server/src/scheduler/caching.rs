@@ -12,12 +12,14 @@ use deltaserve_engine::SlotId;
 use super::prefix_cache::{self, common_prefix};
 use super::Scheduler;
 
-/// A finished chat turn being prefilled again for the cache: `tokens` (prompt and answer) run
-/// from `done` to `end`, the last grid point, in `slot`, from `ready` on.
+/// A finished chat turn being prefilled again for the cache: `tokens` (its prompt, the first
+/// `prompt` of them, and its answer) run from `done` to `end`, the last grid point, in `slot`,
+/// from `ready` on.
 #[derive(Debug)]
 pub(super) struct Tail {
     pub slot: SlotId,
     pub tokens: Vec<u32>,
+    pub prompt: usize,
     pub done: usize,
     pub end: usize,
     pub ready: Instant,
@@ -91,17 +93,24 @@ impl Scheduler {
             }
         };
         let ready = Instant::now() + self.cfg.prefix_cache.answer_delay;
-        self.tails.push(Tail { slot, tokens, done: start, end, ready });
+        let prompt = tokens.len() - answer;
+        self.tails.push(Tail { slot, tokens, prompt, done: start, end, ready });
         true
     }
 
-    /// Gives up the re-prefills that a request not yet started re-sends through their last grid
-    /// point: it prefills those tokens itself, from the same snapshot on, so to the same bits
-    /// (and snapshots them on the way), in the pass it runs anyway.
+    /// Gives up the re-prefills that a request not yet started continues: one that re-sends
+    /// the tail through its last grid point prefills those tokens itself, from the same
+    /// snapshot on, so to the same bits (and snapshots them on the way), in the pass it runs
+    /// anyway; one that re-sends the turn's whole prompt but then parts from the answer (its
+    /// text tokenized otherwise, or rendered otherwise by the chat template) is the next turn
+    /// of that conversation, which the tail's later snapshots would not serve.
     fn give_up_tails_resent(&mut self) {
         let (requests, pool) = (&self.requests, &mut self.pool);
         self.tails.retain(|t| {
-            let resent = requests.iter().any(|r| !r.started && !r.params.prompt_logprobs && common_prefix(&r.prompt, &t.tokens) >= t.end);
+            let resent = requests.iter().any(|r| {
+                let shared = common_prefix(&r.prompt, &t.tokens);
+                !r.started && !r.params.prompt_logprobs && (shared >= t.end || (shared >= t.prompt && r.prompt.len() > t.prompt))
+            });
             if resent {
                 tracing::debug!(slot = %t.slot, tokens = t.end - t.done, "re-prefill given up: a new request re-sends it");
                 let _ = pool.release(t.slot);

@@ -143,57 +143,9 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel((cfg.max_num_seqs + cfg.max_queue).max(1));
     let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Shared::default() });
     let handle = SchedulerHandle { tx, shared: shared.clone(), max_num_seqs: cfg.max_num_seqs, max_queue: cfg.max_queue };
-    // The pool is allocated up front so that running out of (GPU) memory fails the start-up.
-    let size = PoolSize {
-        slots: cfg.max_num_seqs,
-        snapshots: cfg.prefix_cache.snapshots,
-        kv_blocks: cfg.kv_blocks,
-        block_size: DEFAULT_BLOCK_SIZE,
-        max_seq_len: cfg.max_model_len,
-    };
-    let mut pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
-    if cfg.prefix_cache.snapshots > 0 && cfg.prefix_cache.host_snapshots > 0 {
-        pool.add_host_tier(cfg.prefix_cache.host_snapshots).map_err(std::io::Error::other)?;
-    }
-    if cfg.warmup {
-        match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs) {
-            Ok(w) if w.passes + w.batch_sizes > 0 => {
-                tracing::info!(
-                    prefill_passes = w.passes,
-                    decode_batch_sizes = w.batch_sizes,
-                    prefill_graph_shapes = w.prefill_graphs,
-                    secs = w.secs,
-                    "warmed up"
-                )
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "warm-up failed; the first requests pay its one-time costs"),
-        }
-    }
+    let mut s = Scheduler::new(engine, cfg, metrics, shared.clone())?;
     let thread = std::thread::Builder::new().name("engine".into()).spawn(move || {
         let _ = shared.engine_thread.set(std::thread::current());
-        metrics.state_slots_total.set(pool.capacity() as i64);
-        metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
-        metrics.kv_blocks_total.set(pool.kv_blocks_total() as i64);
-        metrics.kv_memory_bytes.set((pool.kv_blocks_total() * pool.bytes_per_block()) as i64);
-        metrics.prefix_cache_snapshots_total.set(pool.snapshots_total() as i64);
-        metrics.prefix_cache_host_snapshots_total.set(pool.host_snapshots_total() as i64);
-        metrics.prefix_cache_host_memory_bytes.set((pool.host_snapshots_total() * pool.bytes_per_snapshot()) as i64);
-        let cache = (pool.snapshots_total() > 0).then(|| prefix_cache::PrefixCache::new(cfg.prefix_cache.grid));
-        let mut s = Scheduler {
-            engine,
-            pool,
-            cfg,
-            metrics,
-            shared: shared.clone(),
-            waiting: VecDeque::new(),
-            requests: Vec::new(),
-            reserved: 0,
-            kv_reserved: 0,
-            cache,
-            tails: Vec::new(),
-            cache_published: 0,
-        };
         s.run(rx);
         // The engine goes before the thread says it is gone (see `SchedulerHandle::shut_down`).
         drop(s);
@@ -265,12 +217,68 @@ struct Scheduler {
     cache_published: u64,
 }
 
+/// A stop message came: the engine thread ends.
+struct Stopped;
+
 /// A duration in milliseconds, for the debug trace.
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
 impl Scheduler {
+    /// A scheduler over `engine` with its state pool allocated up front, so that running out of
+    /// (GPU) memory fails the start-up, and warmed up when `cfg` says so.
+    fn new(engine: Engine, cfg: SchedulerConfig, metrics: Arc<Metrics>, shared: Arc<Shared>) -> std::io::Result<Self> {
+        let size = PoolSize {
+            slots: cfg.max_num_seqs,
+            snapshots: cfg.prefix_cache.snapshots,
+            kv_blocks: cfg.kv_blocks,
+            block_size: DEFAULT_BLOCK_SIZE,
+            max_seq_len: cfg.max_model_len,
+        };
+        let mut pool = engine.new_pool_sized(size).map_err(std::io::Error::other)?;
+        if cfg.prefix_cache.snapshots > 0 && cfg.prefix_cache.host_snapshots > 0 {
+            pool.add_host_tier(cfg.prefix_cache.host_snapshots).map_err(std::io::Error::other)?;
+        }
+        if cfg.warmup {
+            match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs) {
+                Ok(w) if w.passes + w.batch_sizes > 0 => {
+                    tracing::info!(
+                        prefill_passes = w.passes,
+                        decode_batch_sizes = w.batch_sizes,
+                        prefill_graph_shapes = w.prefill_graphs,
+                        secs = w.secs,
+                        "warmed up"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "warm-up failed; the first requests pay its one-time costs"),
+            }
+        }
+        metrics.state_slots_total.set(pool.capacity() as i64);
+        metrics.state_memory_bytes.set((pool.capacity() * pool.bytes_per_slot()) as i64);
+        metrics.kv_blocks_total.set(pool.kv_blocks_total() as i64);
+        metrics.kv_memory_bytes.set((pool.kv_blocks_total() * pool.bytes_per_block()) as i64);
+        metrics.prefix_cache_snapshots_total.set(pool.snapshots_total() as i64);
+        metrics.prefix_cache_host_snapshots_total.set(pool.host_snapshots_total() as i64);
+        metrics.prefix_cache_host_memory_bytes.set((pool.host_snapshots_total() * pool.bytes_per_snapshot()) as i64);
+        let cache = (pool.snapshots_total() > 0).then(|| prefix_cache::PrefixCache::new(cfg.prefix_cache.grid));
+        Ok(Scheduler {
+            engine,
+            pool,
+            cfg,
+            metrics,
+            shared,
+            waiting: VecDeque::new(),
+            requests: Vec::new(),
+            reserved: 0,
+            kv_reserved: 0,
+            cache,
+            tails: Vec::new(),
+            cache_published: 0,
+        })
+    }
+
     fn run(&mut self, mut rx: mpsc::Receiver<Msg>) {
         loop {
             if self.waiting.is_empty() && self.requests.is_empty() {
@@ -290,26 +298,38 @@ impl Scheduler {
                     }
                 }
             }
-            while let Ok(m) = rx.try_recv() {
-                match m {
-                    Msg::Request(r) => self.enqueue(*r),
-                    Msg::Stop => {
-                        self.fail_all(SchedulerError::ShutDown);
-                        return;
-                    }
-                }
+            if self.receive(&mut rx).is_err() {
+                return;
             }
             if self.shared.abort.load(Ordering::SeqCst) {
                 self.fail_all(SchedulerError::ShutDown);
             }
             // An engine panic must not take the server down: fail what was running.
-            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
-            if step.is_err() {
-                tracing::error!("engine step panicked; failing all running requests");
-                self.fail_all(SchedulerError::Engine("engine step panicked".into()));
+            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(&mut rx)));
+            match step {
+                Ok(Ok(())) => {}
+                Ok(Err(Stopped)) => return,
+                Err(_) => {
+                    tracing::error!("engine step panicked; failing all running requests");
+                    self.fail_all(SchedulerError::Engine("engine step panicked".into()));
+                }
             }
             self.publish_gauges();
         }
+    }
+
+    /// Queues the requests that arrived; on a stop message, fails everything and says so.
+    fn receive(&mut self, rx: &mut mpsc::Receiver<Msg>) -> Result<(), Stopped> {
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                Msg::Request(r) => self.enqueue(*r),
+                Msg::Stop => {
+                    self.fail_all(SchedulerError::ShutDown);
+                    return Err(Stopped);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn enqueue(&mut self, r: GenRequest) {
@@ -317,12 +337,26 @@ impl Scheduler {
         self.waiting.push_back(r);
     }
 
-    fn step(&mut self) {
+    fn step(&mut self, rx: &mut mpsc::Receiver<Msg>) -> Result<(), Stopped> {
         self.drop_cancelled();
         self.admit();
-        self.prefill();
+        let used = self.prefill(self.cfg.prefill_budget);
+        // Requests that arrived while that pass ran start before the next decode step, within
+        // what is left of the step's token budget: chat turns that end together send their
+        // next turns together, and all but the first would otherwise wait for a decode step as
+        // well as the pass. Running sequences still see at most a budget of prompt tokens
+        // between two steps.
+        if used > 0 && used < self.cfg.prefill_budget {
+            self.receive(rx)?;
+            let running = self.requests.len();
+            self.admit();
+            if self.requests.len() > running {
+                self.prefill(self.cfg.prefill_budget - used);
+            }
+        }
         self.decode();
         self.retire_all();
+        Ok(())
     }
 
     fn publish_gauges(&mut self) {
@@ -405,6 +439,51 @@ mod tests {
             prompt_logprobs: false,
             cache_output: false,
             constraint: None,
+        }
+    }
+
+    /// A scheduler over the compact Gated DeltaNet fixture on the CPU, without the cache.
+    fn cpu_scheduler(prefill_budget: usize) -> Scheduler {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/compact/gdn");
+        let engine = Engine::load(&deltaserve_engine::LoadOptions::cpu(dir)).unwrap();
+        let cfg = SchedulerConfig {
+            max_num_seqs: 4,
+            kv_blocks: 0,
+            max_queue: 4,
+            max_model_len: 512,
+            prefix_cache: PrefixCacheConfig::default(),
+            prefill_budget,
+            request_timeout: std::time::Duration::from_secs(600),
+            warmup: false,
+        };
+        Scheduler::new(engine, cfg, Arc::new(Metrics::new("gdn").unwrap()), Arc::new(Shared::default())).unwrap()
+    }
+
+    /// Tokens each receiver has seen so far.
+    fn tokens(rx: &mut mpsc::Receiver<Event>) -> usize {
+        std::iter::from_fn(|| rx.try_recv().ok()).filter(|e| matches!(e, Event::Token { .. })).count()
+    }
+
+    #[test]
+    fn a_request_arriving_during_a_prefill_pass_starts_before_the_next_decode_step() {
+        let long = GenParams { max_tokens: 8, ignore_eos: true, ..params() };
+        for (budget, b_starts) in [(256, true), (99, false)] {
+            let mut s = cpu_scheduler(budget);
+            let (tx, mut rx) = mpsc::channel(4);
+            let (a, mut ea) = GenRequest::new("a".into(), (1..100).collect(), long.clone());
+            s.enqueue(a);
+            // b is in the channel when the step starts, so the engine thread takes it after a's
+            // prefill pass, as it would one sent while that pass ran.
+            let (b, mut eb) = GenRequest::new("b".into(), (1..20).collect(), long.clone());
+            tx.try_send(Msg::Request(Box::new(b))).ok().unwrap();
+            assert!(s.step(&mut rx).is_ok());
+            // a: its prompt's token and a decode step's. b: the same when a's 99 tokens left
+            // budget for its 19; else nothing yet.
+            assert_eq!(tokens(&mut ea), 2, "budget {budget}: a");
+            assert_eq!(tokens(&mut eb), if b_starts { 2 } else { 0 }, "budget {budget}: b");
+            // The next turn of the loop takes b in before its step in any case.
+            assert!(s.receive(&mut rx).is_ok() && s.step(&mut rx).is_ok());
+            assert_eq!(tokens(&mut eb), if b_starts { 1 } else { 2 }, "budget {budget}: b, a step later");
         }
     }
 
