@@ -484,6 +484,14 @@ mod tests {
             // The next turn of the loop takes b in before its step in any case.
             assert!(s.receive(&mut rx).is_ok() && s.step(&mut rx).is_ok());
             assert_eq!(tokens(&mut eb), if b_starts { 1 } else { 2 }, "budget {budget}: b, a step later");
+            // Beside running streams the same holds within the budget: c (29 tokens, waiting)
+            // and d (29, arriving during c's pass) both fit what a and b leave of it.
+            let (c, mut ec) = GenRequest::new("c".into(), (1..30).collect(), long.clone());
+            s.enqueue(c);
+            let (d, mut ed) = GenRequest::new("d".into(), (1..30).collect(), long.clone());
+            tx.try_send(Msg::Request(Box::new(d))).ok().unwrap();
+            assert!(s.step(&mut rx).is_ok());
+            assert_eq!((tokens(&mut ec), tokens(&mut ed)), (2, 2), "budget {budget}: c and d beside streams");
         }
     }
 
