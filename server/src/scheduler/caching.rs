@@ -107,12 +107,14 @@ impl Scheduler {
     fn give_up_tails_resent(&mut self) {
         let (requests, pool) = (&self.requests, &mut self.pool);
         self.tails.retain(|t| {
-            let resent = requests.iter().any(|r| {
+            // The prefix comparison only for requests not yet started: it walks whole prompts,
+            // and every step asks.
+            let resent = requests.iter().filter(|r| !r.started && !r.params.prompt_logprobs).any(|r| {
                 let shared = common_prefix(&r.prompt, &t.tokens);
-                !r.started && !r.params.prompt_logprobs && (shared >= t.end || (shared >= t.prompt && r.prompt.len() > t.prompt))
+                shared >= t.end || (shared >= t.prompt && r.prompt.len() > t.prompt)
             });
             if resent {
-                tracing::debug!(slot = %t.slot, tokens = t.end - t.done, "re-prefill given up: a new request re-sends it");
+                tracing::debug!(slot = %t.slot, tokens = t.end - t.done, "re-prefill given up: a new request re-sends or continues it");
                 let _ = pool.release(t.slot);
             }
             !resent
