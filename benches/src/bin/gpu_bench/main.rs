@@ -89,6 +89,10 @@ struct Args {
     /// off --graph-profiling node`).
     #[arg(long)]
     profile_hybrid: bool,
+    /// With `--hybrid-dir`: profile only the graph decode step of this batch (no prefill), so
+    /// that one `ncu` report holds one step (`benches/hybrid_profile.sh`).
+    #[arg(long)]
+    profile_hybrid_decode: Option<usize>,
     /// With `--hybrid-dir`: time everything twice in one run, in the default mode and with
     /// `--batch-invariant` (lines with `"batch_invariant": true`).
     #[arg(long)]
@@ -607,7 +611,7 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp };
         let ms = median_gpu_ms(dev, reps, Timing::IdleGpu, || {
             let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
-            paged_attention((&q, &k, &v), &shape, rope, pass, Some(pages), &mut kc, &mut vc)?;
+            paged_attention((&q, &k, &v), None, &shape, rope, pass, Some(pages), &mut kc, &mut vc)?;
             Ok(())
         })?;
         // Causal flops of the new rows (QKᵀ and PV), and the cache bytes a decode step reads.
@@ -622,12 +626,22 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Which of the hybrid section's runs are profiled.
 #[cfg(feature = "cuda")]
+#[derive(Clone, Copy)]
+struct HybridProfile {
+    /// The bf16-mixer prefill and every decode batch.
+    all: bool,
+    /// Only the decode step of this batch.
+    decode: Option<usize>,
+}
+
 /// The hybrid section: a Qwen3.5-layout checkpoint (dense or MoE), bf16. Decode runs at a
 /// context of `ctx` tokens (each sequence prefilled first); the roofline counts weights read
 /// once (of an MoE's routed experts, those the batch's tokens choose), each sequence's recurrent
 /// state read and written, and its KV cache read, once a step.
-fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool, invariant_too: bool) -> anyhow::Result<()> {
+#[cfg(feature = "cuda")]
+fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: HybridProfile, invariant_too: bool) -> anyhow::Result<()> {
     use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
@@ -671,7 +685,7 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool,
                 "OURS {}",
                 serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms, "batch_invariant": bi})
             );
-            if profile && !bi && algo == PrefillAlgo::ChunkedBf16 {
+            if profile.all && !bi && algo == PrefillAlgo::ChunkedBf16 {
                 let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
                 dev.synchronize()?;
                 profiler_start()?;
@@ -699,7 +713,7 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: bool,
             let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
                 "weight_bytes": weight_bytes(b), "captured": graphs.captured(), "batch_invariant": bi});
             println!("OURS {json}");
-            if profile && !bi {
+            if (profile.all || profile.decode == Some(b)) && !bi {
                 dev.synchronize()?;
                 profiler_start()?;
                 graphs.decode(&model, &mut pool, &batch)?;
@@ -743,7 +757,8 @@ fn main() -> anyhow::Result<()> {
     }
     #[cfg(feature = "cuda")]
     if let Some(dir) = &args.hybrid_dir {
-        return hybrid_table(&dev, dir, args.reps, args.profile_hybrid, args.batch_invariant);
+        let profile = HybridProfile { all: args.profile_hybrid, decode: args.profile_hybrid_decode };
+        return hybrid_table(&dev, dir, args.reps, profile, args.batch_invariant);
     }
     if args.decode_only {
         return decode_table(&dev, args.reps, &fla);
