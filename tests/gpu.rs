@@ -157,25 +157,31 @@ fn gpu_ops_match_reference(dev: &Device) {
 /// the caches themselves to the rounding of their type. Three sequences in scattered
 /// blocks run a packed prefill (one of them longer than two 64-row tiles and several windows),
 /// a second packed pass that continues them, and two decode steps; GQA groups of 1 to 8, full
-/// and partial RoPE, none, sliding windows.
+/// and partial RoPE, none, sliding windows. In the cases marked `in place`, q, k and v are
+/// column slices of one projection in the model's dtype (as the layer passes them) and the op
+/// applies per-head q/k RMSNorms first.
 fn gpu_paged_attention_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
+    use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
     // Passes: rows per slot (0 = not in the pass).
     const SHORT: &[[usize; 3]] = &[[70, 5, 130], [1, 64, 1], [1, 1, 1], [0, 1, 1]];
     // 38 tiles × 8 heads: more blocks than one wave of the H100 holds, so the tile kernel pairs
     // long tiles with short ones (across the two prompts).
     const LONG: &[[usize; 3]] = &[[2100, 0, 300], [1, 0, 1]];
+    // (HQ, HKV, hd, rot, window, dtype, passes, in place).
     let cases = [
-        (8, 2, 256, 64, None, BF16, SHORT),
-        (4, 4, 128, 128, Some(40), DType::F16, SHORT),
-        (6, 2, 64, 64, None, BF16, SHORT),
-        (4, 2, 32, 32, Some(7), DType::F32, SHORT),
-        (8, 1, 80, 0, None, DType::F32, SHORT),
-        (2, 2, 256, 256, None, DType::F32, SHORT),
-        (8, 2, 256, 64, Some(100), DType::F32, SHORT),
-        (8, 2, 80, 80, None, BF16, SHORT),
-        (4, 1, 128, 64, Some(70), BF16, SHORT),
-        (8, 2, 128, 64, None, BF16, LONG),
+        (8, 2, 256, 64, None, BF16, SHORT, false),
+        (8, 2, 256, 64, None, BF16, SHORT, true),
+        (4, 4, 128, 128, Some(40), DType::F16, SHORT, true),
+        (6, 2, 64, 64, None, BF16, SHORT, false),
+        (4, 2, 32, 32, Some(7), DType::F32, SHORT, false),
+        (4, 2, 32, 32, Some(7), DType::F32, SHORT, true),
+        (8, 1, 80, 0, None, DType::F32, SHORT, false),
+        (2, 2, 256, 256, None, DType::F32, SHORT, false),
+        (8, 2, 256, 64, Some(100), DType::F32, SHORT, false),
+        (8, 2, 80, 80, None, BF16, SHORT, false),
+        (4, 1, 128, 64, Some(70), BF16, SHORT, false),
+        (8, 2, 128, 64, None, BF16, LONG, false),
+        (8, 2, 128, 64, None, BF16, LONG, true),
     ];
     let (bs, width, slots) = (16usize, 160usize, 3usize);
     // Slot s's logical block j is physical block 479 − (3j + s): every table scattered.
@@ -183,8 +189,15 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
     let flat: Vec<i32> = tables.iter().flatten().map(|&b| b as i32).collect();
     let dev_tables = Tensor::new(flat.as_slice(), dev).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for (hq, hkv, hd, rot, window, dtype, passes) in cases {
+    for (hq, hkv, hd, rot, window, dtype, passes, in_place) in cases {
         let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window, scale: (hd as f32).powf(-0.5), operands: dtype };
+        let weight = |rng: &mut rand::rngs::StdRng| {
+            let w: Vec<f32> = (0..hd).map(|_| rng.random_range(0.5..1.5)).collect();
+            Tensor::new(w.as_slice(), &Device::Cpu).unwrap()
+        };
+        let (qw, kw) = (weight(&mut rng), weight(&mut rng));
+        let (qw_gpu, kw_gpu) = (qw.to_device(dev).unwrap(), kw.to_device(dev).unwrap());
+        let norms = |q, k| in_place.then_some(QkNorms { q, k, eps: 1e-6 });
         let inv: Vec<f32> = (0..rot / 2).map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rot as f32)).collect();
         let (inv_cpu, inv_gpu) = (Tensor::new(inv.as_slice(), &Device::Cpu).unwrap(), Tensor::new(inv.as_slice(), dev).unwrap());
         let per_block = bs * hkv * hd;
@@ -206,6 +219,16 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 Tensor::from_vec(v, (n, heads, hd), &Device::Cpu).unwrap()
             };
             let (q, k, v) = (rand(&mut rng, hq, 3.0), rand(&mut rng, hkv, 1.0), rand(&mut rng, hkv, 1.0));
+            // In place: [N, 8 + (HQ + 2·HKV)·hd] in the model's dtype, q | k | v after 8 columns.
+            let (q, k, v) = if in_place {
+                let flat = |t: &Tensor, heads: usize| t.reshape((n, heads * hd)).unwrap();
+                let pad = Tensor::zeros((n, 8), DType::F32, &Device::Cpu).unwrap();
+                let proj = Tensor::cat(&[&pad, &flat(&q, hq), &flat(&k, hkv), &flat(&v, hkv)], 1).unwrap().to_dtype(dtype).unwrap();
+                let cols = |at: usize, heads: usize| proj.narrow(1, at, heads * hd).unwrap();
+                (cols(8, hq), cols(8 + hq * hd, hkv), cols(8 + (hq + hkv) * hd, hkv))
+            } else {
+                (q, k, v)
+            };
             let seqs: Vec<PagedSeq<'_>> = members.iter().map(|&s| PagedSeq { start: seen[s], slot: s, table: &tables[s] }).collect();
             let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
             let (mut row_slot, mut row_pos) = (vec![], vec![]);
@@ -220,10 +243,13 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
             fn rope(inv: &Tensor, rot: usize) -> Option<RopeArgs<'_>> {
                 (rot > 0).then_some(RopeArgs { inv_freq: inv, rotary_dim: rot })
             }
-            let want = paged_attention((&q, &k, &v), &shape, rope(&inv_cpu, rot), pass, None, &mut cpu_cache.0, &mut cpu_cache.1).unwrap();
+            let cpu_norms = norms(&qw, &kw);
+            let (cpu_k, cpu_v) = (&mut cpu_cache.0, &mut cpu_cache.1);
+            let want = paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, cpu_k, cpu_v).unwrap();
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let got = paged_attention(
                 (&on(&q), &on(&k), &on(&v)),
+                norms(&qw_gpu, &kw_gpu),
                 &shape,
                 rope(&inv_gpu, rot),
                 pass,
@@ -239,7 +265,8 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 DType::F16 => 3e-3,
                 _ => 1.5e-2,
             };
-            assert!(e <= tol, "HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} pass {p}: rel err {e:.3e} > {tol:.0e}");
+            let what = format!("HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place} pass {p}");
+            assert!(e <= tol, "{what}: rel err {e:.3e} > {tol:.0e}");
             worst = worst.max(e);
             for &s in &members {
                 seen[s] += lens[s];
@@ -258,7 +285,7 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 assert!(e <= cache_tol || c.slot_to_vec(b).unwrap().iter().all(|&x| x == 0.0), "cache block {b}: {e:.3e}");
             }
         }
-        println!("paged attention HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?}: GPU vs CPU worst rel err {worst:.2e}");
+        println!("paged attention HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place}: GPU vs CPU worst rel err {worst:.2e}");
     }
 }
 
@@ -269,9 +296,10 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
 /// several starting inside one tile; C = 200 leaves a partial block; the slice starts where the
 /// four-channel kernel can take it and where only the one-channel one can; W = 4 (compiled in)
 /// and W = 3 (a run-time width). Then a decode step in shuffled slot order. SwiGLU on column
-/// slices equals silu(gate) · up computed in f32 and rounded once.
+/// slices equals silu(gate) · up computed in f32 and rounded once, the attention output's
+/// sigmoid gate on a column slice equals the CPU's, and the logits' widening to f32 is exact.
 fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, swiglu};
+    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, sigmoid_gate, swiglu, to_f32};
     use deltaserve_kernels::ConvActivation;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut rand = |shape: (usize, usize)| {
@@ -333,6 +361,23 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
             let e = rel_err(&values(&got), &values(&want));
             println!("GPU swiglu {dtype:?} I={i}: rel err {e:.2e} vs f32 math rounded once");
             assert!(e <= tol, "swiglu {dtype:?} I={i}: {e:.3e}");
+            // The attention output gate: o (f32) · sigmoid(gate read in place), against the
+            // CPU's op on the same values.
+            let o = rand((rows, i));
+            let got = sigmoid_gate(&o.to_device(dev).unwrap(), &u.to_device(dev).unwrap()).unwrap();
+            assert_eq!((got.dims(), got.dtype()), (&[rows, i][..], dtype), "sigmoid_gate output shape and dtype");
+            let want = sigmoid_gate(&o, &u).unwrap();
+            let e = rel_err(&values(&got), &values(&want));
+            println!("GPU sigmoid gate {dtype:?} D={i}: rel err {e:.2e} vs the CPU");
+            assert!(e <= tol, "sigmoid_gate {dtype:?} D={i}: {e:.3e}");
+            // The logits' widening to f32 is exact: the same bits as the CPU's cast (rows × I a
+            // multiple of 8 takes the vectorised kernel, one element fewer candle's cast).
+            for len in [rows * i, rows * i - 1] {
+                let x = gu.flatten_all().unwrap().narrow(0, 0, len).unwrap();
+                let got = to_f32(&x.to_device(dev).unwrap()).unwrap();
+                assert_eq!(got.dtype(), DType::F32, "to_f32 dtype");
+                assert_eq!(values(&got), values(&x.to_dtype(DType::F32).unwrap()), "to_f32 {dtype:?} of {len}");
+            }
         }
     }
 }

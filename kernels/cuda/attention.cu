@@ -4,7 +4,9 @@
 // row of a [slots, width] block table that lives on the device (so a CUDA graph of the decode
 // step reads whatever table the pool holds when it is replayed).
 //
-// attn_append_C     RoPE on q and k, then k and v into their blocks at each row's position.
+// attn_append_C_I   q, k and v read in place from the rows of the qkv projection (in I = f32,
+//                   bf16 or f16), per-head RMSNorm on q and k (optional), RoPE on q and k,
+//                   then k and v into their blocks at each row's position.
 // attn_rows_C_g*    one query row per block row of the grid, fp32 arithmetic: decode, and
 //                   prefill of f32 models. A fixed number of key splits per row, each a
 //                   contiguous key range that depends only on the row's own position, so a
@@ -21,10 +23,12 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include <cstddef>
+
 #include "common.cuh"
 
 #define SPLITS 16      // key splits per query row (attn_rows); ops/attention.rs knows it too
-#define MIN_SPLIT 64   // keys a split takes at least, so short rows use few splits
+#define MIN_SPLIT 16   // keys a split takes at least, so short rows use few splits
 #define ROW_THREADS 128
 
 // Cache elements to and from fp32.
@@ -74,40 +78,87 @@ __device__ __forceinline__ void rope_copy(D* dst, const float* src, int hd, int 
   }
 }
 
+// The new rows' q, k and v as the layer's projection leaves them: row n of q at q + n·ldq (in
+// elements of I), head h from column h·hd (likewise k, v); per-head RMSNorm weights [hd] for q
+// and k (f32, or null: no norm). The launcher passes it by value; attention.rs's QkvArgs
+// mirrors its layout field for field.
+struct QkvRows {
+  const void *q, *k, *v;
+  long ldq, ldk, ldv;
+  const float *q_norm, *k_norm;
+  float eps;
+};
+
+// Head `h` of row n of `src` (row stride ld) into x_s as fp32; with a norm weight, RMSNorm'd:
+// x / sqrt(mean(x²) + eps) · w, the squares summed by each thread in order, then by warp, then
+// the warps in order. Ends with the block synchronised.
+template <typename I>
+__device__ void head_in(float* x_s, const void* src, long ld, int n, int h, int hd, const float* __restrict__ w,
+                        float eps) {
+  __shared__ float part[32];
+  const I* row = static_cast<const I*>(src) + (size_t)n * ld + (size_t)h * hd;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    const float x = to_f(row[i]);
+    x_s[i] = x;
+    ss += x * x;
+  }
+  if (w) {
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int j = 0; j < (int)(blockDim.x >> 5); ++j) total += part[j];
+    const float inv = rsqrtf(total / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) x_s[i] = x_s[i] * inv * w[i];
+  }
+  __syncthreads();
+}
+
 // grid (N, HQ + HKV): blocks below HQ rotate a query head into q_out (f32), the others rotate
 // a key head into the cache and copy its value head beside it. inv_freq may be null (no RoPE).
-template <typename C>
-__device__ void attn_append(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                            float* __restrict__ q_out, C* __restrict__ kc, C* __restrict__ vc, const int* __restrict__ tables,
-                            int width, int bs, const int* __restrict__ row_slot, const int* __restrict__ row_pos,
-                            const float* __restrict__ inv_freq, int rot, int HQ, int HKV, int hd) {
+template <typename C, typename I>
+__device__ void attn_append(const QkvRows& in, float* __restrict__ q_out, C* __restrict__ kc, C* __restrict__ vc,
+                            const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
+                            const int* __restrict__ row_pos, const float* __restrict__ inv_freq, int rot, int HQ, int HKV,
+                            int hd) {
+  __shared__ float x_s[256];
   const int n = blockIdx.x, h = blockIdx.y, pos = row_pos[n];
   const int r = inv_freq ? rot : 0;
   if (h < HQ) {
-    const size_t at = ((size_t)n * HQ + h) * hd;
-    rope_copy(q_out + at, q + at, hd, pos, inv_freq, r);
+    head_in<I>(x_s, in.q, in.ldq, n, h, hd, in.q_norm, in.eps);
+    rope_copy(q_out + ((size_t)n * HQ + h) * hd, x_s, hd, pos, inv_freq, r);
     return;
   }
   const int kh = h - HQ;
-  const size_t src = ((size_t)n * HKV + kh) * hd;
+  head_in<I>(x_s, in.k, in.ldk, n, kh, hd, in.k_norm, in.eps);
   const size_t dst = kv_offset(tables + (size_t)row_slot[n] * width, pos, bs, HKV * hd) + (size_t)kh * hd;
-  rope_copy(kc + dst, k + src, hd, pos, inv_freq, r);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) vc[dst + i] = from_f<C>(v[src + i]);
+  rope_copy(kc + dst, x_s, hd, pos, inv_freq, r);
+  const I* vr = static_cast<const I*>(in.v) + (size_t)n * in.ldv + (size_t)kh * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) vc[dst + i] = from_f<C>(to_f(vr[i]));
 }
 
-#define APPEND_KERNEL(NAME, C)                                                                                    \
-  extern "C" __global__ void attn_append_##NAME(const float* q, const float* k, const float* v, float* q_out, C* kc, \
-                                                C* vc, const int* tables, int width, int bs, const int* row_slot,   \
-                                                const int* row_pos, const float* inv_freq, int rot, int HQ, int HKV, \
-                                                int hd) {                                                           \
-    attn_append<C>(q, k, v, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd);      \
+// attn_append_{cache}_{input}.
+#define APPEND_KERNEL(NAME, C, INAME, I)                                                                            \
+  extern "C" __global__ void attn_append_##NAME##_##INAME(const __grid_constant__ QkvRows in, float* q_out, C* kc,   \
+                                                         C* vc, const int* tables, int width, int bs,                \
+                                                         const int* row_slot, const int* row_pos,                    \
+                                                         const float* inv_freq, int rot, int HQ, int HKV, int hd) {  \
+    attn_append<C, I>(in, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd);          \
   }
+static_assert(sizeof(QkvRows) == 72 && offsetof(QkvRows, q_norm) == 48 && offsetof(QkvRows, eps) == 64,
+              "struct QkvRows must match QkvArgs in attention.rs");
 
 // grid (N, HKV · ⌈G/GC⌉, SPLITS), ROW_THREADS threads: GC query heads of one KV head over one
-// key split of one row, in chunks of ROW_THREADS keys. Scores: a thread per key, its whole dot
-// product over hd (many independent loads in flight, q broadcast from shared memory). Then the
-// chunk's max and sum per head, and P·V with a thread per output channel (rows read coalesced).
-// Writes the split's unnormalised output and its (max, sum) for attn_combine.
+// key split of one row, in chunks of ROW_THREADS / tpk keys. Scores: tpk adjacent threads a
+// key (tpk = 8, 4, 2 or 1: the most threads a key whose chunk still holds the whole split, so
+// that a short split is one chunk of few round trips and a long one few chunks), each summing
+// every tpk-th group of four
+// channels (the key row's loads in flight together, q broadcast from shared memory), then the
+// key's partial sums in a fixed butterfly. Then the chunk's max and sum per head, and P·V with a
+// thread per output channel (rows read coalesced, the chunk's keys unrolled). tpk depends only
+// on the row's own position, like the splits. Writes the split's unnormalised output and its
+// (max, sum) for attn_combine.
 template <int GC, typename C>
 __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                           const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
@@ -119,11 +170,13 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   __shared__ float red[GC][ROW_THREADS / 32];
   const int n = blockIdx.x, G = HQ / HKV, chunks = (G + GC - 1) / GC;
   const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GC, split = blockIdx.z;
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int pos = row_pos[n];
   const int lo = window > 0 ? max(0, pos - window + 1) : 0;
   const int span = max(MIN_SPLIT, (pos + 1 - lo + SPLITS - 1) / SPLITS);
   const int a = lo + split * span, b = min(a + span, pos + 1);
+  const int tpk = span <= ROW_THREADS / 8 ? 8 : span <= ROW_THREADS / 4 ? 4 : span <= ROW_THREADS / 2 ? 2 : 1;
+  const int chunk_keys = ROW_THREADS / tpk;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32, key = t / tpk, sub = t % tpk;
   const int* table = tables + (size_t)row_slot[n] * width;
   const int row = HKV * hd;
   for (int i = t; i < GC * 256; i += ROW_THREADS) {
@@ -135,19 +188,18 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   for (int g = 0; g < GC; ++g) m[g] = -INFINITY, l[g] = 0.0f, acc[g][0] = acc[g][1] = 0.0f;
   const bool vec = hd % 4 == 0;
   __syncthreads();
-  for (int c0 = a; c0 < b; c0 += ROW_THREADS) {
-    const int j = c0 + t;
+  for (int c0 = a; c0 < b; c0 += chunk_keys) {
+    const int j = c0 + key;
     float s[GC];
 #pragma unroll
-    for (int g = 0; g < GC; ++g) s[g] = -INFINITY;
+    for (int g = 0; g < GC; ++g) s[g] = 0.0f;
     if (j < b) {
       const size_t off = kv_offset(table, j, bs, row) + (size_t)kvh * hd;
-      off_s[t] = off;
+      if (sub == 0) off_s[key] = off;
       const C* kr = kc + off;
-#pragma unroll
-      for (int g = 0; g < GC; ++g) s[g] = 0.0f;
       if (vec) {
-        for (int d = 0; d < hd; d += 4) {
+#pragma unroll 8
+        for (int d = sub * 4; d < hd; d += 4 * tpk) {
           const float4 k4 = load4(kr + d);
 #pragma unroll
           for (int g = 0; g < GC; ++g) {
@@ -156,19 +208,23 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
           }
         }
       } else {
-        for (int d = 0; d < hd; ++d) {
+        for (int d = sub; d < hd; d += tpk) {
           const float k1 = to_f(kr[d]);
 #pragma unroll
           for (int g = 0; g < GC; ++g) s[g] += q_s[g][d] * k1;
         }
       }
     }
-    // The chunk's max per head, across the block.
+    // The key's partial sums (its tpk threads are adjacent lanes), then the chunk's max per
+    // head across the block.
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
+#pragma unroll
+      for (int o = tpk / 2; o > 0; o >>= 1) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+      if (j >= b) s[g] = -INFINITY;
       float x = s[g];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+      for (int o = 16; o >= tpk; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
       if (lane == 0) red[g][warp] = x;
     }
     __syncthreads();
@@ -180,11 +236,11 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
       const float m_new = fmaxf(m[g], mx);
       corr[g] = expf(m[g] - m_new);  // 0 when m was −∞
       m[g] = m_new;
-      p_s[g][t] = j < b ? expf(s[g] - m_new) : 0.0f;
+      if (sub == 0) p_s[g][key] = j < b ? expf(s[g] - m_new) : 0.0f;
     }
     __syncthreads();
-    // Sums in a fixed order (thread 0 of each head, keys in order), outputs per channel.
-    const int keys = min(ROW_THREADS, b - c0);
+    // Sums in a fixed order (keys in order), outputs per channel.
+    const int keys = min(chunk_keys, b - c0);
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
       float sum = 0.0f;
@@ -197,6 +253,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
     for (int h2 = 0; h2 < 2; ++h2) {
       const int d = t + h2 * ROW_THREADS;
       if (d < hd) {
+#pragma unroll 16
         for (int i = 0; i < keys; ++i) {
           const float v = to_f(vc[off_s[i] + d]);
 #pragma unroll
@@ -227,9 +284,12 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
                                float scale, float* part, float* ml) {                                               \
     attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, part, ml);        \
   }
-// The append and the row kernels for each cache type (GC = 1, 2, 4 query heads a block).
-#define CACHE_KERNELS(NAME, C) \
-  APPEND_KERNEL(NAME, C)       \
+// The append (from each input type) and the row kernels for each cache type (GC = 1, 2, 4
+// query heads a block).
+#define CACHE_KERNELS(NAME, C)                \
+  APPEND_KERNEL(NAME, C, f32, float)          \
+  APPEND_KERNEL(NAME, C, bf16, __nv_bfloat16) \
+  APPEND_KERNEL(NAME, C, f16, __half)         \
   ROWS_KERNEL(NAME, C, 1)      \
   ROWS_KERNEL(NAME, C, 2)      \
   ROWS_KERNEL(NAME, C, 4)

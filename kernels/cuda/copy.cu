@@ -3,6 +3,8 @@
 // sequence's slot is zeroed in each; one launch replaces a driver call for each (4–10 µs of
 // host time apiece on the device host). The ranges travel by value in the launch parameters,
 // so nothing is uploaded.
+#include "dtype.cuh"
+
 #define MAX_COPIES 64
 
 struct Copies {
@@ -38,3 +40,18 @@ extern "C" __global__ void copy_many(const Copies c) {
   }
   for (size_t k = done + t; k < n; k += stride) d[k] = s[k];
 }
+
+// x [n] in a 16-bit T → y [n] f32 (a bf16 model's logits for the sampler): 8 elements a thread
+// a step, one 16-byte load and two 16-byte stores (n8 = n / 8 steps; the launcher checks that n
+// is a multiple of 8 and both ends are aligned), grid-stride.
+template <typename T>
+__device__ void widen(const T* __restrict__ x, float* __restrict__ y, size_t n8) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+    float v[8];
+    load_vec<8>(v, x + i * 8);
+    *reinterpret_cast<float4*>(y + i * 8) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(y + i * 8 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+extern "C" __global__ void widen_bf16_f32(const __nv_bfloat16* x, float* y, unsigned long long n8) { widen(x, y, n8); }
+extern "C" __global__ void widen_f16_f32(const __half* x, float* y, unsigned long long n8) { widen(x, y, n8); }

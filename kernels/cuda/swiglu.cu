@@ -1,6 +1,7 @@
-// SwiGLU, silu(gate) · up, in one pass: both read in place from (possibly column slices of) a
-// fused projection, computed in fp32 and rounded once to the activation dtype T (fla's fused
-// `swiglu` does the same; separate silu and multiply kernels would round twice).
+// Gated activations in one pass, inputs read in place from (possibly column slices of) a fused
+// projection, computed in fp32 and rounded once to the activation dtype T: SwiGLU, silu(gate) ·
+// up (fla's fused `swiglu` does the same; separate silu and multiply kernels would round twice),
+// and the attention output's gate, o · sigmoid(gate) (Qwen's gated attention).
 #include "common.cuh"
 #include "dtype.cuh"
 
@@ -35,3 +36,23 @@ __device__ void swiglu(const T* __restrict__ gate, long ldg, const T* __restrict
 SWIGLU_ENTRIES(float, f32)
 SWIGLU_ENTRIES(__nv_bfloat16, bf16)
 SWIGLU_ENTRIES(__half, f16)
+
+// o [rows, D] f32 contiguous, gate [rows, D] in T with row stride ldg; out [rows, D] T
+// contiguous: out = o · sigmoid(gate), rounded once. Grid (ceil(D/blockDim), ≤ 65535 rows, each
+// block row striding over rows).
+template <typename T>
+__device__ void sigmoid_gate(const float* __restrict__ o, const T* __restrict__ gate, long ldg, T* __restrict__ out,
+                             int rows, int D) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= D) return;
+  for (size_t r = blockIdx.y; r < (size_t)rows; r += gridDim.y)
+    out[r * D + c] = from_f32<T>(o[r * D + c] * ds_sigmoid(to_f32(gate[r * ldg + c])));
+}
+
+#define SIGMOID_GATE_ENTRY(T, NAME)                                                                             \
+  extern "C" __global__ void sigmoid_gate_##NAME(const float* o, const T* gate, long ldg, T* out, int rows, int D) { \
+    sigmoid_gate<T>(o, gate, ldg, out, rows, D);                                                                \
+  }
+SIGMOID_GATE_ENTRY(float, f32)
+SIGMOID_GATE_ENTRY(__nv_bfloat16, bf16)
+SIGMOID_GATE_ENTRY(__half, f16)

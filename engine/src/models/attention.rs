@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
-use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq};
+use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq, QkNorms};
 
 use super::linear::{linear_to, project};
 use super::norm::SubInput;
@@ -43,6 +43,11 @@ fn split_interleaved(t: &Tensor, heads: usize, hd: usize) -> Result<(Tensor, Ten
         Ok(x.contiguous()?.reshape(s)?)
     };
     Ok((flat(t.narrow(1, 0, 1)?)?, flat(t.narrow(1, 1, 1)?)?))
+}
+
+/// q or k `[N, H·hd]` RMSNorm'd over all its heads at once (OLMo-Hybrid's q/k norm), in f32.
+fn whole_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    Ok(candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?.contiguous()?, weight, eps)?)
 }
 
 impl Attention {
@@ -146,18 +151,6 @@ impl Attention {
         CacheSpec::Attention { kv_heads: self.spec.num_kv_heads, head_dim: self.spec.head_dim, dtype }
     }
 
-    /// q or k `[N, H·hd]` → normalised, `[N, H, hd]` f32.
-    fn norm(&self, x: &Tensor, weight: Option<&Tensor>, heads: usize) -> Result<Tensor> {
-        let (n, hd) = (x.dim(0)?, self.spec.head_dim);
-        let x = x.to_dtype(DType::F32)?;
-        let y = match (weight, self.spec.qk_norm) {
-            (Some(w), QkNorm::PerHead) => candle_nn::ops::rms_norm(&x.reshape((n * heads, hd))?, w, self.eps)?,
-            (Some(w), QkNorm::Whole) => candle_nn::ops::rms_norm(&x.contiguous()?, w, self.eps)?,
-            _ => x,
-        };
-        Ok(y.reshape((n, heads, hd))?)
-    }
-
     /// Rows of `x` `[N, D]` belong to sequences as `kv.cu` says; each appends its keys and
     /// values at its next positions and attends over its cache. Returns `[N, D]`.
     pub fn forward(&self, x: &SubInput<'_>, cache: &mut KvLayer, kv: &KvPlan) -> Result<Tensor> {
@@ -165,9 +158,15 @@ impl Attention {
         let (n, hq, hkv, hd) = (x.rows()?, s.num_heads, s.num_kv_heads, s.head_dim);
         let y = x.project(&self.qkv)?;
         let gate_rows = if s.output_gate { hq * hd } else { 0 };
-        let q = self.norm(&y.narrow(1, 0, hq * hd)?, self.q_norm.as_ref(), hq)?;
-        let k = self.norm(&y.narrow(1, hq * hd + gate_rows, hkv * hd)?, self.k_norm.as_ref(), hkv)?;
-        let v = y.narrow(1, (hq + hkv) * hd + gate_rows, hkv * hd)?.to_dtype(DType::F32)?.reshape((n, hkv, hd))?;
+        let (q, k) = (y.narrow(1, 0, hq * hd)?, y.narrow(1, hq * hd + gate_rows, hkv * hd)?);
+        let v = y.narrow(1, (hq + hkv) * hd + gate_rows, hkv * hd)?;
+        // Per-head norms run inside the attention op, which reads q, k and v from `y` in place;
+        // a norm over all heads at once (OLMo-Hybrid's) runs here first.
+        let (q, k, norms) = match (&self.q_norm, &self.k_norm, s.qk_norm) {
+            (Some(qw), Some(kw), QkNorm::PerHead) => (q, k, Some(QkNorms { q: qw, k: kw, eps: self.eps })),
+            (Some(qw), Some(kw), QkNorm::Whole) => (whole_norm(&q, qw, self.eps)?, whole_norm(&k, kw, self.eps)?, None),
+            _ => (q, k, None),
+        };
         let shape = AttentionShape {
             q_heads: hq,
             kv_heads: hkv,
@@ -181,13 +180,9 @@ impl Attention {
         let pass = Paged { seqs: &seqs, cu: &kv.cu, block_size: kv.block_size };
         let device = kv.device.as_ref().map(|d| d.pages());
         let rope = self.rope.as_ref().map(Rope::args);
-        let o = ops::paged_attention((&q, &k, &v), &shape, rope, pass, device, &mut cache.k, &mut cache.v)?;
-        let mut o = o.reshape((n, hq * hd))?;
-        if s.output_gate {
-            let gate = y.narrow(1, hq * hd, hq * hd)?.to_dtype(DType::F32)?;
-            o = (o * candle_nn::ops::sigmoid(&gate)?)?;
-        }
-        let o = o.to_dtype(x.dtype())?;
+        let o = ops::paged_attention((&q, &k, &v), norms, &shape, rope, pass, device, &mut cache.k, &mut cache.v)?;
+        let o = o.reshape((n, hq * hd))?;
+        let o = if s.output_gate { ops::sigmoid_gate(&o, &y.narrow(1, hq * hd, hq * hd)?)? } else { o.to_dtype(x.dtype())? };
         project(&self.o_proj, &o)
     }
 }

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
-use deltaserve_kernels::ops::PrefillAlgo;
+use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{Capture, StepSlots, PREFILL_CHUNK};
 
 use super::attention::Attention;
@@ -205,7 +205,7 @@ impl CausalLm {
 
     fn head(&self, res: &Residual) -> Result<Tensor> {
         let x = NormedInput::new(res, &self.norm, self.dtype);
-        Ok(x.project(&self.lm_head)?.to_dtype(DType::F32)?)
+        Ok(ops::to_f32(&x.project(&self.lm_head)?)?)
     }
 
     /// The blocks over the fp32 embeddings `h`.

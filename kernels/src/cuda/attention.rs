@@ -8,9 +8,9 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, device_address, f32c, grid, ptx, sm_count, wrap, DeviceSlots};
+use super::{cuda_dev, device_address, f32c, grid, ptx, sm_count, wrap, DeviceSlots, RowsArg};
 use crate::cpu::attention::{AttentionShape, Paged};
-use crate::ops::attention::{DevicePages, RopeArgs};
+use crate::ops::attention::{DevicePages, QkNorms, RopeArgs};
 use crate::{KernelError, Result};
 
 /// Key splits a query row is cut into by the row kernel (`SPLITS` in attention.cu).
@@ -55,10 +55,46 @@ fn tiles_apply(operands: DType, cache: DType, pass: &Paged<'_>, hd: usize) -> bo
     matches!(operands, DType::BF16 | DType::F16) && cache == operands && multi_row && matches!(hd, 64 | 128 | 256)
 }
 
-/// Appends `k`, `v` `[N, HKV, hd]` (RoPE on k) at each row's position and attends with `q`
-/// `[N, HQ, hd]` (RoPE on q). Returns `[N, HQ, hd]` f32. Shapes were checked by the caller.
+/// The append kernel's inputs (`struct QkvRows` in attention.cu), passed by value as a
+/// `__grid_constant__` parameter.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct QkvArgs {
+    q: u64,
+    k: u64,
+    v: u64,
+    ldq: i64,
+    ldk: i64,
+    ldv: i64,
+    q_norm: u64,
+    k_norm: u64,
+    eps: f32,
+    /// The C++ struct's tail padding, spelled out.
+    _pad: i32,
+}
+
+// attention.cu asserts the same size and offsets for `struct QkvRows`.
+const _: () = assert!(std::mem::size_of::<QkvArgs>() == 72 && std::mem::offset_of!(QkvArgs, q_norm) == 48);
+
+// SAFETY: plain `#[repr(C)]` integers and floats, laid out as the kernels' `struct QkvRows`.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for QkvArgs {}
+
+/// `t` (`[N, H, hd]` or `[N, H·hd]`) as rows the append kernel reads in place, in `dtype`.
+fn qkv_rows(t: &Tensor, dtype: DType) -> Result<RowsArg> {
+    let n = t.dim(0)?;
+    let t = t.to_dtype(dtype)?;
+    let t = if t.rank() == 2 { t } else { t.contiguous()?.reshape((n, ()))? };
+    RowsArg::new(&t)
+}
+
+/// Appends `k`, `v` (RoPE on k, after its per-head RMSNorm when `norms` has one) at each row's
+/// position and attends with `q` (likewise). `q`, `k`, `v` are `[N, H, hd]` or `[N, H·hd]` in
+/// f32, bf16 or f16, rows read in place (column slices of the layer's projection). Returns `[N,
+/// HQ, hd]` f32. Shapes were checked by the caller.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
+    norms: Option<QkNorms<'_>>,
     shape: &AttentionShape,
     rope: Option<RopeArgs<'_>>,
     pass: &Paged<'_>,
@@ -78,7 +114,19 @@ pub fn paged_attention(
     if n == 0 {
         return Ok(wrap(&dev, out, (n, hq, hd)));
     }
-    let (q, k, v) = (f32c(q)?, f32c(k)?, f32c(v)?);
+    // One input type for the three (they are slices of one projection); any other → f32.
+    let input = if q.dtype() == k.dtype() && k.dtype() == v.dtype() && matches!(q.dtype(), DType::BF16 | DType::F16) {
+        q.dtype()
+    } else {
+        DType::F32
+    };
+    let (qa, ka, va) = (qkv_rows(q, input)?, qkv_rows(k, input)?, qkv_rows(v, input)?);
+    let norm_weights = norms.map(|n| -> Result<_> { Ok((f32c(n.q)?, f32c(n.k)?, n.eps)) }).transpose()?;
+    let (q_norm, k_norm, eps) = match &norm_weights {
+        Some((qn, kn, eps)) => (device_address::<f32>(qn)?, device_address::<f32>(kn)?, *eps),
+        None => (0, 0, 0.0),
+    };
+    let qkv = QkvArgs { q: qa.ptr, k: ka.ptr, v: va.ptr, ldq: qa.ld, ldk: ka.ld, ldv: va.ld, q_norm, k_norm, eps, _pad: 0 };
     let inv_freq = rope.map(|r| f32c(r.inv_freq)).transpose()?;
     let (rot, freq_ptr) = match (&rope, &inv_freq) {
         (Some(r), Some(f)) => (r.rotary_dim as i32, device_address::<f32>(f)?),
@@ -101,12 +149,11 @@ pub fn paged_attention(
     let (kc, vc) = (address(&k_cache.data), address(&v_cache.data));
     // SAFETY: the append kernel writes every element.
     let q_rot = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
-    let (qp, kp, vp) = (device_address::<f32>(&q)?, device_address::<f32>(&k)?, device_address::<f32>(&v)?);
     let q_rot_ptr = address(&q_rot);
-    let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}"), "attention", ptx::ATTENTION)?;
+    let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}_{}", qa.suffix), "attention", ptx::ATTENTION)?;
     let threads = if hd <= 64 { 64 } else { 128 };
     let mut l = append.builder();
-    l.arg(&qp).arg(&kp).arg(&vp).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
+    l.arg(&qkv).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
     l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi);
     unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
 

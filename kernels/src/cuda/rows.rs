@@ -177,3 +177,28 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     unsafe { l.launch(grid(i.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }.w()?;
     Ok(out)
 }
+
+/// `o · sigmoid(gate)` rounded once to `gate`'s dtype, for `o` `[N, D]` (any float dtype; f32
+/// read as it is) and `gate` `[N, D]` (rows read in place). Returns `[N, D]` in `gate`'s dtype.
+pub fn sigmoid_gate(o: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    let dev = cuda_dev(gate, "sigmoid_gate")?;
+    let (rows, d) = gate.dims2()?;
+    let g = RowsArg::new(gate)?;
+    let dtype = match g.suffix {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        _ => DType::F32,
+    };
+    let o = f32c(o)?;
+    let out = alloc_rows(&dev, dtype, rows, d)?;
+    if rows == 0 || d == 0 {
+        return Ok(out);
+    }
+    let f = dev.get_or_load_custom_func(&format!("sigmoid_gate_{}", g.suffix), "swiglu", ptx::SWIGLU)?;
+    let (o_ptr, out_ptr) = (first_element_address_any(&o)?, first_element_address_any(&out)?);
+    let (ri, di) = (rows as i32, d as i32);
+    let mut l = f.builder();
+    l.arg(&o_ptr).arg(&g.ptr).arg(&g.ld).arg(&out_ptr).arg(&ri).arg(&di);
+    unsafe { l.launch(grid(d.div_ceil(256), rows.min(65535), 1, 256, 0)) }.w()?;
+    Ok(out)
+}

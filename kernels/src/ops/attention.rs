@@ -20,6 +20,19 @@ pub struct RopeArgs<'a> {
     pub rotary_dim: usize,
 }
 
+/// Per-head RMSNorms on q and k before RoPE (Qwen3.5's and fla's `qk_norm`): weights `[hd]`
+/// f32 on the tensors' device, applied as x / √(mean(x²) + eps) · w (a zero-centred norm's
+/// `1 + w` already added).
+#[derive(Debug, Clone, Copy)]
+pub struct QkNorms<'a> {
+    /// q's weight.
+    pub q: &'a Tensor,
+    /// k's weight.
+    pub k: &'a Tensor,
+    /// ε.
+    pub eps: f32,
+}
+
 /// Where a GPU pass finds the cache: the pool's block table on the device and each row's slot
 /// and position (device tensors, so that a CUDA graph can replay with new ones).
 #[derive(Debug, Clone, Copy)]
@@ -34,13 +47,17 @@ pub struct DevicePages<'a> {
     pub row_pos: &'a Tensor,
 }
 
-/// Appends `k`, `v` (`[N, HKV, hd]`) at each sequence's next positions and attends with `q`
-/// (`[N, HQ, hd]`); rows `pass.cu[s]..pass.cu[s+1]` belong to `pass.seqs[s]`. The caches hold
+/// Appends `k`, `v` (`[N, HKV, hd]`, or `[N, HKV·hd]` such as column slices of the layer's
+/// projection, read in place on the GPU; any float dtype) at each sequence's next positions and
+/// attends with `q` (`[N, HQ, hd]` or `[N, HQ·hd]`), q and k first normalised per head when
+/// `norms` is given; rows `pass.cu[s]..pass.cu[s+1]` belong to `pass.seqs[s]`. The caches hold
 /// one block per slot, `[block_size, HKV, hd]`: f32, or on a GPU also bf16/f16 (prefill of
 /// 16-bit operands then runs on the tensor cores). GPU caches also need `device` (the same
 /// tables and positions in device memory). Returns `[N, HQ, hd]` f32.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
+    norms: Option<QkNorms<'_>>,
     shape: &AttentionShape,
     rope: Option<RopeArgs<'_>>,
     pass: Paged<'_>,
@@ -53,8 +70,20 @@ pub fn paged_attention(
     let (hq, hkv, hd) = (shape.q_heads, shape.kv_heads, shape.head_dim);
     let n = q.dim(0)?;
     for (input, t, heads) in [("q", q, hq), ("k", k, hkv), ("v", v, hkv)] {
-        if t.dims() != [n, heads, hd] {
-            return Err(KernelError::Shape { op: OP, input, expected: format!("[{n}, {heads}, {hd}]"), actual: t.dims().to_vec() });
+        if t.dims() != [n, heads, hd] && t.dims() != [n, heads * hd] {
+            return Err(KernelError::Shape {
+                op: OP,
+                input,
+                expected: format!("[{n}, {heads}, {hd}] or [{n}, {}]", heads * hd),
+                actual: t.dims().to_vec(),
+            });
+        }
+    }
+    if let Some(nw) = norms {
+        for (input, t) in [("q norm", nw.q), ("k norm", nw.k)] {
+            if t.dims() != [hd] {
+                return Err(KernelError::Shape { op: OP, input, expected: format!("[{hd}]"), actual: t.dims().to_vec() });
+            }
         }
     }
     if let Some(r) = rope {
@@ -132,13 +161,17 @@ pub fn paged_attention(
                 actual: vec![seq.table.len()],
             });
         }
-        return crate::cuda::paged_attention((q, k, v), shape, rope, &pass, &pages, kc, vc);
+        return crate::cuda::paged_attention((q, k, v), norms, shape, rope, &pass, &pages, kc, vc);
     }
     let _ = device;
     if !k_cache.is_host() || !v_cache.is_host() {
         return Err(KernelError::UnsupportedDevice { op: OP, device: "caches on different devices".into() });
     }
     let (mut qs, mut ks, vs) = (cpu_f32(OP, q)?, cpu_f32(OP, k)?, cpu_f32(OP, v)?);
+    if let Some(nw) = norms {
+        attention::rms_norm_heads(&mut qs, hd, &cpu_f32(OP, nw.q)?, nw.eps);
+        attention::rms_norm_heads(&mut ks, hd, &cpu_f32(OP, nw.k)?, nw.eps);
+    }
     if let Some(r) = rope {
         let (pos, inv_freq) = (attention::positions(pass), cpu_f32(OP, r.inv_freq)?);
         attention::rope(&mut qs, hq, hd, &pos, &inv_freq);

@@ -20,6 +20,31 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok((gate.silu()? * up.to_dtype(gate.dtype())?)?)
 }
 
+/// `t` in f32 (a 16-bit model's logits for the sampler): on the GPU one vectorised kernel for a
+/// contiguous bf16/f16 tensor, elsewhere candle's cast.
+pub fn to_f32(t: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if t.device().is_cuda() {
+        return crate::cuda::to_f32(t);
+    }
+    Ok(t.to_dtype(candle_core::DType::F32)?)
+}
+
+/// Qwen's attention output gate, `o · sigmoid(gate)` in fp32 rounded once to `gate`'s dtype,
+/// for `o` `[N, D]` (f32) and `gate` `[N, D]` (a column slice of the layer's projection). On
+/// the GPU one kernel reads the gate in place; the CPU runs candle's sigmoid and product.
+pub fn sigmoid_gate(o: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    const OP: &str = "sigmoid_gate";
+    let (n, d) = dims2(OP, "gate", gate)?;
+    expect_dims(OP, "o", o, &[n, d])?;
+    #[cfg(feature = "cuda")]
+    if gate.device().is_cuda() {
+        return crate::cuda::sigmoid_gate(o, gate);
+    }
+    let gate_f32 = gate.to_dtype(candle_core::DType::F32)?;
+    Ok((o.to_dtype(candle_core::DType::F32)? * candle_nn::ops::sigmoid(&gate_f32)?)?.to_dtype(gate.dtype())?)
+}
+
 static BATCH_INVARIANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Turns the GPU's batch-invariant mode on or off for this process (the CPU is always
@@ -190,7 +215,10 @@ pub const ADD_NORM_LINEAR_MAX_ROWS: usize = 2;
 /// Most head rows (B · H) [`small_batch_gated_norm_linear`] fuses: a warp of each block
 /// normalises one head row, and more than one a warp puts them one after another ahead of the
 /// weights (H100, into `o_proj` 2048 × 3072: 6 heads of 512 at B = 1 16.9 µs fused against 21.8
-/// µs apart, at B = 2 22.2 against 22.0; 32 heads of 128 at B = 1 23.9 against 18.1).
+/// µs apart, at B = 2 22.2 against 22.0; 32 heads of 128 at B = 1 23.9 against 18.1). Loading a
+/// warp's four rows of 128 together did not pay either: the Qwen3.5-layout decode step at B = 1
+/// took 2.14 ms with it against 2.08–2.11 ms without
+/// (`benches/results/h100-hybrid_attention-2026-11-27/`).
 pub const GATED_NORM_LINEAR_MAX_HEAD_ROWS: usize = 8;
 
 /// Most rows [`small_batch_swiglu_linear`] fuses. Every warp recomputes the SwiGLU of the x

@@ -39,8 +39,8 @@ pub struct RawStepInputs<'a> {
 /// How [`gated_delta_step_raw`] runs on a GPU (elsewhere it is always [`StepFusion::Apart`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepFusion {
-    /// [`Fused`](Self::Fused) up to [`FUSED_STEP_MAX_BATCH`] rows, [`Apart`](Self::Apart)
-    /// beyond.
+    /// [`Fused`](Self::Fused) up to [`FUSED_STEP_MAX_BATCH`] rows or for value heads up to
+    /// [`FUSED_STEP_ANY_BATCH_MAX_V`] wide, [`Apart`](Self::Apart) otherwise.
     Auto,
     /// One kernel launch that normalises q and k and forms β and the gate as it loads them.
     Fused,
@@ -53,6 +53,11 @@ pub enum StepFusion {
 /// waves of CTAs (H100, 1.39B model, graph steps: batch 1 1.84 → 1.81 ms, batch 16 3.27 → 3.23
 /// ms) and not at batch 64 (5.84 → 5.97 ms); sizes in between were not measured.
 pub const FUSED_STEP_MAX_BATCH: usize = 16;
+
+/// Widest value head [`StepFusion::Auto`] fuses at every batch size. The fused step's extra
+/// cost is each CTA normalising its head's q and k again; a value head this narrow is one CTA
+/// (Qwen3.5's 128), so nothing is repeated and the prep kernel and its copy are saved.
+pub const FUSED_STEP_ANY_BATCH_MAX_V: usize = 128;
 
 /// [`prepare`] then [`gated_delta_step`], optionally as one GPU kernel (`fusion`): the fused
 /// kernel does the prep kernel's arithmetic as it loads q, k, β and the gate (so the two agree
@@ -86,7 +91,7 @@ pub fn gated_delta_step_raw<'s>(
         expect_dims(OP, "dt_bias", dt_bias, &[x.v_heads])?;
     }
     let fused = match fusion {
-        StepFusion::Auto => bsz <= FUSED_STEP_MAX_BATCH,
+        StepFusion::Auto => bsz <= FUSED_STEP_MAX_BATCH || x.v_dim <= FUSED_STEP_ANY_BATCH_MAX_V,
         StepFusion::Fused => true,
         StepFusion::Apart => false,
     };
