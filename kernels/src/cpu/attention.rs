@@ -71,18 +71,6 @@ pub fn rope(x: &mut [f32], heads: usize, hd: usize, positions: &[usize], inv_fre
     });
 }
 
-/// RMSNorm of every `hd`-wide head of `x` with the weight `w` `[hd]`: x / √(mean(x²) + eps) · w,
-/// the squares summed in order (candle's `rms_norm` on the CPU, to the bit).
-pub fn rms_norm_heads(x: &mut [f32], hd: usize, w: &[f32], eps: f32) {
-    x.par_chunks_mut(hd).for_each(|head| {
-        let sum2: f32 = head.iter().map(|v| v * v).sum();
-        let m = (sum2 / hd as f32 + eps).sqrt();
-        for (v, w) in head.iter_mut().zip(w) {
-            *v = *v / m * w;
-        }
-    });
-}
-
 /// Writes the new rows' keys and values (`[N, HKV, hd]` each, packed by `cu`) into the cache.
 pub fn append(k: &[f32], v: &[f32], shape: &AttentionShape, pass: Paged<'_>, k_cache: &mut [f32], v_cache: &mut [f32]) {
     let (seqs, cu, block_size) = (pass.seqs, pass.cu, pass.block_size);

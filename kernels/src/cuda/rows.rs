@@ -184,9 +184,9 @@ pub fn sigmoid_gate(o: &Tensor, gate: &Tensor) -> Result<Tensor> {
     let dev = cuda_dev(gate, "sigmoid_gate")?;
     let (rows, d) = gate.dims2()?;
     let g = RowsArg::new(gate)?;
-    let dtype = match g.suffix {
-        "bf16" => DType::BF16,
-        "f16" => DType::F16,
+    // RowsArg reads any other dtype as f32.
+    let dtype = match gate.dtype() {
+        DType::BF16 | DType::F16 => gate.dtype(),
         _ => DType::F32,
     };
     let o = f32c(o)?;

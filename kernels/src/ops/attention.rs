@@ -167,11 +167,18 @@ pub fn paged_attention(
     if !k_cache.is_host() || !v_cache.is_host() {
         return Err(KernelError::UnsupportedDevice { op: OP, device: "caches on different devices".into() });
     }
-    let (mut qs, mut ks, vs) = (cpu_f32(OP, q)?, cpu_f32(OP, k)?, cpu_f32(OP, v)?);
-    if let Some(nw) = norms {
-        attention::rms_norm_heads(&mut qs, hd, &cpu_f32(OP, nw.q)?, nw.eps);
-        attention::rms_norm_heads(&mut ks, hd, &cpu_f32(OP, nw.k)?, nw.eps);
-    }
+    // Per-head norms: candle's RMSNorm over the heads as rows.
+    let normed = |t: &Tensor, w: Option<&Tensor>, eps: f32| -> Result<Vec<f32>> {
+        match w {
+            Some(w) => {
+                let rows = t.to_dtype(candle_core::DType::F32)?.contiguous()?.reshape(((), hd))?;
+                cpu_f32(OP, &candle_nn::ops::rms_norm(&rows, w, eps)?)
+            }
+            None => cpu_f32(OP, t),
+        }
+    };
+    let eps = norms.map_or(0.0, |n| n.eps);
+    let (mut qs, mut ks, vs) = (normed(q, norms.map(|n| n.q), eps)?, normed(k, norms.map(|n| n.k), eps)?, cpu_f32(OP, v)?);
     if let Some(r) = rope {
         let (pos, inv_freq) = (attention::positions(pass), cpu_f32(OP, r.inv_freq)?);
         attention::rope(&mut qs, hq, hd, &pos, &inv_freq);
