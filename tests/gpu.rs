@@ -297,9 +297,10 @@ fn gpu_paged_attention_matches_cpu(dev: &Device) {
 /// four-channel kernel can take it and where only the one-channel one can; W = 4 (compiled in)
 /// and W = 3 (a run-time width). Then a decode step in shuffled slot order. SwiGLU on column
 /// slices equals silu(gate) · up computed in f32 and rounded once, the attention output's
-/// sigmoid gate on a column slice equals the CPU's, and the logits' widening to f32 is exact.
+/// sigmoid gate on a column slice equals the CPU's, and the logits' widening to f32 is exact, into a new
+/// tensor or a fixed buffer.
 fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, sigmoid_gate, swiglu, to_f32};
+    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, sigmoid_gate, swiglu, to_f32, to_f32_into};
     use deltaserve_kernels::ConvActivation;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut rand = |shape: (usize, usize)| {
@@ -377,6 +378,13 @@ fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
                 let got = to_f32(&x.to_device(dev).unwrap()).unwrap();
                 assert_eq!(got.dtype(), DType::F32, "to_f32 dtype");
                 assert_eq!(values(&got), values(&x.to_dtype(DType::F32).unwrap()), "to_f32 {dtype:?} of {len}");
+                // Into a fixed buffer (a decode graph's logits): the same bits, and a buffer of
+                // another shape refused.
+                let out = Tensor::full(f32::NAN, len, dev).unwrap();
+                to_f32_into(&x.to_device(dev).unwrap(), &out).unwrap();
+                assert_eq!(values(&out), values(&got), "to_f32_into {dtype:?} of {len}");
+                let short = Tensor::zeros(len - 1, DType::F32, dev).unwrap();
+                assert!(to_f32_into(&x.to_device(dev).unwrap(), &short).is_err(), "to_f32_into a shorter buffer");
             }
         }
     }

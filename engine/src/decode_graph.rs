@@ -144,7 +144,8 @@ impl DecodeGraphs {
         tracing::debug!(batch = b, "capturing a decode graph");
         // The step reads `ids`, `dev_slots` and `dev_positions`; its logits go into `logits`.
         let captured = record_graph(dev, "decode", &logits, || {
-            model.decode_step(pool, &ids, StepSlots { host: slots, device: Some(&dev_slots) }, Some(&dev_positions))
+            let step = StepSlots { host: slots, device: Some(&dev_slots) };
+            model.decode_step_into(pool, &ids, step, Some(&dev_positions), &logits).map(|()| logits.clone())
         });
         // A split model's ranks keep their graphs only together: `agree(false)` there calls the
         // pass off on every rank (the engine retries it eagerly), `agree(true)` fails if
@@ -190,12 +191,12 @@ impl DecodeGraphs {
 }
 
 /// Records what `record` queues on `dev`'s stream into a graph, with a copy of its result into
-/// `out`; nothing runs. The graph is uploaded, ready to launch. `what` names it in errors.
+/// `out` (none when the result is `out` itself); nothing runs. The graph is uploaded, ready to launch. `what` names it in errors.
 pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<CudaGraph> {
     let stream = dev.cuda_stream();
     let _cache = dev.enable_cuda_graph_htod_cache();
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
-    let recorded = record().and_then(|t| Ok(out.slice_set(&t, 0, 0)?));
+    let recorded = record().and_then(|t| if t.id() == out.id() { Ok(()) } else { Ok(out.slice_set(&t, 0, 0)?) });
     // End the capture whatever happened, so the stream leaves capture mode.
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
     recorded?;

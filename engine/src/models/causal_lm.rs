@@ -204,8 +204,12 @@ impl CausalLm {
     }
 
     fn head(&self, res: &Residual) -> Result<Tensor> {
-        let x = NormedInput::new(res, &self.norm, self.dtype);
-        Ok(ops::to_f32(&x.project(&self.lm_head)?)?)
+        Ok(ops::to_f32(&self.head_logits(res)?)?)
+    }
+
+    /// The final norm and the LM head, in the compute dtype.
+    fn head_logits(&self, res: &Residual) -> Result<Tensor> {
+        NormedInput::new(res, &self.norm, self.dtype).project(&self.lm_head)
     }
 
     /// The blocks over the fp32 embeddings `h`.
@@ -418,6 +422,21 @@ impl CausalLm {
     ) -> Result<Tensor> {
         let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
         self.head(&res)
+    }
+
+    /// [`Self::decode_step`] with the logits written into `out` `[B, vocab]` f32 (a CUDA graph's
+    /// fixed output), widened there by one kernel rather than into a tensor then copied.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn decode_step_into(
+        &self,
+        pool: &mut StatePool,
+        ids: &Tensor,
+        slots: StepSlots<'_>,
+        positions: Option<&Tensor>,
+        out: &Tensor,
+    ) -> Result<()> {
+        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
+        Ok(ops::to_f32_into(&self.head_logits(&res)?, out)?)
     }
 }
 

@@ -47,23 +47,53 @@ pub(crate) fn copy_many(dev: &CudaDevice, copies: &[(u64, u64, usize)]) -> Resul
 /// vectorised kernel (`widen_*` in copy.cu; candle's cast runs at a fraction of the copy
 /// bandwidth on a batch's logits), anything else through candle's cast.
 pub fn to_f32(t: &Tensor) -> Result<Tensor> {
+    let Some((name, x)) = widenable(t)? else { return Ok(t.to_dtype(DType::F32)?) };
+    let dev = cuda_dev(t, "to_f32")?;
+    let y = alloc_rows(&dev, DType::F32, 1, t.elem_count())?;
+    widen(&dev, name, x, first_element_address_any(&y)?, t.elem_count())?;
+    Ok(y.reshape(t.dims())?)
+}
+
+/// [`to_f32`] written into `out`, a contiguous f32 tensor of `t`'s shape (a CUDA graph's fixed
+/// output buffer), with no intermediate copy.
+pub fn to_f32_into(t: &Tensor, out: &Tensor) -> Result<()> {
+    if out.dims() != t.dims() || out.dtype() != DType::F32 || !out.is_contiguous() {
+        return Err(crate::KernelError::Shape {
+            op: "to_f32_into",
+            input: "out",
+            expected: format!("contiguous f32 {:?}", t.dims()),
+            actual: out.dims().to_vec(),
+        });
+    }
+    match widenable(t)? {
+        Some((name, x)) => widen(&cuda_dev(t, "to_f32_into")?, name, x, first_element_address_any(out)?, t.elem_count()),
+        None => Ok(out.slice_set(&t.to_dtype(DType::F32)?, 0, 0)?),
+    }
+}
+
+/// The widening kernel for `t` and `t`'s address, when it takes `t`: contiguous bf16/f16, a
+/// multiple of 8 long, 16-byte aligned.
+fn widenable(t: &Tensor) -> Result<Option<(&'static str, u64)>> {
     let name = match t.dtype() {
         DType::BF16 => "widen_bf16_f32",
         DType::F16 => "widen_f16_f32",
-        _ => return Ok(t.to_dtype(DType::F32)?),
+        _ => return Ok(None),
     };
     let n = t.elem_count();
-    let x = first_element_address_any(t)?;
-    if !t.is_contiguous() || n == 0 || !n.is_multiple_of(8) || !x.is_multiple_of(16) {
-        return Ok(t.to_dtype(DType::F32)?);
+    if !t.is_contiguous() || n == 0 || !n.is_multiple_of(8) {
+        return Ok(None);
     }
-    let dev = cuda_dev(t, "to_f32")?;
-    let y = alloc_rows(&dev, DType::F32, 1, n)?;
+    let x = first_element_address_any(t)?;
+    Ok(x.is_multiple_of(16).then_some((name, x)))
+}
+
+/// Launches `name` over `n` values from `x` into the f32 values at `y`.
+fn widen(dev: &CudaDevice, name: &str, x: u64, y: u64, n: usize) -> Result<()> {
     let f = dev.get_or_load_custom_func(name, "copy", ptx::COPY)?;
-    let (y_ptr, n8) = (first_element_address_any(&y)?, (n / 8) as u64);
-    let blocks = (n / 8).div_ceil(256).clamp(1, 8 * sm_count(&dev)?);
+    let n8 = (n / 8) as u64;
+    let blocks = (n / 8).div_ceil(256).clamp(1, 8 * sm_count(dev)?);
     let mut l = f.builder();
-    l.arg(&x).arg(&y_ptr).arg(&n8);
+    l.arg(&x).arg(&y).arg(&n8);
     unsafe { l.launch(grid(blocks, 1, 1, 256, 0)) }.w()?;
-    Ok(y.reshape(t.dims())?)
+    Ok(())
 }

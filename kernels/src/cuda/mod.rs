@@ -579,7 +579,7 @@ pub mod nccl;
 pub use attention::paged_attention;
 pub use conv::{conv_prefill, conv_step};
 pub(crate) use copy::copy_many;
-pub use copy::to_f32;
+pub use copy::{to_f32, to_f32_into};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemm::{linear_lt, linear_lt_counts};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};

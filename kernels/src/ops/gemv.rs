@@ -30,6 +30,17 @@ pub fn to_f32(t: &Tensor) -> Result<Tensor> {
     Ok(t.to_dtype(candle_core::DType::F32)?)
 }
 
+/// [`to_f32`] written into `out`, a contiguous f32 tensor of `t`'s shape (a CUDA graph's fixed
+/// output buffer): on the GPU one kernel, no intermediate copy.
+pub fn to_f32_into(t: &Tensor, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if t.device().is_cuda() {
+        return crate::cuda::to_f32_into(t, out);
+    }
+    expect_dims("to_f32_into", "out", out, t.dims())?;
+    Ok(out.slice_set(&t.to_dtype(candle_core::DType::F32)?, 0, 0)?)
+}
+
 /// Qwen's attention output gate, `o · sigmoid(gate)` in fp32 rounded once to `gate`'s dtype,
 /// for `o` `[N, D]` (f32) and `gate` `[N, D]` (a column slice of the layer's projection). On
 /// the GPU one kernel reads the gate in place; the CPU runs candle's sigmoid and product.
