@@ -191,7 +191,8 @@ impl DecodeGraphs {
 }
 
 /// Records what `record` queues on `dev`'s stream into a graph, with a copy of its result into
-/// `out` (none when the result is `out` itself); nothing runs. The graph is uploaded, ready to launch. `what` names it in errors.
+/// `out` (none when the result is `out` itself); nothing runs. The graph is uploaded, ready to
+/// launch. `what` names it in errors.
 pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<CudaGraph> {
     let stream = dev.cuda_stream();
     let _cache = dev.enable_cuda_graph_htod_cache();
