@@ -33,12 +33,19 @@ pub fn to_f32(t: &Tensor) -> Result<Tensor> {
 /// [`to_f32`] written into `out`, a contiguous f32 tensor of `t`'s shape (a CUDA graph's fixed
 /// output buffer): on the GPU one kernel, no intermediate copy.
 pub fn to_f32_into(t: &Tensor, out: &Tensor) -> Result<()> {
+    if out.dims() != t.dims() || out.dtype() != DType::F32 || !out.is_contiguous() {
+        return Err(crate::KernelError::Shape {
+            op: "to_f32_into",
+            input: "out",
+            expected: format!("contiguous f32 {:?}", t.dims()),
+            actual: out.dims().to_vec(),
+        });
+    }
     #[cfg(feature = "cuda")]
     if t.device().is_cuda() {
         return crate::cuda::to_f32_into(t, out);
     }
-    expect_dims("to_f32_into", "out", out, t.dims())?;
-    Ok(out.slice_set(&t.to_dtype(candle_core::DType::F32)?, 0, 0)?)
+    Ok(out.slice_set(&t.to_dtype(DType::F32)?, 0, 0)?)
 }
 
 /// Qwen's attention output gate, `o · sigmoid(gate)` in fp32 rounded once to `gate`'s dtype,
