@@ -2,7 +2,10 @@
 # Chunked prefill under running streams, for one or more server builds in one GPU call: each
 # build is started, warmed, then 32 streams (128-token prompts, 1,024-token outputs) run alone,
 # and again while 16 prompts of 4,096 tokens (16-token outputs) arrive at 2 a second. The
-# streams' ITL p99 against the bare decode step is the measure.
+# streams' ITL p99 against the bare decode step is the measure. The streams ask for each token's
+# logprob (`--logprobs 0`), so that every token is a chunk of its own: without it the detokenizer
+# holds a partial UTF-8 byte token back and sends it with the next, and such a chunk's ITL is
+# two steps (a few percent of a random model's tokens: the p99 itself).
 #
 #   [MODEL=DIR] benches/long_prompts.sh SERVE_BENCH_BIN OUT_DIR LABEL=DELTASERVE_BIN...
 # MODEL defaults to serving_sweep.sh's checkpoint (written by it or by the caller).
@@ -20,9 +23,9 @@ for pair in "$@"; do
   pid=$server_pid
   url=http://127.0.0.1:$port
   "$BENCH" --url $url --num-prompts 32 --input-len 512 --output-len 64 --max-concurrency 32 --label warmup >/dev/null
-  "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 \
+  "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 --logprobs 0 \
     --label "$label-streams-alone" --json "$OUT/$label-streams-alone.json" | tail -1 | tee -a "$OUT/table.md"
-  "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 \
+  "$BENCH" --url $url --num-prompts 32 --input-len 128 --output-len 1024 --max-concurrency 32 --logprobs 0 \
     --label "$label-streams-with-4096-prompts" --json "$OUT/$label-streams-with-long.json" | tail -1 >"$OUT/$label-streams.row" &
   streams=$!
   sleep 1

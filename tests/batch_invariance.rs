@@ -1,7 +1,8 @@
 //! A sequence's logits are the same bits whatever else is in its batch (CPU, f32): alone or in
 //! decode batches of 2, 7 and 32, in any slot and batch row, prefilled alone or packed with
-//! other prompts, and with its prompt split at the prefill's chunk boundaries (how the server
-//! shares its per-step token budget). The GPU's counterpart (`--batch-invariant`) is in gpu.rs.
+//! other prompts, prefilled or decoded in mixed passes (prompt rows and decode rows together),
+//! and with its prompt split at the prefill's chunk boundaries (how the server shares its
+//! per-step token budget). The GPU's counterpart (`--batch-invariant`) is in gpu.rs.
 
 use candle_core::{DType, Device};
 use deltaserve_tests::invariance::batch_differences;

@@ -58,6 +58,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
     ("gpu_raw_decode_step_equals_prepare_then_step", gpu_raw_decode_step_equals_prepare_then_step),
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
+    ("gpu_mixed_passes_equal_separate_passes", gpu_mixed_passes_equal_separate_passes),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
@@ -905,6 +906,22 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
             let e = packed_model_prefill_error(engine.model(), 23);
             println!("{name} {dtype:?}: packed model prefill vs alone, worst rel err {e:.2e}");
             assert!(e <= tol, "{name} {dtype:?}: {e:.3e}");
+        }
+    }
+}
+
+/// A sequence prefilled beside running sequences' decode rows, then decoded beside new prompt
+/// pieces, in mixed passes (`Engine::prefill_and_decode`, as the server runs them), against the
+/// same sequence alone, on every compact fixture: within the f32 model tolerance in f32, and
+/// within the packed prefill's bf16 tolerance (the projections' rounding follows the row count).
+/// The bit-exact case, `--batch-invariant`, is in the batch-invariance test.
+fn gpu_mixed_passes_equal_separate_passes(dev: &Device) {
+    for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
+        for (dtype, tol) in [(DType::F32, F32_TOL), (BF16, 1e-2)] {
+            let m = deltaserve_tests::compact_model(name, dtype, dev);
+            let e = deltaserve_tests::invariance::mixed_error(&m, 60 + i as u64);
+            println!("  {name} {dtype:?}: mixed passes vs alone, worst rel err {e:.2e}");
+            assert!(e <= tol, "{name} {dtype:?}: {e:.3e} > {tol:e}");
         }
     }
 }

@@ -331,6 +331,22 @@ impl Engine {
         self.ranks.run(pool, |r, pool| r.prefill_many(pool, batch, self.prefill_algo, snapshots))
     }
 
+    /// [`Self::prefill_many_with`] and a decode step of `step` in one pass (see
+    /// [`CausalLm::prefill_and_decode`]): `[S + B, vocab]` f32 logits, the prompts' rows then
+    /// the decode rows. Runs eagerly; with `step` empty it is [`Self::prefill_many_with`].
+    pub fn prefill_and_decode(
+        &self,
+        pool: &mut StatePool,
+        batch: &[(SlotId, &[u32])],
+        snapshots: &[SnapshotAt],
+        step: &[(SlotId, u32)],
+    ) -> Result<Tensor> {
+        if step.is_empty() {
+            return self.prefill_many_with(pool, batch, snapshots);
+        }
+        self.ranks.run(pool, |r, pool| r.model.prefill_and_decode(pool, batch, self.prefill_algo, snapshots, step))
+    }
+
     /// [`Self::prefill_many_with`] run eagerly, never from a CUDA graph.
     pub(crate) fn prefill_eager(&self, pool: &mut StatePool, batch: &[(SlotId, &[u32])], snapshots: &[SnapshotAt]) -> Result<Tensor> {
         self.ranks.run(pool, |r, pool| r.model.prefill_many_with(pool, batch, self.prefill_algo, snapshots))

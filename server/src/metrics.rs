@@ -57,7 +57,8 @@ pub struct Metrics {
     pub e2e_latency: Histogram,
     /// Arrival to admission.
     pub request_queue_time: Histogram,
-    /// Engine step duration by `phase` (prefill, decode).
+    /// Engine step duration by `phase` (prefill, decode, or mixed: a prefill pass that also
+    /// decoded the running sequences).
     pub step_duration: HistogramVec,
     /// Sequences per decode step.
     pub decode_batch_size: Histogram,
@@ -120,8 +121,11 @@ impl Metrics {
         labels.insert("model_name".to_owned(), model_name.to_owned());
         let r = Registry::new_custom(None, Some(labels))?;
         let step_duration = HistogramVec::new(
-            HistogramOpts::new("deltaserve:step_duration_seconds", "Engine step duration by phase (prefill or decode).")
-                .buckets(STEP_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "deltaserve:step_duration_seconds",
+                "Engine step duration by phase (prefill, decode, or mixed: a prefill pass that also decoded).",
+            )
+            .buckets(STEP_BUCKETS.to_vec()),
             &["phase"],
         )?;
         r.register(Box::new(step_duration.clone()))?;
@@ -224,7 +228,7 @@ impl Metrics {
         for code in ["400", "401", "404", "413", "429", "500", "503", "504"] {
             m.request_errors.with_label_values(&[code]);
         }
-        for phase in ["prefill", "decode"] {
+        for phase in ["prefill", "decode", "mixed"] {
             m.step_duration.with_label_values(&[phase]);
         }
         Ok(m)

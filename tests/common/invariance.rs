@@ -48,6 +48,41 @@ fn in_batch(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>], at:
     out
 }
 
+/// The same, with the prompt prefilled in a pass that also decodes three running sequences, and
+/// each next token decoded (at decode row 1) in a pass that also prefills a new prompt piece.
+fn in_mixed(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let v = m.config().common.vocab_size;
+    let mut pool = m.new_pool(4 + next.len()).unwrap();
+    let running: Vec<SlotId> = (0..3).map(|_| pool.allocate().unwrap()).collect();
+    let batch: Vec<(SlotId, &[u32])> = running.iter().copied().zip(others.iter().map(Vec::as_slice)).collect();
+    m.prefill_many(&mut pool, &batch, PrefillAlgo::Chunked).unwrap();
+    let s = pool.allocate().unwrap();
+    let step: Vec<(SlotId, u32)> = running.iter().map(|&r| (r, 5 % v as u32)).collect();
+    let first = values(&m.prefill_and_decode(&mut pool, &[(s, prompt)], PrefillAlgo::Chunked, &[], &step).unwrap());
+    let mut out = vec![first[..v].to_vec()];
+    for (i, &t) in next.iter().enumerate() {
+        let newcomer = pool.allocate().unwrap();
+        let step = [(running[0], 7), (s, t), (running[1], 3), (running[2], 1)];
+        let piece = &others[i % others.len()];
+        let y = values(&m.prefill_and_decode(&mut pool, &[(newcomer, piece)], PrefillAlgo::Chunked, &[], &step).unwrap());
+        // Row 0 is the new piece's; the decode rows follow.
+        out.push(y[2 * v..3 * v].to_vec());
+    }
+    out
+}
+
+/// The worst relative error, over the prompt's logits and 3 decode steps', of a sequence
+/// prefilled and decoded in mixed passes (beside running sequences and new prompt pieces)
+/// against the same sequence alone: for GPUs, whose default projections round by row count.
+pub fn mixed_error(m: &CausalLm, seed: u64) -> f64 {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v = m.config().common.vocab_size;
+    let (prompt, next) = (tokens(&mut rng, v, 37), tokens(&mut rng, v, STEPS));
+    let others: Vec<Vec<u32>> = (0..3).map(|i| tokens(&mut rng, v, 20 + 45 * i)).collect();
+    let got = in_mixed(m, &prompt, &next, &others);
+    got.iter().zip(alone(m, &prompt, &next)).map(|(g, s)| crate::rel_err(g, &s)).fold(0.0, f64::max)
+}
+
 /// `prompt` prefilled in pieces ending at `cuts` (then the rest), then decoded alone.
 fn split(m: &CausalLm, pool: &mut StatePool, prompt: &[u32], cuts: &[usize]) -> Vec<f32> {
     let s = pool.allocate().unwrap();
@@ -67,8 +102,9 @@ fn differing(a: &[f32], b: &[f32]) -> usize {
 }
 
 /// For one model: `(case, logits that differ from alone)` for a 37-token prompt and 3 decode
-/// steps packed and decoded in batches of 2, 7 and 32 (in other slots and rows), and for a
-/// 200-token prompt cut at chunk boundaries against the whole.
+/// steps packed and decoded in batches of 2, 7 and 32 (in other slots and rows), in passes that
+/// prefill and decode at once, and for a 200-token prompt cut at chunk boundaries against the
+/// whole.
 pub fn batch_differences(m: &CausalLm, seed: u64) -> Vec<(String, usize)> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let v = m.config().common.vocab_size;
@@ -85,6 +121,11 @@ pub fn batch_differences(m: &CausalLm, seed: u64) -> Vec<(String, usize)> {
                 differing(g, s),
             ));
         }
+    }
+    let others: Vec<Vec<u32>> = (0..3).map(|i| tokens(&mut rng, v, 20 + 45 * i)).collect();
+    for (step, (g, s)) in in_mixed(m, &prompt, &next, &others).iter().zip(&solo).enumerate() {
+        let what = if step == 0 { "prefilled beside 3 decode rows".into() } else { format!("decode step {step} beside a prompt piece") };
+        out.push((format!("mixed pass, {what}"), differing(g, s)));
     }
     let long = tokens(&mut rng, v, 200);
     let mut pool = m.new_pool(1).unwrap();

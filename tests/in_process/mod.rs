@@ -74,6 +74,7 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
         max_model_len: 4096,
         prefix_cache: setup.cache,
         prefill_budget: 64,
+        mixed_batches: true,
         request_timeout: Duration::from_secs(60),
         warmup: true,
     };

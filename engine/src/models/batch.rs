@@ -20,7 +20,14 @@ pub struct Packed<'a> {
     pub tables: Option<&'a PackedTables>,
 }
 
-/// One forward pass: a packed prefill, or one decode token for each of B slots.
+impl Packed<'_> {
+    /// ΣT: the rows the packing covers.
+    pub fn rows(&self) -> usize {
+        self.cu[self.cu.len() - 1]
+    }
+}
+
+/// One forward pass: a packed prefill, one decode token for each of B slots, or both at once.
 #[derive(Debug, Clone, Copy)]
 pub enum Pass<'a> {
     /// Prompt chunks, run chunkwise-parallel at `algo`'s precision.
@@ -37,5 +44,17 @@ pub enum Pass<'a> {
         /// The rows' positions in device memory, `[B]` i32, when a CUDA graph replays the step
         /// (with `slots.device`); `None` uploads them from the pool.
         positions: Option<&'a Tensor>,
+    },
+    /// Prompt chunks in rows `0..seqs.rows()`, then one decode token for each of `slots` in the
+    /// rows after: the projections and MLPs read their weights once for both, and each token
+    /// mixer runs its prefill on the first rows and its decode step on the others (the same
+    /// kernels, and so the same bits, as two passes where the projections are row-invariant).
+    Mixed {
+        /// Which prompt rows belong to which slot.
+        seqs: Packed<'a>,
+        /// The mixer's prefill algorithm.
+        algo: PrefillAlgo,
+        /// The decode rows' slots, row `seqs.rows() + b` advancing `slots.host[b]`.
+        slots: StepSlots<'a>,
     },
 }

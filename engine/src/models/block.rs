@@ -11,6 +11,7 @@ use candle_core::{DType, Tensor};
 use super::attention::Attention;
 use super::batch::Pass;
 use super::delta_net::DeltaNet;
+use super::delta_rule;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::mlp::Mlp;
@@ -52,14 +53,11 @@ impl TokenMixer {
             return m.forward(x, cache.kv_mut()?, kv);
         }
         let cache = cache.recurrent_mut()?;
-        match (self, pass) {
-            (Self::GatedDeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
-            (Self::GatedDeltaNet(m), Pass::Decode { slots, .. }) => m.decode(x, cache, *slots),
-            (Self::GatedDeltaProduct(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
-            (Self::GatedDeltaProduct(m), Pass::Decode { slots, .. }) => m.decode(x, cache, *slots),
-            (Self::DeltaNet(m), Pass::Prefill { seqs, algo }) => m.prefill(x, cache, seqs, *algo),
-            (Self::DeltaNet(m), Pass::Decode { slots, .. }) => m.decode(x, cache, *slots),
-            (Self::Attention(_), _) => unreachable!("handled above"),
+        match self {
+            Self::GatedDeltaNet(m) => delta_rule::forward(m, x, cache, pass),
+            Self::GatedDeltaProduct(m) => delta_rule::forward(m, x, cache, pass),
+            Self::DeltaNet(m) => delta_rule::forward(m, x, cache, pass),
+            Self::Attention(_) => unreachable!("handled above"),
         }
     }
 }

@@ -224,6 +224,10 @@ impl CausalLm {
         let (slots, lens): (Vec<usize>, Vec<usize>) = match pass {
             Pass::Prefill { seqs, .. } => (seqs.slots.to_vec(), seqs.cu.windows(2).map(|w| w[1] - w[0]).collect()),
             Pass::Decode { slots, .. } => (slots.host.to_vec(), vec![1; slots.host.len()]),
+            Pass::Mixed { seqs, slots, .. } => (
+                [seqs.slots, slots.host].concat(),
+                seqs.cu.windows(2).map(|w| w[1] - w[0]).chain(std::iter::repeat_n(1, slots.host.len())).collect(),
+            ),
         };
         let mut kv = pool.plan(&slots, &lens)?;
         if let Some(tables) = pool.device_tables() {
@@ -294,18 +298,47 @@ impl CausalLm {
         algo: PrefillAlgo,
         snapshots: &[SnapshotAt],
     ) -> Result<Tensor> {
+        self.prefill_and_decode(pool, batch, algo, snapshots, &[])
+    }
+
+    /// [`Self::prefill_many_with`] and a decode step of `step` (as [`Self::decode`]) in one pass:
+    /// the prompts' rows first, then one row per `(slot, token)` of `step`, each layer's
+    /// projections reading their weights once for all of them. A slot is in `batch` or in
+    /// `step`, not both. Returns `[S + B, vocab]` f32: the logits after each prompt piece's last
+    /// token, then each decode row's.
+    pub fn prefill_and_decode(
+        &self,
+        pool: &mut StatePool,
+        batch: &[(SlotId, &[u32])],
+        algo: PrefillAlgo,
+        snapshots: &[SnapshotAt],
+        step: &[(SlotId, u32)],
+    ) -> Result<Tensor> {
         let (cu, slots, captures) = self.check_prefill(pool, batch, snapshots)?;
-        let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = cu[cu.len() - 1]).entered();
+        let (step_tokens, step_slots) = if step.is_empty() { Default::default() } else { self.check_decode(pool, step)? };
+        if let Some(s) = step_slots.iter().find(|s| slots.contains(s)) {
+            return Err(EngineError::Invalid {
+                field: "batch",
+                expected: "each slot in the prefill or in the decode step, not both".into(),
+                actual: format!("slot {s} in both"),
+            });
+        }
+        let prompt_rows = cu[cu.len() - 1];
+        let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = prompt_rows, decode = step.len()).entered();
         let starts: Vec<usize> = batch.iter().map(|(slot, _)| pool.seen(*slot)).collect();
-        let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &captures, tables: None }, algo };
+        let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).chain(step_tokens).collect();
+        let seqs = Packed { cu: &cu, slots: &slots, captures: &captures, tables: None };
+        let pass = match step.is_empty() {
+            true => Pass::Prefill { seqs, algo },
+            false => Pass::Mixed { seqs, algo, slots: StepSlots::from(&step_slots) },
+        };
         let res = self.blocks(self.embed(&all)?, pool, &pass)?;
         for s in snapshots {
             pool.seal(s.snap, slots[s.seq], starts[s.seq] + s.tokens);
         }
-        let last: Vec<u32> = cu[1..].iter().map(|&c| (c - 1) as u32).collect();
-        let last = Tensor::new(last.as_slice(), &self.device)?;
-        self.head(&res.rows(|t| t.index_select(&last, 0))?)
+        let rows: Vec<u32> = cu[1..].iter().map(|&c| c - 1).chain(prompt_rows..prompt_rows + step.len()).map(|r| r as u32).collect();
+        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        self.head(&res.rows(|t| t.index_select(&rows, 0))?)
     }
 
     /// Checks a packed prefill (sequences with tokens, in distinct allocated slots, snapshots

@@ -9,8 +9,8 @@ use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
+use super::delta_rule::DeltaRule;
 use super::linear::{linear, FusedInput, FusedOutput};
-use super::norm::SubInput;
 use super::output_head::OutputHead;
 use super::short_conv::ShortConv;
 use crate::cache::CacheSpec;
@@ -173,25 +173,37 @@ impl DeltaNet {
         };
         Ok((q, k, v, beta))
     }
+}
 
-    /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
-    /// `[ΣT, D]`.
-    pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
-        let y = self.input.forward_input(x)?;
-        let c = self.conv.prefill(&y.span(Q, V + 1)?, &mut state.conv_state, seqs, candle_core::DType::F32)?;
-        let (q, k, v, beta) = self.inputs(&y, &c)?;
-        let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };
-        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?;
-        self.out.forward(&o, &y, self.g_part, x.dtype())
+impl DeltaRule for DeltaNet {
+    fn input(&self) -> &FusedInput {
+        &self.input
     }
 
-    /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &SubInput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let y = self.input.forward_input(x)?;
-        let c = self.conv.decode(&y.span(Q, V + 1)?, &mut state.conv_state, slots)?;
-        let (q, k, v, beta) = self.inputs(&y, &c)?;
+    fn output(&self) -> (&OutputHead, usize) {
+        (&self.out, self.g_part)
+    }
+
+    /// Packed sequences, each continuing from its slot's state.
+    fn mix_prefill(
+        &self,
+        y: &FusedOutput<'_>,
+        state: &mut LayerState,
+        seqs: &Packed<'_>,
+        algo: PrefillAlgo,
+        _act: DType,
+    ) -> Result<Tensor> {
+        let c = self.conv.prefill(&y.span(Q, V + 1)?, &mut state.conv_state, seqs, DType::F32)?;
+        let (q, k, v, beta) = self.inputs(y, &c)?;
         let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };
-        let o = ops::gated_delta_step(inputs, &mut state.recurrent_state, slots)?;
-        self.out.forward(&o, &y, self.g_part, x.dtype())
+        Ok(ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?)
+    }
+
+    /// One recurrent step per row.
+    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let c = self.conv.decode(&y.span(Q, V + 1)?, &mut state.conv_state, slots)?;
+        let (q, k, v, beta) = self.inputs(y, &c)?;
+        let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };
+        Ok(ops::gated_delta_step(inputs, &mut state.recurrent_state, slots)?)
     }
 }

@@ -7,8 +7,8 @@ use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
-use super::linear::{linear, FusedInput};
-use super::norm::SubInput;
+use super::delta_rule::DeltaRule;
+use super::linear::{linear, FusedInput, FusedOutput};
 use super::output_head::{HeadNames, OutputHead};
 use super::short_conv::{heads_of, ShortConv};
 use crate::cache::CacheSpec;
@@ -240,15 +240,23 @@ impl GatedDeltaNet {
     fn v_offset(&self) -> usize {
         2 * self.num_heads * self.head_k_dim
     }
+}
 
-    /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
-    /// `[ΣT, D]`.
-    pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
-        let y = self.input.forward_input(x)?;
-        // Steps 1–2: projections, short conv + SiLU. A bf16 mixer on the GPU takes the conv's
-        // output, and the q and k normalised from it, in bf16 as fla's layer computes them (no
-        // casts between).
-        let narrow = algo == PrefillAlgo::ChunkedBf16 && x.dtype() == DType::BF16 && self.conv.on_gpu();
+impl DeltaRule for GatedDeltaNet {
+    fn input(&self) -> &FusedInput {
+        &self.input
+    }
+
+    fn output(&self) -> (&OutputHead, usize) {
+        (&self.out, G)
+    }
+
+    /// Packed sequences, each continuing from its slot's state.
+    fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor> {
+        // Steps 1–2: projections (`y`), short conv + SiLU. A bf16 mixer on the GPU takes the
+        // conv's output, and the q and k normalised from it, in bf16 as fla's layer computes
+        // them (no casts between).
+        let narrow = algo == PrefillAlgo::ChunkedBf16 && act == DType::BF16 && self.conv.on_gpu();
         let out = if narrow { DType::BF16 } else { DType::F32 };
         let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs, out)?;
         let (hv, vd) = (self.num_v_heads, self.head_v_dim);
@@ -258,14 +266,12 @@ impl GatedDeltaNet {
         let v = heads_of(&c, self.v_offset(), hv, vd)?;
         // Step 8: the gated delta rule, chunkwise.
         let inputs = ops::MixerInputs { q: &p.q, k: &p.k, v: &v, beta: &p.beta, g: p.g.as_ref(), n: 1, scale: self.scale };
-        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?;
-        // Steps 9–10.
-        self.out.forward(&o, &y, G, x.dtype())
+        // Steps 9–10 follow in the output head.
+        Ok(ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?)
     }
 
-    /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &SubInput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let y = self.input.forward_input(x)?;
+    /// One recurrent step per row.
+    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let c = self.conv.decode(&y.span(Q, A)?, &mut state.conv_state, slots)?;
         let a = y.part(A)?;
         let raw = ops::RawStepInputs {
@@ -281,7 +287,6 @@ impl GatedDeltaNet {
             scale: self.scale,
         };
         // On a GPU, small batches do steps 4, 6 and 7 inside the step's kernel.
-        let o = ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?;
-        self.out.forward(&o, &y, G, x.dtype())
+        Ok(ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?)
     }
 }

@@ -10,8 +10,8 @@ use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{ConvActivation, StepSlots};
 
 use super::batch::Packed;
+use super::delta_rule::DeltaRule;
 use super::linear::{linear, FusedInput, FusedOutput};
-use super::norm::SubInput;
 use super::output_head::OutputHead;
 use super::short_conv::ShortConv;
 use crate::cache::CacheSpec;
@@ -205,19 +205,27 @@ impl GatedDeltaProduct {
     fn gate_input(&self, y: &FusedOutput<'_>) -> Result<Option<(Tensor, &ForgetGate)>> {
         self.forget.as_ref().map(|f| Ok((y.part(self.a_part)?, f))).transpose()
     }
+}
 
-    /// Prefills packed sequences `x` `[ΣT, D]`, each continuing from its slot's state. Returns
-    /// `[ΣT, D]`.
-    pub fn prefill(&self, x: &SubInput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo) -> Result<Tensor> {
-        let y = self.input.forward_input(x)?;
+impl DeltaRule for GatedDeltaProduct {
+    fn input(&self) -> &FusedInput {
+        &self.input
+    }
+
+    fn output(&self) -> (&OutputHead, usize) {
+        (&self.out, self.g_part)
+    }
+
+    /// Packed sequences, each continuing from its slot's state.
+    fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor> {
         // As Gated DeltaNet's: a bf16 mixer on the GPU takes the conv output and q, k in bf16.
-        let narrow = algo == PrefillAlgo::ChunkedBf16 && x.dtype() == DType::BF16 && self.conv.on_gpu();
+        let narrow = algo == PrefillAlgo::ChunkedBf16 && act == DType::BF16 && self.conv.on_gpu();
         let out = if narrow { DType::BF16 } else { DType::F32 };
         let c = self.conv.prefill(&y.span(Q, B)?, &mut state.conv_state, seqs, out)?;
         let (t, h, k, vd, n) = (c.dim(0)?, self.num_heads, self.head_k_dim, self.head_v_dim, self.num_householder);
         // fla takes β = sigmoid(b) in the activation dtype inside the layer (§2.3 step 3); we
         // take it in fp32 from the same projection (one rounding fewer).
-        let gate = self.gate_input(&y)?;
+        let gate = self.gate_input(y)?;
         let gate_in = gate.as_ref().map(|(a, f)| (a, &f.a_log, &f.dt_bias));
         let p = ops::prepare(&c, self.qk_layout(), &y.part(B)?, self.allow_neg_eigval, gate_in)?;
         // '(n h d)' channels per token → rows (t n), heads h: row t·n + j is step j of token t.
@@ -225,15 +233,13 @@ impl GatedDeltaProduct {
         let beta = p.beta.reshape((t * n, h))?;
         let v = c.narrow(1, self.v_offset(), n * h * vd)?.reshape((t * n, h, vd))?;
         let inputs = ops::MixerInputs { q: &p.q, k: &kk, v: &v, beta: &beta, g: p.g.as_ref(), n, scale: self.scale };
-        let o = ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?;
-        self.out.forward(&o, &y, self.g_part, x.dtype())
+        Ok(ops::gated_delta_prefill_packed(inputs, &mut state.recurrent_state, seqs.cu, seqs.slots, algo, seqs.captures, seqs.tables)?)
     }
 
-    /// One decode step: row `b` of `x` `[B, D]` advances slot `slots.host[b]`. Returns `[B, D]`.
-    pub fn decode(&self, x: &SubInput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let y = self.input.forward_input(x)?;
+    /// One recurrent step per row.
+    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
         let c = self.conv.decode(&y.span(Q, B)?, &mut state.conv_state, slots)?;
-        let gate = self.gate_input(&y)?;
+        let gate = self.gate_input(y)?;
         let raw = ops::RawStepInputs {
             conv_out: &c,
             layout: self.qk_layout(),
@@ -247,7 +253,6 @@ impl GatedDeltaProduct {
             scale: self.scale,
         };
         // On a GPU, small batches do prepare's work inside the step's kernel (§2.3 steps 2–7).
-        let o = ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?;
-        self.out.forward(&o, &y, self.g_part, x.dtype())
+        Ok(ops::gated_delta_step_raw(raw, &mut state.recurrent_state, slots, ops::StepFusion::Auto)?)
     }
 }

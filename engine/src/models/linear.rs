@@ -45,7 +45,7 @@ pub struct FusedOutput<'a> {
     offsets: &'a [usize],
 }
 
-impl FusedOutput<'_> {
+impl<'a> FusedOutput<'a> {
     /// Parts `i..j` (adjacent columns) as one `[N, width]` view.
     pub fn span(&self, i: usize, j: usize) -> Result<Tensor> {
         Ok(self.y.narrow(1, self.offsets[i], self.offsets[j] - self.offsets[i])?)
@@ -54,6 +54,11 @@ impl FusedOutput<'_> {
     /// Part `i`.
     pub fn part(&self, i: usize) -> Result<Tensor> {
         self.span(i, i + 1)
+    }
+
+    /// Rows `start..start + len` of every part (a view).
+    pub fn rows(&self, start: usize, len: usize) -> Result<Self> {
+        Ok(Self { y: self.y.narrow(0, start, len)?, offsets: self.offsets })
     }
 }
 

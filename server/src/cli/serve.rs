@@ -88,6 +88,11 @@ pub struct ServeArgs {
     /// Turn the prefix cache off.
     #[arg(long, env = "DELTASERVE_NO_PREFIX_CACHE")]
     no_prefix_cache: bool,
+    /// Run prompt chunks and decode steps as separate passes. By default a pass that prefills
+    /// also decodes the running sequences (weights read once for both; a running stream waits
+    /// one pass between two tokens while prompts arrive, not a prefill pass and a decode step).
+    #[arg(long, env = "DELTASERVE_NO_MIXED_BATCHES")]
+    no_mixed_batches: bool,
     /// Skip the GPU warm-up before /ready (a prefill pass per GEMM row bucket up to
     /// `--max-num-batched-tokens`, and every decode batch size's CUDA graph): a faster start,
     /// but the first requests pay those one-time costs (3–20 ms a new bucket).
@@ -358,6 +363,7 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         max_model_len,
         prefix_cache: PrefixCacheConfig { snapshots, grid: args.prefix_cache_grid, host_snapshots, answer_delay: scheduler::ANSWER_DELAY },
         prefill_budget: args.max_num_batched_tokens,
+        mixed_batches: !args.no_mixed_batches,
         request_timeout: Duration::from_secs(args.request_timeout),
         warmup: !args.no_warmup,
     };

@@ -1,12 +1,16 @@
 //! What each step runs: the prompt chunks of this step (packed into one prefill pass within
-//! the token budget) and one batched decode over every running sequence.
+//! the token budget) and one batched decode over every running sequence, in the same pass
+//! unless mixed batches are off.
 
 use std::time::Instant;
 
-use deltaserve_engine::{Device, Draws, EngineError, Logits, Tensor, PREFILL_CHUNK};
+use deltaserve_engine::{Device, Draws, EngineError, Logits, SlotId, Tensor, PREFILL_CHUNK};
 
 use super::sequence::{logprob_entry, send, Seq};
 use super::{ms, Active, Event, Scheduler, SchedulerError};
+
+/// Who draws from a logits row: `(request, choice, row)`.
+type Drawer = (usize, usize, usize);
 
 /// Batches of at least this many drawn tokens are emitted on several threads.
 const PARALLEL_EMIT_FROM: usize = 8;
@@ -42,9 +46,11 @@ pub(super) fn plan_prefill(left: &[(usize, usize)], mut budget: usize, align: us
 impl Scheduler {
     /// Advances prompts in chunks, oldest first, within `budget` tokens. The chunks run as one
     /// packed prefill (one pass through the model for all of them), except those of requests
-    /// that want prompt logprobs, which need every position's logits and run alone. Returns the
-    /// tokens it ran, cache re-prefills included.
-    pub(super) fn prefill(&mut self, budget: usize) -> usize {
+    /// that want prompt logprobs, which need every position's logits and run alone. With mixed
+    /// batches on, the packed pass also decodes every running sequence's next token. Returns the
+    /// tokens it ran, cache re-prefills included, and whether the running sequences were
+    /// decoded.
+    pub(super) fn prefill(&mut self, budget: usize) -> (usize, bool) {
         let started = Instant::now();
         // Cached prefixes first: restored requests start later in their prompts, and those
         // whose prefix an older request is about to snapshot wait for it.
@@ -63,7 +69,7 @@ impl Scheduler {
         let tail_left: Vec<(usize, usize)> = self.tails.iter().map(|t| (t.done, if t.ready <= now { t.end - t.done } else { 0 })).collect();
         let tails = plan_prefill(&tail_left, budget - tokens, PREFILL_CHUNK);
         if plan.is_empty() && tails.is_empty() {
-            return 0;
+            return (0, false);
         }
         for &(i, _) in &plan {
             let r = &mut self.requests[i];
@@ -101,26 +107,35 @@ impl Scheduler {
         // Host time to launch the packed pass, then until the first tokens drawn from it are
         // back (waiting for the GPU; nothing waits when no prompt ended in the pass).
         let (mut launch, mut drawn) = Default::default();
+        let mut step = Vec::new();
         if !packed.is_empty() || !tails.is_empty() {
+            // The running sequences' decode rows follow the pieces' last rows.
+            let who;
+            (step, who) = if self.cfg.mixed_batches { self.decode_rows(packed.len() + tails.len()) } else { Default::default() };
             let t0 = Instant::now();
-            let out = self.prefill_packed(&packed, &tails);
+            let out = self.prefill_packed(&packed, &tails, &step);
             launch = t0.elapsed();
             match out {
                 Ok(lasts) => {
-                    // Requests whose prompt is done draw their first tokens, from their rows.
-                    let mut done = Vec::new();
+                    // Requests whose prompt is done draw their first tokens, from their rows,
+                    // in one draw with the decode rows.
+                    let mut draws = Vec::new();
                     for (row, (i, take)) in packed.into_iter().enumerate() {
                         match self.finish_chunk(i, take, None) {
-                            Ok(true) => done.push((i, row)),
+                            Ok(true) => draws.extend((0..self.requests[i].seqs.len()).map(|si| (i, si, row))),
                             Ok(false) => {}
                             Err(e) => self.requests[i].fail(e),
                         }
                     }
-                    drawn = self.draw_first(Ok(lasts), &done);
+                    draws.extend(who);
+                    drawn = self.draw_and_emit(Ok(lasts), &draws);
                 }
                 Err(e) => {
                     for (i, _) in packed {
                         self.requests[i].fail(e.clone());
+                    }
+                    for (ri, ..) in who {
+                        self.requests[ri].fail(e.clone());
                     }
                     tracing::warn!(error = %e, "prefill failed; cache re-prefills dropped");
                     self.tails.iter_mut().for_each(|t| t.done = t.end);
@@ -129,31 +144,65 @@ impl Scheduler {
             self.end_tails(&tails);
         }
         let secs = started.elapsed().as_secs_f64();
-        self.metrics.step_duration.with_label_values(&["prefill"]).observe(secs);
+        let phase = if step.is_empty() { "prefill" } else { "mixed" };
+        self.metrics.step_duration.with_label_values(&[phase]).observe(secs);
+        if !step.is_empty() {
+            self.metrics.decode_batch_size.observe(step.len() as f64);
+        }
         self.metrics.prompt_tokens.inc_by(tokens as u64);
         let tail_tokens: usize = tails.iter().map(|(_, take)| take).sum();
         tracing::debug!(
             tokens,
             tail_tokens,
+            decoded = step.len(),
             ms = secs * 1e3,
             cache_ms = ms(cached),
             launch_ms = ms(launch),
             drawn_ms = ms(drawn),
             "prefill step"
         );
-        tokens + tail_tokens
+        (tokens + tail_tokens, !step.is_empty())
+    }
+
+    /// Every running sequence's pending token: `(slot, token)` rows, and each row's `(request,
+    /// choice, row)` with rows numbered from `first`.
+    fn decode_rows(&self, first: usize) -> (Vec<(SlotId, u32)>, Vec<Drawer>) {
+        let (mut batch, mut who) = (Vec::new(), Vec::new());
+        for (ri, r) in self.requests.iter().enumerate() {
+            for (si, s) in r.seqs.iter().enumerate() {
+                if let (false, Some(t)) = (s.finished, s.pending) {
+                    who.push((ri, si, first + batch.len()));
+                    batch.push((s.slot, t));
+                }
+            }
+        }
+        (batch, who)
     }
 
     /// The next `take` prompt tokens of each `(request, take)` and of each `(tail, take)` in
-    /// one packed prefill, snapshotting every grid point on the way that the cache lacks;
-    /// returns the logits after each piece's last token, `[pieces, vocab]` where the model runs
-    /// (row `r` is `plan[r]`'s).
-    fn prefill_packed(&mut self, plan: &[(usize, usize)], tails: &[(usize, usize)]) -> Result<Tensor, SchedulerError> {
+    /// one packed prefill, snapshotting every grid point on the way that the cache lacks, and a
+    /// decode step of `step` in the same pass; returns the logits after each piece's last token,
+    /// then each decode row's, `[pieces + step, vocab]` where the model runs (row `r` is
+    /// `plan[r]`'s).
+    fn prefill_packed(
+        &mut self,
+        plan: &[(usize, usize)],
+        tails: &[(usize, usize)],
+        step: &[(SlotId, u32)],
+    ) -> Result<Tensor, SchedulerError> {
         // (slot, the sequence's tokens, where this piece starts, its length)
-        let mut pieces: Vec<(deltaserve_engine::SlotId, &[u32], usize, usize)> = Vec::with_capacity(plan.len() + tails.len());
-        for &(i, take) in plan {
-            let r = &self.requests[i];
-            pieces.push((r.seqs[0].slot, &r.prompt, r.prefilled, take));
+        let mut pieces: Vec<(SlotId, &[u32], usize, usize)> = Vec::with_capacity(plan.len() + tails.len());
+        let at: Vec<(SlotId, usize)> = plan.iter().map(|&(i, _)| (self.requests[i].seqs[0].slot, self.requests[i].prefilled)).collect();
+        // The prompts, read by the pass, and the constraints, whose masks are computed while
+        // it runs.
+        let mut prompts = Vec::with_capacity(self.requests.len());
+        let mut constraints = Vec::new();
+        for r in self.requests.iter_mut() {
+            prompts.push(r.prompt.as_slice());
+            constraints.extend(constrained(&mut r.seqs));
+        }
+        for (&(i, take), &(slot, from)) in plan.iter().zip(&at) {
+            pieces.push((slot, prompts[i], from, take));
         }
         for &(i, take) in tails {
             let t = &self.tails[i];
@@ -165,10 +214,12 @@ impl Scheduler {
         };
         let batch: Vec<_> = pieces.iter().map(|&(slot, toks, from, take)| (slot, &toks[from..from + take])).collect();
         let t0 = Instant::now();
-        let out = self.engine.prefill_many_with(&mut self.pool, &batch, &snaps);
+        let (engine, pool) = (&self.engine, &mut self.pool);
+        let out = with_masks(constraints, || engine.prefill_and_decode(pool, &batch, &snaps, step));
         tracing::debug!(
             launch_ms = ms(t0.elapsed()),
             seqs = batch.len(),
+            decode = step.len(),
             tokens = batch.iter().map(|b| b.1.len()).sum::<usize>(),
             snaps = snaps.len(),
             "prefill pass"
@@ -240,15 +291,14 @@ impl Scheduler {
     /// The first tokens of the requests `(request, logits row)` whose prompts are done: every
     /// choice of each draws from its request's row.
     fn draw_first(&mut self, logits: Result<Tensor, SchedulerError>, done: &[(usize, usize)]) -> std::time::Duration {
-        let who: Vec<(usize, usize, usize)> =
-            done.iter().flat_map(|&(i, row)| (0..self.requests[i].seqs.len()).map(move |si| (i, si, row))).collect();
+        let who: Vec<Drawer> = done.iter().flat_map(|&(i, row)| (0..self.requests[i].seqs.len()).map(move |si| (i, si, row))).collect();
         self.draw_and_emit(logits, &who)
     }
 
     /// Draws the next token of each `(request, choice, logits row)` in one batch where the logits
     /// are, and emits them; when the batch fails, so do those requests. Returns the time until
     /// the draws were back on the host (which includes waiting for the GPU's forward).
-    fn draw_and_emit(&mut self, logits: Result<Tensor, SchedulerError>, who: &[(usize, usize, usize)]) -> std::time::Duration {
+    fn draw_and_emit(&mut self, logits: Result<Tensor, SchedulerError>, who: &[Drawer]) -> std::time::Duration {
         let started = Instant::now();
         let mut draws = Draws::new();
         let mut drawn = Vec::with_capacity(who.len());
@@ -327,35 +377,13 @@ impl Scheduler {
 
     /// One batched decode step over every sequence with a pending token.
     pub(super) fn decode(&mut self) {
-        // (slot, token) of each row, and the row's (request, choice, row).
-        let mut batch = Vec::new();
-        let mut who = Vec::new();
-        for (ri, r) in self.requests.iter().enumerate() {
-            for (si, s) in r.seqs.iter().enumerate() {
-                if let (false, Some(t)) = (s.finished, s.pending) {
-                    who.push((ri, si, batch.len()));
-                    batch.push((s.slot, t));
-                }
-            }
-        }
+        let (batch, who) = self.decode_rows(0);
         if batch.is_empty() {
             return;
         }
         let started = Instant::now();
-        // Grammar masks for this step are computed on other threads while the forward runs;
-        // the draw applies them where the logits are.
-        let constrained = self.requests.iter().flat_map(|r| &r.seqs).any(|s| !s.finished && s.constraint.is_some());
-        let (engine, pool, requests) = (&self.engine, &mut self.pool, &mut self.requests);
-        let logits = if constrained {
-            std::thread::scope(|scope| {
-                let masks = scope.spawn(|| prepare_masks(requests));
-                let out = engine.decode(pool, &batch);
-                let _ = masks.join();
-                out
-            })
-        } else {
-            engine.decode(pool, &batch)
-        };
+        let constraints = self.requests.iter_mut().flat_map(|r| constrained(&mut r.seqs)).collect();
+        let logits = with_masks(constraints, || self.engine.decode(&mut self.pool, &batch));
         // Host time to launch the forward; then until the draws are back (the GPU's forward and
         // the draw); then emitting (grammar, detokenizing, events).
         let launch = started.elapsed();
@@ -368,12 +396,24 @@ impl Scheduler {
     }
 }
 
-/// Computes the next step's grammar mask of every running constrained choice, in parallel.
-fn prepare_masks(requests: &mut [super::Active]) {
+/// The constraints of the running choices among `seqs`.
+fn constrained(seqs: &mut [Seq]) -> impl Iterator<Item = &mut crate::structured::Constraint> {
+    seqs.iter_mut().filter(|s| !s.finished).filter_map(|s| s.constraint.as_mut())
+}
+
+/// Runs `forward` while the next step's grammar masks of `constraints` are computed on other
+/// threads, in parallel (the draw applies them where the logits are).
+fn with_masks<T: Send>(mut constraints: Vec<&mut crate::structured::Constraint>, forward: impl FnOnce() -> T + Send) -> T {
     use rayon::prelude::*;
-    let mut constraints: Vec<&mut crate::structured::Constraint> =
-        requests.iter_mut().flat_map(|r| r.seqs.iter_mut()).filter(|s| !s.finished).filter_map(|s| s.constraint.as_mut()).collect();
-    constraints.par_iter_mut().for_each(|c| c.prepare());
+    if constraints.is_empty() {
+        return forward();
+    }
+    std::thread::scope(|scope| {
+        let masks = scope.spawn(move || constraints.par_iter_mut().for_each(|c| c.prepare()));
+        let out = forward();
+        let _ = masks.join();
+        out
+    })
 }
 
 #[cfg(test)]

@@ -340,7 +340,7 @@ impl Scheduler {
     fn step(&mut self, rx: &mut mpsc::Receiver<Msg>) -> Result<(), Stopped> {
         self.drop_cancelled();
         self.admit();
-        let used = self.prefill(self.cfg.prefill_budget);
+        let (used, mut decoded) = self.prefill(self.cfg.prefill_budget);
         // Requests that arrived while that pass ran start before the next decode step, within
         // what is left of the step's token budget: chat turns that end together send their
         // next turns together, and all but the first would otherwise wait for a decode step as
@@ -351,10 +351,13 @@ impl Scheduler {
             let running = self.requests.len();
             self.admit();
             if self.requests.len() > running {
-                self.prefill(self.cfg.prefill_budget - used);
+                decoded |= self.prefill(self.cfg.prefill_budget - used).1;
             }
         }
-        self.decode();
+        // A pass that decoded the running sequences was their step.
+        if !decoded {
+            self.decode();
+        }
         self.retire_all();
         Ok(())
     }
@@ -443,7 +446,7 @@ mod tests {
     }
 
     /// A scheduler over the compact Gated DeltaNet fixture on the CPU, without the cache.
-    fn cpu_scheduler(prefill_budget: usize) -> Scheduler {
+    fn cpu_scheduler(prefill_budget: usize, mixed_batches: bool) -> Scheduler {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/compact/gdn");
         let engine = Engine::load(&deltaserve_engine::LoadOptions::cpu(dir)).unwrap();
         let cfg = SchedulerConfig {
@@ -453,6 +456,7 @@ mod tests {
             max_model_len: 512,
             prefix_cache: PrefixCacheConfig::default(),
             prefill_budget,
+            mixed_batches,
             request_timeout: std::time::Duration::from_secs(600),
             warmup: false,
         };
@@ -467,31 +471,83 @@ mod tests {
     #[test]
     fn a_request_arriving_during_a_prefill_pass_starts_before_the_next_decode_step() {
         let long = GenParams { max_tokens: 8, ignore_eos: true, ..params() };
-        for (budget, b_starts) in [(256, true), (99, false)] {
-            let mut s = cpu_scheduler(budget);
-            let (tx, mut rx) = mpsc::channel(4);
-            let (a, mut ea) = GenRequest::new("a".into(), (1..100).collect(), long.clone());
-            s.enqueue(a);
-            // b is in the channel when the step starts, so the engine thread takes it after a's
-            // prefill pass, as it would one sent while that pass ran.
-            let (b, mut eb) = GenRequest::new("b".into(), (1..20).collect(), long.clone());
-            tx.try_send(Msg::Request(Box::new(b))).ok().unwrap();
-            assert!(s.step(&mut rx).is_ok());
-            // a: its prompt's token and a decode step's. b: the same when a's 99 tokens left
-            // budget for its 19; else nothing yet.
-            assert_eq!(tokens(&mut ea), 2, "budget {budget}: a");
-            assert_eq!(tokens(&mut eb), if b_starts { 2 } else { 0 }, "budget {budget}: b");
-            // The next turn of the loop takes b in before its step in any case.
-            assert!(s.receive(&mut rx).is_ok() && s.step(&mut rx).is_ok());
-            assert_eq!(tokens(&mut eb), if b_starts { 1 } else { 2 }, "budget {budget}: b, a step later");
-            // Beside running streams the same holds within the budget: c (29 tokens, waiting)
-            // and d (29, arriving during c's pass) both fit what a and b leave of it.
-            let (c, mut ec) = GenRequest::new("c".into(), (1..30).collect(), long.clone());
-            s.enqueue(c);
-            let (d, mut ed) = GenRequest::new("d".into(), (1..30).collect(), long.clone());
-            tx.try_send(Msg::Request(Box::new(d))).ok().unwrap();
-            assert!(s.step(&mut rx).is_ok());
-            assert_eq!((tokens(&mut ec), tokens(&mut ed)), (2, 2), "budget {budget}: c and d beside streams");
+        for mixed in [false, true] {
+            for (budget, b_starts) in [(256, true), (99, false)] {
+                let case = format!("budget {budget}, mixed batches {mixed}");
+                let mut s = cpu_scheduler(budget, mixed);
+                let (tx, mut rx) = mpsc::channel(4);
+                let (a, mut ea) = GenRequest::new("a".into(), (1..100).collect(), long.clone());
+                s.enqueue(a);
+                // b is in the channel when the step starts, so the engine thread takes it after
+                // a's prefill pass, as it would one sent while that pass ran.
+                let (b, mut eb) = GenRequest::new("b".into(), (1..20).collect(), long.clone());
+                tx.try_send(Msg::Request(Box::new(b))).ok().unwrap();
+                assert!(s.step(&mut rx).is_ok());
+                // a: its prompt's token and a decode step's (in b's pass, when mixed). b: its
+                // prompt's token (and a decode step's, unmixed) when a's 99 tokens left budget
+                // for its 19; else nothing yet.
+                assert_eq!(tokens(&mut ea), 2, "{case}: a");
+                let b_first = match (b_starts, mixed) {
+                    (false, _) => 0,
+                    (true, true) => 1,
+                    (true, false) => 2,
+                };
+                assert_eq!(tokens(&mut eb), b_first, "{case}: b");
+                // The next turn of the loop takes b in before its step in any case.
+                assert!(s.receive(&mut rx).is_ok() && s.step(&mut rx).is_ok());
+                assert_eq!(tokens(&mut eb), if b_starts || mixed { 1 } else { 2 }, "{case}: b, a step later");
+                // Beside running streams the same holds within the budget: c (29 tokens,
+                // waiting) and d (29, arriving during c's pass) both fit what a and b leave of
+                // it. Mixed, c's second token comes in d's pass, which is the step's decode.
+                let (c, mut ec) = GenRequest::new("c".into(), (1..30).collect(), long.clone());
+                s.enqueue(c);
+                let (d, mut ed) = GenRequest::new("d".into(), (1..30).collect(), long.clone());
+                tx.try_send(Msg::Request(Box::new(d))).ok().unwrap();
+                assert!(s.step(&mut rx).is_ok());
+                assert_eq!((tokens(&mut ec), tokens(&mut ed)), if mixed { (2, 1) } else { (2, 2) }, "{case}: c and d beside streams");
+                assert_eq!(tokens(&mut ea), if mixed { 3 } else { 2 }, "{case}: a, two steps later");
+            }
+        }
+    }
+
+    #[test]
+    fn mixed_batches_give_the_same_tokens_as_separate_passes() {
+        // Greedy requests arriving at different steps, so that prompts are prefilled beside
+        // running streams: on the CPU every row's bits are the same in a mixed pass.
+        let run = |mixed: bool| -> Vec<Vec<String>> {
+            let mut s = cpu_scheduler(64, mixed);
+            let (_tx, mut rx) = mpsc::channel(4);
+            let greedy = deltaserve_engine::SamplingParams { temperature: 0.0, ..Default::default() };
+            let p = GenParams { max_tokens: 12, ignore_eos: true, logprobs: Some(0), sampling: greedy, ..params() };
+            let mut events = Vec::new();
+            for (i, len) in [70usize, 30, 150, 5].into_iter().enumerate() {
+                let prompt: Vec<u32> = (0..len as u32).map(|t| (t * 7 + i as u32) % 200 + 1).collect();
+                let (r, e) = GenRequest::new(format!("r{i}"), prompt, p.clone());
+                s.enqueue(r);
+                events.push(e);
+                assert!(s.step(&mut rx).is_ok());
+            }
+            while !s.requests.is_empty() || !s.waiting.is_empty() {
+                assert!(s.step(&mut rx).is_ok());
+            }
+            events
+                .iter_mut()
+                .map(|e| {
+                    std::iter::from_fn(|| e.try_recv().ok())
+                        .filter_map(|ev| match ev {
+                            Event::Token { text, logprob, .. } => Some(format!("{text:?}:{logprob:?}")),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let (mixed, separate) = (run(true), run(false));
+        assert_eq!(mixed.len(), 4);
+        for (i, (m, s)) in mixed.iter().zip(&separate).enumerate() {
+            assert_eq!(m.len(), 12, "request {i}: {m:?}");
+            assert!(m.iter().all(|t| t.contains("Some(TokenLogprob")), "request {i}: {m:?}");
+            assert_eq!(m, s, "request {i}");
         }
     }
 

@@ -24,6 +24,10 @@ pub struct SchedulerConfig {
     pub prefix_cache: PrefixCacheConfig,
     /// Prompt tokens prefilled per step across all sequences.
     pub prefill_budget: usize,
+    /// A pass that prefills also decodes the running sequences (`--no-mixed-batches` turns it
+    /// off): the weights are read once for both, and a running stream waits one pass between
+    /// two tokens while prompts arrive, not a prefill pass and a decode step.
+    pub mixed_batches: bool,
     /// Wall-clock limit per request.
     pub request_timeout: Duration,
     /// On a GPU, warm up before serving ([`deltaserve_engine::Engine::warm_up`]).

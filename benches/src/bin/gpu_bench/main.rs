@@ -68,6 +68,10 @@ struct Args {
     /// 2,048-token prefix, and packed short prompts.
     #[arg(long)]
     prefill_graphs: bool,
+    /// Only a prompt piece beside a decode step of running sequences: two passes (prefill, then
+    /// the decode step's CUDA graph) against one mixed pass, ms to the logits on the host.
+    #[arg(long)]
+    mixed_passes: bool,
     /// Only the prefill projections as GEMMs: candle's cuBLAS call against cublasLt at the
     /// model's shapes and a pass's row counts (`benches/gemm_torch.py` times PyTorch's).
     #[arg(long)]
@@ -505,6 +509,10 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     if args.prefill_graphs {
         return passes::prefill_graph_table(&model, dev, args.reps);
     }
+    #[cfg(feature = "cuda")]
+    if args.mixed_passes {
+        return passes::mixed_pass_table(&model, dev, args.reps);
+    }
     let mut pool = model.new_pool(64)?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % cfg.common.vocab_size as u32).collect();
@@ -776,6 +784,7 @@ fn main() -> anyhow::Result<()> {
         || args.small_prefill
         || args.host_cost
         || args.prefill_graphs
+        || args.mixed_passes
     {
         return model_table(&dev, &args);
     }

@@ -272,3 +272,57 @@ pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> an
     track(true);
     Ok(())
 }
+
+/// A prompt piece of T tokens (a fresh sequence) beside a decode step of B running sequences,
+/// as the server runs them, ms to both logits on the host (bf16 mixer): two passes (the
+/// prefill eagerly, then the decode step from its CUDA graph) against one mixed pass (eager),
+/// alternating.
+#[cfg(feature = "cuda")]
+pub(super) fn mixed_pass_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
+    use deltaserve_engine::decode_graph::DecodeGraphs;
+    let algo = PrefillAlgo::ChunkedBf16;
+    let vocab = model.config().common.vocab_size as u32;
+    println!("| prompt piece T | decode batch B | two passes ms | one mixed pass ms | two / mixed |");
+    println!("|---|---|---|---|---|");
+    for b in [1usize, 16, 64] {
+        let mut pool = model.new_pool(b + 1)?;
+        let running: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+        let warm: Vec<u32> = (0..64u32).map(|i| (i * 131 + 17) % vocab).collect();
+        for s in &running {
+            model.prefill(&mut pool, *s, &warm, deltaserve_engine::Logits::Last, algo)?;
+        }
+        let step: Vec<_> = running.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % vocab)).collect();
+        let mut graphs = DecodeGraphs::default();
+        for t in [64usize, 256, 512] {
+            let prompt: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+            let mut run = |mixed: bool, pool: &mut deltaserve_engine::StatePool| -> anyhow::Result<()> {
+                let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("no free slot"))?;
+                let piece = [(slot, prompt.as_slice())];
+                if mixed {
+                    let _host = model.prefill_and_decode(pool, &piece, algo, &[], &step)?.to_vec2::<f32>()?;
+                } else {
+                    let first = model.prefill_many(pool, &piece, algo)?;
+                    let next = graphs.decode(model, pool, &step)?;
+                    let (_a, _b) = (first.to_vec2::<f32>()?, next.to_vec2::<f32>()?);
+                }
+                pool.release(slot)?;
+                Ok(())
+            };
+            for mixed in [false, true, false, true] {
+                run(mixed, &mut pool)?;
+            }
+            let (mut two, mut one) = (Vec::new(), Vec::new());
+            for _ in 0..reps.max(1) {
+                two.push(super::median_ms(dev, 1, || run(false, &mut pool))?);
+                one.push(super::median_ms(dev, 1, || run(true, &mut pool))?);
+            }
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (a, m) = (med(&mut two), med(&mut one));
+            println!("| {t} | {b} | {a:.2} | {m:.2} | {:.2}× |", a / m);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! What the delta-rule token mixers (Gated DeltaNet, Gated DeltaProduct, DeltaNet) share: one
+//! fused input projection, a core that runs chunkwise over prompt rows and one recurrent step
+//! over decode rows, and an output head (model-spec.md §1.3). A mixed pass runs both cores
+//! between one projection and one output head, so the weights are read once for both.
+
+use candle_core::{DType, Tensor};
+use deltaserve_kernels::ops::PrefillAlgo;
+use deltaserve_kernels::StepSlots;
+
+use super::batch::{Packed, Pass};
+use super::linear::{FusedInput, FusedOutput};
+use super::norm::SubInput;
+use super::output_head::OutputHead;
+use crate::error::Result;
+use crate::state::LayerState;
+
+/// A delta-rule token mixer in its three stages.
+pub(crate) trait DeltaRule {
+    /// The fused input projection.
+    fn input(&self) -> &FusedInput;
+
+    /// The output head, and the input projection's part that gates it.
+    fn output(&self) -> (&OutputHead, usize);
+
+    /// Prompt rows: `y`, the input projection of packed sequences `seqs` (activations in
+    /// `act`), → `o` `[ΣT, HV, Vd]` f32, advancing each sequence's state.
+    fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor>;
+
+    /// Decode rows: row `b` of `y` advances `slots.host[b]` by one token → `o` `[B, HV, Vd]` f32.
+    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor>;
+}
+
+/// `x` `[N, D]` through `m` for `pass` → `[N, D]`, reading and updating the slots' states.
+pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerState, pass: &Pass<'_>) -> Result<Tensor> {
+    let y = m.input().forward_input(x)?;
+    let act = x.dtype();
+    let o = match pass {
+        Pass::Prefill { seqs, algo } => m.mix_prefill(&y, state, seqs, *algo, act)?,
+        Pass::Decode { slots, .. } => m.mix_decode(&y, state, *slots)?,
+        Pass::Mixed { seqs, algo, slots } => {
+            let p = seqs.rows();
+            let prompt = m.mix_prefill(&y.rows(0, p)?, state, seqs, *algo, act)?;
+            let step = m.mix_decode(&y.rows(p, slots.host.len())?, state, *slots)?;
+            Tensor::cat(&[prompt.to_dtype(DType::F32)?, step.to_dtype(DType::F32)?], 0)?
+        }
+    };
+    let (head, g_part) = m.output();
+    head.forward(&o, &y, g_part, act)
+}
