@@ -1,6 +1,6 @@
-//! Deployment artefacts stay consistent with the code: every metric the alerts and the
-//! dashboard use is exported by the real server, and the CPU image builds with the README's
-//! own build command.
+//! Deployment artefacts stay consistent with the code: every metric (and step phase) the alerts
+//! and the dashboard use is exported by the real server, and the CPU image builds with the
+//! README's own build command.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -85,6 +85,10 @@ fn alerts_and_dashboard_use_only_exported_metrics() {
         assert!(!used.is_empty(), "{file} uses no metric");
         for name in used {
             assert!(exported.contains(&name), "{file} uses `{name}`, which the server does not export");
+        }
+        // The step phases it selects are exported too (each from the start, before any step).
+        for phase in text.split("phase=").skip(1).filter_map(|t| t.trim_start_matches(['\\', '"']).split(['\\', '"']).next()) {
+            assert!(exposition.contains(&format!("phase=\"{phase}\"")), "{file} selects phase `{phase}`, which the server does not export");
         }
     }
 }
