@@ -248,8 +248,9 @@ pub fn compact_model(name: &str, dtype: candle_core::DType, device: &candle_core
 
 /// A serving script on an engine (the same calls whatever its tensor parallel size): a chunked
 /// prefill writing a snapshot, a restore from it and the rest prefilled, a fork, decode steps of
-/// all three (eager, CUDA-graph capture, replays on a GPU), a save, a release, and a greedy
-/// continuation. Every logit, one entry per call.
+/// all three (eager, CUDA-graph capture, replays on a GPU), a mixed pass (a new prompt beside
+/// their decode rows), a save, a release, and a greedy continuation. Every logit, one entry per
+/// call.
 pub fn serving_script(e: &deltaserve_engine::Engine) -> Vec<Vec<f32>> {
     let vocab = e.config().common.vocab_size as u32;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
@@ -269,6 +270,11 @@ pub fn serving_script(e: &deltaserve_engine::Engine) -> Vec<Vec<f32>> {
         let batch = [(a, (step * 7) % vocab), (c, (step * 7 + 1) % vocab), (b, (step * 7 + 2) % vocab)];
         out.push(values(&e.decode(&mut pool, &batch).unwrap()));
     }
+    // A mixed pass: a new prompt's first 40 tokens beside the three's decode rows.
+    let fresh = pool.allocate().unwrap();
+    let step = [(c, 3 % vocab), (a, 4 % vocab), (b, 5 % vocab)];
+    out.push(values(&e.prefill_and_decode(&mut pool, &[(fresh, &prompt[..40])], &[], &step).unwrap()));
+    pool.release(fresh).unwrap();
     pool.save(c, snap).unwrap();
     pool.release(c).unwrap();
     let d = pool.allocate().unwrap();
