@@ -75,6 +75,9 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
         prefix_cache: setup.cache,
         prefill_budget: 64,
         mixed_batches: true,
+        // The GPU's opt-in mode, so that the HTTP tests drive its scheduling too (on the CPU
+        // the step launched ahead runs before the emit: same tokens, no overlap).
+        decode_ahead: true,
         request_timeout: Duration::from_secs(60),
         warmup: true,
     };

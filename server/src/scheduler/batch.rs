@@ -10,7 +10,10 @@ use super::sequence::{logprob_entry, send, Seq};
 use super::{ms, Active, Event, Scheduler, SchedulerError};
 
 /// Who draws from a logits row: `(request, choice, row)`.
-type Drawer = (usize, usize, usize);
+pub(super) type Drawer = (usize, usize, usize);
+
+/// A batch's draws on the host: the `(request, choice)`s that drew, and their results.
+type Drawn = (Vec<(usize, usize)>, Vec<Result<deltaserve_engine::Sampled, EngineError>>);
 
 /// Batches of at least this many drawn tokens are emitted on several threads.
 const PARALLEL_EMIT_FROM: usize = 8;
@@ -298,7 +301,19 @@ impl Scheduler {
     /// Draws the next token of each `(request, choice, logits row)` in one batch where the logits
     /// are, and emits them; when the batch fails, so do those requests. Returns the time until
     /// the draws were back on the host (which includes waiting for the GPU's forward).
-    fn draw_and_emit(&mut self, logits: Result<Tensor, SchedulerError>, who: &[Drawer]) -> std::time::Duration {
+    pub(super) fn draw_and_emit(&mut self, logits: Result<Tensor, SchedulerError>, who: &[Drawer]) -> std::time::Duration {
+        let (drawn_at, out) = self.draw(logits, who);
+        match out {
+            Ok((drawn, results)) => self.emit_all(drawn, results),
+            Err(e) => self.fail_rows(who, e),
+        }
+        drawn_at
+    }
+
+    /// Draws the next token of each `(request, choice, logits row)` in one batch where the logits
+    /// are: the `(request, choice)`s that drew and their results, on the host. Also returns the
+    /// time until the draws were back.
+    fn draw(&mut self, logits: Result<Tensor, SchedulerError>, who: &[Drawer]) -> (std::time::Duration, Result<Drawn, SchedulerError>) {
         let started = Instant::now();
         let mut draws = Draws::new();
         let mut drawn = Vec::with_capacity(who.len());
@@ -311,16 +326,14 @@ impl Scheduler {
             }
         }
         let out = if draws.is_empty() { logits.map(|_| vec![]) } else { logits.and_then(|l| Ok(draws.run(&l)?)) };
-        let drawn_at = started.elapsed();
-        match out {
-            Ok(results) => self.emit_all(drawn, results),
-            Err(e) => {
-                for &(ri, ..) in who {
-                    self.requests[ri].fail(e.clone());
-                }
-            }
+        (started.elapsed(), out.map(|results| (drawn, results)))
+    }
+
+    /// Fails the requests of `who`'s rows with `e`.
+    fn fail_rows(&mut self, who: &[Drawer], e: SchedulerError) {
+        for &(ri, ..) in who {
+            self.requests[ri].fail(e.clone());
         }
-        drawn_at
     }
 
     /// Emits each drawn `(request, choice)`'s token. Choices are independent (detokenizing, stop
@@ -385,9 +398,20 @@ impl Scheduler {
         let constraints = self.requests.iter_mut().flat_map(|r| constrained(&mut r.seqs)).collect();
         let logits = with_masks(constraints, || self.engine.decode(&mut self.pool, &batch));
         // Host time to launch the forward; then until the draws are back (the GPU's forward and
-        // the draw); then emitting (grammar, detokenizing, events).
+        // the draw); then emitting (grammar, detokenizing, events), while the next step, when
+        // launched ahead, runs on the GPU.
         let launch = started.elapsed();
-        let drawn = self.draw_and_emit(logits.map_err(SchedulerError::from), &who);
+        let (drawn, out) = self.draw(logits.map_err(SchedulerError::from), &who);
+        match out {
+            Ok((rows, results)) => {
+                let ahead = self.launch_ahead(&rows, &results);
+                self.emit_all(rows, results);
+                if let Err((rows, e)) = ahead {
+                    self.fail_rows(&rows, e);
+                }
+            }
+            Err(e) => self.fail_rows(&who, e),
+        }
         let secs = started.elapsed().as_secs_f64();
         self.metrics.step_duration.with_label_values(&["decode"]).observe(secs);
         self.metrics.decode_batch_size.observe(batch.len() as f64);

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use crate::metrics::Metrics;
 
 mod admission;
+mod ahead;
 mod batch;
 mod caching;
 mod error;
@@ -215,6 +216,8 @@ struct Scheduler {
     tails: Vec<caching::Tail>,
     /// The cache's `changes` when its gauges were last published.
     cache_published: u64,
+    /// The decode step launched ahead of this step's emit, if any.
+    ahead: Option<ahead::Ahead>,
 }
 
 /// A stop message came: the engine thread ends.
@@ -276,6 +279,7 @@ impl Scheduler {
             cache,
             tails: Vec::new(),
             cache_published: 0,
+            ahead: None,
         })
     }
 
@@ -338,6 +342,9 @@ impl Scheduler {
     }
 
     fn step(&mut self, rx: &mut mpsc::Receiver<Msg>) -> Result<(), Stopped> {
+        // A decode step launched ahead is this step's first: every running sequence then has
+        // its next token, as the rest of the step expects.
+        self.finish_ahead();
         self.drop_cancelled();
         self.admit();
         let (used, mut decoded) = self.prefill(self.cfg.prefill_budget);
@@ -359,6 +366,10 @@ impl Scheduler {
             self.decode();
         }
         self.retire_all();
+        if self.requests.is_empty() {
+            // Every row of a step launched ahead ended: nothing to draw.
+            self.ahead = None;
+        }
         Ok(())
     }
 
@@ -373,6 +384,7 @@ impl Scheduler {
     }
 
     fn fail_all(&mut self, e: SchedulerError) {
+        self.ahead = None;
         for r in self.waiting.drain(..) {
             send(&r.events, Event::Error(e.clone()));
         }
@@ -446,7 +458,7 @@ mod tests {
     }
 
     /// A scheduler over the compact Gated DeltaNet fixture on the CPU, without the cache.
-    fn cpu_scheduler(prefill_budget: usize, mixed_batches: bool) -> Scheduler {
+    fn cpu_scheduler(prefill_budget: usize, mixed_batches: bool, decode_ahead: bool) -> Scheduler {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/compact/gdn");
         let engine = Engine::load(&deltaserve_engine::LoadOptions::cpu(dir)).unwrap();
         let cfg = SchedulerConfig {
@@ -457,6 +469,7 @@ mod tests {
             prefix_cache: PrefixCacheConfig::default(),
             prefill_budget,
             mixed_batches,
+            decode_ahead,
             request_timeout: std::time::Duration::from_secs(600),
             warmup: false,
         };
@@ -474,7 +487,7 @@ mod tests {
         for mixed in [false, true] {
             for (budget, b_starts) in [(256, true), (99, false)] {
                 let case = format!("budget {budget}, mixed batches {mixed}");
-                let mut s = cpu_scheduler(budget, mixed);
+                let mut s = cpu_scheduler(budget, mixed, false);
                 let (tx, mut rx) = mpsc::channel(4);
                 let (a, mut ea) = GenRequest::new("a".into(), (1..100).collect(), long.clone());
                 s.enqueue(a);
@@ -511,18 +524,21 @@ mod tests {
     }
 
     #[test]
-    fn mixed_batches_give_the_same_tokens_as_separate_passes() {
+    fn mixed_batches_and_decode_ahead_give_the_same_tokens_as_separate_passes() {
         // Greedy requests arriving at different steps, so that prompts are prefilled beside
-        // running streams: on the CPU every row's bits are the same in a mixed pass.
-        let run = |mixed: bool| -> Vec<Vec<String>> {
-            let mut s = cpu_scheduler(64, mixed);
+        // running streams, and ending at different steps (n = 2 for one): on the CPU every row's
+        // bits are the same in a mixed pass, and a step launched ahead is the step that would
+        // have run next.
+        let run = |mixed: bool, ahead: bool| -> Vec<Vec<String>> {
+            let mut s = cpu_scheduler(64, mixed, ahead);
             let (_tx, mut rx) = mpsc::channel(4);
             let greedy = deltaserve_engine::SamplingParams { temperature: 0.0, ..Default::default() };
             let p = GenParams { max_tokens: 12, ignore_eos: true, logprobs: Some(0), sampling: greedy, ..params() };
             let mut events = Vec::new();
             for (i, len) in [70usize, 30, 150, 5].into_iter().enumerate() {
                 let prompt: Vec<u32> = (0..len as u32).map(|t| (t * 7 + i as u32) % 200 + 1).collect();
-                let (r, e) = GenRequest::new(format!("r{i}"), prompt, p.clone());
+                let p = GenParams { max_tokens: 12 - 2 * i, n: 1 + (i == 1) as usize, ..p.clone() };
+                let (r, e) = GenRequest::new(format!("r{i}"), prompt, p);
                 s.enqueue(r);
                 events.push(e);
                 assert!(s.step(&mut rx).is_ok());
@@ -542,12 +558,15 @@ mod tests {
                 })
                 .collect()
         };
-        let (mixed, separate) = (run(true), run(false));
-        assert_eq!(mixed.len(), 4);
-        for (i, (m, s)) in mixed.iter().zip(&separate).enumerate() {
-            assert_eq!(m.len(), 12, "request {i}: {m:?}");
-            assert!(m.iter().all(|t| t.contains("Some(TokenLogprob")), "request {i}: {m:?}");
-            assert_eq!(m, s, "request {i}");
+        let separate = run(false, false);
+        assert_eq!(separate.len(), 4);
+        for (i, s) in separate.iter().enumerate() {
+            let choices = 1 + (i == 1) as usize;
+            assert_eq!(s.len(), (12 - 2 * i) * choices, "request {i}: {s:?}");
+            assert!(s.iter().all(|t| t.contains("Some(TokenLogprob")), "request {i}: {s:?}");
+        }
+        for (mixed, ahead) in [(true, false), (false, true), (true, true)] {
+            assert_eq!(run(mixed, ahead), separate, "mixed batches {mixed}, decode ahead {ahead}");
         }
     }
 

@@ -28,6 +28,9 @@ pub struct SchedulerConfig {
     /// off): the weights are read once for both, and a running stream waits one pass between
     /// two tokens while prompts arrive, not a prefill pass and a decode step.
     pub mixed_batches: bool,
+    /// Launch the next decode step before this one's tokens are emitted, when nothing else
+    /// could run first (`--decode-ahead`, GPUs only: the emit then overlaps the GPU's step).
+    pub decode_ahead: bool,
     /// Wall-clock limit per request.
     pub request_timeout: Duration,
     /// On a GPU, warm up before serving ([`deltaserve_engine::Engine::warm_up`]).

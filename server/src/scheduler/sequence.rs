@@ -72,6 +72,11 @@ impl Seq {
         }
     }
 
+    /// Whether the next token emitted ends this choice by length (`max_tokens`, or the context).
+    pub fn ends_by_length_after_one(&self, prompt_len: usize, max_tokens: usize, max_model_len: usize) -> bool {
+        self.generated + 1 >= max_tokens || prompt_len + self.generated + 1 >= max_model_len
+    }
+
     /// Ends this choice with an error event.
     fn fail(&mut self, events: &mpsc::Sender<Event>, id: &str, e: super::SchedulerError) {
         tracing::error!(request = %id, error = %e, "choice failed");
