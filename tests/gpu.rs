@@ -1089,7 +1089,7 @@ fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
         ] {
             set_batch_invariant(invariant);
             let m = deltaserve_tests::compact_model(name, dtype, dev);
-            let cases = deltaserve_tests::prefix::cached_against_whole(&m, 40 + i as u64, algo);
+            let cases = deltaserve_tests::prefix::cached_against_whole(&m, 40 + i as u64, algo, false);
             assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
             let (mut worst, mut greedy) = (0f64, 0);
             for (case, cached, whole) in &cases {

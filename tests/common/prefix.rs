@@ -32,21 +32,30 @@ fn run(
 /// One case: its name, the logits with the cache and without it.
 pub type Case = (String, Vec<Vec<f32>>, Vec<Vec<f32>>);
 
-/// A 200-token prompt is prefilled with snapshots at 64, 128 and 192 taken inside the pass;
-/// then prompts sharing its first 127, 128, 129 and 200 tokens (ending there, or going on 20
-/// tokens) continue from their longest snapshot of at most `len − 1` tokens, as the server
-/// does, and are compared with the same prompts prefilled whole in a fresh pool, all at `algo`.
-pub fn cached_against_whole(m: &CausalLm, seed: u64, algo: PrefillAlgo) -> Vec<Case> {
+/// A 200-token prompt is prefilled with snapshots at 64, 128 and 192 taken inside the pass
+/// (a mixed pass with `beside_decode`: the pass also decodes another running sequence, as the
+/// server's passes do); then prompts sharing its first 127, 128, 129 and 200 tokens (ending
+/// there, or going on 20 tokens) continue from their longest snapshot of at most `len − 1`
+/// tokens, as the server does, and are compared with the same prompts prefilled whole in a
+/// fresh pool, all at `algo`.
+pub fn cached_against_whole(m: &CausalLm, seed: u64, algo: PrefillAlgo, beside_decode: bool) -> Vec<Case> {
     let v = m.config().common.vocab_size;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let shared = tokens(&mut rng, v, 200);
     let more = tokens(&mut rng, v, 20);
-    let size = PoolSize { slots: 2, snapshots: 3, kv_blocks: 64, block_size: 16, max_seq_len: 512 };
+    let size = PoolSize { slots: 3, snapshots: 3, kv_blocks: 96, block_size: 16, max_seq_len: 512 };
     let mut pool = m.new_pool_sized(size).unwrap();
     let first = pool.allocate().unwrap();
     let snaps: Vec<SnapshotAt> =
         (1..=3).map(|k| SnapshotAt { seq: 0, tokens: k * PREFILL_CHUNK, snap: pool.take_snapshot().unwrap() }).collect();
-    m.prefill_many_with(&mut pool, &[(first, &shared)], algo, &snaps).unwrap();
+    if beside_decode {
+        let running = pool.allocate().unwrap();
+        m.prefill(&mut pool, running, &more, Logits::Last, algo).unwrap();
+        m.prefill_and_decode(&mut pool, &[(first, &shared)], algo, &snaps, &[(running, 7 % v as u32)]).unwrap();
+        pool.release(running).unwrap();
+    } else {
+        m.prefill_many_with(&mut pool, &[(first, &shared)], algo, &snaps).unwrap();
+    }
     pool.release(first).unwrap();
     let mut cases = Vec::new();
     for k in [127, 128, 129, 200] {
