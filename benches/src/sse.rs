@@ -12,6 +12,8 @@ pub struct Sample {
     pub ttft: Vec<f64>,
     /// Gaps between consecutive tokens, seconds.
     pub itl: Vec<f64>,
+    /// When each gap of `itl` ended (its second token arrived).
+    pub itl_end: Vec<Instant>,
     /// Whole-request latency per successful request, seconds.
     pub e2e: Vec<f64>,
     /// Chunks with a token received.
@@ -37,10 +39,18 @@ impl Sample {
     pub fn merge(&mut self, other: Sample) {
         self.ttft.extend(other.ttft);
         self.itl.extend(other.itl);
+        self.itl_end.extend(other.itl_end);
         self.e2e.extend(other.e2e);
         self.tokens += other.tokens;
         self.usage_tokens += other.usage_tokens;
         self.errors += other.errors;
+    }
+}
+
+impl Sample {
+    /// The gaps between tokens that ended at or after `from`.
+    pub fn itl_since(&self, from: Instant) -> Vec<f64> {
+        self.itl.iter().zip(&self.itl_end).filter(|(_, &end)| end >= from).map(|(&gap, _)| gap).collect()
     }
 }
 
@@ -103,7 +113,10 @@ pub async fn stream_tokens(client: &reqwest::Client, url: &str, body: &serde_jso
             let now = Instant::now();
             match last {
                 None => s.ttft.push(now.duration_since(t0).as_secs_f64()),
-                Some(p) => s.itl.push(now.duration_since(p).as_secs_f64()),
+                Some(p) => {
+                    s.itl.push(now.duration_since(p).as_secs_f64());
+                    s.itl_end.push(now);
+                }
             }
             last = Some(now);
             s.tokens += 1;
@@ -111,4 +124,20 @@ pub async fn stream_tokens(client: &reqwest::Client, url: &str, body: &serde_jso
     }
     s.e2e.push(t0.elapsed().as_secs_f64());
     Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_window_keeps_the_gaps_that_end_in_it() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let s = Sample { itl: vec![0.004, 0.009, 0.005, 0.006], itl_end: vec![at(10), at(1500), at(1499), at(2000)], ..Default::default() };
+        assert_eq!(s.itl_since(at(1500)), vec![0.009, 0.006]);
+        assert_eq!(s.itl_since(at(0)), s.itl);
+        assert!(s.itl_since(at(3000)).is_empty());
+    }
 }

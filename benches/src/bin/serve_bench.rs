@@ -71,6 +71,11 @@ struct Args {
     /// UTF-8 bytes): TTFT and ITL then time tokens, not text.
     #[arg(long)]
     logprobs: Option<usize>,
+    /// Time the gaps between tokens only from this many seconds after the run starts (the
+    /// ITL columns then say so): a steady state, without the streams' own start-up, as while
+    /// other requests arrive from then on.
+    #[arg(long)]
+    itl_after_s: Option<f64>,
 }
 
 /// SplitMix64: a small seeded generator (the benchmark needs no crate for it).
@@ -171,6 +176,8 @@ async fn main() -> anyhow::Result<()> {
     let done = all.e2e.len();
     // Tokens as the server counted them (a token whose text is empty sends no chunk).
     let tokens = all.generated();
+    // Before `stats` sorts the gaps (and parts them from their end times).
+    let mut window = a.itl_after_s.map(|t| all.itl_since(started + Duration::from_secs_f64(t)));
     let result = json!({
         "label": a.label,
         "dataset": format!("{:?}", a.dataset).to_lowercase(),
@@ -191,6 +198,8 @@ async fn main() -> anyhow::Result<()> {
         "total_token_throughput": (input_tokens + tokens) as f64 / secs,
         "ttft_ms": stats(&mut all.ttft),
         "itl_ms": stats(&mut all.itl),
+        "itl_after_s": a.itl_after_s,
+        "itl_window_ms": window.as_mut().map(|w| stats(w)),
         "e2el_ms": stats(&mut all.e2e),
     });
     let f = |k: &str, q: &str| result[k][q].as_f64().unwrap_or(f64::NAN);
@@ -198,21 +207,28 @@ async fn main() -> anyhow::Result<()> {
         "| label | concurrency | rate | req/s | out tok/s | total tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | E2E p50 ms | failed |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.1} / {:.1} | {:.2} / {:.2} | {:.0} | {} |",
-        a.label,
-        a.max_concurrency.map_or("∞".into(), |c| c.to_string()),
-        a.request_rate.map_or("∞".into(), |r| format!("{r}")),
-        done as f64 / secs,
-        tokens as f64 / secs,
-        (input_tokens + tokens) as f64 / secs,
-        f("ttft_ms", "p50"),
-        f("ttft_ms", "p99"),
-        f("itl_ms", "p50"),
-        f("itl_ms", "p99"),
-        f("e2el_ms", "p50"),
-        all.errors
-    );
+    let row = |label: &str, itl: &str| {
+        println!(
+            "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.1} / {:.1} | {:.2} / {:.2} | {:.0} | {} |",
+            label,
+            a.max_concurrency.map_or("∞".into(), |c| c.to_string()),
+            a.request_rate.map_or("∞".into(), |r| format!("{r}")),
+            done as f64 / secs,
+            tokens as f64 / secs,
+            (input_tokens + tokens) as f64 / secs,
+            f("ttft_ms", "p50"),
+            f("ttft_ms", "p99"),
+            f(itl, "p50"),
+            f(itl, "p99"),
+            f("e2el_ms", "p50"),
+            all.errors
+        )
+    };
+    row(&a.label, "itl_ms");
+    // Then the same run with the ITL of the window only.
+    if let Some(t) = a.itl_after_s {
+        row(&format!("{} (ITL after {t} s)", a.label), "itl_window_ms");
+    }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&result)?)?;
     }
