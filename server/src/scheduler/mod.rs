@@ -571,6 +571,45 @@ mod tests {
     }
 
     #[test]
+    fn a_decode_step_is_launched_ahead_only_when_nothing_else_could_run_first() {
+        let (_tx, mut rx) = mpsc::channel(4);
+        let p = GenParams { ignore_eos: true, ..params() };
+        // One stream with tokens to go: its next step is launched ahead, and drawn first
+        // thing in the next engine step.
+        let mut s = cpu_scheduler(64, true, true);
+        let (a, mut ea) = GenRequest::new("a".into(), (1..20).collect(), GenParams { max_tokens: 6, ..p.clone() });
+        s.enqueue(a);
+        // Step 1: the prompt's token and a decode step's; the third token's step goes ahead.
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "a decode step with tokens to go");
+        assert_eq!(tokens(&mut ea), 2);
+        // Step 2: the step ahead (3) and its own (4); the fifth goes ahead.
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_some());
+        assert_eq!(tokens(&mut ea), 2);
+        // Step 3: the fifth and the sixth, the last: nothing ahead.
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_none() && s.requests.is_empty());
+        assert_eq!(tokens(&mut ea), 2);
+        // A request waiting: its prefill must not wait behind a step launched ahead.
+        let (b, _eb) = GenRequest::new("b".into(), (1..20).collect(), GenParams { max_tokens: 20, ..p.clone() });
+        s.enqueue(b);
+        let (d, _ed) = GenRequest::new("d".into(), (1..20).collect(), p.clone());
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "b decodes alone");
+        s.enqueue(d);
+        s.finish_ahead();
+        s.decode();
+        assert!(s.ahead.is_none(), "d waits");
+        // Every row ends by length with the tokens just drawn: no step ahead (a chat client's
+        // next turn would wait for it).
+        let mut s = cpu_scheduler(64, true, true);
+        let (c, mut ec) = GenRequest::new("c".into(), (1..20).collect(), GenParams { max_tokens: 2, ..p.clone() });
+        s.enqueue(c);
+        s.admit();
+        assert_eq!(s.prefill(64), (19, false));
+        s.decode();
+        assert!(s.ahead.is_none(), "c ended with its second token");
+        assert_eq!(tokens(&mut ec), 2);
+    }
+
+    #[test]
     fn a_full_channel_is_a_full_queue_and_a_closed_one_a_stopped_engine() {
         let (tx, rx) = mpsc::channel(1);
         let handle = SchedulerHandle { tx, shared: Arc::new(Shared::default()), max_num_seqs: 2, max_queue: 6 };
