@@ -94,9 +94,10 @@ pub struct ServeArgs {
     #[arg(long, env = "DELTASERVE_NO_MIXED_BATCHES")]
     no_mixed_batches: bool,
     /// On a GPU, launch the next decode step as soon as this step's tokens are drawn (when
-    /// nothing else could run first), and detokenize and send them while it runs: about 3%
-    /// more throughput under load, but a request arriving meanwhile waits for that step too
-    /// (H100, concurrency 64: TTFT p50 +10 ms). Off by default.
+    /// nothing else could run first, no request waiting or on its way in), and detokenize and
+    /// send them while it runs: about 3% more throughput under load, but a request arriving
+    /// just then waits for that step too (H100, concurrency 64, before requests on their way in
+    /// were checked: TTFT p50 +10 ms). Off by default.
     #[arg(long, env = "DELTASERVE_DECODE_AHEAD")]
     decode_ahead: bool,
     /// Skip the GPU warm-up before /ready (a prefill pass per GEMM row bucket up to

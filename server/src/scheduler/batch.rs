@@ -388,8 +388,9 @@ impl Scheduler {
         }
     }
 
-    /// One batched decode step over every sequence with a pending token.
-    pub(super) fn decode(&mut self) {
+    /// One batched decode step over every sequence with a pending token. `arrivals` tells
+    /// whether requests wait in the engine's channel (a step launched ahead would delay them).
+    pub(super) fn decode(&mut self, arrivals: impl Fn() -> bool) {
         let (batch, who) = self.decode_rows(0);
         if batch.is_empty() {
             return;
@@ -404,7 +405,7 @@ impl Scheduler {
         let (drawn, out) = self.draw(logits.map_err(SchedulerError::from), &who);
         match out {
             Ok((rows, results)) => {
-                let ahead = self.launch_ahead(&rows, &results);
+                let ahead = if arrivals() { Ok(()) } else { self.launch_ahead(&rows, &results) };
                 self.emit_all(rows, results);
                 if let Err((rows, e)) = ahead {
                     self.fail_rows(&rows, e);

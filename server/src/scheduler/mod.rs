@@ -363,7 +363,8 @@ impl Scheduler {
         }
         // A pass that decoded the running sequences was their step.
         if !decoded {
-            self.decode();
+            // Asked once the step's tokens are drawn: requests that came while it ran.
+            self.decode(|| !rx.is_empty());
         }
         self.retire_all();
         if self.requests.is_empty() {
@@ -572,7 +573,7 @@ mod tests {
 
     #[test]
     fn a_decode_step_is_launched_ahead_only_when_nothing_else_could_run_first() {
-        let (_tx, mut rx) = mpsc::channel(4);
+        let (tx, mut rx) = mpsc::channel(4);
         let p = GenParams { ignore_eos: true, ..params() };
         // One stream with tokens to go: its next step is launched ahead, and drawn first
         // thing in the next engine step.
@@ -588,15 +589,23 @@ mod tests {
         // Step 3: the fifth and the sixth, the last: nothing ahead.
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_none() && s.requests.is_empty());
         assert_eq!(tokens(&mut ea), 2);
-        // A request waiting: its prefill must not wait behind a step launched ahead.
+        // A request waiting: its prefill must not wait behind a step launched ahead. Nor one in
+        // the engine's channel.
         let (b, _eb) = GenRequest::new("b".into(), (1..20).collect(), GenParams { max_tokens: 20, ..p.clone() });
         s.enqueue(b);
         let (d, _ed) = GenRequest::new("d".into(), (1..20).collect(), p.clone());
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "b decodes alone");
         s.enqueue(d);
         s.finish_ahead();
-        s.decode();
+        s.decode(|| false);
         assert!(s.ahead.is_none(), "d waits");
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_none(), "d's prompt in a mixed pass with b");
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "d and b decode");
+        s.finish_ahead();
+        let (e, _ee) = GenRequest::new("e".into(), (1..20).collect(), p.clone());
+        tx.try_send(Msg::Request(Box::new(e))).ok().unwrap();
+        s.decode(|| !rx.is_empty());
+        assert!(s.ahead.is_none(), "e is in the channel");
         // Every row ends by length with the tokens just drawn: no step ahead (a chat client's
         // next turn would wait for it).
         let mut s = cpu_scheduler(64, true, true);
@@ -604,7 +613,7 @@ mod tests {
         s.enqueue(c);
         s.admit();
         assert_eq!(s.prefill(64), (19, false));
-        s.decode();
+        s.decode(|| false);
         assert!(s.ahead.is_none(), "c ended with its second token");
         assert_eq!(tokens(&mut ec), 2);
     }
