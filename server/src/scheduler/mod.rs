@@ -2,13 +2,14 @@
 //!
 //! Each step (1) takes new requests and drops cancelled or timed-out ones, (2) admits waiting
 //! requests first-come-first-served into free slots ([`admission`]), (3) advances prefills in
-//! chunks under a per-step token budget and (4) runs one batched decode over every running
-//! sequence ([`batch`]), sampling, detokenizing and checking stop rules per sequence
-//! ([`sequence`]), and (5) frees the slots of finished sequences in the same step. HTTP handlers
-//! talk to it only through [`SchedulerHandle`] and per-request bounded event channels.
+//! chunks under a per-step token budget and (4) decodes every running sequence once, in the
+//! prefill's pass when there is one ([`batch`]; [`ahead`] for `--decode-ahead`), sampling,
+//! detokenizing and checking stop rules per sequence ([`sequence`]), and (5) frees the slots of
+//! finished sequences in the same step. HTTP handlers talk to it only through
+//! [`SchedulerHandle`] ([`handle`]) and per-request bounded event channels.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,117 +24,16 @@ mod ahead;
 mod batch;
 mod caching;
 mod error;
+mod handle;
 mod prefix_cache;
 mod request;
 mod sequence;
 
 pub use error::SchedulerError;
+use handle::{Msg, Shared};
+pub use handle::{SchedulerHandle, Ticket};
 pub use request::{Event, FinishReason, GenParams, GenRequest, PrefixCacheConfig, SchedulerConfig, StopCause, TokenLogprob, ANSWER_DELAY};
 use sequence::{send, Seq};
-
-/// Counters the HTTP layer reads without locking, and the shutdown flag it sets.
-#[derive(Debug, Default)]
-struct Shared {
-    /// Requests accepted by [`SchedulerHandle::submit`] and not yet dropped by the engine thread
-    /// (queued in the channel, waiting, or running): what admission counts.
-    accepted: AtomicUsize,
-    alive: AtomicBool,
-    /// Set at shutdown past the drain deadline: fail everything still in flight.
-    abort: AtomicBool,
-    /// The engine thread, unparked after each message so that a thread parked until a
-    /// re-prefill is due wakes for a request at once.
-    engine_thread: std::sync::OnceLock<std::thread::Thread>,
-}
-
-impl Shared {
-    /// Wakes the engine thread if it is parked.
-    fn wake(&self) {
-        if let Some(t) = self.engine_thread.get() {
-            t.unpark();
-        }
-    }
-}
-
-/// What the engine thread receives.
-enum Msg {
-    Request(Box<GenRequest>),
-    /// Fail whatever is left, drop the engine and end the thread.
-    Stop,
-}
-
-/// Cheap, cloneable handle on the scheduler thread.
-#[derive(Clone)]
-pub struct SchedulerHandle {
-    tx: mpsc::Sender<Msg>,
-    shared: Arc<Shared>,
-    max_num_seqs: usize,
-    max_queue: usize,
-}
-
-/// One accepted request's place in the admission count, given back when the engine thread drops
-/// the request (finished, failed, cancelled or timed out) or it never reaches the thread.
-#[derive(Debug)]
-pub struct Ticket(Arc<Shared>);
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.0.accepted.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl SchedulerHandle {
-    /// Queues a request, or refuses it at once when `max_num_seqs` requests could run and
-    /// `max_queue` more already wait: free slots count as room, so `--max-queue 0` means no
-    /// waiting line, not "refuse everything".
-    pub fn submit(&self, mut req: GenRequest) -> Result<(), SchedulerError> {
-        let prev = self.shared.accepted.fetch_add(1, Ordering::SeqCst);
-        req.ticket = Some(Ticket(self.shared.clone()));
-        if prev >= self.max_num_seqs + self.max_queue {
-            return Err(SchedulerError::QueueFull { in_flight: prev, slots: self.max_num_seqs, queue: self.max_queue });
-        }
-        // The channel holds as many requests as the count admits, so it is full only if the
-        // engine thread is gone or behind on dropping finished requests: the same answer.
-        match self.tx.try_send(Msg::Request(Box::new(req))) {
-            Ok(()) => {
-                self.shared.wake();
-                Ok(())
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                Err(SchedulerError::QueueFull { in_flight: prev, slots: self.max_num_seqs, queue: self.max_queue })
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(SchedulerError::Stopped),
-        }
-    }
-
-    /// Requests accepted and not yet done: on their way to the engine thread, waiting or running.
-    pub fn in_flight(&self) -> usize {
-        self.shared.accepted.load(Ordering::SeqCst)
-    }
-
-    /// Whether the engine thread is still running.
-    pub fn alive(&self) -> bool {
-        self.shared.alive.load(Ordering::SeqCst)
-    }
-
-    /// Fails every waiting and running request (shutdown past its deadline).
-    pub fn abort_all(&self) {
-        self.shared.abort.store(true, Ordering::SeqCst);
-    }
-
-    /// Ends the engine thread: what is still in flight fails, the engine and its pool are
-    /// dropped (GPU memory, NCCL communicators) before this returns, so that nothing of them is
-    /// left to the process's exit. False if the thread was still running after `timeout`.
-    pub async fn shut_down(&self, timeout: std::time::Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        // The channel may be full of requests; the thread reads them all before the stop.
-        let _ = tokio::time::timeout_at(deadline, self.tx.send(Msg::Stop)).await;
-        self.shared.wake();
-        while self.alive() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        !self.alive()
-    }
-}
 
 /// Starts the engine thread. The pool is sized by `cfg.max_num_seqs`.
 pub fn spawn(
