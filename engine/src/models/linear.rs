@@ -45,7 +45,7 @@ pub struct FusedOutput<'a> {
     offsets: &'a [usize],
 }
 
-impl<'a> FusedOutput<'a> {
+impl FusedOutput<'_> {
     /// Parts `i..j` (adjacent columns) as one `[N, width]` view.
     pub fn span(&self, i: usize, j: usize) -> Result<Tensor> {
         Ok(self.y.narrow(1, self.offsets[i], self.offsets[j] - self.offsets[i])?)

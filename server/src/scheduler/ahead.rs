@@ -1,8 +1,9 @@
 //! Decode steps launched ahead. When the next engine step can only be another decode step of
 //! the same sequences (nothing waits to be admitted or prefilled, nor in the engine's channel;
-//! no grammar needs the token just drawn), that step is launched on the GPU as soon as this step's tokens are drawn, and
-//! this step's tokens are emitted (detokenized, checked against the stop rules, sent) while it
-//! runs: the host's work between two steps no longer leaves the GPU idle. The step launched
+//! no grammar needs the token just drawn), that step is launched on the GPU as soon as this
+//! step's tokens are drawn, and this step's tokens are emitted (detokenized, checked against
+//! the stop rules, sent) while it runs: the host's work between two steps no longer leaves the
+//! GPU idle. The step launched
 //! ahead is drawn first thing in the next engine step. A row whose sequence finished or left
 //! meanwhile is not drawn; its slot advanced one token more, which nothing reads (a freed slot
 //! is zeroed when handed out again, a finished turn's cache re-prefill starts from a snapshot or
