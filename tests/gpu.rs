@@ -52,6 +52,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", gpu_conv_and_swiglu_match_cpu),
     ("gpu_prep_and_gated_norm_match_cpu", gpu_prep_and_gated_norm_match_cpu),
+    #[cfg(feature = "cuda")]
     ("gpu_small_batch_linear_matches_cpu", gpu_small_batch_linear_matches_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
@@ -454,11 +455,16 @@ fn gpu_prep_and_gated_norm_match_cpu(dev: &Device) {
 /// The small-batch projection kernel (decode steps' GEMVs) equals x Wᵀ computed in f32 on the
 /// CPU from the same rounded values and rounded once, for every B it takes (1..=8), x contiguous
 /// and as a column slice, a small odd N, a model-sized one and one whose K is split eight ways;
-/// and it declines what it does not take (B = 9, K not a multiple of 8, f32), leaving those to
-/// the GEMM. Its SwiGLU variant (the MLP's down projection) equals the SwiGLU kernel followed by
+/// and it declines what it does not take (B = 9, K not a multiple of 8, f32). The op that picks
+/// it gives the kernel's bits up to `SMALL_BATCH_LINEAR_MAX_ROWS` rows and leaves more to the
+/// GEMM. Its SwiGLU variant (the MLP's down projection) equals the SwiGLU kernel followed by
 /// it, bit for bit.
+#[cfg(feature = "cuda")]
 fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{small_batch_linear, small_batch_swiglu_linear, swiglu, SWIGLU_LINEAR_MAX_ROWS};
+    use deltaserve_kernels::cuda::gemv;
+    use deltaserve_kernels::ops::{
+        small_batch_linear, small_batch_swiglu_linear, swiglu, SMALL_BATCH_LINEAR_MAX_ROWS, SWIGLU_LINEAR_MAX_ROWS,
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let mut rand = |shape: (usize, usize)| {
         let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -474,7 +480,13 @@ fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
                 for offset in [0, 8] {
                     let x = xd.narrow(0, 0, b).unwrap().narrow(1, offset, k).unwrap();
                     let x = if offset == 0 { x.contiguous().unwrap() } else { x };
-                    let got = small_batch_linear(&x.to_device(dev).unwrap(), &wg).unwrap().expect("the kernel takes this input");
+                    let xg = x.to_device(dev).unwrap();
+                    let got = gemv(&xg, &wg).unwrap().expect("the kernel takes this input");
+                    match small_batch_linear(&xg, &wg).unwrap() {
+                        Some(op) if b <= SMALL_BATCH_LINEAR_MAX_ROWS => assert_eq!(values(&op), values(&got), "op B={b}"),
+                        None if b > SMALL_BATCH_LINEAR_MAX_ROWS => {}
+                        other => panic!("B={b}: the op ran the kernel: {}", other.is_some()),
+                    }
                     let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
                     let want = f(&x).matmul(&f(&wd).t().unwrap()).unwrap().to_dtype(dtype).unwrap();
                     assert_eq!((got.dims(), got.dtype()), (&[b, n][..], dtype));
@@ -494,7 +506,7 @@ fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
         (on(rand((2, 64)), DType::F32), on(rand((16, 64)), DType::F32)),
     ];
     for (x, w) in &declined {
-        assert!(small_batch_linear(x, w).unwrap().is_none(), "x {:?} {:?} should be left to the GEMM", x.dims(), x.dtype());
+        assert!(gemv(x, w).unwrap().is_none(), "x {:?} {:?} should be left to the GEMM", x.dims(), x.dtype());
     }
     // The MLP's down projection with SwiGLU formed in the kernel: bit for bit the SwiGLU kernel
     // followed by the projection kernel, for the B it fuses, from the halves of one [gate | up]
@@ -512,7 +524,7 @@ fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
                 continue;
             }
             let fused = fused.expect("the kernel takes the halves of one projection");
-            let apart = small_batch_linear(&swiglu(&gate, &up).unwrap(), &wg).unwrap().unwrap();
+            let apart = gemv(&swiglu(&gate, &up).unwrap(), &wg).unwrap().unwrap();
             assert_eq!((fused.dims(), fused.dtype()), (&[b, d][..], dtype));
             assert_eq!(values(&fused), values(&apart), "fused SwiGLU + projection {dtype:?} B={b}");
         }

@@ -2,9 +2,9 @@
 //! they replace: the kernels at every B they take, and the ops that pick them where they win.
 
 use candle_core::{DType, Device, Tensor};
-use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv};
+use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv, gemv};
 use deltaserve_kernels::ops::{
-    add_rms_norm, gated_rms_norm, small_batch_add_norm_linear, small_batch_gated_norm_linear, small_batch_linear, ADD_NORM_LINEAR_MAX_ROWS,
+    add_rms_norm, gated_rms_norm, small_batch_add_norm_linear, small_batch_gated_norm_linear, ADD_NORM_LINEAR_MAX_ROWS,
     GATED_NORM_LINEAR_MAX_HEAD_ROWS,
 };
 use deltaserve_kernels::GateActivation;
@@ -46,7 +46,7 @@ pub fn gpu_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
                         assert_eq!((values(&r_op), values(&y_op)), (values(&r), values(&y)), "B={b}: the op's fused result");
                     }
                     let (r2, x2) = add_rms_norm(&hg, dg, &nwg, eps, dtype).unwrap();
-                    let y2 = small_batch_linear(&x2, &wg).unwrap().unwrap();
+                    let y2 = gemv(&x2, &wg).unwrap().unwrap();
                     let what = format!("{dtype:?} B={b} N={n} K={k} delta={with_delta}");
                     assert_eq!((y.dims(), y.dtype(), r.dims()), (&[b, n][..], dtype, &[b, k][..]), "{what}: shapes");
                     assert_eq!(values(&r), values(&r2), "{what}: r against the norm kernel's");
@@ -110,7 +110,7 @@ pub fn gpu_gated_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
                         assert_eq!(values(&y_op), values(&y), "B={b} H={heads}: the op's fused result");
                     }
                     let x = gated_rms_norm(&og, z, &nwg, eps, act, dtype).unwrap().reshape((b, k)).unwrap();
-                    let y2 = small_batch_linear(&x, &wg).unwrap().unwrap();
+                    let y2 = gemv(&x, &wg).unwrap().unwrap();
                     assert_eq!((y.dims(), y.dtype()), (&[b, n][..], dtype), "shape and dtype");
                     assert_eq!(values(&y), values(&y2), "{dtype:?} B={b} {heads}x{vd} {act:?} gated={gated}: against the two kernels");
                 }

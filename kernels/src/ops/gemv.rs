@@ -139,15 +139,16 @@ fn large_batch_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     Ok(x.contiguous()?.matmul(&w.t()?)?)
 }
 
-/// `x Wᵀ` for `x` `[B, K]` and `w` `[N, K]` when B is small: on the GPU, for B ≤ 8 and bf16
-/// or f16 inputs, one kernel that streams `w` once (a decode step's projections, where cuBLAS's
-/// GEMV kernels stream the weights at 35–80% of copy bandwidth). `None` where that kernel does
-/// not apply (the CPU, larger B, other dtypes or layouts), or when `DELTASERVE_SMALL_BATCH_GEMV=0`
-/// turns it off (for comparisons): the caller runs its GEMM.
+/// `x Wᵀ` for `x` `[B, K]` and `w` `[N, K]` when B is small: on the GPU, for B ≤
+/// [`SMALL_BATCH_LINEAR_MAX_ROWS`] and bf16 or f16 inputs, one kernel that streams `w` once (a
+/// decode step's projections, where cuBLAS's GEMV kernels stream the weights at 35–80% of copy
+/// bandwidth). `None` where that kernel does not apply (the CPU, larger B, other dtypes or
+/// layouts), or when `DELTASERVE_SMALL_BATCH_GEMV=0` turns it off (for comparisons): the caller
+/// runs its GEMM.
 pub fn small_batch_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && w.device().is_cuda() {
-        if small_batch_gemv_off() {
+        if small_batch_gemv_off() || x.dim(0)? > small_batch_linear_max_rows() {
             return Ok(None);
         }
         return crate::cuda::gemv(x, w);
@@ -224,6 +225,15 @@ pub fn small_batch_gated_norm_linear(
     Ok(None)
 }
 
+/// Most rows [`small_batch_linear`] runs through the GEMV kernel; cublasLt takes more. Each lane
+/// of the kernel loads every row of x for each 16 bytes of W it streams, and from four rows on
+/// the whole decode step is faster through cuBLAS (H100, graphs, ms at B = 3 / 4 / 6 / 8: the
+/// Qwen3.5-layout 2.1B 2.48 / 2.67 / 2.83 / 3.38 with the kernel against 2.51 / 2.58 / 2.67 /
+/// 2.75; the 1.39B Gated DeltaNet 2.09–2.12 / 2.24–2.29 / 2.47 / 2.88 against 2.08 / 2.12 / 2.30
+/// / 2.40; `benches/results/h100-gemv_rows-2026-11-28/`). Four rows of W a warp instead of two,
+/// to halve those loads, was slower still (3.81 ms at B = 8).
+pub const SMALL_BATCH_LINEAR_MAX_ROWS: usize = 3;
+
 /// Most rows [`small_batch_add_norm_linear`] fuses. Every block of the projection forms the
 /// rows' norm itself, which costs more than the launch it saves past two rows (H100, into the
 /// input projection, 9228 × 2048: 24.4 / 26.1 µs fused against 29.6 / 29.7 µs apart at B = 1 / 2,
@@ -245,6 +255,16 @@ pub const GATED_NORM_LINEAR_MAX_HEAD_ROWS: usize = 8;
 /// at B = 4). Forming it once a block in shared memory instead was slower at B = 1 and 8
 /// (18.0 and 30.6 µs) and even at B = 4.
 pub const SWIGLU_LINEAR_MAX_ROWS: usize = 2;
+
+/// [`SMALL_BATCH_LINEAR_MAX_ROWS`], or `DELTASERVE_SMALL_BATCH_GEMV_ROWS` (for comparisons; the
+/// kernel takes at most 8).
+#[cfg(feature = "cuda")]
+fn small_batch_linear_max_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("DELTASERVE_SMALL_BATCH_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_BATCH_LINEAR_MAX_ROWS)
+    })
+}
 
 /// `DELTASERVE_SMALL_BATCH_GEMV=0`: the small-batch kernels stand aside (for comparisons).
 #[cfg(feature = "cuda")]

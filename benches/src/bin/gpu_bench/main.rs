@@ -109,6 +109,15 @@ struct Args {
     /// beside copying the logits to the host, which the draw replaced.
     #[arg(long)]
     sampling_only: bool,
+    /// Decode batch sizes of the whole-model and hybrid tables (default 1, 16, 64 and 1, 64).
+    #[arg(long, value_delimiter = ',')]
+    batches: Option<Vec<usize>>,
+    /// Whole-model and hybrid tables: decode only, no prefill.
+    #[arg(long)]
+    no_prefill: bool,
+    /// Whole-model table: CUDA graphs only, no eager decode rows.
+    #[arg(long)]
+    graphs_only: bool,
     /// fla's times at the mixer tables' shapes, measured in this run by `benches/fla_mixer.py`
     /// (`benches/mixer_vs_fla.sh`): the "vs fla" columns are computed from them.
     #[arg(long)]
@@ -387,8 +396,8 @@ fn decode_table(dev: &Device, reps: usize, fla: &FlaTimes) -> anyhow::Result<()>
 /// `SWIGLU_LINEAR_MAX_ROWS` rows).
 #[cfg(feature = "cuda")]
 fn mlp_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
-    use deltaserve_kernels::cuda::gemv_swiglu;
-    use deltaserve_kernels::ops::{small_batch_linear, swiglu};
+    use deltaserve_kernels::cuda::{gemv, gemv_swiglu};
+    use deltaserve_kernels::ops::swiglu;
     println!("\n## Decode MLP down projection (I=5632 -> D=2048, bf16; {reps} reps, median of CUDA-event times, do_bench method)\n");
     println!("| B | SwiGLU + projection µs | weight GB/s | fused µs | weight GB/s | fused speed-up |");
     println!("|---|---|---|---|---|---|");
@@ -400,7 +409,7 @@ fn mlp_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let (gate, up) = (gu.narrow(1, 0, i)?, gu.narrow(1, i, i)?);
         let apart = median_gpu_ms(dev, reps, Timing::DoBench, || {
             let h = swiglu(&gate, &up)?;
-            small_batch_linear(&h, &w)?.ok_or_else(|| anyhow::anyhow!("small-batch projection declined"))?;
+            gemv(&h, &w)?.ok_or_else(|| anyhow::anyhow!("small-batch projection declined"))?;
             Ok(())
         })?;
         let fused = median_gpu_ms(dev, reps, Timing::DoBench, || {
@@ -423,8 +432,8 @@ fn mlp_table(_dev: &Device, _reps: usize) -> anyhow::Result<()> {
 /// into `o_proj` at both models' head shapes (bf16).
 #[cfg(feature = "cuda")]
 fn norm_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
-    use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv};
-    use deltaserve_kernels::ops::{add_rms_norm, gated_rms_norm, small_batch_linear};
+    use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv, gemv};
+    use deltaserve_kernels::ops::{add_rms_norm, gated_rms_norm};
     use deltaserve_kernels::GateActivation;
     println!("\n## Decode norms folded into the next projection (bf16; {reps} reps, median of CUDA-event times, do_bench method)\n");
     println!("| what | N x K | B | norm + projection µs | fused µs | fused speed-up |");
@@ -438,7 +447,7 @@ fn norm_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
             let d = Tensor::randn(0f32, 1.0, (b, k), dev)?.to_dtype(DType::BF16)?;
             let apart = median_gpu_ms(dev, reps, Timing::DoBench, || {
                 let (_, x) = add_rms_norm(&h, Some(&d), &nw, 1e-6, DType::BF16)?;
-                small_batch_linear(&x, &w)?.ok_or_else(declined)?;
+                gemv(&x, &w)?.ok_or_else(declined)?;
                 Ok(())
             })?;
             let fused = median_gpu_ms(dev, reps, Timing::DoBench, || {
@@ -457,7 +466,7 @@ fn norm_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
             let z = Tensor::randn(0f32, 1.0, (b, k), dev)?.to_dtype(DType::BF16)?;
             let apart = median_gpu_ms(dev, reps, Timing::DoBench, || {
                 let x = gated_rms_norm(&o, Some(&z), &nw, 1e-6, GateActivation::Swish, DType::BF16)?.reshape((b, k))?;
-                small_batch_linear(&x, &w)?.ok_or_else(declined)?;
+                gemv(&x, &w)?.ok_or_else(declined)?;
                 Ok(())
             })?;
             let fused = median_gpu_ms(dev, reps, Timing::DoBench, || {
@@ -549,7 +558,12 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         profiler_stop()?;
         return Ok(());
     }
-    for (algo, what) in [(PrefillAlgo::Chunked, "near-fp32 mixer"), (PrefillAlgo::ChunkedBf16, "bf16 mixer, `--mixer-precision bf16`")] {
+    let algos: &[_] = if args.no_prefill {
+        &[]
+    } else {
+        &[(PrefillAlgo::Chunked, "near-fp32 mixer"), (PrefillAlgo::ChunkedBf16, "bf16 mixer, `--mixer-precision bf16`")]
+    };
+    for &(algo, what) in algos {
         let ms = median_ms(dev, 5, || {
             model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
             Ok(())
@@ -560,11 +574,12 @@ fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     pool.release(slot)?;
     println!("| batch | CUDA graph | ms per step | tokens/s | roofline tokens/s | % of roofline |");
     println!("|---|---|---|---|---|---|");
-    for b in [1usize, 16, 64] {
+    for &b in args.batches.as_deref().unwrap_or(&[1, 16, 64]) {
         let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
         let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / COPY_BW * 1e3;
-        for graphs in [false, true] {
+        let modes: &[bool] = if args.graphs_only { &[true] } else { &[false, true] };
+        for &graphs in modes {
             #[cfg(feature = "cuda")]
             let mut captured = deltaserve_engine::decode_graph::DecodeGraphs::default();
             // median_ms warms up first: the eager run and the capture happen there.
@@ -649,7 +664,8 @@ struct HybridProfile {
 /// once (of an MoE's routed experts, those the batch's tokens choose), each sequence's recurrent
 /// state read and written, and its KV cache read, once a step.
 #[cfg(feature = "cuda")]
-fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: HybridProfile, invariant_too: bool) -> anyhow::Result<()> {
+fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, profile: HybridProfile) -> anyhow::Result<()> {
+    let (reps, invariant_too) = (args.reps, args.batch_invariant);
     use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
@@ -671,7 +687,8 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: Hybri
     let state_bytes = cfg.state_bytes_per_sequence() as f64;
     let vocab = cfg.common.vocab_size as u32;
     let (t, ctx) = (4096usize, 256usize);
-    let batches: &[usize] = if moe.is_some() { &[1, 16, 64] } else { &[1, 64] };
+    let default: &[usize] = if moe.is_some() { &[1, 16, 64] } else { &[1, 64] };
+    let batches = args.batches.as_deref().unwrap_or(default);
     let size = deltaserve_engine::state::PoolSize::for_tokens(64, t + 64);
     let mut pool = model.new_pool_sized(size)?;
     let kv_per_token = pool.bytes_per_block() as f64 / pool.block_size() as f64;
@@ -682,7 +699,8 @@ fn hybrid_table(dev: &Device, dir: &std::path::Path, reps: usize, profile: Hybri
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     for bi in if invariant_too { vec![false, true] } else { vec![false] } {
         deltaserve_kernels::ops::set_batch_invariant(bi);
-        for algo in [PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] {
+        let algos: &[PrefillAlgo] = if args.no_prefill { &[] } else { &[PrefillAlgo::Chunked, PrefillAlgo::ChunkedBf16] };
+        for &algo in algos {
             let ms = median_ms(dev, 5, || {
                 let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
                 model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
@@ -766,7 +784,7 @@ fn main() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(dir) = &args.hybrid_dir {
         let profile = HybridProfile { all: args.profile_hybrid, decode: args.profile_hybrid_decode };
-        return hybrid_table(&dev, dir, args.reps, profile, args.batch_invariant);
+        return hybrid_table(&dev, dir, &args, profile);
     }
     if args.decode_only {
         return decode_table(&dev, args.reps, &fla);
