@@ -665,8 +665,8 @@ struct HybridProfile {
 /// state read and written, and its KV cache read, once a step.
 #[cfg(feature = "cuda")]
 fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, profile: HybridProfile) -> anyhow::Result<()> {
-    let (reps, invariant_too) = (args.reps, args.batch_invariant);
     use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
+    let (reps, invariant_too) = (args.reps, args.batch_invariant);
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
     let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
