@@ -96,6 +96,12 @@ impl Server {
         text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_owned).collect()
     }
 
+    /// Opens a streaming completion; its body's chunks as they come.
+    async fn open_stream(&self, body: Value) -> impl futures::Stream<Item = reqwest::Result<impl std::ops::Deref<Target = [u8]>>> {
+        let r = self.client.post(format!("{}/v1/completions", self.base)).json(&body).send().await.expect("request");
+        r.bytes_stream()
+    }
+
     async fn metrics(&self) -> String {
         self.client.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap()
     }
@@ -329,14 +335,7 @@ async fn concurrent_streams_batch_and_each_equals_its_solo_run() {
 async fn dropped_streams_free_their_slots() {
     let srv = start(&["--max-num-seqs", "8"]).await;
     for _ in 0..6 {
-        let r = srv
-            .client
-            .post(format!("{}/v1/completions", srv.base))
-            .json(&json!({"prompt": "a", "max_tokens": 5000, "ignore_eos": true, "stream": true}))
-            .send()
-            .await
-            .unwrap();
-        let mut s = r.bytes_stream();
+        let mut s = Box::pin(srv.open_stream(json!({"prompt": "a", "max_tokens": 5000, "ignore_eos": true, "stream": true})).await);
         // Read a few chunks, then hang up.
         for _ in 0..3 {
             s.next().await;

@@ -13,14 +13,7 @@ use super::{model_dir, sample, start, start_with, Server};
 #[tokio::test]
 async fn sigterm_drains_in_flight_streams_then_exits_zero() {
     let mut srv = start(&["--shutdown-timeout", "30"]).await;
-    let r = srv
-        .client
-        .post(format!("{}/v1/completions", srv.base))
-        .json(&json!({"prompt": "a", "max_tokens": 400, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut body = r.bytes_stream();
+    let mut body = Box::pin(srv.open_stream(json!({"prompt": "a", "max_tokens": 400, "ignore_eos": true, "stream": true})).await);
     let first = body.next().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).starts_with("data: "));
     let pid = srv.child.id().to_string();

@@ -101,7 +101,8 @@ impl Scheduler {
             });
             match step {
                 Ok(Some(row)) => {
-                    let _ = self.draw_first(Ok(row), &[(i, 0)]);
+                    let who = self.first_draws(i, 0);
+                    let _ = self.draw_and_emit(Ok(row), &who);
                 }
                 Ok(None) => {}
                 Err(e) => self.requests[i].fail(e),
@@ -125,7 +126,7 @@ impl Scheduler {
                     let mut draws = Vec::new();
                     for (row, (i, take)) in packed.into_iter().enumerate() {
                         match self.finish_chunk(i, take, None) {
-                            Ok(true) => draws.extend((0..self.requests[i].seqs.len()).map(|si| (i, si, row))),
+                            Ok(true) => draws.extend(self.first_draws(i, row)),
                             Ok(false) => {}
                             Err(e) => self.requests[i].fail(e),
                         }
@@ -291,11 +292,9 @@ impl Scheduler {
         Ok(true)
     }
 
-    /// The first tokens of the requests `(request, logits row)` whose prompts are done: every
-    /// choice of each draws from its request's row.
-    fn draw_first(&mut self, logits: Result<Tensor, SchedulerError>, done: &[(usize, usize)]) -> std::time::Duration {
-        let who: Vec<Drawer> = done.iter().flat_map(|&(i, row)| (0..self.requests[i].seqs.len()).map(move |si| (i, si, row))).collect();
-        self.draw_and_emit(logits, &who)
+    /// The draws of request `i`'s first tokens, its prompt done: every choice draws from `row`.
+    fn first_draws(&self, i: usize, row: usize) -> Vec<Drawer> {
+        (0..self.requests[i].seqs.len()).map(|si| (i, si, row)).collect()
     }
 
     /// Draws the next token of each `(request, choice, logits row)` in one batch where the logits
