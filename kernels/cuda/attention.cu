@@ -8,11 +8,11 @@
 //                   bf16 or f16), per-head RMSNorm on q and k (optional), RoPE on q and k,
 //                   then k and v into their blocks at each row's position.
 // attn_rows_C_g*    one query row per block row of the grid, fp32 arithmetic: decode, and
-//                   prefill of f32 models. A fixed number of key splits per row, each a
-//                   contiguous key range that depends only on the row's own position, so a
-//                   row's result does not depend on which rows share the launch (batch
-//                   invariance) or on the grid (a CUDA graph captures one grid for every later
-//                   context length).
+//                   prefill of f32 models. Each row is cut into the launch's number of key
+//                   splits, each a contiguous key range that depends only on the row's own
+//                   position and that number, so a CUDA graph captures one grid for every later
+//                   context length, and in batch-invariant mode (always MAX_SPLITS) a row's
+//                   result does not depend on which rows share the launch.
 // attn_combine      the splits' partial softmaxes into the output.
 // attn_tiles_T_d*   prefill of bf16/f16 models (cache in T): 64 query rows of one sequence and
 //                   one head against 64-key tiles with mma.sync on the tensor cores, keys and
@@ -27,7 +27,7 @@
 
 #include "common.cuh"
 
-#define SPLITS 16      // key splits per query row (attn_rows); ops/attention.rs knows it too
+#define MAX_SPLITS 16  // key splits per query row at most (attn_rows); cuda/attention.rs knows it too
 #define MIN_SPLIT 16   // keys a split takes at least, so short rows use few splits
 #define ROW_THREADS 128
 
@@ -54,6 +54,18 @@ __device__ __forceinline__ float4 load4(const C* p) {
   } x;
   x.u = __ldg(reinterpret_cast<const uint2*>(p));
   return make_float4(to_f(x.h[0]), to_f(x.h[1]), to_f(x.h[2]), to_f(x.h[3]));
+}
+
+// Two consecutive cache elements as fp32 (one 8- or 4-byte load; p aligned to 2 elements).
+__device__ __forceinline__ float2 load2(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
+template <typename C>
+__device__ __forceinline__ float2 load2(const C* p) {
+  union {
+    unsigned u;
+    C h[2];
+  } x;
+  x.u = __ldg(reinterpret_cast<const unsigned*>(p));
+  return make_float2(to_f(x.h[0]), to_f(x.h[1]));
 }
 
 // Offset (in elements) of key position `pos`'s [HKV, hd] row in a cache buffer.
@@ -149,21 +161,23 @@ __device__ void attn_append(const QkvRows& in, float* __restrict__ q_out, C* __r
 static_assert(sizeof(QkvRows) == 72 && offsetof(QkvRows, q_norm) == 48 && offsetof(QkvRows, eps) == 64,
               "struct QkvRows must match QkvArgs in attention.rs");
 
-// grid (N, HKV · ⌈G/GC⌉, SPLITS), ROW_THREADS threads: GC query heads of one KV head over one
-// key split of one row, in chunks of ROW_THREADS / tpk keys. Scores: tpk adjacent threads a
+// grid (N, HKV · ⌈G/GC⌉, splits), ROW_THREADS threads: GC query heads of one KV head over one
+// key split of one row, in chunks of ROW_THREADS / tpk keys. The launcher picks `splits` (≤
+// MAX_SPLITS) once per launch shape: many for a few rows (more blocks in flight), few for many
+// (each block's fixed cost, q in and the partial result out, over more keys). Scores: tpk adjacent threads a
 // key (tpk = 8, 4, 2 or 1: the most threads a key whose chunk still holds the whole split, so
 // that a short split is one chunk of few round trips and a long one few chunks), each summing
 // every tpk-th group of four
 // channels (the key row's loads in flight together, q broadcast from shared memory), then the
 // key's partial sums in a fixed butterfly. Then the chunk's max and sum per head, and P·V with a
-// thread per output channel (rows read coalesced, the chunk's keys unrolled). tpk depends only
-// on the row's own position, like the splits. Writes the split's unnormalised output and its
-// (max, sum) for attn_combine.
+// thread per two adjacent output channels (rows read coalesced in pairs, the chunk's keys
+// unrolled). tpk depends only on the row's own position and `splits`. Writes the split's
+// unnormalised output and its (max, sum) for attn_combine (an empty split only the latter).
 template <int GC, typename C>
 __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                           const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
                           const int* __restrict__ row_pos, int HQ, int HKV, int hd, int window, float scale,
-                          float* __restrict__ part, float* __restrict__ ml) {
+                          int splits, float* __restrict__ part, float* __restrict__ ml) {
   __shared__ __align__(16) float q_s[GC][256];
   __shared__ float p_s[GC][ROW_THREADS];
   __shared__ size_t off_s[ROW_THREADS];
@@ -172,7 +186,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GC, split = blockIdx.z;
   const int pos = row_pos[n];
   const int lo = window > 0 ? max(0, pos - window + 1) : 0;
-  const int span = max(MIN_SPLIT, (pos + 1 - lo + SPLITS - 1) / SPLITS);
+  const int span = max(MIN_SPLIT, (pos + 1 - lo + splits - 1) / splits);
   const int a = lo + split * span, b = min(a + span, pos + 1);
   const int tpk = span <= ROW_THREADS / 8 ? 8 : span <= ROW_THREADS / 4 ? 4 : span <= ROW_THREADS / 2 ? 2 : 1;
   const int chunk_keys = ROW_THREADS / tpk;
@@ -187,6 +201,9 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
 #pragma unroll
   for (int g = 0; g < GC; ++g) m[g] = -INFINITY, l[g] = 0.0f, acc[g][0] = acc[g][1] = 0.0f;
   const bool vec = hd % 4 == 0;
+  // Output channels d0 and d0 + 1 (a pair load where hd is even).
+  const int d0 = 2 * t;
+  const bool pairs = hd % 2 == 0;
   __syncthreads();
   for (int c0 = a; c0 < b; c0 += chunk_keys) {
     const int j = c0 + key;
@@ -249,26 +266,26 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
       acc[g][0] *= corr[g];
       acc[g][1] *= corr[g];
     }
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      const int d = t + h2 * ROW_THREADS;
-      if (d < hd) {
+    if (d0 < hd) {
 #pragma unroll 16
-        for (int i = 0; i < keys; ++i) {
-          const float v = to_f(vc[off_s[i] + d]);
+      for (int i = 0; i < keys; ++i) {
+        const C* vr = vc + off_s[i] + d0;
+        const float2 v = pairs ? load2(vr) : make_float2(to_f(vr[0]), d0 + 1 < hd ? to_f(vr[1]) : 0.0f);
 #pragma unroll
-          for (int g = 0; g < GC; ++g) acc[g][h2] += p_s[g][i] * v;
+        for (int g = 0; g < GC; ++g) {
+          acc[g][0] += p_s[g][i] * v.x;
+          acc[g][1] += p_s[g][i] * v.y;
         }
       }
     }
     __syncthreads();
   }
   for (int g = 0; g < GC && g0 + g < G; ++g) {
-    const size_t at = ((size_t)n * HQ + kvh * G + g0 + g) * SPLITS + split;
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      const int d = t + h2 * ROW_THREADS;
-      if (d < hd) part[at * hd + d] = acc[g][h2];
+    const size_t at = ((size_t)n * HQ + kvh * G + g0 + g) * splits + split;
+    // attn_combine weighs an empty split (m = −∞) by 0 and never reads its output.
+    if (a < b && d0 < hd) {
+      part[at * hd + d0] = acc[g][0];
+      if (d0 + 1 < hd) part[at * hd + d0 + 1] = acc[g][1];
     }
     if (t == 0) {
       ml[2 * at] = m[g];
@@ -281,8 +298,8 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                                         \
       attn_rows_##NAME##_g##GC(const float* q, const C* kc, const C* vc, const int* tables, int width, int bs,         \
                                const int* row_slot, const int* row_pos, int HQ, int HKV, int hd, int window,          \
-                               float scale, float* part, float* ml) {                                               \
-    attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, part, ml);        \
+                               float scale, int splits, float* part, float* ml) {                                   \
+    attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, splits, part, ml); \
   }
 // The append (from each input type) and the row kernels for each cache type (GC = 1, 2, 4
 // query heads a block).
@@ -299,23 +316,23 @@ CACHE_KERNELS(f16, __half)
 
 // grid (N · HQ): out = Σ_s part_s · e^(m_s − M) / Σ_s l_s · e^(m_s − M), splits in order.
 extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml, float* __restrict__ out,
-                                        int hd) {
+                                        int hd, int splits) {
   const size_t nh = blockIdx.x;
-  const float* mls = ml + nh * SPLITS * 2;
+  const float* mls = ml + nh * splits * 2;
   float mx = -INFINITY;
-  for (int s = 0; s < SPLITS; ++s) mx = fmaxf(mx, mls[2 * s]);
-  float w[SPLITS], sum = 0.0f;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, mls[2 * s]);
+  float w[MAX_SPLITS], sum = 0.0f;
 #pragma unroll
-  for (int s = 0; s < SPLITS; ++s) {
-    w[s] = mls[2 * s] > -INFINITY ? expf(mls[2 * s] - mx) : 0.0f;
-    sum += mls[2 * s + 1] * w[s];
+  for (int s = 0; s < MAX_SPLITS; ++s) {
+    w[s] = s < splits && mls[2 * s] > -INFINITY ? expf(mls[2 * s] - mx) : 0.0f;
+    if (s < splits) sum += mls[2 * s + 1] * w[s];
   }
   const float inv = 1.0f / sum;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
 #pragma unroll
-    for (int s = 0; s < SPLITS; ++s)
-      if (w[s] != 0.0f) o += part[(nh * SPLITS + s) * hd + d] * w[s];
+    for (int s = 0; s < MAX_SPLITS; ++s)
+      if (w[s] != 0.0f) o += part[(nh * splits + s) * hd + d] * w[s];
     out[nh * hd + d] = o * inv;
   }
 }

@@ -13,8 +13,26 @@ use crate::cpu::attention::{AttentionShape, Paged};
 use crate::ops::attention::{DevicePages, QkNorms, RopeArgs};
 use crate::{KernelError, Result};
 
-/// Key splits a query row is cut into by the row kernel (`SPLITS` in attention.cu).
-const SPLITS: usize = 16;
+/// Key splits a query row is cut into by the row kernel at most (`MAX_SPLITS` in attention.cu).
+const MAX_SPLITS: usize = 16;
+/// Row-kernel blocks an SM a launch aims at when it picks its split count: a few an SM keep
+/// enough loads in flight, and each split more adds its partial result's write and read.
+const TARGET_BLOCKS_PER_SM: usize = 4;
+
+/// The row kernel's split count for `blocks` (row, head group) pairs: all of them in
+/// batch-invariant mode (a row's result must not depend on the launch), else enough for
+/// [`TARGET_BLOCKS_PER_SM`]; `DELTASERVE_ATTN_SPLITS` fixes it (for comparisons).
+fn row_splits(blocks: usize, sms: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| std::env::var("DELTASERVE_ATTN_SPLITS").ok().and_then(|v| v.parse().ok()));
+    if crate::ops::batch_invariant() {
+        return MAX_SPLITS;
+    }
+    if let Some(s) = forced {
+        return s.clamp(1, MAX_SPLITS);
+    }
+    (TARGET_BLOCKS_PER_SM * sms).div_ceil(blocks.max(1)).clamp(1, MAX_SPLITS)
+}
 /// Query rows of one row-kernel launch (bounds its partial-result buffer).
 const ROWS_PER_LAUNCH: usize = 1024;
 /// Query rows of one tile of the tensor-core kernel (`TILE_M`).
@@ -204,9 +222,13 @@ pub fn paged_attention(
     let rows_fn = dev.get_or_load_custom_func(&format!("attn_rows_{cache}_g{gc}"), "attention", ptx::ATTENTION)?;
     let combine = dev.get_or_load_custom_func("attn_combine", "attention", ptx::ATTENTION)?;
     let chunk = n.min(ROWS_PER_LAUNCH);
-    // SAFETY: the row kernel writes every split of every (row, head) before the combine reads it.
-    let part = unsafe { dev.alloc::<f32>(chunk * hq * SPLITS * hd) }?;
-    let ml = unsafe { dev.alloc::<f32>(chunk * hq * SPLITS * 2) }?;
+    let head_groups = hkv * group.div_ceil(gc);
+    let splits = row_splits(chunk * head_groups, sm_count(&dev)?);
+    let splits_i = splits as i32;
+    // SAFETY: the row kernel writes every split's (max, sum) and every non-empty split's output
+    // before the combine reads them; the combine reads no output of an empty split.
+    let part = unsafe { dev.alloc::<f32>(chunk * hq * splits * hd) }?;
+    let ml = unsafe { dev.alloc::<f32>(chunk * hq * splits * 2) }?;
     let (part_ptr, ml_ptr) = (address(&part), address(&ml));
     let f32b = std::mem::size_of::<f32>() as u64;
     for r0 in (0..n).step_by(ROWS_PER_LAUNCH) {
@@ -215,11 +237,11 @@ pub fn paged_attention(
         let (slot_at, pos_at) = (slot_ptr + r0 as u64 * 4, pos_ptr + r0 as u64 * 4);
         let mut l = rows_fn.builder();
         l.arg(&q_at).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&slot_at).arg(&pos_at);
-        l.arg(&hqi).arg(&hkvi).arg(&hdi).arg(&window).arg(&shape.scale).arg(&part_ptr).arg(&ml_ptr);
-        unsafe { l.launch(grid(rows, hkv * group.div_ceil(gc), SPLITS, 128, 0)) }.w()?;
+        l.arg(&hqi).arg(&hkvi).arg(&hdi).arg(&window).arg(&shape.scale).arg(&splits_i).arg(&part_ptr).arg(&ml_ptr);
+        unsafe { l.launch(grid(rows, head_groups, splits, 128, 0)) }.w()?;
         let out_at = out_ptr + (r0 * hq * hd) as u64 * f32b;
         let mut l = combine.builder();
-        l.arg(&part_ptr).arg(&ml_ptr).arg(&out_at).arg(&hdi);
+        l.arg(&part_ptr).arg(&ml_ptr).arg(&out_at).arg(&hdi).arg(&splits_i);
         unsafe { l.launch(grid(rows * hq, 1, 1, hd.next_multiple_of(32).min(256) as u32, 0)) }.w()?;
     }
     Ok(wrap(&dev, out, (n, hq, hd)))
