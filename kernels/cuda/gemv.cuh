@@ -54,73 +54,83 @@ struct SwigluRows {
 // 256-column steps), walking it in 16-byte pieces (eight elements a lane, 256 a warp) for all
 // NB rows of x at once (X loads them); the `splits` warps of a row pair sit side by side in a
 // block and add their partial sums through shared memory in a fixed order. Grid
-// (row groups, ceil(N·splits / (8·GEMV_ROWS))): blockIdx.x picks NB rows of x (and of y), so
-// the blocks that read one slice of W run side by side and share it through L2; a row's sums
-// do not depend on NB or on the other rows. Splitting K gives rows few enough to leave SMs idle (N =
-// 2048: 128 blocks) more warps to keep loads in flight. K, the row strides and the addresses
-// are multiples of 8 elements (checked by the launcher).
-template <typename T, int NB, typename X>
+// (row groups, column blocks): blockIdx.x picks NB rows of x (and of y), so the blocks that
+// read one slice of W run side by side and share it through L2; blockIdx.y picks the block's
+// first 8·GEMV_ROWS/splits rows of W; with LOOP (the staged kernels of two or more rows) a grid
+// with fewer column blocks than that takes every gridDim.y-th group after it, its prologue run
+// once for them (the loop's registers cost one row's kernel more than its prologues). A
+// row's sums do not depend on NB, on the other rows or on the grid. Splitting K gives rows few
+// enough to leave SMs idle (N = 2048: 128 blocks) more warps to keep loads in flight. K, the row
+// strides and the addresses are multiples of 8 elements (checked by the launcher).
+template <typename T, int NB, bool LOOP = false, typename X>
 __device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits) {
   __shared__ float part[8][GEMV_ROWS][NB];
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = wib % splits;
-  const int n0 = (blockIdx.y * (8 / splits) + wib / splits) * GEMV_ROWS;
+  const int per_block = (8 / splits) * GEMV_ROWS;
   x.skip(blockIdx.x * NB);
   y += (size_t)blockIdx.x * NB * N;
   const int steps = (K + 255) / 256, per = (steps + splits - 1) / splits;
   const int k_end = min(K, (s + 1) * per * 256);
-  float acc[GEMV_ROWS][NB] = {};
-  if (n0 < N) {
+  int by = blockIdx.y;
+  do {
+    const int n0 = (by * (8 / splits) + wib / splits) * GEMV_ROWS;
+    float acc[GEMV_ROWS][NB] = {};
+    if (n0 < N) {
 #pragma unroll 4
-    for (int k = s * per * 256 + lane * 8; k < k_end; k += 256) {
-      float wv[GEMV_ROWS][8];
+      for (int k = s * per * 256 + lane * 8; k < k_end; k += 256) {
+        float wv[GEMV_ROWS][8];
 #pragma unroll
-      for (int r = 0; r < GEMV_ROWS; ++r) {
-        if (n0 + r < N) {
-          load_vec<8>(wv[r], w + (size_t)(n0 + r) * K + k);
-        } else {
+        for (int r = 0; r < GEMV_ROWS; ++r) {
+          if (n0 + r < N) {
+            load_vec<8>(wv[r], w + (size_t)(n0 + r) * K + k);
+          } else {
 #pragma unroll
-          for (int i = 0; i < 8; ++i) wv[r][i] = 0.0f;
+            for (int i = 0; i < 8; ++i) wv[r][i] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          float xv[8];
+          x.load(xv, b, k);
+#pragma unroll
+          for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][b] += wv[r][i] * xv[i];
         }
       }
+    }
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        float xv[8];
-        x.load(xv, b, k);
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+      for (int b = 0; b < NB; ++b) acc[r][b] = warp_sum(acc[r][b]);
+    if (splits > 1) {
+      if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; ++r)
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][b] += wv[r][i] * xv[i];
+          for (int b = 0; b < NB; ++b) part[wib][r][b] = acc[r][b];
       }
+      __syncthreads();
+      if (s == 0) {
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+          for (int b = 0; b < NB; ++b) {
+            acc[r][b] = part[wib][r][b];
+            for (int j = 1; j < splits; ++j) acc[r][b] += part[wib + j][r][b];
+          }
+      }
+      // part is written again by the next group.
+      __syncthreads();
     }
-  }
-#pragma unroll
-  for (int r = 0; r < GEMV_ROWS; ++r)
-#pragma unroll
-    for (int b = 0; b < NB; ++b) acc[r][b] = warp_sum(acc[r][b]);
-  if (splits > 1) {
-    if (lane == 0) {
+    if (lane == 0 && s == 0) {
 #pragma unroll
       for (int r = 0; r < GEMV_ROWS; ++r)
+        if (n0 + r < N)
 #pragma unroll
-        for (int b = 0; b < NB; ++b) part[wib][r][b] = acc[r][b];
+          for (int b = 0; b < NB; ++b) y[(size_t)b * N + n0 + r] = from_f32<T>(acc[r][b]);
     }
-    __syncthreads();
-    if (s != 0) return;
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        acc[r][b] = part[wib][r][b];
-        for (int j = 1; j < splits; ++j) acc[r][b] += part[wib + j][r][b];
-      }
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
-      if (n0 + r < N)
-#pragma unroll
-        for (int b = 0; b < NB; ++b) y[(size_t)b * N + n0 + r] = from_f32<T>(acc[r][b]);
-  }
+    by += gridDim.y;
+  } while (LOOP && by * per_block < N);
 }
-

@@ -21,17 +21,29 @@ extern __shared__ __align__(16) unsigned char gemv_stage[];
 // add_rms_norm's arithmetic (norm.cu: a row over 256 threads, thread t summing r² over
 // i = t, t + 256, ... in order, then the warp, then the 8 warps in order): r = h + delta in fp32,
 // x = r / sqrt(mean(r²) + eps) · nw rounded to T. h [NB, K] f32, delta [NB, K] T (or null);
-// writes r [NB, K] when `write_r` (one block column does).
+// writes r [NB, K] when `write_r` (one block column does). With two rows a thread keeps its
+// first KEEP elements of r in registers between the sum and the scaling, so h and delta are
+// read once (one round trip to L2 fewer before the block's first load of W). One row keeps
+// none: the registers cost its kernel more occupancy than the round trip (H100).
 template <typename T, int NB>
 __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ nw,
                                float* __restrict__ r, T* xs, int K, float eps, bool write_r) {
+  constexpr int KEEP = NB == 2 ? 8 : 0;
   __shared__ float part[8][NB];
   const int tid = threadIdx.x;
-  float ss[NB];
+  float ss[NB], kept[NB][KEEP > 0 ? KEEP : 1];
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     ss[b] = 0.0f;
-    for (int i = tid; i < K; i += 256) {
+#pragma unroll
+    for (int e = 0; e < KEEP; ++e) {
+      const int i = tid + e * 256;
+      const size_t at = (size_t)b * K + i;
+      kept[b][e] = i < K ? h[at] + (delta ? to_f32(delta[at]) : 0.0f) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < KEEP; ++e) ss[b] += kept[b][e] * kept[b][e];
+    for (int i = tid + KEEP * 256; i < K; i += 256) {
       const float v = h[(size_t)b * K + i] + (delta ? to_f32(delta[(size_t)b * K + i]) : 0.0f);
       ss[b] += v * v;
     }
@@ -44,7 +56,16 @@ __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict_
     float total = 0.0f;
     for (int j = 0; j < 8; ++j) total += part[j][b];
     const float inv = rsqrtf(total / K + eps);
-    for (int i = tid; i < K; i += 256) {
+#pragma unroll
+    for (int e = 0; e < KEEP; ++e) {
+      const int i = tid + e * 256;
+      if (i < K) {
+        const size_t at = (size_t)b * K + i;
+        if (write_r) r[at] = kept[b][e];
+        xs[at] = from_f32<T>(kept[b][e] * inv * nw[i]);
+      }
+    }
+    for (int i = tid + KEEP * 256; i < K; i += 256) {
       const size_t at = (size_t)b * K + i;
       const float v = h[at] + (delta ? to_f32(delta[at]) : 0.0f);
       if (write_r) r[at] = v;
@@ -77,14 +98,14 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
                                    T* y, int N, int K, int splits) {                                                 \
     T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
     stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
-    gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
+    gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
       gated_norm_gemv_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw, float eps,    \
                                      int act_sigmoid, const T* w, T* y, int N, int K, int splits) {                  \
     T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
     stage_gated_norm<T, NB>(o, z, ldz, heads, nw, xs, K / heads, eps, act_sigmoid);                                  \
-    gemv<T, NB>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
+    gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
   }
 #define STAGED_GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(STAGED_GEMV_ENTRY, T, NAME)
 STAGED_GEMV_ENTRIES(__nv_bfloat16, bf16)

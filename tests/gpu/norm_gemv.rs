@@ -19,7 +19,8 @@ fn uniform(rng: &mut rand::rngs::StdRng, dims: &[usize], lo: f32, hi: f32) -> Te
 
 /// The block seam folded into the next projection: `(r, y)` equal the add + RMSNorm kernel
 /// followed by the small-batch projection bit for bit, for B = 1..8, bf16 and f16, with and
-/// without a delta, at a model's width (K = 2048, N split over warps) and a narrow odd one; r
+/// without a delta, at a model's width (K = 2048, N split over warps; at B = 2..4 on an H100 more
+/// column blocks than the launch's grid, so blocks loop over groups of W's rows) and a narrow odd one; r
 /// equals h + delta computed on the CPU exactly, and y the f32 math on the CPU rounded once. The
 /// op takes the kernel up to `ADD_NORM_LINEAR_MAX_ROWS` rows and leaves more to the two steps;
 /// rows past what the stage holds, and B = 9, are declined.

@@ -206,13 +206,34 @@ fn launch(
         }
     };
     l.arg(&wa.ptr).arg(&y_ptr).arg(&ni).arg(&ki).arg(&si);
-    let blocks = (n * splits).div_ceil(ROWS_PER_WARP * WARPS);
+    let mut blocks = (n * splits).div_ceil(ROWS_PER_WARP * WARPS);
     if nb > GEMV_MAX_ROWS || blocks > 65_535 {
         return Err(KernelError::Unsupported {
             op: "gemv",
             what: format!("{nb} rows a group, {blocks} column blocks (at most 8 and 65535)"),
         });
     }
+    if module == "gemv_staged" && nb > 1 {
+        blocks = blocks.min(staged_blocks_per_sm() * sm_count(&dev)?);
+    }
     unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }.w()?;
     Ok(())
 }
+
+/// Column blocks an SM a gemv_staged.cu launch of two or more rows runs at most: each forms the
+/// normalised rows once and then streams every gridDim.y-th group of W's rows, rather than every
+/// block of a full grid repeating the prologue. `DELTASERVE_STAGED_GEMV_BLOCKS` sets it (0: a
+/// full grid), for comparisons.
+fn staged_blocks_per_sm() -> usize {
+    static PER_SM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PER_SM.get_or_init(|| {
+        match std::env::var("DELTASERVE_STAGED_GEMV_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok()) {
+            Some(0) => usize::MAX / 1024,
+            Some(b) => b,
+            None => STAGED_BLOCKS_PER_SM,
+        }
+    })
+}
+
+/// [`staged_blocks_per_sm`]'s default.
+const STAGED_BLOCKS_PER_SM: usize = 3;
