@@ -47,6 +47,10 @@ struct Args {
     /// fewer than 4,096: a short pass as a cached chat turn runs it.
     #[arg(long, default_value_t = 4096)]
     profile_tokens: usize,
+    /// Sequences of the profiled prefill (`--profile-prefill`): this many, each continuing a
+    /// 512-token prompt by `--profile-tokens`, packed in one pass as the server packs prompts.
+    #[arg(long, default_value_t = 1)]
+    profile_seqs: usize,
     /// Load the whole model and replay one captured decode step of this batch size between
     /// cuProfilerStart and cuProfilerStop (for `ncu --profile-from-start off --graph-profiling
     /// node`; `benches/decode_profile.sh`); no tables.
