@@ -164,12 +164,11 @@ static_assert(sizeof(QkvRows) == 72 && offsetof(QkvRows, q_norm) == 48 && offset
 // grid (N, HKV · ⌈G/GC⌉, splits), ROW_THREADS threads: GC query heads of one KV head over one
 // key split of one row, in chunks of ROW_THREADS / tpk keys. The launcher picks `splits` (≤
 // MAX_SPLITS) once per launch shape: many for a few rows (more blocks in flight), few for many
-// (each block's fixed cost, q in and the partial result out, over more keys). Scores: tpk adjacent threads a
-// key (tpk = 8, 4, 2 or 1: the most threads a key whose chunk still holds the whole split, so
-// that a short split is one chunk of few round trips and a long one few chunks), each summing
-// every tpk-th group of four
-// channels (the key row's loads in flight together, q broadcast from shared memory), then the
-// key's partial sums in a fixed butterfly. Then the chunk's max and sum per head, and P·V with a
+// (each block's fixed cost, q in and the partial result out, over more keys). Scores: tpk
+// adjacent threads a key (tpk = 8, 4, 2 or 1: the most threads a key whose chunk still holds the
+// whole split, so that a short split is one chunk of few round trips and a long one few
+// chunks), each summing every tpk-th group of four channels (the key row's loads in flight
+// together, q broadcast from shared memory), then the key's partial sums in a fixed butterfly. Then the chunk's max and sum per head, and P·V with a
 // thread per two adjacent output channels (rows read coalesced in pairs, the chunk's keys
 // unrolled). tpk depends only on the row's own position and `splits`. Writes the split's
 // unnormalised output and its (max, sum) for attn_combine (an empty split only the latter).

@@ -58,7 +58,8 @@ struct SwigluRows {
 // read one slice of W run side by side and share it through L2; blockIdx.y picks the block's
 // first 8·GEMV_ROWS/splits rows of W; with LOOP (the staged kernels of two or more rows) a grid
 // with fewer column blocks than that takes every gridDim.y-th group after it, its prologue run
-// once for them (the loop's registers cost one row's kernel more than its prologues). A
+// once for them (one row's kernel runs without: the loop's registers cost it more occupancy
+// than its repeated prologues). A
 // row's sums do not depend on NB, on the other rows or on the grid. Splitting K gives rows few
 // enough to leave SMs idle (N = 2048: 128 blocks) more warps to keep loads in flight. K, the row
 // strides and the addresses are multiples of 8 elements (checked by the launcher).

@@ -213,8 +213,8 @@ fn launch(
             what: format!("{nb} rows a group, {blocks} column blocks (at most 8 and 65535)"),
         });
     }
-    if module == "gemv_staged" && nb > 1 {
-        blocks = blocks.min(staged_blocks_per_sm() * sm_count(&dev)?);
+    if let (true, Some(per_sm)) = (module == "gemv_staged" && nb > 1, staged_blocks_per_sm()) {
+        blocks = blocks.min(per_sm.saturating_mul(sm_count(&dev)?));
     }
     unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }.w()?;
     Ok(())
@@ -223,17 +223,15 @@ fn launch(
 /// Column blocks an SM a gemv_staged.cu launch of two or more rows runs at most: each forms the
 /// normalised rows once and then streams every gridDim.y-th group of W's rows, rather than every
 /// block of a full grid repeating the prologue. `DELTASERVE_STAGED_GEMV_BLOCKS` sets it (0: a
-/// full grid), for comparisons.
-fn staged_blocks_per_sm() -> usize {
-    static PER_SM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *PER_SM.get_or_init(|| {
-        match std::env::var("DELTASERVE_STAGED_GEMV_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok()) {
-            Some(0) => usize::MAX / 1024,
-            Some(b) => b,
-            None => STAGED_BLOCKS_PER_SM,
-        }
+/// full grid, `None`), for comparisons.
+fn staged_blocks_per_sm() -> Option<usize> {
+    static PER_SM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *PER_SM.get_or_init(|| match std::env::var("DELTASERVE_STAGED_GEMV_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        Some(0) => None,
+        Some(b) => Some(b),
+        None => Some(STAGED_BLOCKS_PER_SM),
     })
 }
 
-/// [`staged_blocks_per_sm`]'s default.
+/// [`staged_blocks_per_sm`]'s default (H100: 3 and 4 equally fast at two rows, 2 and 6 slower).
 const STAGED_BLOCKS_PER_SM: usize = 3;
