@@ -82,3 +82,10 @@ pub enum KernelError {
 
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// `name`'s value as a count, when set and a number: the `DELTASERVE_*` switches that fix a GPU
+/// kernel's choice for comparisons. Each caller reads it once (a `OnceLock`), not per launch.
+#[cfg(feature = "cuda")]
+pub(crate) fn env_count(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}

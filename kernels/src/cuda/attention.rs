@@ -24,7 +24,7 @@ const TARGET_BLOCKS_PER_SM: usize = 4;
 /// [`TARGET_BLOCKS_PER_SM`]; `DELTASERVE_ATTN_SPLITS` fixes it (for comparisons).
 fn row_splits(blocks: usize, sms: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| std::env::var("DELTASERVE_ATTN_SPLITS").ok().and_then(|v| v.parse().ok()));
+    let forced = *FORCED.get_or_init(|| crate::env_count("DELTASERVE_ATTN_SPLITS"));
     if crate::ops::batch_invariant() {
         return MAX_SPLITS;
     }

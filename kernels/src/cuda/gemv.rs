@@ -125,7 +125,7 @@ pub(super) fn vector_rows(w: &Tensor, k: usize) -> Result<Option<RowsArg>> {
 /// B=1..4 fastest at 4 slices, B=8 at 2). `DELTASERVE_GEMV_SPLITS` fixes it (for benchmarks).
 fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
     static WANTED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_GEMV_SPLITS").ok().and_then(|v| v.parse().ok()));
+    let wanted = *WANTED.get_or_init(|| crate::env_count("DELTASERVE_GEMV_SPLITS"));
     if let Some(s) = wanted.filter(|s| [1, 2, 4, 8].contains(s)) {
         return s;
     }
@@ -213,7 +213,8 @@ fn launch(
             what: format!("{nb} rows a group, {blocks} column blocks (at most 8 and 65535)"),
         });
     }
-    if let (true, Some(per_sm)) = (module == "gemv_staged" && nb > 1, staged_blocks_per_sm()) {
+    // Two or more staged rows loop over W's row groups on a capped grid (gemv.cuh's LOOP).
+    if let Some(per_sm) = (module == "gemv_staged" && nb > 1).then(staged_blocks_per_sm).flatten() {
         blocks = blocks.min(per_sm.saturating_mul(sm_count(&dev)?));
     }
     unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }.w()?;
@@ -226,7 +227,7 @@ fn launch(
 /// full grid, `None`), for comparisons.
 fn staged_blocks_per_sm() -> Option<usize> {
     static PER_SM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *PER_SM.get_or_init(|| match std::env::var("DELTASERVE_STAGED_GEMV_BLOCKS").ok().and_then(|v| v.parse::<usize>().ok()) {
+    *PER_SM.get_or_init(|| match crate::env_count("DELTASERVE_STAGED_GEMV_BLOCKS") {
         Some(0) => None,
         Some(b) => Some(b),
         None => Some(STAGED_BLOCKS_PER_SM),

@@ -77,7 +77,7 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
     let fits = |bv: usize| smem(bv) <= MAX_SMEM;
     // Read once per process, not on every prefill call.
     static WANTED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let wanted = *WANTED.get_or_init(|| std::env::var("DELTASERVE_TC_BV").ok().and_then(|v| v.parse::<usize>().ok()));
+    let wanted = *WANTED.get_or_init(|| crate::env_count("DELTASERVE_TC_BV"));
     if let Some(bv) = wanted.filter(|bv| widths.contains(bv) && fits(*bv)) {
         return bv;
     }
