@@ -172,8 +172,39 @@ fn or_dash(x: Option<f64>, digits: usize) -> String {
     x.map_or_else(|| "—".into(), |x| format!("{x:.digits$}"))
 }
 
-/// Copy bandwidth of the H100 in anchors.md, bytes/s.
-const COPY_BW: f64 = 3010e9;
+/// The device's copy bandwidth in bytes (read + written) a second, measured once in this run:
+/// the median of ten copies of 1 GiB by the engine's 16-byte-vector copy kernel (`copy_many`,
+/// 64 ranges of 16 MiB in one launch). Every "% of roofline" and "% of copy bandwidth" divides by
+/// it, so a ratio never mixes two GPUs or two days. The driver's own device-to-device copy of
+/// the same bytes is printed beside it: on the H200 it ran at half the kernel's rate.
+fn copy_bw(dev: &Device) -> anyhow::Result<f64> {
+    static BW: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    if let Some(bw) = BW.get() {
+        return Ok(*bw);
+    }
+    let (ranges, per) = (64usize, 4usize << 20);
+    let bytes = 2.0 * (ranges * per * 4) as f64;
+    let mut bufs = (0..ranges).map(|_| SlotBuffer::zeros_on(2, per, dev)).collect::<Result<Vec<_>, _>>()?;
+    let kernel_ms = median_gpu_ms(dev, 10, Timing::IdleGpu, || {
+        let mut refs: Vec<&mut SlotBuffer> = bufs.iter_mut().collect();
+        SlotBuffer::copy_slot_all(&mut refs, 0, 1)?;
+        Ok(())
+    })?;
+    drop(bufs);
+    let n = ranges * per;
+    let (src, dst) = (Tensor::zeros(n, DType::F32, dev)?, Tensor::zeros(n, DType::F32, dev)?);
+    let memcpy_ms = median_gpu_ms(dev, 10, Timing::IdleGpu, || {
+        dst.slice_set(&src, 0, 0)?;
+        Ok(())
+    })?;
+    let (bw, memcpy) = (bytes / (kernel_ms * 1e-3), bytes / (memcpy_ms * 1e-3));
+    println!(
+        "(copy bandwidth of this GPU, measured in this run: {:.0} GB/s read + written by a copy kernel, the roofline's; {:.0} GB/s by the driver's memcpy)",
+        bw / 1e9,
+        memcpy / 1e9
+    );
+    Ok(*BW.get_or_init(|| bw))
+}
 
 /// Median of `reps` timings (ms) of `time_one`, after three warm-up calls of `f`.
 fn median_of(
@@ -380,7 +411,8 @@ fn decode_table(dev: &Device, reps: usize, fla: &FlaTimes) -> anyhow::Result<()>
         };
         let (ms, idle) = (time(Timing::DoBench)?, time(Timing::IdleGpu)?);
         let bytes = (b * h * k * v * 4 * 2) as f64;
-        let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / COPY_BW;
+        let copy = copy_bw(dev)?;
+        let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / copy;
         let bw = bytes / (ms * 1e-3) / 1e9;
         println!(
             "| {b} | {:.1} | {bw:.0} | {:.0}% | {:.1} | {:.0}% | {} | {} |",
@@ -492,7 +524,7 @@ fn norm_table(_dev: &Device, _reps: usize) -> anyhow::Result<()> {
 /// The paged-attention op alone at Qwen3.5's attention shape, CUDA-event times.
 #[cfg(feature = "cuda")]
 fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
-    use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, RopeArgs};
+    use deltaserve_kernels::ops::{paged_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, RopeArgs};
     let (hq, hkv, hd, bs) = (8usize, 2usize, 256usize, 16usize);
     let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window: None, scale: 1.0 / 16.0, operands: DType::BF16 };
     let inv: Vec<f32> = (0..32).map(|i| 1.0 / 1e7f32.powf(i as f32 / 32.0)).collect();
@@ -520,7 +552,8 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp };
         let ms = median_gpu_ms(dev, reps, Timing::IdleGpu, || {
             let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
-            paged_attention((&q, &k, &v), None, &shape, rope, pass, Some(pages), &mut kc, &mut vc)?;
+            let out = AttnOutput { dtype: DType::BF16, gate: None };
+            paged_attention((&q, &k, &v), None, &shape, rope, pass, Some(pages), (&mut kc, &mut vc), out)?;
             Ok(())
         })?;
         // Causal flops of the new rows (QKᵀ and PV), and the cache bytes a decode step reads.

@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
 
-use super::{median_ms, passes, Args, COPY_BW};
+use super::{copy_bw, median_ms, passes, Args};
 
 /// The whole 1.39B model: written once to `args.model_dir`, then the table `args` asks for.
 pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
@@ -119,7 +119,7 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     for &b in args.batches.as_deref().unwrap_or(&[1, 16, 64]) {
         let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
-        let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / COPY_BW * 1e3;
+        let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / copy_bw(dev)? * 1e3;
         let modes: &[bool] = if args.graphs_only { &[true] } else { &[false, true] };
         for &graphs in modes {
             #[cfg(feature = "cuda")]
@@ -190,7 +190,8 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
     let kv_per_token = pool.bytes_per_block() as f64 / pool.block_size() as f64;
     println!(
         "OURS {}",
-        serde_json::json!({"what": "model", "params": params, "state_bytes": state_bytes, "kv_bytes_per_token": kv_per_token})
+        serde_json::json!({"what": "model", "params": params, "state_bytes": state_bytes, "kv_bytes_per_token": kv_per_token,
+            "copy_bw": copy_bw(dev)?})
     );
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     for bi in if invariant_too { vec![false, true] } else { vec![false] } {
@@ -231,7 +232,7 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
                 Ok(())
             })?;
             let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
-            let roof_ms = (weight_bytes(b) + b as f64 * state_bytes * 2.0 + kv) / COPY_BW * 1e3;
+            let roof_ms = (weight_bytes(b) + b as f64 * state_bytes * 2.0 + kv) / copy_bw(dev)? * 1e3;
             let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
                 "weight_bytes": weight_bytes(b), "captured": graphs.captured(), "batch_invariant": bi});
             println!("OURS {json}");
