@@ -192,9 +192,17 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, key = t / tpk, sub = t % tpk;
   const int* table = tables + (size_t)row_slot[n] * width;
   const int row = HKV * hd;
-  for (int i = t; i < GC * 256; i += ROW_THREADS) {
-    const int g = i / 256, d = i % 256;
-    q_s[g][d] = g0 + g < G && d < hd ? q[((size_t)n * HQ + kvh * G + g0 + g) * hd + d] * scale : 0.0f;
+  {
+    // Every load of q in flight before the first store (a decode step's row is latency-bound).
+    constexpr int QN = GC * 256 / ROW_THREADS;
+    float qv[QN];
+#pragma unroll
+    for (int e = 0; e < QN; ++e) {
+      const int i = t + e * ROW_THREADS, g = i / 256, d = i % 256;
+      qv[e] = g0 + g < G && d < hd ? q[((size_t)n * HQ + kvh * G + g0 + g) * hd + d] * scale : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < QN; ++e) q_s[(t + e * ROW_THREADS) / 256][(t + e * ROW_THREADS) % 256] = qv[e];
   }
   float m[GC], l[GC], acc[GC][2];
 #pragma unroll
@@ -214,7 +222,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
       if (sub == 0) off_s[key] = off;
       const C* kr = kc + off;
       if (vec) {
-#pragma unroll 8
+#pragma unroll 16
         for (int d = sub * 4; d < hd; d += 4 * tpk) {
           const float4 k4 = load4(kr + d);
 #pragma unroll
@@ -313,9 +321,14 @@ CACHE_KERNELS(f32, float)
 CACHE_KERNELS(bf16, __nv_bfloat16)
 CACHE_KERNELS(f16, __half)
 
-// grid (N · HQ): out = Σ_s part_s · e^(m_s − M) / Σ_s l_s · e^(m_s − M), splits in order.
-extern "C" __global__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml, float* __restrict__ out,
-                                        int hd, int splits) {
+// grid (N · HQ): out = Σ_s part_s · e^(m_s − M) / Σ_s l_s · e^(m_s − M), splits in order, in
+// fp32, then (Qwen's gated attention, gate non-null) times sigmoid(gate), rounded once to T.
+// out [N, HQ·hd] contiguous; gate [N, HQ·hd] in T with row stride ldg (a column slice of the
+// layer's projection, read in place). The same arithmetic as attn_combine into f32 followed by
+// sigmoid_gate (swiglu.cu) or a cast, so the fused and the separate paths agree bit for bit.
+template <typename T>
+__device__ void attn_combine(const float* __restrict__ part, const float* __restrict__ ml, T* __restrict__ out,
+                             const T* __restrict__ gate, long ldg, int HQ, int hd, int splits) {
   const size_t nh = blockIdx.x;
   const float* mls = ml + nh * splits * 2;
   float mx = -INFINITY;
@@ -327,14 +340,26 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, const fl
     if (s < splits) sum += mls[2 * s + 1] * w[s];
   }
   const float inv = 1.0f / sum;
+  const T* g = gate ? gate + (nh / HQ) * ldg + (nh % HQ) * hd : nullptr;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
 #pragma unroll
     for (int s = 0; s < MAX_SPLITS; ++s)
       if (w[s] != 0.0f) o += part[(nh * splits + s) * hd + d] * w[s];
-    out[nh * hd + d] = o * inv;
+    o *= inv;
+    out[nh * hd + d] = from_f<T>(g ? o * ds_sigmoid(to_f(g[d])) : o);
   }
 }
+
+// attn_combine_{out dtype}.
+#define COMBINE_KERNEL(T, NAME)                                                                                     \
+  extern "C" __global__ void attn_combine_##NAME(const float* part, const float* ml, T* out, const T* gate, long ldg, \
+                                                 int HQ, int hd, int splits) {                                      \
+    attn_combine<T>(part, ml, out, gate, ldg, HQ, hd, splits);                                                      \
+  }
+COMBINE_KERNEL(float, f32)
+COMBINE_KERNEL(__nv_bfloat16, bf16)
+COMBINE_KERNEL(__half, f16)
 
 // ---- prefill on the tensor cores ----
 

@@ -16,9 +16,11 @@ use super::BF16;
 /// a second packed pass that continues them, and two decode steps; GQA groups of 1 to 8, full
 /// and partial RoPE, none, sliding windows. In the cases marked `in place`, q, k and v are
 /// column slices of one projection in the model's dtype (as the layer passes them) and the op
-/// applies per-head q/k RMSNorms first.
+/// applies per-head q/k RMSNorms first, and multiplies the output by sigmoid of a gate slice of
+/// the same projection (Qwen's gated attention); the GPU returns the model's dtype, so the row
+/// kernel's combine gates and rounds as it writes.
 pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
+    use deltaserve_kernels::ops::{paged_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
     // Passes: rows per slot (0 = not in the pass).
     const SHORT: &[[usize; 3]] = &[[70, 5, 130], [1, 64, 1], [1, 1, 1], [0, 1, 1]];
     // 38 tiles × 8 heads: more blocks than one wave of the H100 holds, so the tile kernel pairs
@@ -76,15 +78,20 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 Tensor::from_vec(v, (n, heads, hd), &Device::Cpu).unwrap()
             };
             let (q, k, v) = (rand(&mut rng, hq, 3.0), rand(&mut rng, hkv, 1.0), rand(&mut rng, hkv, 1.0));
-            // In place: [N, 8 + (HQ + 2·HKV)·hd] in the model's dtype, q | k | v after 8 columns.
-            let (q, k, v) = if in_place {
+            // In place: [N, 8 + (2·HQ + 2·HKV)·hd] in the model's dtype, q | gate | k | v after 8
+            // columns (Qwen's gated attention), the gate read on the GPU as a column slice.
+            let (q, k, v, gates) = if in_place {
                 let flat = |t: &Tensor, heads: usize| t.reshape((n, heads * hd)).unwrap();
                 let pad = Tensor::zeros((n, 8), DType::F32, &Device::Cpu).unwrap();
-                let proj = Tensor::cat(&[&pad, &flat(&q, hq), &flat(&k, hkv), &flat(&v, hkv)], 1).unwrap().to_dtype(dtype).unwrap();
+                let gate = rand(&mut rng, hq, 3.0);
+                let parts = [&pad, &flat(&q, hq), &flat(&gate, hq), &flat(&k, hkv), &flat(&v, hkv)];
+                let proj = Tensor::cat(&parts, 1).unwrap().to_dtype(dtype).unwrap();
                 let cols = |at: usize, heads: usize| proj.narrow(1, at, heads * hd).unwrap();
-                (cols(8, hq), cols(8 + hq * hd, hkv), cols(8 + (hq + hkv) * hd, hkv))
+                let gate_cpu = cols(8 + hq * hd, hq).to_dtype(DType::F32).unwrap();
+                let gate_gpu = proj.to_device(dev).unwrap().narrow(1, 8 + hq * hd, hq * hd).unwrap();
+                (cols(8, hq), cols(8 + 2 * hq * hd, hkv), cols(8 + (2 * hq + hkv) * hd, hkv), Some((gate_cpu, gate_gpu)))
             } else {
-                (q, k, v)
+                (q, k, v, None)
             };
             let seqs: Vec<PagedSeq<'_>> = members.iter().map(|&s| PagedSeq { start: seen[s], slot: s, table: &tables[s] }).collect();
             let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
@@ -102,7 +109,11 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
             }
             let cpu_norms = norms(&qw, &kw);
             let (cpu_k, cpu_v) = (&mut cpu_cache.0, &mut cpu_cache.1);
-            let want = paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, cpu_k, cpu_v).unwrap();
+            // The CPU's output in f32; the GPU's in the model's dtype, gated by its combine.
+            let cpu_out = AttnOutput { dtype: DType::F32, gate: gates.as_ref().map(|g| &g.0) };
+            let gpu_out = AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) };
+            let want =
+                paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, (cpu_k, cpu_v), cpu_out).unwrap();
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let got = paged_attention(
                 (&on(&q), &on(&k), &on(&v)),
@@ -111,8 +122,8 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 rope(&inv_gpu, rot),
                 pass,
                 Some(pages),
-                &mut gpu_cache.0,
-                &mut gpu_cache.1,
+                (&mut gpu_cache.0, &mut gpu_cache.1),
+                gpu_out,
             )
             .unwrap();
             let e = rel_err(&values(&got), &values(&want));

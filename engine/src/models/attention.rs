@@ -180,9 +180,10 @@ impl Attention {
         let pass = Paged { seqs: &seqs, cu: &kv.cu, block_size: kv.block_size };
         let device = kv.device.as_ref().map(|d| d.pages());
         let rope = self.rope.as_ref().map(Rope::args);
-        let o = ops::paged_attention((&q, &k, &v), norms, &shape, rope, pass, device, &mut cache.k, &mut cache.v)?;
-        let o = o.reshape((n, hq * hd))?;
-        let o = if s.output_gate { ops::sigmoid_gate(&o, &y.narrow(1, hq * hd, hq * hd)?)? } else { o.to_dtype(x.dtype())? };
-        project(&self.o_proj, &o)
+        // Qwen's output gate, o · sigmoid(gate), is applied as the op writes its output.
+        let gate = if s.output_gate { Some(y.narrow(1, hq * hd, hq * hd)?) } else { None };
+        let out = ops::AttnOutput { dtype: gate.as_ref().map_or(x.dtype(), |g| g.dtype()), gate: gate.as_ref() };
+        let o = ops::paged_attention((&q, &k, &v), norms, &shape, rope, pass, device, (&mut cache.k, &mut cache.v), out)?;
+        project(&self.o_proj, &o.reshape((n, hq * hd))?)
     }
 }

@@ -8,9 +8,11 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, device_address, f32c, grid, ptx, sm_count, wrap, DeviceSlots, RowsArg};
+use super::{
+    alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, ptx, sm_count, wrap, DeviceSlots, RowsArg,
+};
 use crate::cpu::attention::{AttentionShape, Paged};
-use crate::ops::attention::{DevicePages, QkNorms, RopeArgs};
+use crate::ops::attention::{AttnOutput, DevicePages, QkNorms, RopeArgs};
 use crate::{KernelError, Result};
 
 /// Key splits a query row is cut into by the row kernel at most (`MAX_SPLITS` in attention.cu).
@@ -108,7 +110,8 @@ fn qkv_rows(t: &Tensor, dtype: DType) -> Result<RowsArg> {
 /// Appends `k`, `v` (RoPE on k, after its per-head RMSNorm when `norms` has one) at each row's
 /// position and attends with `q` (likewise). `q`, `k`, `v` are `[N, H, hd]` or `[N, H·hd]` in
 /// f32, bf16 or f16, rows read in place (column slices of the layer's projection). Returns `[N,
-/// HQ, hd]` f32. Shapes were checked by the caller.
+/// HQ, hd]` as `output` says (the row kernel's combine gates and rounds as it writes). Shapes
+/// were checked by the caller.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
@@ -117,8 +120,8 @@ pub fn paged_attention(
     rope: Option<RopeArgs<'_>>,
     pass: &Paged<'_>,
     pages: &DevicePages<'_>,
-    k_cache: &mut DeviceSlots,
-    v_cache: &mut DeviceSlots,
+    (k_cache, v_cache): (&mut DeviceSlots, &mut DeviceSlots),
+    output: AttnOutput<'_>,
 ) -> Result<Tensor> {
     const OP: &str = "paged_attention";
     let dev = cuda_dev(q, OP)?;
@@ -127,10 +130,8 @@ pub fn paged_attention(
     if hd > 256 {
         return Err(KernelError::Shape { op: OP, input: "q", expected: "head dim ≤ 256".into(), actual: vec![hd] });
     }
-    // SAFETY: every element is written by the kernel that returns it.
-    let out = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
     if n == 0 {
-        return Ok(wrap(&dev, out, (n, hq, hd)));
+        return Ok(Tensor::zeros((n, hq, hd), output.dtype, q.device())?);
     }
     // One input type for the three (they are slices of one projection); any other → f32.
     let input = if q.dtype() == k.dtype() && k.dtype() == v.dtype() && matches!(q.dtype(), DType::BF16 | DType::F16) {
@@ -175,8 +176,10 @@ pub fn paged_attention(
     l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi);
     unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
 
-    let out_ptr = address(&out);
     if tiles_apply(shape.operands, k_cache.dtype(), pass, hd) {
+        // SAFETY: every element is written by the tile kernel.
+        let out = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
+        let out_ptr = address(&out);
         // Tiles of up to 64 rows, never across sequences: (first row, rows, first position,
         // slot), those with the most keys first so that the short ones fill the last wave.
         let mut tiles: Vec<[i32; 4]> = Vec::new();
@@ -210,7 +213,7 @@ pub fn paged_attention(
         l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d).arg(&per_block_i);
         l.arg(&hqi).arg(&hkvi).arg(&window).arg(&shape.scale).arg(&out_ptr);
         unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq, 1, TILE_THREADS, smem as u32)) }.w()?;
-        return Ok(wrap(&dev, out, (n, hq, hd)));
+        return output.finish(wrap(&dev, out, (n, hq, hd)));
     }
 
     let group = hq / hkv;
@@ -220,7 +223,14 @@ pub fn paged_attention(
         _ => 4,
     };
     let rows_fn = dev.get_or_load_custom_func(&format!("attn_rows_{cache}_g{gc}"), "attention", ptx::ATTENTION)?;
-    let combine = dev.get_or_load_custom_func("attn_combine", "attention", ptx::ATTENTION)?;
+    // The combine writes the output: gated and in its dtype (checked by the caller).
+    let out = alloc_rows(&dev, output.dtype, n, hq * hd)?;
+    let out_ptr = first_element_address_any(&out)?;
+    let out_bytes = output.dtype.size_in_bytes() as u64;
+    let gate = output.gate.map(RowsArg::new).transpose()?;
+    let (gate_ptr, ldg) = gate.as_ref().map_or((0, 0), |g| (g.ptr, g.ld));
+    let combine =
+        dev.get_or_load_custom_func(&format!("attn_combine_{}", type_name(output.dtype)?), "attention", ptx::ATTENTION)?;
     let chunk = n.min(ROWS_PER_LAUNCH);
     let head_groups = hkv * group.div_ceil(gc);
     let splits = row_splits(chunk * head_groups, sm_count(&dev)?);
@@ -239,10 +249,11 @@ pub fn paged_attention(
         l.arg(&q_at).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&slot_at).arg(&pos_at);
         l.arg(&hqi).arg(&hkvi).arg(&hdi).arg(&window).arg(&shape.scale).arg(&splits_i).arg(&part_ptr).arg(&ml_ptr);
         unsafe { l.launch(grid(rows, head_groups, splits, 128, 0)) }.w()?;
-        let out_at = out_ptr + (r0 * hq * hd) as u64 * f32b;
+        let out_at = out_ptr + (r0 * hq * hd) as u64 * out_bytes;
+        let gate_at = if gate_ptr == 0 { 0 } else { gate_ptr + (r0 as u64 * ldg as u64) * out_bytes };
         let mut l = combine.builder();
-        l.arg(&part_ptr).arg(&ml_ptr).arg(&out_at).arg(&hdi).arg(&splits_i);
+        l.arg(&part_ptr).arg(&ml_ptr).arg(&out_at).arg(&gate_at).arg(&ldg).arg(&hqi).arg(&hdi).arg(&splits_i);
         unsafe { l.launch(grid(rows * hq, 1, 1, hd.next_multiple_of(32).min(256) as u32, 0)) }.w()?;
     }
-    Ok(wrap(&dev, out, (n, hq, hd)))
+    Ok(out.reshape((n, hq, hd))?)
 }

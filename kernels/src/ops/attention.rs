@@ -47,13 +47,37 @@ pub struct DevicePages<'a> {
     pub row_pos: &'a Tensor,
 }
 
+/// What [`paged_attention`] returns: values in `dtype` (f32, bf16 or f16), each first
+/// multiplied by sigmoid(gate) where `gate` is given (Qwen's gated attention: `gate` `[N, HQ·hd]`
+/// in `dtype`, a column slice of the layer's projection), computed in fp32 and rounded once.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnOutput<'a> {
+    /// The output's dtype.
+    pub dtype: candle_core::DType,
+    /// Qwen's output gate.
+    pub gate: Option<&'a Tensor>,
+}
+
+impl AttnOutput<'_> {
+    /// The fp32 attention output `o` `[N, HQ, hd]` gated and rounded as asked: the generic path
+    /// (the CPU, and the GPU's tensor-core prefill); the GPU's decode kernel does the same in its
+    /// last step.
+    pub(crate) fn finish(&self, o: Tensor) -> Result<Tensor> {
+        let (n, hq, hd) = o.dims3()?;
+        match self.gate {
+            Some(g) => Ok(super::sigmoid_gate(&o.reshape((n, hq * hd))?, g)?.reshape((n, hq, hd))?),
+            None => Ok(o.to_dtype(self.dtype)?),
+        }
+    }
+}
+
 /// Appends `k`, `v` (`[N, HKV, hd]`, or `[N, HKV·hd]` such as column slices of the layer's
 /// projection, read in place on the GPU; any float dtype) at each sequence's next positions and
 /// attends with `q` (`[N, HQ, hd]` or `[N, HQ·hd]`), q and k first normalised per head when
 /// `norms` is given; rows `pass.cu[s]..pass.cu[s+1]` belong to `pass.seqs[s]`. The caches hold
 /// one block per slot, `[block_size, HKV, hd]`: f32, or on a GPU also bf16/f16 (prefill of
 /// 16-bit operands then runs on the tensor cores). GPU caches also need `device` (the same
-/// tables and positions in device memory). Returns `[N, HQ, hd]` f32.
+/// tables and positions in device memory). Returns `[N, HQ, hd]` as `out` says.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
@@ -62,8 +86,8 @@ pub fn paged_attention(
     rope: Option<RopeArgs<'_>>,
     pass: Paged<'_>,
     device: Option<DevicePages<'_>>,
-    k_cache: &mut SlotBuffer,
-    v_cache: &mut SlotBuffer,
+    (k_cache, v_cache): (&mut SlotBuffer, &mut SlotBuffer),
+    out: AttnOutput<'_>,
 ) -> Result<Tensor> {
     const OP: &str = "paged_attention";
     let (seqs, cu, block_size) = (pass.seqs, pass.cu, pass.block_size);
@@ -76,6 +100,20 @@ pub fn paged_attention(
                 input,
                 expected: format!("[{n}, {heads}, {hd}] or [{n}, {}]", heads * hd),
                 actual: t.dims().to_vec(),
+            });
+        }
+    }
+    use candle_core::DType;
+    if !matches!(out.dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(KernelError::Shape { op: OP, input: "output dtype", expected: "f32, bf16 or f16".into(), actual: vec![] });
+    }
+    if let Some(g) = out.gate {
+        if g.dims() != [n, hq * hd] || g.dtype() != out.dtype {
+            return Err(KernelError::Shape {
+                op: OP,
+                input: "gate",
+                expected: format!("[{n}, {}] in {:?}", hq * hd, out.dtype),
+                actual: g.dims().to_vec(),
             });
         }
     }
@@ -161,7 +199,7 @@ pub fn paged_attention(
                 actual: vec![seq.table.len()],
             });
         }
-        return crate::cuda::paged_attention((q, k, v), norms, shape, rope, &pass, &pages, kc, vc);
+        return crate::cuda::paged_attention((q, k, v), norms, shape, rope, &pass, &pages, (kc, vc), out);
     }
     let _ = device;
     if !k_cache.is_host() || !v_cache.is_host() {
@@ -185,6 +223,6 @@ pub fn paged_attention(
         attention::rope(&mut ks, hkv, hd, &pos, &inv_freq);
     }
     attention::append(&ks, &vs, shape, pass, k_cache.host_mut(OP)?, v_cache.host_mut(OP)?);
-    let out = attention::attend(&qs, shape, pass, k_cache.host(OP)?, v_cache.host(OP)?);
-    Ok(Tensor::from_vec(out, (n, hq, hd), q.device())?)
+    let o = attention::attend(&qs, shape, pass, k_cache.host(OP)?, v_cache.host(OP)?);
+    out.finish(Tensor::from_vec(o, (n, hq, hd), q.device())?)
 }

@@ -22,7 +22,7 @@ pub mod prep;
 pub mod sample;
 pub mod step;
 
-pub use attention::{paged_attention, AttentionShape, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
+pub use attention::{paged_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{
     batch_invariant, linear, set_batch_invariant, sigmoid_gate, small_batch_add_norm_linear, small_batch_gated_norm_linear,
