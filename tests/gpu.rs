@@ -357,7 +357,8 @@ fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
 /// to 1e-5 against the CPU: Gated DeltaNet with GVA and Gated DeltaProduct (n = 2, 3), K = 64,
 /// 100 and 256, β and the gate's inputs as f32, bf16 and f16 column slices, with and without a
 /// forget gate and negative eigenvalues, batches of 1, 6 and 40 (one, two and four value
-/// columns a lane), shuffled slots, v's rows aligned for 16-byte accesses or not.
+/// columns a lane; at K = 256 and many heads, the half-size blocks), shuffled slots, v's rows
+/// aligned for 16-byte accesses or not.
 fn gpu_raw_decode_step_equals_prepare_then_step(dev: &Device) {
     use deltaserve_kernels::ops::{gated_delta_step_raw, QkLayout, RawStepInputs, StepFusion};
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
@@ -367,6 +368,10 @@ fn gpu_raw_decode_step_equals_prepare_then_step(dev: &Device) {
         (1, 1, 2, 256, 96, true, true, DType::F32),
         (2, 2, 2, 100, 64, true, true, DType::F16),
         (3, 2, 2, 64, 32, false, false, BF16),
+        // Batch 40 of these fills two blocks an SM at two columns a lane: K > 128 then runs the
+        // half-size blocks (decode.rs's WIDE_K_MANY), batch 6 the full ones.
+        (1, 2, 8, 256, 128, true, false, BF16),
+        (2, 1, 4, 256, 256, true, true, DType::F32),
     ];
     for ((n, h, hv, kd, vd, gated, neg, dtype), b) in cases.into_iter().flat_map(|c| [(c, 1usize), (c, 6), (c, 40)]) {
         let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {

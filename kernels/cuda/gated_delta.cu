@@ -274,6 +274,9 @@ DECODE_SHAPE(8, 4, 4)
 DECODE_SHAPE(8, 8, 4)
 DECODE_SHAPE(16, 8, 2)
 DECODE_SHAPE(32, 8, 1)
+// K > 128 at larger batches: half-size blocks, two an SM, so that one block's loads overlap the
+// other's reductions and stores (decode.rs's WIDE_K_MANY).
+DECODE_ENTRIES(16, 16, 2, 2)
 // Alternatives for K ≤ 128 that the benchmark can pick (DELTASERVE_DECODE_KERNEL).
 DECODE_ENTRY(8, 16, 4, 2, true, vec)
 DECODE_ENTRY(16, 8, 4, 1, true, vec)

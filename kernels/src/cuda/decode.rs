@@ -79,6 +79,22 @@ impl DecodeShape {
         (256, DecodeShape { warps: 32, rows: 8, cols: 4, min_blocks: 1 }),
     ];
 
+    /// K > 128 when two columns a lane still give every SM two blocks: 16 warps of 16 rows,
+    /// half a block of [`Self::BY_K`]'s one an SM, so two share an SM and one's loads overlap
+    /// the other's reductions and stores (H200, 1.39B model: batch-16 and batch-64 steps −5%
+    /// and −6%; `benches/results/h200-decode_shapes-2026-11-28/`).
+    const WIDE_K_MANY: DecodeShape = DecodeShape { warps: 16, rows: 16, cols: 2, min_blocks: 2 };
+
+    /// The shape for key head dim `k` (≤ 256, checked by the caller) and `heads` (rows ×
+    /// value heads) of width `v` on `sms` SMs.
+    fn pick(k: usize, heads: usize, v: usize, sms: usize) -> Self {
+        let ctas = |cols: usize| heads * v.div_ceil(32 * cols);
+        if k > 128 && ctas(2) >= 2 * sms {
+            return Self::WIDE_K_MANY;
+        }
+        Self::for_key_dim(k).with_cols_for(ctas(4), sms)
+    }
+
     /// The shape for key head dim `k` (≤ 256, checked by the caller), four columns a lane.
     fn for_key_dim(k: usize) -> Self {
         Self::BY_K.iter().find(|(max_k, _)| k <= *max_k).map_or(Self::BY_K[3].1, |(_, s)| *s)
@@ -149,7 +165,7 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
 fn step_kernel(dev: &CudaDevice, k: usize, b: usize, hv: usize, v: usize) -> Result<(DecodeShape, LaunchConfig)> {
     let shape = match DecodeShape::wanted().filter(|w| w.warps * w.rows >= k) {
         Some(w) => w,
-        None => DecodeShape::for_key_dim(k).with_cols_for(b * hv * v.div_ceil(32 * 4), sm_count(dev)?),
+        None => DecodeShape::pick(k, b * hv, v, sm_count(dev)?),
     };
     Ok((shape, grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0)))
 }

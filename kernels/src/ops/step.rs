@@ -59,6 +59,17 @@ pub const FUSED_STEP_MAX_BATCH: usize = 16;
 /// (Qwen3.5's 128), so nothing is repeated and the prep kernel and its copy are saved.
 pub const FUSED_STEP_ANY_BATCH_MAX_V: usize = 128;
 
+/// [`FUSED_STEP_MAX_BATCH`], or `DELTASERVE_FUSED_STEP_MAX_BATCH` where set (for comparisons).
+fn fused_max_batch() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *N.get_or_init(|| crate::env_count("DELTASERVE_FUSED_STEP_MAX_BATCH").unwrap_or(FUSED_STEP_MAX_BATCH))
+    }
+    #[cfg(not(feature = "cuda"))]
+    FUSED_STEP_MAX_BATCH
+}
+
 /// [`prepare`] then [`gated_delta_step`], optionally as one GPU kernel (`fusion`): the fused
 /// kernel does the prep kernel's arithmetic as it loads q, k, β and the gate (so the two agree
 /// bit for bit) and reads v, b and a in place. Returns `o` `[B, HV, V]` f32.
@@ -91,7 +102,7 @@ pub fn gated_delta_step_raw<'s>(
         expect_dims(OP, "dt_bias", dt_bias, &[x.v_heads])?;
     }
     let fused = match fusion {
-        StepFusion::Auto => bsz <= FUSED_STEP_MAX_BATCH || x.v_dim <= FUSED_STEP_ANY_BATCH_MAX_V,
+        StepFusion::Auto => bsz <= fused_max_batch() || x.v_dim <= FUSED_STEP_ANY_BATCH_MAX_V,
         StepFusion::Fused => true,
         StepFusion::Apart => false,
     };
