@@ -112,8 +112,7 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
             // The CPU's output in f32; the GPU's in the model's dtype, gated by its combine.
             let cpu_out = AttnOutput { dtype: DType::F32, gate: gates.as_ref().map(|g| &g.0) };
             let gpu_out = AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) };
-            let want =
-                paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, (cpu_k, cpu_v), cpu_out).unwrap();
+            let want = paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, (cpu_k, cpu_v), cpu_out).unwrap();
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let got = paged_attention(
                 (&on(&q), &on(&k), &on(&v)),

@@ -8,9 +8,7 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{
-    alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, ptx, sm_count, wrap, DeviceSlots, RowsArg,
-};
+use super::{alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, ptx, sm_count, wrap, DeviceSlots, RowsArg};
 use crate::cpu::attention::{AttentionShape, Paged};
 use crate::ops::attention::{AttnOutput, DevicePages, QkNorms, RopeArgs};
 use crate::{KernelError, Result};
@@ -229,8 +227,7 @@ pub fn paged_attention(
     let out_bytes = output.dtype.size_in_bytes() as u64;
     let gate = output.gate.map(RowsArg::new).transpose()?;
     let (gate_ptr, ldg) = gate.as_ref().map_or((0, 0), |g| (g.ptr, g.ld));
-    let combine =
-        dev.get_or_load_custom_func(&format!("attn_combine_{}", type_name(output.dtype)?), "attention", ptx::ATTENTION)?;
+    let combine = dev.get_or_load_custom_func(&format!("attn_combine_{}", type_name(output.dtype)?), "attention", ptx::ATTENTION)?;
     let chunk = n.min(ROWS_PER_LAUNCH);
     let head_groups = hkv * group.div_ceil(gc);
     let splits = row_splits(chunk * head_groups, sm_count(&dev)?);
