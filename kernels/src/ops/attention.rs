@@ -3,7 +3,7 @@
 //! sequence's cached keys (causal, optionally a sliding window, GQA). RoPE, when the layer has
 //! it, is applied to q and k here, at the rows' positions.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::cpu_f32;
 use crate::cpu::attention;
@@ -53,7 +53,7 @@ pub struct DevicePages<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct AttnOutput<'a> {
     /// The output's dtype.
-    pub dtype: candle_core::DType,
+    pub dtype: DType,
     /// Qwen's output gate.
     pub gate: Option<&'a Tensor>,
 }
@@ -103,17 +103,17 @@ pub fn paged_attention(
             });
         }
     }
-    use candle_core::DType;
     if !matches!(out.dtype, DType::F32 | DType::BF16 | DType::F16) {
-        return Err(KernelError::Shape { op: OP, input: "output dtype", expected: "f32, bf16 or f16".into(), actual: vec![] });
+        return Err(KernelError::Unsupported { op: OP, what: format!("output dtype {:?}, expected f32, bf16 or f16", out.dtype) });
     }
     if let Some(g) = out.gate {
-        if g.dims() != [n, hq * hd] || g.dtype() != out.dtype {
-            return Err(KernelError::Shape {
+        if g.dims() != [n, hq * hd] {
+            return Err(KernelError::Shape { op: OP, input: "gate", expected: format!("[{n}, {}]", hq * hd), actual: g.dims().to_vec() });
+        }
+        if g.dtype() != out.dtype {
+            return Err(KernelError::Unsupported {
                 op: OP,
-                input: "gate",
-                expected: format!("[{n}, {}] in {:?}", hq * hd, out.dtype),
-                actual: g.dims().to_vec(),
+                what: format!("gate dtype {:?}, expected the output's, {:?}", g.dtype(), out.dtype),
             });
         }
     }
@@ -179,11 +179,11 @@ pub fn paged_attention(
             return Err(KernelError::UnsupportedDevice { op: OP, device: "cuda without device block tables".into() });
         };
         for (input, t) in [("row_slot", pages.row_slot), ("row_pos", pages.row_pos)] {
-            if t.dims() != [n] || t.dtype() != candle_core::DType::I32 {
+            if t.dims() != [n] || t.dtype() != DType::I32 {
                 return Err(KernelError::Shape { op: OP, input, expected: format!("[{n}] i32"), actual: t.dims().to_vec() });
             }
         }
-        if pages.tables.dtype() != candle_core::DType::I32 || pages.width == 0 || pages.tables.elem_count() % pages.width != 0 {
+        if pages.tables.dtype() != DType::I32 || pages.width == 0 || pages.tables.elem_count() % pages.width != 0 {
             return Err(KernelError::Shape {
                 op: OP,
                 input: "tables",
@@ -209,7 +209,7 @@ pub fn paged_attention(
     let normed = |t: &Tensor, w: Option<&Tensor>, eps: f32| -> Result<Vec<f32>> {
         match w {
             Some(w) => {
-                let rows = t.to_dtype(candle_core::DType::F32)?.contiguous()?.reshape(((), hd))?;
+                let rows = t.to_dtype(DType::F32)?.contiguous()?.reshape(((), hd))?;
                 cpu_f32(OP, &candle_nn::ops::rms_norm(&rows, w, eps)?)
             }
             None => cpu_f32(OP, t),
@@ -225,4 +225,47 @@ pub fn paged_attention(
     attention::append(&ks, &vs, shape, pass, k_cache.host_mut(OP)?, v_cache.host_mut(OP)?);
     let o = attention::attend(&qs, shape, pass, k_cache.host(OP)?, v_cache.host(OP)?);
     out.finish(Tensor::from_vec(o, (n, hq, hd), q.device())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the CPU the op gates and rounds as `AttnOutput` asks: with Qwen's gate each value is the
+    /// ungated f32 output times sigmoid(gate) (computed here in f64), rounded once to bf16; a
+    /// gate of the wrong shape or dtype is refused, naming it.
+    #[test]
+    fn output_is_gated_and_rounded_as_asked() {
+        let dev = &candle_core::Device::Cpu;
+        let shape = AttentionShape { q_heads: 2, kv_heads: 1, head_dim: 4, window: None, scale: 0.5, operands: DType::F32 };
+        let (n, bs) = (3usize, 4usize);
+        let vals = |len: usize, seed: u32, scale: f32| -> Vec<f32> {
+            (0..len).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0 - 0.5) * scale).collect()
+        };
+        let t = |len, seed, dims: &[usize], scale| Tensor::from_vec(vals(len, seed, scale), dims, dev).unwrap();
+        let (q, k, v) = (t(n * 8, 1, &[n, 2, 4], 2.0), t(n * 4, 2, &[n, 1, 4], 2.0), t(n * 4, 3, &[n, 1, 4], 2.0));
+        let gate = t(n * 8, 4, &[n, 8], 8.0).to_dtype(DType::BF16).unwrap();
+        let table = [0u32];
+        let run = |out: AttnOutput<'_>| {
+            let (mut kc, mut vc) = (SlotBuffer::zeros(1, bs * 4), SlotBuffer::zeros(1, bs * 4));
+            let seqs = [PagedSeq { start: 0, slot: 0, table: &table }];
+            let pass = Paged { seqs: &seqs, cu: &[0, n], block_size: bs };
+            paged_attention((&q, &k, &v), None, &shape, None, pass, None, (&mut kc, &mut vc), out)
+        };
+        let plain = run(AttnOutput { dtype: DType::F32, gate: None }).unwrap();
+        let gated = run(AttnOutput { dtype: DType::BF16, gate: Some(&gate) }).unwrap();
+        assert_eq!((gated.dims(), gated.dtype()), (&[n, 2, 4][..], DType::BF16));
+        let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (o, g, y) = (f32s(&plain), f32s(&gate), f32s(&gated));
+        for i in 0..o.len() {
+            let want = o[i] as f64 / (1.0 + (-g[i] as f64).exp());
+            assert!((y[i] as f64 - want).abs() <= want.abs() / 256.0 + 1e-6, "element {i}: {} against {want}", y[i]);
+        }
+        let narrow = gate.narrow(1, 0, 4).unwrap();
+        let err = run(AttnOutput { dtype: DType::BF16, gate: Some(&narrow) }).unwrap_err().to_string();
+        assert!(err.contains("`gate` has shape [3, 4], expected [3, 8]"), "{err}");
+        let wide = gate.to_dtype(DType::F32).unwrap();
+        let err = run(AttnOutput { dtype: DType::BF16, gate: Some(&wide) }).unwrap_err().to_string();
+        assert!(err.contains("gate dtype F32, expected the output's, BF16"), "{err}");
+    }
 }
