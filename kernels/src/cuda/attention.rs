@@ -1,7 +1,7 @@
-//! Launchers of the paged-attention kernels (`kernels/cuda/attention.cu`): RoPE and the append
-//! into the cache (f32, bf16 or f16), then either the fp32 row kernel (decode; prefill of f32
-//! models) with its split combine, or the tensor-core tile kernel (prefill of bf16/f16 models
-//! whose cache is in their own type).
+//! Launchers of the paged-attention kernels (`kernels/cuda/attention.cu`, the tiles in
+//! `attention_tiles.cu`): RoPE and the append into the cache (f32, bf16 or f16), then either the
+//! fp32 row kernel (decode; prefill of f32 models) with its split combine, or the tensor-core
+//! tile kernel (prefill of bf16/f16 models whose cache is in their own type).
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
@@ -40,7 +40,7 @@ const TILE_M: usize = 64;
 const TILE_N: usize = 64;
 const TILE_THREADS: u32 = 128;
 
-/// Dynamic shared memory of `attn_tiles_*_d{hd}` (`TileSmem` in attention.cu): Q, K and V
+/// Dynamic shared memory of `attn_tiles_*_d{hd}` (`TileSmem` in attention_tiles.cu): Q, K and V
 /// tiles of 16-bit values, rows padded by 8 values, and two tiles' key offsets.
 fn tile_smem(hd: usize) -> usize {
     (TILE_M + 2 * TILE_N) * (hd + 8) * 2 + 2 * TILE_N * std::mem::size_of::<u64>()
@@ -204,7 +204,7 @@ pub fn paged_attention(
         };
         let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
         let smem = tile_smem(hd);
-        let f = dev.get_or_load_custom_func(&format!("attn_tiles_{cache}_d{hd}"), "attention", ptx::ATTENTION)?;
+        let f = dev.get_or_load_custom_func(&format!("attn_tiles_{cache}_d{hd}"), "attention_tiles", ptx::ATTENTION_TILES)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         let mut l = f.builder();
         let per_block_i = per_block as i32;
