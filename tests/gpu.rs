@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use deltaserve_engine::{Engine, LoadOptions, Logits};
-use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, MixerInputs, PrefillAlgo};
+use deltaserve_kernels::ops::{gated_delta_prefill, MixerInputs, PrefillAlgo};
 use deltaserve_kernels::SlotBuffer;
 use deltaserve_tests::{
     check_greedy, check_op_case, compact_dir, golden_cases, load_tensors, model_fixtures, packed_model_prefill_error, prune_half, rel_err,
@@ -23,6 +23,8 @@ type GpuTest = (&'static str, fn(&Device));
 mod gemm;
 #[path = "gpu/host_tier.rs"]
 mod host_tier;
+#[path = "gpu/mixer.rs"]
+mod mixer;
 #[cfg(feature = "cuda")]
 #[path = "gpu/norm_gemv.rs"]
 mod norm_gemv;
@@ -57,13 +59,13 @@ const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
     ("gpu_small_batch_linear_matches_cpu", ops::gpu_small_batch_linear_matches_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
-    ("gpu_packed_prefill_equals_prefilling_each_alone", gpu_packed_prefill_equals_prefilling_each_alone),
-    ("gpu_decode_in_any_slot_order_equals_each_alone", gpu_decode_in_any_slot_order_equals_each_alone),
-    ("gpu_raw_decode_step_equals_prepare_then_step", gpu_raw_decode_step_equals_prepare_then_step),
+    ("gpu_packed_prefill_equals_prefilling_each_alone", mixer::gpu_packed_prefill_equals_prefilling_each_alone),
+    ("gpu_decode_in_any_slot_order_equals_each_alone", mixer::gpu_decode_in_any_slot_order_equals_each_alone),
+    ("gpu_raw_decode_step_equals_prepare_then_step", mixer::gpu_raw_decode_step_equals_prepare_then_step),
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
     ("gpu_mixed_passes_equal_separate_passes", gpu_mixed_passes_equal_separate_passes),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
-    ("gpu_chunk_boundaries_match_cpu", gpu_chunk_boundaries_match_cpu),
+    ("gpu_chunk_boundaries_match_cpu", mixer::gpu_chunk_boundaries_match_cpu),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_prefill_graphs_equal_eager_prefill", prefill_graph::gpu_prefill_graphs_equal_eager_prefill),
     ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
@@ -215,241 +217,6 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
             pc.release(sc).unwrap();
             pg.release(sg).unwrap();
             pb.release(sb).unwrap();
-        }
-    }
-}
-
-/// Random mixer inputs of `t` tokens: q, k L2-normalised, β in (0, 1), g ≤ 0.
-struct Case {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor,
-    n: usize,
-}
-
-fn random_case(rng: &mut rand::rngs::StdRng, t: usize, n: usize, h: usize, hv: usize, kd: usize, vd: usize) -> Case {
-    let mut vec = |len: usize, f: &mut dyn FnMut(&mut rand::rngs::StdRng) -> f32| (0..len).map(|_| f(rng)).collect::<Vec<f32>>();
-    let normal = &mut |r: &mut rand::rngs::StdRng| r.random_range(-1.0f32..1.0);
-    let l2 = |x: Vec<f32>, shape: (usize, usize, usize)| {
-        let t = Tensor::from_vec(x, shape, &Device::Cpu).unwrap();
-        t.broadcast_div(&(t.sqr().unwrap().sum_keepdim(2).unwrap() + 1e-6).unwrap().sqrt().unwrap()).unwrap()
-    };
-    let q = l2(vec(t * h * kd, normal), (t, h, kd));
-    let k = l2(vec(t * n * h * kd, normal), (t * n, h, kd));
-    let v = Tensor::from_vec(vec(t * n * hv * vd, normal), (t * n, hv, vd), &Device::Cpu).unwrap();
-    let beta = Tensor::from_vec(vec(t * n * hv, &mut |r| r.random_range(0.05f32..1.0)), (t * n, hv), &Device::Cpu).unwrap();
-    let g = Tensor::from_vec(vec(t * hv, &mut |r| r.random_range(-0.3f32..0.0)), (t, hv), &Device::Cpu).unwrap();
-    Case { q, k, v, beta, g, n }
-}
-
-impl Case {
-    fn on(&self, dev: &Device) -> Case {
-        let m = |t: &Tensor| t.to_device(dev).unwrap();
-        Case { q: m(&self.q), k: m(&self.k), v: m(&self.v), beta: m(&self.beta), g: m(&self.g), n: self.n }
-    }
-
-    /// q, k and v in `dtype` (bf16 selects the tensor-core prefill); β and g stay f32.
-    fn with_qkv(&self, dtype: DType) -> Case {
-        let m = |t: &Tensor| t.to_dtype(dtype).unwrap();
-        Case { q: m(&self.q), k: m(&self.k), v: m(&self.v), beta: self.beta.clone(), g: self.g.clone(), n: self.n }
-    }
-
-    fn inputs(&self) -> MixerInputs<'_> {
-        let kd = self.q.dim(2).unwrap();
-        MixerInputs { q: &self.q, k: &self.k, v: &self.v, beta: &self.beta, g: Some(&self.g), n: self.n, scale: (kd as f32).powf(-0.5) }
-    }
-}
-
-fn cat(cases: &[&Case]) -> Case {
-    let c = |f: &dyn Fn(&Case) -> &Tensor| Tensor::cat(&cases.iter().map(|x| f(x)).collect::<Vec<_>>(), 0).unwrap();
-    Case { q: c(&|x| &x.q), k: c(&|x| &x.k), v: c(&|x| &x.v), beta: c(&|x| &x.beta), g: c(&|x| &x.g), n: cases[0].n }
-}
-
-/// Shapes: plain, GVA (HV = 2H) and a Gated DeltaProduct with n = 2; K and V include a pruned
-/// head dim (48), the largest (256) and odd sizes (K = 40, V = 50: scalar loads and the
-/// one-column-per-lane decode kernel); the last is the benchmarks' K = 128, V = 256 with GVA
-/// and GDP.
-const SHAPES: [(usize, usize, usize, usize, usize); 6] =
-    [(1, 2, 2, 64, 64), (1, 2, 4, 48, 96), (2, 2, 2, 32, 64), (1, 1, 1, 256, 256), (1, 2, 2, 40, 50), (2, 2, 4, 128, 256)];
-
-/// Shapes wide enough (5 sequences × 8 value heads × 4 tiles of 64 columns ≥ the H100's 132
-/// SMs) that the packed bf16 state pass takes 64-column value tiles while each sequence alone
-/// takes 32: packed == alone then also holds the two tilings, and at K ≤ 64 the double-buffered
-/// loads, to each other (the alone runs are checked against the CPU elsewhere).
-const WIDE_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(1, 4, 8, 64, 256), (1, 8, 8, 128, 256)];
-
-fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for ((n, h, hv, kd, vd), dtype) in SHAPES.into_iter().chain(WIDE_SHAPES).flat_map(|s| [(s, DType::F32), (s, BF16)]) {
-        let lens = [65usize, 1, 130, 64, 7];
-        let slots = [3usize, 0, 4, 1, 2];
-        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(dtype)).collect();
-        let per = hv * kd * vd;
-        let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
-        let mut packed_states = SlotBuffer::zeros_on(5, per, dev).unwrap();
-        for (i, &s) in slots.iter().enumerate() {
-            packed_states.write_slot(s, &h0[i]).unwrap();
-        }
-        let all = cat(&cases.iter().collect::<Vec<_>>());
-        let mut cu = vec![0];
-        for l in lens {
-            cu.push(cu.last().unwrap() + l);
-        }
-        let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked, &[], None).unwrap();
-        let mut worst = 0f64;
-        for (i, case) in cases.iter().enumerate() {
-            let mut alone = SlotBuffer::zeros_on(1, per, dev).unwrap();
-            alone.write_slot(0, &h0[i]).unwrap();
-            let oi = gated_delta_prefill(case.inputs(), &mut alone, 0, PrefillAlgo::Chunked).unwrap();
-            let e_o = rel_err(&values(&o.narrow(0, cu[i], lens[i]).unwrap()), &values(&oi));
-            let e_s = rel_err(&packed_states.slot_to_vec(slots[i]).unwrap(), &alone.slot_to_vec(0).unwrap());
-            worst = worst.max(e_o).max(e_s);
-        }
-        println!("packed vs alone ({dtype:?} q/k/v, n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
-        assert!(worst <= 1e-6, "packed prefill differs: {worst:.3e}");
-    }
-}
-
-fn gpu_decode_in_any_slot_order_equals_each_alone(dev: &Device) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    // Batches of 6, 12 and 40: the kernel takes 1, 2 or 4 value columns a lane as the step's
-    // CTAs fill fewer or more of the SMs, so each shape meets several of those kernels.
-    for ((n, h, hv, kd, vd), b) in SHAPES.into_iter().flat_map(|s| [(s, 6), (s, 12), (s, 40)]) {
-        let per = hv * kd * vd;
-        let step = random_case(&mut rng, b, n, h, hv, kd, vd);
-        let gpu_step = step.on(dev);
-        let h0: Vec<Vec<f32>> = (0..b).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
-        // Distinct slots out of order (5 is prime to the pool size), two of the pool untouched.
-        let pool = b + 2;
-        let slots: Vec<usize> = (0..b).map(|i| (i * 5 + 2) % pool).collect();
-        let mut batch = SlotBuffer::zeros_on(pool, per, dev).unwrap();
-        for (i, &s) in slots.iter().enumerate() {
-            batch.write_slot(s, &h0[i]).unwrap();
-        }
-        let o = gated_delta_step(gpu_step.inputs(), &mut batch, &slots).unwrap();
-        let mut worst = 0f64;
-        for i in 0..b {
-            let one = Case {
-                q: step.q.narrow(0, i, 1).unwrap(),
-                k: step.k.narrow(0, i * n, n).unwrap(),
-                v: step.v.narrow(0, i * n, n).unwrap(),
-                beta: step.beta.narrow(0, i * n, n).unwrap(),
-                g: step.g.narrow(0, i, 1).unwrap(),
-                n,
-            };
-            // Alone, on the CPU reference: the GPU batch must agree with it row by row.
-            let mut cpu = SlotBuffer::zeros(1, per);
-            cpu.write_slot(0, &h0[i]).unwrap();
-            let oi = gated_delta_step(one.inputs(), &mut cpu, &[0]).unwrap();
-            worst = worst.max(rel_err(&values(&o.narrow(0, i, 1).unwrap()), &values(&oi)));
-            worst = worst.max(rel_err(&batch.slot_to_vec(slots[i]).unwrap(), &cpu.slot_to_vec(0).unwrap()));
-        }
-        println!("decode batch of {b} vs each alone on the CPU (n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
-        assert!(worst <= 1e-5, "batched decode differs: {worst:.3e}");
-    }
-}
-
-/// The decode step on the conv output and projection as they are (q/k l2norm, β and the gate
-/// formed inside the step's kernel) equals `prepare` then the step (`StepFusion::Apart`, the
-/// prep kernel then the step's), bit for bit on the GPU and
-/// to 1e-5 against the CPU: Gated DeltaNet with GVA and Gated DeltaProduct (n = 2, 3), K = 64,
-/// 100 and 256, β and the gate's inputs as f32, bf16 and f16 column slices, with and without a
-/// forget gate and negative eigenvalues, batches of 1, 6 and 40 (one, two and four value
-/// columns a lane; at K = 256 and many heads, the half-size blocks), shuffled slots, v's rows
-/// aligned for 16-byte accesses or not.
-fn gpu_raw_decode_step_equals_prepare_then_step(dev: &Device) {
-    use deltaserve_kernels::ops::{gated_delta_step_raw, QkLayout, RawStepInputs, StepFusion};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-    // (n, H, HV, K, V, gate, allow_neg_eigval, dtype of b and a)
-    let cases = [
-        (1usize, 2usize, 4usize, 64usize, 128usize, true, false, BF16),
-        (1, 1, 2, 256, 96, true, true, DType::F32),
-        (2, 2, 2, 100, 64, true, true, DType::F16),
-        (3, 2, 2, 64, 32, false, false, BF16),
-        // Batch 40 of these fills two blocks an SM at two columns a lane: K > 128 then runs the
-        // half-size blocks (decode.rs's WIDE_K_MANY), batch 6 the full ones.
-        (1, 2, 8, 256, 128, true, false, BF16),
-        (2, 1, 4, 256, 256, true, true, DType::F32),
-    ];
-    for ((n, h, hv, kd, vd, gated, neg, dtype), b) in cases.into_iter().flat_map(|c| [(c, 1usize), (c, 6), (c, 40)]) {
-        let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {
-            let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(lo..hi)).collect();
-            Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
-        };
-        // v's rows 16-byte aligned (the vector kernel), except for n = 3 (the scalar one).
-        let v_offset = (h + n * h) * kd + if n == 3 { 3 } else { 4 };
-        let conv = rand(b, v_offset + n * hv * vd + 4, -1.0, 1.0);
-        // proj: 3 other columns, then b (n·HV), then a (HV).
-        let proj = rand(b, 3 + n * hv + hv, -3.0, 3.0).to_dtype(dtype).unwrap();
-        let (a_log, dt_bias) = (rand(1, hv, -1.0, 1.0).flatten_all().unwrap(), rand(1, hv, -1.0, 1.0).flatten_all().unwrap());
-        let per = hv * kd * vd;
-        let pool = b + 2;
-        let slots: Vec<usize> = (0..b).map(|i| (i * 5 + 2) % pool).collect();
-        let init: Vec<Vec<f32>> = (0..pool).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
-        let layout = QkLayout { q_heads: h, k_heads: n * h, head_dim: kd };
-        let scale = (kd as f32).powf(-0.5);
-        let run = |device: &Device, fusion: StepFusion| {
-            let on = |t: &Tensor| t.to_device(device).unwrap();
-            let (c, p, al, db) = (on(&conv), on(&proj), on(&a_log), on(&dt_bias));
-            let (bb, a) = (p.narrow(1, 3, n * hv).unwrap(), p.narrow(1, 3 + n * hv, hv).unwrap());
-            let mut states = SlotBuffer::zeros_on(pool, per, device).unwrap();
-            for (i, s) in init.iter().enumerate() {
-                states.write_slot(i, s).unwrap();
-            }
-            let raw = RawStepInputs {
-                conv_out: &c,
-                layout,
-                v_offset,
-                v_heads: hv,
-                v_dim: vd,
-                b: &bb,
-                allow_neg_eigval: neg,
-                gate_in: gated.then_some((&a, &al, &db)),
-                n,
-                scale,
-            };
-            let o = gated_delta_step_raw(raw, &mut states, &slots, fusion).unwrap();
-            (values(&o), (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect::<Vec<_>>())
-        };
-        let (raw, apart, cpu) = (run(dev, StepFusion::Fused), run(dev, StepFusion::Apart), run(&Device::Cpu, StepFusion::Auto));
-        assert_eq!(raw.0, apart.0, "raw step o != prepare + step (n={n} H={h} HV={hv} K={kd} V={vd} B={b} {dtype:?})");
-        assert_eq!(raw.1, apart.1, "raw step states != prepare + step (n={n} H={h} HV={hv} K={kd} V={vd} B={b})");
-        let e = rel_err(&raw.0, &cpu.0).max(rel_err(&raw.1.concat(), &cpu.1.concat()));
-        println!(
-            "raw decode step n={n} H={h} HV={hv} K={kd} V={vd} B={b} {dtype:?} gate={gated} neg={neg}: == prepare + step; vs CPU {e:.2e}"
-        );
-        assert!(e <= 1e-5, "raw step vs CPU: {e:.3e}");
-    }
-}
-
-fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let shapes = [
-        (1, 2, 2, 128, 128, DType::F32),
-        (2, 1, 1, 64, 64, DType::F32),
-        (1, 2, 2, 128, 128, BF16),
-        (2, 1, 1, 64, 64, BF16),
-        (1, 1, 2, 40, 48, BF16),
-    ];
-    for t in [1usize, 63, 64, 65, 4097] {
-        for (n, h, hv, kd, vd, dtype) in shapes {
-            // The CPU reference computes in f32 from the same (rounded) inputs.
-            let case = random_case(&mut rng, t, n, h, hv, kd, vd).with_qkv(dtype);
-            let per = hv * kd * vd;
-            let h0: Vec<f32> = (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect();
-            let mut cpu = SlotBuffer::zeros(1, per);
-            cpu.write_slot(0, &h0).unwrap();
-            let oc = gated_delta_prefill(case.inputs(), &mut cpu, 0, PrefillAlgo::Chunked).unwrap();
-            let g = case.on(dev);
-            let mut gs = SlotBuffer::zeros_on(1, per, dev).unwrap();
-            gs.write_slot(0, &h0).unwrap();
-            let og = gated_delta_prefill(g.inputs(), &mut gs, 0, PrefillAlgo::Chunked).unwrap();
-            let (eo, es) = (rel_err(&values(&og), &values(&oc)), rel_err(&gs.slot_to_vec(0).unwrap(), &cpu.slot_to_vec(0).unwrap()));
-            let tol = if dtype == BF16 { BF16_TOL } else { F32_TOL };
-            println!("T={t} n={n} HV={hv} K={kd} V={vd} {dtype:?} q/k/v: GPU vs CPU o {eo:.2e}, state {es:.2e}");
-            assert!(eo <= tol && es <= tol, "T={t} {dtype:?}: o {eo:.3e}, state {es:.3e}");
         }
     }
 }
