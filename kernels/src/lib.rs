@@ -5,6 +5,17 @@
 //! double as the reference for other backends. Kernels know nothing of models: they see
 //! shapes, not layers. Math follows `docs/model-spec.md` (§1.3, §2.3, §3.4, §3.5).
 
+/// The environment variable `$name`'s value as a count (`Option<usize>`), when set and a
+/// number: the `DELTASERVE_*` switches that fix a GPU kernel's choice for comparisons. Each call
+/// site reads it once per process (its own `OnceLock`), not per launch.
+#[cfg(feature = "cuda")]
+macro_rules! env_count {
+    ($name:literal) => {{
+        static VALUE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        *VALUE.get_or_init(|| std::env::var($name).ok().and_then(|v| v.parse().ok()))
+    }};
+}
+
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -82,10 +93,3 @@ pub enum KernelError {
 
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, KernelError>;
-
-/// `name`'s value as a count, when set and a number: the `DELTASERVE_*` switches that fix a GPU
-/// kernel's choice for comparisons. Each caller reads it once (a `OnceLock`), not per launch.
-#[cfg(feature = "cuda")]
-pub(crate) fn env_count(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}

@@ -23,8 +23,7 @@ const TARGET_BLOCKS_PER_SM: usize = 4;
 /// batch-invariant mode (a row's result must not depend on the launch), else enough for
 /// [`TARGET_BLOCKS_PER_SM`]; `DELTASERVE_ATTN_SPLITS` fixes it (for comparisons).
 fn row_splits(blocks: usize, sms: usize) -> usize {
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| crate::env_count("DELTASERVE_ATTN_SPLITS"));
+    let forced = env_count!("DELTASERVE_ATTN_SPLITS");
     if crate::ops::batch_invariant() {
         return MAX_SPLITS;
     }
@@ -226,7 +225,7 @@ pub fn paged_attention(
     let out_ptr = first_element_address_any(&out)?;
     let out_bytes = output.dtype.size_in_bytes() as u64;
     let gate = output.gate.map(RowsArg::new).transpose()?;
-    let (gate_ptr, ldg) = gate.as_ref().map_or((0, 0), |g| (g.ptr, g.ld));
+    let (gate_ptr, ldg, gate_bytes) = gate.as_ref().map_or((0, 0, 0), |g| (g.ptr, g.ld, g.elem_bytes as u64));
     let combine = dev.get_or_load_custom_func(&format!("attn_combine_{}", type_name(output.dtype)?), "attention", ptx::ATTENTION)?;
     let chunk = n.min(ROWS_PER_LAUNCH);
     let head_groups = hkv * group.div_ceil(gc);
@@ -247,7 +246,7 @@ pub fn paged_attention(
         l.arg(&hqi).arg(&hkvi).arg(&hdi).arg(&window).arg(&shape.scale).arg(&splits_i).arg(&part_ptr).arg(&ml_ptr);
         unsafe { l.launch(grid(rows, head_groups, splits, 128, 0)) }.w()?;
         let out_at = out_ptr + (r0 * hq * hd) as u64 * out_bytes;
-        let gate_at = if gate_ptr == 0 { 0 } else { gate_ptr + (r0 as u64 * ldg as u64) * out_bytes };
+        let gate_at = if gate_ptr == 0 { 0 } else { gate_ptr + r0 as u64 * ldg as u64 * gate_bytes };
         let mut l = combine.builder();
         l.arg(&part_ptr).arg(&ml_ptr).arg(&out_at).arg(&gate_at).arg(&ldg).arg(&hqi).arg(&hdi).arg(&splits_i);
         unsafe { l.launch(grid(rows * hq, 1, 1, hd.next_multiple_of(32).min(256) as u32, 0)) }.w()?;

@@ -124,8 +124,7 @@ pub(super) fn vector_rows(w: &Tensor, k: usize) -> Result<Option<RowsArg>> {
 /// `b` > 4 (more rows of x already keep a warp's loads busy; on the H100, I=5632 → 2048:
 /// B=1..4 fastest at 4 slices, B=8 at 2). `DELTASERVE_GEMV_SPLITS` fixes it (for benchmarks).
 fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
-    static WANTED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let wanted = *WANTED.get_or_init(|| crate::env_count("DELTASERVE_GEMV_SPLITS"));
+    let wanted = env_count!("DELTASERVE_GEMV_SPLITS");
     if let Some(s) = wanted.filter(|s| [1, 2, 4, 8].contains(s)) {
         return s;
     }
@@ -226,12 +225,11 @@ fn launch(
 /// block of a full grid repeating the prologue. `DELTASERVE_STAGED_GEMV_BLOCKS` sets it (0: a
 /// full grid, `None`), for comparisons.
 fn staged_blocks_per_sm() -> Option<usize> {
-    static PER_SM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *PER_SM.get_or_init(|| match crate::env_count("DELTASERVE_STAGED_GEMV_BLOCKS") {
+    match env_count!("DELTASERVE_STAGED_GEMV_BLOCKS") {
         Some(0) => None,
         Some(b) => Some(b),
         None => Some(STAGED_BLOCKS_PER_SM),
-    })
+    }
 }
 
 /// [`staged_blocks_per_sm`]'s default (H100: 3 and 4 equally fast at two rows, 2 and 6 slower).

@@ -76,8 +76,7 @@ const MAX_SMEM: usize = 227 * 1024;
 fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_per_tile: usize, sms: usize) -> usize {
     let fits = |bv: usize| smem(bv) <= MAX_SMEM;
     // Read once per process, not on every prefill call.
-    static WANTED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let wanted = *WANTED.get_or_init(|| crate::env_count("DELTASERVE_TC_BV"));
+    let wanted = env_count!("DELTASERVE_TC_BV");
     if let Some(bv) = wanted.filter(|bv| widths.contains(bv) && fits(*bv)) {
         return bv;
     }

@@ -260,8 +260,7 @@ pub const SWIGLU_LINEAR_MAX_ROWS: usize = 2;
 /// kernel takes at most 8).
 #[cfg(feature = "cuda")]
 fn small_batch_linear_max_rows() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| crate::env_count("DELTASERVE_SMALL_BATCH_GEMV_ROWS").unwrap_or(SMALL_BATCH_LINEAR_MAX_ROWS))
+    env_count!("DELTASERVE_SMALL_BATCH_GEMV_ROWS").unwrap_or(SMALL_BATCH_LINEAR_MAX_ROWS)
 }
 
 /// `DELTASERVE_SMALL_BATCH_GEMV=0`: the small-batch kernels stand aside (for comparisons).

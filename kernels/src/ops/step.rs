@@ -62,10 +62,7 @@ pub const FUSED_STEP_ANY_BATCH_MAX_V: usize = 128;
 /// [`FUSED_STEP_MAX_BATCH`], or `DELTASERVE_FUSED_STEP_MAX_BATCH` where set (for comparisons).
 fn fused_max_batch() -> usize {
     #[cfg(feature = "cuda")]
-    {
-        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *N.get_or_init(|| crate::env_count("DELTASERVE_FUSED_STEP_MAX_BATCH").unwrap_or(FUSED_STEP_MAX_BATCH))
-    }
+    return env_count!("DELTASERVE_FUSED_STEP_MAX_BATCH").unwrap_or(FUSED_STEP_MAX_BATCH);
     #[cfg(not(feature = "cuda"))]
     FUSED_STEP_MAX_BATCH
 }
