@@ -28,6 +28,8 @@
 #define MAX_SPLITS 16  // key splits per query row at most (attn_rows); cuda/attention.rs knows it too
 #define MIN_SPLIT 16   // keys a split takes at least, so short rows use few splits
 #define ROW_THREADS 128
+#define KU 8   // key-row loads a thread has in flight at once (attn_rows)
+#define VU 16  // value-row loads a thread has in flight at once (attn_rows)
 
 // Cache elements to and from fp32.
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -192,7 +194,9 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
 #pragma unroll
     for (int e = 0; e < QN; ++e) {
       const int i = t + e * ROW_THREADS, g = i / 256, d = i % 256;
-      qv[e] = g0 + g < G && d < hd ? q[((size_t)n * HQ + kvh * G + g0 + g) * hd + d] * scale : 0.0f;
+      // Clamped into the row and then zeroed, not branched around (see the key loads below).
+      const float x = q[((size_t)n * HQ + kvh * G + min(g0 + g, G - 1)) * hd + min(d, hd - 1)];
+      qv[e] = g0 + g < G && d < hd ? x * scale : 0.0f;
     }
 #pragma unroll
     for (int e = 0; e < QN; ++e) q_s[(t + e * ROW_THREADS) / 256][(t + e * ROW_THREADS) % 256] = qv[e];
@@ -215,13 +219,23 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
       if (sub == 0) off_s[key] = off;
       const C* kr = kc + off;
       if (vec) {
-#pragma unroll 16
-        for (int d = sub * 4; d < hd; d += 4 * tpk) {
-          const float4 k4 = load4(kr + d);
+        // KU loads in flight, then their sums in channel order. The loads' addresses are
+        // clamped into the row rather than branched around: a load behind a branch waits for
+        // the sums before it, one round trip to memory a step.
+        for (int d0k = sub * 4; d0k < hd; d0k += 4 * tpk * KU) {
+          float4 k4[KU];
 #pragma unroll
-          for (int g = 0; g < GC; ++g) {
-            const float4 q4 = *reinterpret_cast<const float4*>(&q_s[g][d]);
-            s[g] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+          for (int u = 0; u < KU; ++u) k4[u] = load4(kr + min(d0k + u * 4 * tpk, hd - 4));
+#pragma unroll
+          for (int u = 0; u < KU; ++u) {
+            const int d = d0k + u * 4 * tpk;
+            if (d < hd) {
+#pragma unroll
+              for (int g = 0; g < GC; ++g) {
+                const float4 q4 = *reinterpret_cast<const float4*>(&q_s[g][d]);
+                s[g] += q4.x * k4[u].x + q4.y * k4[u].y + q4.z * k4[u].z + q4.w * k4[u].w;
+              }
+            }
           }
         }
       } else {
@@ -266,11 +280,28 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
       acc[g][0] *= corr[g];
       acc[g][1] *= corr[g];
     }
-    if (d0 < hd) {
-#pragma unroll 16
+    if (d0 < hd && pairs) {
+      // VU keys' loads in flight (indices clamped, not branched around), then their products
+      // in key order.
+      for (int i0 = 0; i0 < keys; i0 += VU) {
+        float2 v[VU];
+#pragma unroll
+        for (int u = 0; u < VU; ++u) v[u] = load2(vc + off_s[min(i0 + u, keys - 1)] + d0);
+#pragma unroll
+        for (int u = 0; u < VU; ++u) {
+          if (i0 + u < keys) {
+#pragma unroll
+            for (int g = 0; g < GC; ++g) {
+              acc[g][0] += p_s[g][i0 + u] * v[u].x;
+              acc[g][1] += p_s[g][i0 + u] * v[u].y;
+            }
+          }
+        }
+      }
+    } else if (d0 < hd) {
       for (int i = 0; i < keys; ++i) {
         const C* vr = vc + off_s[i] + d0;
-        const float2 v = pairs ? load2(vr) : make_float2(to_f(vr[0]), d0 + 1 < hd ? to_f(vr[1]) : 0.0f);
+        const float2 v = make_float2(to_f(vr[0]), d0 + 1 < hd ? to_f(vr[1]) : 0.0f);
 #pragma unroll
         for (int g = 0; g < GC; ++g) {
           acc[g][0] += p_s[g][i] * v.x;
@@ -282,7 +313,8 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   }
   for (int g = 0; g < GC && g0 + g < G; ++g) {
     const size_t at = ((size_t)n * HQ + kvh * G + g0 + g) * splits + split;
-    // attn_combine weighs an empty split (m = −∞) by 0 and never reads its output.
+    // attn_combine weighs an empty split (m = −∞) by 0: it loads its output slot with the others
+    // but selects it away, never adding it.
     if (a < b && d0 < hd) {
       part[at * hd + d0] = acc[g][0];
       if (d0 + 1 < hd) part[at * hd + d0 + 1] = acc[g][1];
@@ -324,21 +356,37 @@ __device__ void attn_combine(const float* __restrict__ part, const float* __rest
                              const T* __restrict__ gate, long ldg, int HQ, int hd, int splits) {
   const size_t nh = blockIdx.x;
   const float* mls = ml + nh * splits * 2;
+  // Every split's (max, sum) loaded at once (past the last split, the last one's again): loads
+  // behind branches would wait for one another.
+  float ms[MAX_SPLITS], ls[MAX_SPLITS];
+#pragma unroll
+  for (int s = 0; s < MAX_SPLITS; ++s) {
+    const int c = min(s, splits - 1);
+    ms[s] = mls[2 * c];
+    ls[s] = mls[2 * c + 1];
+  }
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, mls[2 * s]);
+#pragma unroll
+  for (int s = 0; s < MAX_SPLITS; ++s) mx = s < splits ? fmaxf(mx, ms[s]) : mx;
   float w[MAX_SPLITS], sum = 0.0f;
 #pragma unroll
   for (int s = 0; s < MAX_SPLITS; ++s) {
-    w[s] = s < splits && mls[2 * s] > -INFINITY ? expf(mls[2 * s] - mx) : 0.0f;
-    if (s < splits) sum += mls[2 * s + 1] * w[s];
+    w[s] = s < splits && ms[s] > -INFINITY ? expf(ms[s] - mx) : 0.0f;
+    if (s < splits) sum += ls[s] * w[s];
   }
   const float inv = 1.0f / sum;
   const T* g = gate ? gate + (nh / HQ) * ldg + (nh % HQ) * hd : nullptr;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    // Every split's load in flight (past the last split, the last one's again), then the sum in
+    // split order.
+    float p[MAX_SPLITS];
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; ++s) p[s] = part[(nh * splits + min(s, splits - 1)) * hd + d];
+    // A select, not a branch, so that the loads stay ahead of it (an empty split's output is
+    // never written: its garbage is selected away, never added).
     float o = 0.0f;
 #pragma unroll
-    for (int s = 0; s < MAX_SPLITS; ++s)
-      if (w[s] != 0.0f) o += part[(nh * splits + s) * hd + d] * w[s];
+    for (int s = 0; s < MAX_SPLITS; ++s) o = w[s] != 0.0f ? o + p[s] * w[s] : o;
     o *= inv;
     out[nh * hd + d] = from_f<T>(g ? o * ds_sigmoid(to_f(g[d])) : o);
   }

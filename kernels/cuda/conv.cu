@@ -145,11 +145,22 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
   if (ch >= C) return;
   float* st = states + (size_t)slot_of(slots, more_slots, b) * C * W + (size_t)ch * W;
   const float xt = to_f32(x[(size_t)b * ldx + ch]);
+  // Every load before the first store (indices clamped into the window, not branched around):
+  // a loop that loads, stores and loads again waits a round trip to memory a tap.
+  float sv[MAX_W], wv[MAX_W];
+#pragma unroll
+  for (int i = 0; i < MAX_W; ++i) {
+    sv[i] = st[min(i + 1, W - 1)];
+    wv[i] = weight[ch * W + min(i, W - 1)];
+  }
   float acc = 0.0f;
-  for (int i = 0; i < W; ++i) {
-    const float v = i + 1 < W ? st[i + 1] : xt;
-    st[i] = v;
-    acc += weight[ch * W + i] * v;
+#pragma unroll
+  for (int i = 0; i < MAX_W; ++i) {
+    if (i < W) {
+      const float v = i + 1 < W ? sv[i] : xt;
+      st[i] = v;
+      acc += wv[i] * v;
+    }
   }
   y[(size_t)b * C + ch] = silu ? ds_silu(acc) : acc;
 }

@@ -35,6 +35,49 @@ __device__ __forceinline__ void store_cols(float* p, const float (&x)[CW], int c
   }
 }
 
+// This warp's state rows r0.. (R of them, up to RMAX), this lane's CW columns from col, into
+// s; rows and columns past the head's K × V are zeros. For up to 8 values a lane (the small
+// batches' shapes) every load is in flight at once: the addresses are clamped into the head (a
+// row or column past its end reads the last one) and the values zeroed afterwards, because a
+// load behind a branch waits for the one before it (a batch-1 step paid a round trip to memory
+// a row). Larger tiles keep the branches: there the clamped addresses spilled registers, and
+// the many blocks of a large batch hide the round trips (H200: batch 64 as fast either way).
+template <int RMAX, int CW, bool VEC>
+__device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S, int R, int r0, int K, int col, int V) {
+  if constexpr (RMAX * CW > 8) {
+#pragma unroll
+    for (int r = 0; r < RMAX; ++r) {
+      if (r < R && r0 + r < K) {
+        load_cols<CW, VEC>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
+      } else {
+#pragma unroll
+        for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
+      }
+    }
+    return;
+  }
+  const int vc = VEC ? min(col, V - CW) : col;
+#pragma unroll
+  for (int r = 0; r < RMAX; ++r) {
+    const float* row = S + (size_t)min(r0 + r, K - 1) * V;
+    if constexpr (VEC && CW == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(row + vc);
+      s[r][0] = x.x, s[r][1] = x.y, s[r][2] = x.z, s[r][3] = x.w;
+    } else if constexpr (VEC && CW == 2) {
+      const float2 x = *reinterpret_cast<const float2*>(row + vc);
+      s[r][0] = x.x, s[r][1] = x.y;
+    } else {
+#pragma unroll
+      for (int c = 0; c < CW; ++c) s[r][c] = row[min(col + c, V - 1)];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RMAX; ++r)
+#pragma unroll
+    for (int c = 0; c < CW; ++c)
+      if (!(r < R && r0 + r < K && col + c < V)) s[r][c] = 0.0f;
+}
+
 // This warp's partial Σ_r s[r] · x[r0 + r] over its state rows, into red[warp][·][lane].
 template <int NW, int RMAX, int CW>
 __device__ __forceinline__ void rows_dot(float (*red)[CW][32], const float (&s)[RMAX][CW], const float* x, int R, int r0,
@@ -172,15 +215,7 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
   const int R = (K + NW - 1) / NW, r0 = warp * R;
   float* S = states + ((size_t)slot_of(slots, more_slots, b) * HV + hv) * K * V;
   float s[RMAX][CW];
-#pragma unroll
-  for (int r = 0; r < RMAX; ++r) {
-    if (r < R && r0 + r < K) {
-      load_cols<CW, VEC>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
-    } else {
-#pragma unroll
-      for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
-    }
-  }
+  load_state<RMAX, CW, VEC>(s, S, R, r0, K, col, V);
   in.load_q(qq, b, hk, K);
   const float decay = in.decay_of(b, hv);
   float out[CW] = {};

@@ -18,13 +18,35 @@ struct StagedRows {
 
 extern __shared__ __align__(16) unsigned char gemv_stage[];
 
+// N elements of row b of r = h + delta (fp32) at i0, i0 + 256, ...; zero past K. Every load is
+// issued before any is used, at indices clamped into the row rather than behind branches (a load
+// behind a branch waits for the use of the one before it: a round trip to memory an element).
+template <typename T, int N>
+__device__ __forceinline__ void residual_group(float (&v)[N], const float* __restrict__ h, const T* __restrict__ delta,
+                                               int b, int K, int i0) {
+  T d[N];
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const size_t at = (size_t)b * K + min(i0 + e * 256, K - 1);
+    v[e] = h[at];
+    if (delta) d[e] = delta[at];
+  }
+#pragma unroll
+  for (int e = 0; e < N; ++e) v[e] = i0 + e * 256 < K ? v[e] + (delta ? to_f32(d[e]) : 0.0f) : 0.0f;
+}
+
+// Elements a thread of a staged prologue handles together past its kept ones.
+#define STAGE_GROUP 4
+
 // add_rms_norm's arithmetic (norm.cu: a row over 256 threads, thread t summing r² over
 // i = t, t + 256, ... in order, then the warp, then the 8 warps in order): r = h + delta in fp32,
 // x = r / sqrt(mean(r²) + eps) · nw rounded to T. h [NB, K] f32, delta [NB, K] T (or null);
 // writes r [NB, K] when `write_r` (one block column does). With two rows a thread keeps its
 // first KEEP elements of r in registers between the sum and the scaling, so h and delta are
 // read once (one round trip to L2 fewer before the block's first load of W). One row keeps
-// none: the registers cost its kernel more occupancy than the round trip (H100).
+// none: the registers cost its kernel more occupancy than the round trip (H100). Two or more
+// rows take the rest in groups of STAGE_GROUP (residual_group); one row reads them one by one,
+// which was faster there (H200, batch-1 steps 1.23–1.24 against 1.26–1.28 ms).
 template <typename T, int NB>
 __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ nw,
                                float* __restrict__ r, T* xs, int K, float eps, bool write_r) {
@@ -35,17 +57,24 @@ __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict_
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     ss[b] = 0.0f;
+    if constexpr (KEEP > 0) {
+      residual_group<T, KEEP>(kept[b], h, delta, b, K, tid);
 #pragma unroll
-    for (int e = 0; e < KEEP; ++e) {
-      const int i = tid + e * 256;
-      const size_t at = (size_t)b * K + i;
-      kept[b][e] = i < K ? h[at] + (delta ? to_f32(delta[at]) : 0.0f) : 0.0f;
+      for (int e = 0; e < KEEP; ++e) ss[b] += kept[b][e] * kept[b][e];
     }
+    if constexpr (NB == 1) {
+      for (int i = tid; i < K; i += 256) {
+        const float v = h[i] + (delta ? to_f32(delta[i]) : 0.0f);
+        ss[b] += v * v;
+      }
+    } else {
+      for (int i0 = tid + KEEP * 256; i0 < K; i0 += STAGE_GROUP * 256) {
+        float v[STAGE_GROUP];
+        residual_group<T, STAGE_GROUP>(v, h, delta, b, K, i0);
 #pragma unroll
-    for (int e = 0; e < KEEP; ++e) ss[b] += kept[b][e] * kept[b][e];
-    for (int i = tid + KEEP * 256; i < K; i += 256) {
-      const float v = h[(size_t)b * K + i] + (delta ? to_f32(delta[(size_t)b * K + i]) : 0.0f);
-      ss[b] += v * v;
+        for (int e = 0; e < STAGE_GROUP; ++e)
+          if (i0 + e * 256 < K) ss[b] += v[e] * v[e];
+      }
     }
     ss[b] = warp_sum(ss[b]);
     if ((tid & 31) == 0) part[tid >> 5][b] = ss[b];
@@ -65,11 +94,28 @@ __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict_
         xs[at] = from_f32<T>(kept[b][e] * inv * nw[i]);
       }
     }
-    for (int i = tid + KEEP * 256; i < K; i += 256) {
-      const size_t at = (size_t)b * K + i;
-      const float v = h[at] + (delta ? to_f32(delta[at]) : 0.0f);
-      if (write_r) r[at] = v;
-      xs[at] = from_f32<T>(v * inv * nw[i]);
+    if constexpr (NB == 1) {
+      for (int i = tid; i < K; i += 256) {
+        const float v = h[i] + (delta ? to_f32(delta[i]) : 0.0f);
+        if (write_r) r[i] = v;
+        xs[i] = from_f32<T>(v * inv * nw[i]);
+      }
+      continue;
+    }
+    for (int i0 = tid + KEEP * 256; i0 < K; i0 += STAGE_GROUP * 256) {
+      float v[STAGE_GROUP], wv[STAGE_GROUP];
+      residual_group<T, STAGE_GROUP>(v, h, delta, b, K, i0);
+#pragma unroll
+      for (int e = 0; e < STAGE_GROUP; ++e) wv[e] = nw[min(i0 + e * 256, K - 1)];
+#pragma unroll
+      for (int e = 0; e < STAGE_GROUP; ++e) {
+        const int i = i0 + e * 256;
+        if (i < K) {
+          const size_t at = (size_t)b * K + i;
+          if (write_r) r[at] = v[e];
+          xs[at] = from_f32<T>(v[e] * inv * wv[e]);
+        }
+      }
     }
   }
   __syncthreads();

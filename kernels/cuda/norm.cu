@@ -54,18 +54,27 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
   const int stride = blockDim.x;
   float kept[PER], wk[PER];
   float ss = 0.0f;
-  // The first PER elements unrolled (their loads, and with PRELOAD_W the norm weight's, in flight
-  // together), any further ones after.
+  // The first PER elements unrolled: their loads (and with PRELOAD_W the norm weight's) all
+  // issued before any is used, at indices clamped into the row rather than behind branches (a
+  // load behind a branch waits for the use of the one before it); any further ones after.
+  T draw[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    const int i = min(threadIdx.x + e * stride, D - 1);
+    if (PRELOAD_W) wk[e] = w[i];
+    kept[e] = hr[i];
+    if (delta) draw[e] = delta[row * D + i];
+  }
 #pragma unroll
   for (int e = 0; e < PER; ++e) {
     const int i = threadIdx.x + e * stride;
-    kept[e] = 0.0f;
-    wk[e] = 0.0f;
     if (i < D) {
-      if (PRELOAD_W) wk[e] = w[i];
-      kept[e] = hr[i] + (delta ? to_f32(delta[row * D + i]) : 0.0f);
+      kept[e] += delta ? to_f32(draw[e]) : 0.0f;
       rr[i] = kept[e];
       ss += kept[e] * kept[e];
+    } else {
+      kept[e] = 0.0f;
+      wk[e] = 0.0f;
     }
   }
   for (int i = threadIdx.x + PER * stride; i < D; i += stride) {

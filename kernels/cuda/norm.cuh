@@ -7,29 +7,48 @@
 
 // Lane `lane` takes i = lane, lane + 32, ... and sums their squares in that order. x, z and w of
 // its first KEPT elements are loaded together up front (a row up to 32 · KEPT wide costs one
-// round trip to memory, not one per element); any beyond are read again for the output. KEPT
-// changes registers, not results. zr may be null.
+// round trip to memory, not one per element); any beyond are read again for the output, in
+// groups of GNR_GROUP. Every group's loads are issued before any of them is used, at addresses
+// clamped into the row rather than behind branches (a load behind a branch waits for the use
+// of the one before it: a round trip an element). KEPT changes registers, not results. zr may
+// be null.
+#define GNR_GROUP 4
+template <int N, typename TZ>
+__device__ __forceinline__ void gnr_load(float (&xv)[N], float (&zv)[N], float (&wv)[N], const float* __restrict__ xr,
+                                         const TZ* __restrict__ zr, const float* __restrict__ w, int i0, int D) {
+  TZ zraw[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const int i = min(i0 + 32 * j, D - 1);
+    xv[j] = xr[i];
+    wv[j] = w[i];
+    if (zr) zraw[j] = zr[i];
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const bool in = i0 + 32 * j < D;
+    xv[j] = in ? xv[j] : 0.0f;
+    zv[j] = zr && in ? to_f32(zraw[j]) : 0.0f;
+    wv[j] = in ? wv[j] : 0.0f;
+  }
+}
 template <int KEPT, typename TZ, typename TY>
 __device__ __forceinline__ void gated_norm_row(const float* __restrict__ xr, const TZ* __restrict__ zr,
                                                const float* __restrict__ w, TY* __restrict__ yr, int D, float eps,
                                                int act_sigmoid, int lane) {
   float xv[KEPT], zv[KEPT], wv[KEPT];
+  gnr_load<KEPT, TZ>(xv, zv, wv, xr, zr, w, lane, D);
   float ss = 0.0f;
 #pragma unroll
-  for (int j = 0; j < KEPT; ++j) {
-    const int i = lane + 32 * j;
-    xv[j] = 0.0f;
-    zv[j] = 0.0f;
-    wv[j] = 0.0f;
-    if (i < D) {
-      xv[j] = xr[i];
-      wv[j] = w[i];
-      if (zr) zv[j] = to_f32(zr[i]);
-    }
-  }
-#pragma unroll
   for (int j = 0; j < KEPT; ++j) ss += xv[j] * xv[j];
-  for (int i = lane + 32 * KEPT; i < D; i += 32) ss += xr[i] * xr[i];
+  for (int i0 = lane + 32 * KEPT; i0 < D; i0 += 32 * GNR_GROUP) {
+    float x[GNR_GROUP];
+#pragma unroll
+    for (int j = 0; j < GNR_GROUP; ++j) x[j] = xr[min(i0 + 32 * j, D - 1)];
+#pragma unroll
+    for (int j = 0; j < GNR_GROUP; ++j)
+      if (i0 + 32 * j < D) ss += x[j] * x[j];
+  }
   const float inv = rsqrtf(warp_sum(ss) / D + eps);
   auto out = [&](int i, float x, float wi, float zi) {
     float v = x * inv * wi;
@@ -39,5 +58,11 @@ __device__ __forceinline__ void gated_norm_row(const float* __restrict__ xr, con
 #pragma unroll
   for (int j = 0; j < KEPT; ++j)
     if (lane + 32 * j < D) out(lane + 32 * j, xv[j], wv[j], zv[j]);
-  for (int i = lane + 32 * KEPT; i < D; i += 32) out(i, xr[i], w[i], zr ? to_f32(zr[i]) : 0.0f);
+  for (int i0 = lane + 32 * KEPT; i0 < D; i0 += 32 * GNR_GROUP) {
+    float x[GNR_GROUP], z[GNR_GROUP], wg[GNR_GROUP];
+    gnr_load<GNR_GROUP, TZ>(x, z, wg, xr, zr, w, i0, D);
+#pragma unroll
+    for (int j = 0; j < GNR_GROUP; ++j)
+      if (i0 + 32 * j < D) out(i0 + 32 * j, x[j], wg[j], z[j]);
+  }
 }

@@ -232,7 +232,7 @@ pub fn paged_attention(
     let splits = row_splits(chunk * head_groups, sm_count(&dev)?);
     let splits_i = splits as i32;
     // SAFETY: the row kernel writes every split's (max, sum) and every non-empty split's output
-    // before the combine reads them; the combine reads no output of an empty split.
+    // before the combine reads them; the combine loads an empty split's output slot but never uses it.
     let part = unsafe { dev.alloc::<f32>(chunk * hq * splits * hd) }?;
     let ml = unsafe { dev.alloc::<f32>(chunk * hq * splits * 2) }?;
     let (part_ptr, ml_ptr) = (address(&part), address(&ml));
