@@ -3,13 +3,16 @@
 //! under a concurrency cap, streamed, with EOS ignored. Reports request and token throughput,
 //! TTFT, ITL (the gap between streamed chunks, one a token unless a token's text is empty) and
 //! end-to-end latency (mean, p50, p90, p99), as a
-//! markdown row and, with `--json`, a JSON object. `benches/serving_sweep.sh` sweeps the
+//! markdown row and, with `--json`, a JSON object; from a deltaserve server's `/metrics`, also
+//! what its engine ran meanwhile (decode steps and their mean batch, prefill passes: in the
+//! JSON's `engine`, and a line on stderr). `benches/serving_sweep.sh` sweeps the
 //! concurrency on the GPU and plots the results.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use deltaserve_benches::engine_metrics::{summary, Scrape};
 use deltaserve_benches::sse::{pct, stream_tokens, Sample};
 use serde_json::json;
 
@@ -142,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
     let limit = Arc::new(tokio::sync::Semaphore::new(a.max_concurrency.unwrap_or(usize::MAX >> 4)));
     let mut arrivals = Rng(a.seed ^ 0x5EED);
+    let before = Scrape::read(&client, &a.url).await;
     let started = Instant::now();
     let mut next = Duration::ZERO;
     let mut tasks = Vec::with_capacity(reqs.len());
@@ -173,6 +177,10 @@ async fn main() -> anyhow::Result<()> {
         all.merge(t?);
     }
     let secs = started.elapsed().as_secs_f64();
+    let engine = match (before, Scrape::read(&client, &a.url).await) {
+        (Some(b), Some(after)) => after.since(&b),
+        _ => None,
+    };
     let done = all.e2e.len();
     // Tokens as the server counted them (a token whose text is empty sends no chunk).
     let tokens = all.generated();
@@ -201,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
         "itl_after_s": a.itl_after_s,
         "itl_window_ms": window.as_mut().map(|w| stats(w)),
         "e2el_ms": stats(&mut all.e2e),
+        "engine": engine,
     });
     let f = |k: &str, q: &str| result[k][q].as_f64().unwrap_or(f64::NAN);
     println!(
@@ -228,6 +237,10 @@ async fn main() -> anyhow::Result<()> {
     // Then the same run with the ITL of the window only.
     if let Some(t) = a.itl_after_s {
         row(&format!("{} (ITL after {t} s)", a.label), "itl_window_ms");
+    }
+    // On stderr: scripts take the table's last rows from stdout.
+    if let Some(e) = result.get("engine").filter(|e| !e.is_null()) {
+        eprintln!("{}", summary(e));
     }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&result)?)?;
