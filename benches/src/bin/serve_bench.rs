@@ -181,6 +181,7 @@ async fn main() -> anyhow::Result<()> {
         (Some(b), Some(after)) => after.since(&b),
         _ => None,
     };
+    let engine_line = engine.as_ref().map(summary);
     let done = all.e2e.len();
     // Tokens as the server counted them (a token whose text is empty sends no chunk).
     let tokens = all.generated();
@@ -239,8 +240,8 @@ async fn main() -> anyhow::Result<()> {
         row(&format!("{} (ITL after {t} s)", a.label), "itl_window_ms");
     }
     // On stderr: scripts take the table's last rows from stdout.
-    if let Some(e) = result.get("engine").filter(|e| !e.is_null()) {
-        eprintln!("{}", summary(e));
+    if let Some(line) = engine_line {
+        eprintln!("{line}");
     }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&result)?)?;
