@@ -22,4 +22,31 @@ fn build_ptx() {
         .build_ptx()
         .unwrap_or_else(|e| panic!("compiling kernels/cuda with nvcc failed (is scripts/cuda-toolchain.sh sourced?): {e}"));
     built.write(format!("{out_dir}/ptx.rs")).unwrap_or_else(|e| panic!("writing ptx.rs: {e}"));
+    write_pdl_entries(&out_dir);
+}
+
+/// `pdl_entries.rs`: the PTX entries that wait on `griddepcontrol.wait` (common.cuh's
+/// `pdl_entry`), which a rebuilt graph may launch programmatically (src/cuda/graph.rs). Listed
+/// here so that the library does not carry a second copy of the PTX text to scan.
+#[cfg(feature = "cuda")]
+fn write_pdl_entries(out_dir: &str) {
+    let mut names = Vec::new();
+    let dir = std::fs::read_dir(out_dir).unwrap_or_else(|e| panic!("reading {out_dir}: {e}"));
+    for entry in dir.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "ptx") {
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            for piece in text.split(".entry ").skip(1) {
+                let name = piece.split('(').next().unwrap_or("").trim();
+                let body = piece.split(".entry ").next().unwrap_or("");
+                if !name.is_empty() && body.contains("griddepcontrol.wait") {
+                    names.push(name.to_string());
+                }
+            }
+        }
+    }
+    names.sort();
+    let list: String = names.iter().map(|n| format!("    {n:?},\n")).collect();
+    let rs = format!("/// PTX entries that wait on their predecessors (build.rs).\npub const PDL_ENTRIES: &[&str] = &[\n{list}];\n");
+    std::fs::write(format!("{out_dir}/pdl_entries.rs"), rs).unwrap_or_else(|e| panic!("writing pdl_entries.rs: {e}"));
 }

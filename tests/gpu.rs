@@ -366,6 +366,13 @@ fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
             let mut sorted = captured.clone();
             sorted.sort_unstable();
             assert_eq!(sorted, vec![1, 3, 70], "{name} {dtype:?}: every size seen twice is captured");
+            // The graphs replayed above are the rebuilt ones: our kernels' launches overlap the
+            // kernel before them.
+            let overlap = engine.cuda_graph_overlap();
+            for g in &overlap {
+                println!("  B={}: {} kernels, {} programmatic edges, note {:?}", g.batch, g.kernels, g.programmatic, g.note);
+                assert!(g.kernels > 0 && g.programmatic > 0 && g.note.is_none(), "{name} {dtype:?}: {g:?}");
+            }
         }
     }
 }

@@ -18,13 +18,14 @@
 
 use std::collections::HashSet;
 
-use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{CudaDevice, DType, Device, Tensor};
+use deltaserve_kernels::cuda::graph::{self, Graph};
 use deltaserve_kernels::StepSlots;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::models::CausalLm;
 use crate::state::{SlotId, StatePool};
+use crate::GraphOverlap;
 
 /// Captured batch sizes kept at once (least recently used first out).
 const MAX_GRAPHS: usize = 64;
@@ -32,7 +33,7 @@ const MAX_GRAPHS: usize = 64;
 /// One captured batch size.
 struct Entry {
     batch: usize,
-    graph: CudaGraph,
+    graph: Graph,
     /// `[B]` u32, read by the graph's embedding lookup.
     tokens: Tensor,
     /// `[B]` i32, read by the conv and recurrent decode kernels.
@@ -44,11 +45,6 @@ struct Entry {
     /// Keeps the weights the graph reads alive as long as the graph.
     _model: CausalLm,
 }
-
-// SAFETY: a CudaGraph is a pair of driver handles that the cache uses from one thread at a time
-// (`DecodeGraphs::decode` takes `&mut self`; the engine keeps it behind a mutex); the handles
-// themselves are not tied to a thread.
-unsafe impl Send for Entry {}
 
 /// Captured decode steps of one model over one state pool.
 #[derive(Default)]
@@ -73,6 +69,23 @@ impl DecodeGraphs {
     /// Batch sizes with a captured graph.
     pub fn captured(&self) -> Vec<usize> {
         self.entries.iter().map(|e| e.batch).collect()
+    }
+
+    /// Each captured batch size's graph: its kernel nodes, programmatic edges, and why it was
+    /// not rebuilt with them if it was not.
+    pub fn overlap(&self) -> Vec<GraphOverlap> {
+        self.entries
+            .iter()
+            .map(|e| {
+                let shape = e.graph.shape();
+                GraphOverlap {
+                    batch: e.batch,
+                    kernels: shape.kernels,
+                    programmatic: shape.programmatic,
+                    note: e.graph.note().map(String::from),
+                }
+            })
+            .collect()
     }
 
     /// One decode step of `model` (unsplit) on a CUDA `pool`: replays the graph of this batch
@@ -166,7 +179,7 @@ impl DecodeGraphs {
                     self.entries.remove(0);
                 }
                 // The capture ran nothing: this step's work is the first replay (inputs in place).
-                entry.graph.launch().map_err(candle_core::Error::wrap)?;
+                entry.graph.launch()?;
                 let out = entry.logits.copy()?;
                 self.entries.push(entry);
                 Ok(out)
@@ -191,18 +204,20 @@ impl DecodeGraphs {
 }
 
 /// Records what `record` queues on `dev`'s stream into a graph, with a copy of its result into
-/// `out` (none when the result is `out` itself); nothing runs. The graph is uploaded, ready to
-/// launch. `what` names it in errors.
-pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<CudaGraph> {
-    let stream = dev.cuda_stream();
+/// `out` (none when the result is `out` itself); nothing runs. The graph is rebuilt for
+/// overlapping launches where it can be (`deltaserve_kernels::cuda::graph`) and uploaded, ready
+/// to launch. `what` names it in errors.
+pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: impl FnOnce() -> Result<Tensor>) -> Result<Graph> {
     let _cache = dev.enable_cuda_graph_htod_cache();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(candle_core::Error::wrap)?;
-    let recorded = record().and_then(|t| if t.id() == out.id() { Ok(()) } else { Ok(out.slice_set(&t, 0, 0)?) });
-    // End the capture whatever happened, so the stream leaves capture mode.
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
-    recorded?;
-    let graph = graph.map_err(candle_core::Error::wrap)?.ok_or_else(|| candle_core::Error::Msg(format!("empty {what} graph")))?;
-    graph.upload().map_err(candle_core::Error::wrap)?;
+    let graph = graph::capture(dev, || {
+        let t = record()?;
+        if t.id() != out.id() {
+            out.slice_set(&t, 0, 0)?;
+        }
+        Ok::<(), EngineError>(())
+    })?;
+    let graph = graph.ok_or_else(|| candle_core::Error::Msg(format!("empty {what} graph")))?;
+    tracing::debug!(what, shape = ?graph.shape(), "graph ready");
     Ok(graph)
 }
 
@@ -212,6 +227,6 @@ fn replay(entry: &Entry, tokens: &[u32], slots: &[i32], positions: &[i32]) -> Re
     deltaserve_kernels::cuda::write_from_host(&entry.tokens, tokens)?;
     deltaserve_kernels::cuda::write_from_host(&entry.slots, slots)?;
     deltaserve_kernels::cuda::write_from_host(&entry.positions, positions)?;
-    entry.graph.launch().map_err(candle_core::Error::wrap)?;
+    entry.graph.launch()?;
     Ok(entry.logits.copy()?)
 }

@@ -388,10 +388,29 @@ impl Engine {
         self.ranks[0].graph_batches()
     }
 
+    /// Each captured decode graph's kernel nodes and programmatic edges (launches that overlap
+    /// the kernel before them; empty without graphs).
+    pub fn cuda_graph_overlap(&self) -> Vec<GraphOverlap> {
+        self.ranks[0].graph_overlap()
+    }
+
     /// Encodes a prompt with the checkpoint's BOS convention.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         self.tokenizer.encode(text, true)
     }
+}
+
+/// A captured decode graph, as [`Engine::cuda_graph_overlap`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphOverlap {
+    /// Its batch size.
+    pub batch: usize,
+    /// Kernel nodes.
+    pub kernels: usize,
+    /// Edges into a kernel that starts while the one before it finishes.
+    pub programmatic: usize,
+    /// Why it was not rebuilt with programmatic edges, if it was not.
+    pub note: Option<String>,
 }
 
 /// The devices of `n` tensor parallel ranks starting at `first`: the GPUs `cuda:k..k+n`, or

@@ -69,8 +69,8 @@ impl Buckets {
 mod graphs {
     use std::collections::HashSet;
 
-    use candle_core::cuda_backend::cudarc::driver::CudaGraph;
     use candle_core::{CudaDevice, DType, Device, Tensor};
+    use deltaserve_kernels::cuda::graph::Graph;
     use deltaserve_kernels::ops::PrefillAlgo;
     use deltaserve_kernels::{Capture, PackedTables};
 
@@ -87,7 +87,7 @@ mod graphs {
     /// One captured shape and the buffers its graph reads and writes.
     struct Entry {
         shape: Shape,
-        graph: CudaGraph,
+        graph: Graph,
         /// `[rows]` u32.
         ids: Tensor,
         tables: PackedTables,
@@ -98,10 +98,6 @@ mod graphs {
         /// Keeps the weights the graph reads alive as long as the graph.
         _model: CausalLm,
     }
-
-    // SAFETY: as for decode graphs' entries: driver handles used from one thread at a time (the
-    // cache takes `&mut self` and the engine keeps it behind a mutex), not tied to a thread.
-    unsafe impl Send for Entry {}
 
     /// Captured short prefill passes of one model over one state pool.
     pub struct PrefillGraphs {
@@ -231,7 +227,7 @@ mod graphs {
                         self.entries.remove(0);
                     }
                     // The capture ran nothing: this pass's work is the first replay (inputs in place).
-                    entry.graph.launch().map_err(candle_core::Error::wrap)?;
+                    entry.graph.launch()?;
                     let out = entry.logits.copy()?;
                     self.entries.push(entry);
                     Ok(Some(out))
@@ -274,7 +270,7 @@ mod graphs {
         entry.tables.fill(&x.cu, &x.slots, &x.captures)?;
         deltaserve_kernels::cuda::write_from_host(&entry.ids, &x.ids)?;
         deltaserve_kernels::cuda::write_from_host(&entry.last, &x.last)?;
-        entry.graph.launch().map_err(candle_core::Error::wrap)?;
+        entry.graph.launch()?;
         Ok(entry.logits.copy()?)
     }
 }

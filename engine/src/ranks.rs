@@ -156,6 +156,15 @@ impl Rank {
         }
         Vec::new()
     }
+
+    /// [`crate::decode_graph::DecodeGraphs::overlap`] of this rank (empty without graphs).
+    pub(crate) fn graph_overlap(&self) -> Vec<crate::GraphOverlap> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.graphs {
+            return g.lock().unwrap_or_else(|p| p.into_inner()).overlap();
+        }
+        Vec::new()
+    }
 }
 
 /// A model's ranks; when there are several, each runs every pass on a thread of its own.

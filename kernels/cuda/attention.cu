@@ -150,7 +150,7 @@ __device__ void attn_append(const QkvRows& in, float* __restrict__ q_out, C* __r
   extern "C" __global__ void attn_append_##NAME##_##INAME(const __grid_constant__ QkvRows in, float* q_out, C* kc,   \
                                                          C* vc, const int* tables, int width, int bs,                \
                                                          const int* row_slot, const int* row_pos,                    \
-                                                         const float* inv_freq, int rot, int HQ, int HKV, int hd) {  \
+                                                         const float* inv_freq, int rot, int HQ, int HKV, int hd) { pdl_entry();  \
     attn_append<C, I>(in, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd);          \
   }
 static_assert(sizeof(QkvRows) == 72 && offsetof(QkvRows, q_norm) == 48 && offsetof(QkvRows, eps) == 64,
@@ -330,7 +330,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                                         \
       attn_rows_##NAME##_g##GC(const float* q, const C* kc, const C* vc, const int* tables, int width, int bs,         \
                                const int* row_slot, const int* row_pos, int HQ, int HKV, int hd, int window,          \
-                               float scale, int splits, float* part, float* ml) {                                   \
+                               float scale, int splits, float* part, float* ml) { pdl_entry();                                   \
     attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, splits, part, ml); \
   }
 // The append (from each input type) and the row kernels for each cache type (GC = 1, 2, 4
@@ -395,7 +395,7 @@ __device__ void attn_combine(const float* __restrict__ part, const float* __rest
 // attn_combine_{out dtype}.
 #define COMBINE_KERNEL(T, NAME)                                                                                     \
   extern "C" __global__ void attn_combine_##NAME(const float* part, const float* ml, T* out, const T* gate, long ldg, \
-                                                 int HQ, int hd, int splits) {                                      \
+                                                 int HQ, int hd, int splits) { pdl_entry();                                      \
     attn_combine<T>(part, ml, out, gate, ldg, HQ, hd, splits);                                                      \
   }
 COMBINE_KERNEL(float, f32)

@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "attention.cuh"
+#include "common.cuh"
 
 #define TILE_M 64  // query rows of a block: 16 per warp
 #define TILE_N 64  // keys of a tile
@@ -271,7 +272,7 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
   extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                                    \
       attn_tiles_##NAME##_d##HD(const float* q, const T* kc, const T* vc, const int* tables, int width, int bs,     \
                                 const int4* tiles, int per_block, int HQ, int HKV, int window, float scale,          \
-                                float* out) {                                                                       \
+                                float* out) { pdl_entry();                                                                       \
     for (int i = 0; i < per_block; ++i) {                                                                           \
       const int4 t = tiles[blockIdx.x * per_block + i];                                                             \
       if (t.y == 0) break;                                                                                          \

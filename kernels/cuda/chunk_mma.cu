@@ -326,7 +326,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* W,           \
                                      const bf16* T2, const bf16* P, const float* G, float* states, const int* cu, const int* slots,  \
                                      const int* snap, int has_snap, float* o, int H, int HV, int K, int V,          \
-                                     float scale) {                                                                  \
+                                     float scale) { pdl_entry();                                                                  \
     chunk_mma_state<KT, BV>(q, k, v, ldv, W, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);   \
   }
 MMA_ENTRY(4, 32, 2)

@@ -253,7 +253,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
 #define PREP_ENTRY(NAME, TI)                                                                                         \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
       NAME(const TI* q, const TI* k, const TI* v, const float* beta, const float* g, const int* crow, const int* clen, \
-           TI* W, TI* U, TI* P, float* Gout, int H, int HV, int K, int V) {                                   \
+           TI* W, TI* U, TI* P, float* Gout, int H, int HV, int K, int V) { pdl_entry();                                   \
     chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, W, U, P, Gout, H, HV, K, V);                                      \
   }
 PREP_ENTRY(chunk_tc_prep_bf16, bf16)

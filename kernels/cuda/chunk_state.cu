@@ -165,7 +165,7 @@ __device__ void chunk_tc_state(const TI* __restrict__ q, const TI* __restrict__ 
   extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
       NAME(const TI* q, const TI* k, const float* W, const float* U, const float* P, const float* G, float* states,  \
            const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV, int K, int V,     \
-           float scale) {                                                                                            \
+           float scale) { pdl_entry();                                                                                            \
     chunk_tc_state<TI, BVV>(q, k, W, U, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);            \
   }
 STATE_ENTRY(chunk_tc_state_f32_bv64, float, 64)

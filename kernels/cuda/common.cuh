@@ -2,6 +2,19 @@
 #pragma once
 #include <stdint.h>
 
+// Programmatic dependent launch (kernels/src/cuda/graph.rs): in a rebuilt graph a kernel
+// reached by a programmatic edge is launched as the kernel before it ends, without waiting for
+// that kernel's completion to be signalled. Each of our kernels waits here, before it touches
+// global memory, until every kernel before it has finished and its writes are visible; a no-op
+// in any other launch. No kernel triggers its dependents early (griddepcontrol.launch_dependents
+// at entry): their blocks then wait resident beside the running kernel, and the decode steps of
+// 1–2 rows were slower (docs/gpu.md, *Graphs without memory nodes*).
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The fast reciprocal (two instructions, ~2 ulp) rather than IEEE division (a dozen and a
 // branch): elementwise kernels that apply it to every element were instruction-bound on it.
 // For x → -∞ the denominator overflows to +∞ and the result is 0, as it should be.

@@ -170,7 +170,7 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
 #define CONV_PREFILL_ENTRY(T, TO, NAME, CH, ROWS, WC)                                                              \
   extern "C" __global__ void conv_prefill_##NAME(const T* x, long ldx, const float* weight, const float* states,   \
                                                  const int* cu, const int* slots, int S, TO* y, int rows, int C,    \
-                                                 int W, int silu) {                                                \
+                                                 int W, int silu) { pdl_entry();                                                \
     conv_prefill<T, TO, CH, ROWS, WC>(x, ldx, weight, states, cu, slots, S, y, rows, C, W, silu);                  \
   }
 #define CONV_PREFILL_ENTRIES(T, TO, NAME, SUFFIX)                                                                    \
@@ -181,12 +181,12 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
 #define CONV_ENTRIES(T, NAME)                                                                                        \
   CONV_PREFILL_ENTRIES(T, float, NAME, )                                                                             \
   extern "C" __global__ void conv_state_##NAME(const T* x, long ldx, float* states, const int* cu, const int* slots, \
-                                               int C, int W) {                                                       \
+                                               int C, int W) { pdl_entry();                                                       \
     conv_state<T>(x, ldx, states, cu, slots, C, W);                                                                  \
   }                                                                                                                  \
   extern "C" __global__ void conv_step_##NAME(const T* x, long ldx, const float* weight, float* states,              \
                                               SlotList slots, const int* more_slots, float* y, int C, int W,         \
-                                              int silu) {                                                            \
+                                              int silu) { pdl_entry();                                                            \
     conv_step<T>(x, ldx, weight, states, slots, more_slots, y, C, W, silu);                                          \
   }
 CONV_ENTRIES(float, f32)

@@ -3,6 +3,7 @@
 // sequence's slot is zeroed in each; one launch replaces a driver call for each (4–10 µs of
 // host time apiece on the device host). The ranges travel by value in the launch parameters,
 // so nothing is uploaded.
+#include "common.cuh"
 #include "dtype.cuh"
 
 #define MAX_COPIES 64
@@ -15,7 +16,7 @@ struct Copies {
 
 // Grid (blocks a copy, copies): copy blockIdx.y, strided over its blocks' threads, 16 bytes a
 // move when both ends are 16-byte aligned (the tail word by word).
-extern "C" __global__ void copy_many(const Copies c) {
+extern "C" __global__ void copy_many(const Copies c) { pdl_entry();
   const int i = blockIdx.y;
   const unsigned* __restrict__ s = reinterpret_cast<const unsigned*>(c.src[i]);
   unsigned* __restrict__ d = reinterpret_cast<unsigned*>(c.dst[i]);
@@ -53,5 +54,5 @@ __device__ void widen(const T* __restrict__ x, float* __restrict__ y, size_t n8)
     *reinterpret_cast<float4*>(y + i * 8 + 4) = make_float4(v[4], v[5], v[6], v[7]);
   }
 }
-extern "C" __global__ void widen_bf16_f32(const __nv_bfloat16* x, float* y, unsigned long long n8) { widen(x, y, n8); }
-extern "C" __global__ void widen_f16_f32(const __half* x, float* y, unsigned long long n8) { widen(x, y, n8); }
+extern "C" __global__ void widen_bf16_f32(const __nv_bfloat16* x, float* y, unsigned long long n8) { pdl_entry(); widen(x, y, n8); }
+extern "C" __global__ void widen_f16_f32(const __half* x, float* y, unsigned long long n8) { pdl_entry(); widen(x, y, n8); }

@@ -273,7 +273,7 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
 #define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX)                                                                    \
   extern "C" __global__ void __launch_bounds__(NW * 32, MINB) gdr_decode_f32_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX( \
       const float* q, const float* k, const float* v, const float* beta, const float* g, float* states,                \
-      SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {              \
+      SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) { pdl_entry();              \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
     gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states,     \
                                 slots, more_slots, o, H, HV, K, V, n, scale);                                          \
@@ -288,7 +288,7 @@ static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, 
 #define DECODE_RAW_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX)                                                                \
   extern "C" __global__ void __launch_bounds__(NW * 32, MINB) gdr_decode_raw_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX( \
       const __grid_constant__ Raw in, float* states, SlotList slots, const int* more_slots, float* o, int K, int V,    \
-      int n, float scale) {                                                                                            \
+      int n, float scale) { pdl_entry();                                                                                            \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
     gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slots, more_slots, o, in.H, in.HV, \
                                 K, V, n, scale);                                                                       \

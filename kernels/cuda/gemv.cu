@@ -6,11 +6,11 @@
 // (gate and up with one row stride ld).
 #define GEMV_ENTRY(T, NAME, NB)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) gemv_##NAME##_b##NB(const T* x, long ldx, const T* w, T* y, int N, \
-                                                                        int K, int splits) {                                     \
+                                                                        int K, int splits) { pdl_entry();                                     \
     gemv<T, NB>(PlainRows<T>{x, ldx}, w, y, N, K, splits);                                                                   \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
-      gemv_swiglu_##NAME##_b##NB(const T* gate, const T* up, long ld, const T* w, T* y, int N, int K, int splits) {              \
+      gemv_swiglu_##NAME##_b##NB(const T* gate, const T* up, long ld, const T* w, T* y, int N, int K, int splits) { pdl_entry();              \
     gemv<T, NB>(SwigluRows<T>{gate, up, ld}, w, y, N, K, splits);                                                            \
   }
 #define GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(GEMV_ENTRY, T, NAME)

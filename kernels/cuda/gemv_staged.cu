@@ -141,14 +141,14 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
 #define STAGED_GEMV_ENTRY(T, NAME, NB)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
       add_norm_gemv_##NAME##_b##NB(const float* h, const T* delta, const float* nw, float eps, float* r, const T* w,  \
-                                   T* y, int N, int K, int splits) {                                                 \
+                                   T* y, int N, int K, int splits) { pdl_entry();                                                 \
     T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
     stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
     gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
       gated_norm_gemv_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw, float eps,    \
-                                     int act_sigmoid, const T* w, T* y, int N, int K, int splits) {                  \
+                                     int act_sigmoid, const T* w, T* y, int N, int K, int splits) { pdl_entry();                  \
     T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
     stage_gated_norm<T, NB>(o, z, ldz, heads, nw, xs, K / heads, eps, act_sigmoid);                                  \
     gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \

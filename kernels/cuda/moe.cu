@@ -110,7 +110,7 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
 // covers only those). One block; shared memory 2E ints.
 extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int held, int* offsets, int* order,
                                                             int* pos, int tensor_cores, int2* tiles, int* ntiles,
-                                                            int* active, int* nactive) {
+                                                            int* active, int* nactive) { pdl_entry();
   extern __shared__ int cnt[];
   for (int e = threadIdx.x; e < 2 * E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -329,11 +329,11 @@ __device__ void grouped_tc(const T* __restrict__ x, long ldx, const int* __restr
 #define MOE_TC_ENTRIES(T, NAME)                                                                                     \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
       moe_up_tc_##NAME(const T* x, long ldx, const int* order, int k, const int* offsets, const int2* tiles,         \
-                       const int* ntiles, const T* w, int N, int K, T* out) {                                       \
+                       const int* ntiles, const T* w, int N, int K, T* out) { pdl_entry();                                       \
     grouped_tc<T, true>(x, ldx, order, k, 1, offsets, tiles, ntiles, w, N, K, out);                                 \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_down_tc_##NAME(                                     \
-      const T* h, const int* offsets, const int2* tiles, const int* ntiles, const T* w, int N, int K, float* out) { \
+      const T* h, const int* offsets, const int2* tiles, const int* ntiles, const T* w, int N, int K, float* out) { pdl_entry(); \
     grouped_tc<T, false>(h, K, nullptr, 1, 0, offsets, tiles, ntiles, w, N, K, out);                                \
   }
 MOE_TC_ENTRIES(__nv_bfloat16, bf16)
@@ -342,22 +342,22 @@ MOE_TC_ENTRIES(__half, f16)
 #define MOE_ENTRIES(T, NAME)                                                                                        \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
       moe_route_##NAME(const T* logits, long ld, int E, int k, int normalise, int first, int held, int* ids,          \
-                       float* weights) {                                                                             \
+                       float* weights) { pdl_entry();                                                                             \
     route<T>(logits, ld, E, k, normalise, first, held, ids, weights);                                               \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_##NAME(                                          \
       const T* x, long ldx, const int* order, int k, const int* offsets, const int* active, const int* nactive,      \
-      const T* w, int N, int K, T* out) {                                                                           \
+      const T* w, int N, int K, T* out) { pdl_entry();                                                                           \
     grouped<T, true>(x, ldx, order, k, 1, offsets, active, nactive, w, N, K, out);                                  \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
       moe_down_##NAME(const T* h, const int* offsets, const int* active, const int* nactive, const T* w, int N,      \
-                      int K, float* out) {                                                                          \
+                      int K, float* out) { pdl_entry();                                                                          \
     grouped<T, false>(h, K, nullptr, 1, 0, offsets, active, nactive, w, N, K, out);                                 \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_combine_##NAME(                                     \
       const float* y, const int* pos, const float* w, int k, const T* shared, long lds, const T* sgate, long ldg,    \
-      T* out, int D) {                                                                                              \
+      T* out, int D) { pdl_entry();                                                                                              \
     combine<T>(y, pos, w, k, shared, lds, sgate, ldg, out, D);                                                      \
   }
 MOE_ENTRIES(float, f32)

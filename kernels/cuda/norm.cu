@@ -22,12 +22,12 @@ __device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict
 #define GATED_NORM(TZ, ZN, TY, YN)                                                                                    \
   extern "C" __global__ void gated_rms_norm_##ZN##_##YN(const float* x, const TZ* z, long ldz, int heads,             \
                                                         const float* w, TY* y, int rows, int D, float eps,            \
-                                                        int act_sigmoid) {                                            \
+                                                        int act_sigmoid) { pdl_entry();                                            \
     gated_rms_norm<16, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                    \
   }                                                                                                                   \
   extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_lean(const float* x, const TZ* z, long ldz, int heads,      \
                                                                const float* w, TY* y, int rows, int D, float eps,     \
-                                                               int act_sigmoid) {                                     \
+                                                               int act_sigmoid) { pdl_entry();                                     \
     gated_rms_norm<2, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
   }
 #define GATED_NORMS(TZ, ZN)                 \
@@ -102,12 +102,12 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
 // registers). The same results.
 #define ADD_RMS_NORM(T, NAME)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME(const float* h, const T* delta, const float* w, \
-                                                                        float* r, T* x, int D, float eps) {         \
+                                                                        float* r, T* x, int D, float eps) { pdl_entry();         \
     add_rms_norm<T, 16, true>(h, delta, w, r, x, D, eps);                                                              \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME##_lean(const float* h, const T* delta,       \
                                                                               const float* w, float* r, T* x, int D,  \
-                                                                              float eps) {                            \
+                                                                              float eps) { pdl_entry();                            \
     add_rms_norm<T, 16, false>(h, delta, w, r, x, D, eps);                                                             \
   }
 ADD_RMS_NORM(float, f32)

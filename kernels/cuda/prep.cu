@@ -35,7 +35,7 @@ __device__ void prep(const TC* __restrict__ conv, int ldc, int qh, int kh, int K
 #define PREP_ENTRY(T, TC, NAME)                                                                                       \
   extern "C" __global__ void prep_##NAME(const TC* conv, int ldc, int qh, int kh, int K, int k_off, TC* q, TC* k,    \
                                          const T* b, long ldb, float* beta, int nb, float beta_mult, const T* a,      \
-                                         long lda, const float* a_log, const float* dt_bias, float* g, int ng) {      \
+                                         long lda, const float* a_log, const float* dt_bias, float* g, int ng) { pdl_entry();      \
     prep<T, TC>(conv, ldc, qh, kh, K, k_off, q, k, b, ldb, beta, nb, beta_mult, a, lda, a_log, dt_bias, g, ng);      \
   }
 PREP_ENTRY(float, float, f32)

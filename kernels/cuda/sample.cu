@@ -3,6 +3,7 @@
 // in one buffer of 32-bit words (ops/sample.rs packs them); each draw writes OUT_WORDS words:
 // status (0 token, 1 non-finite logits, 2 nothing allowed), token (or first non-finite id),
 // logprob bits (or the non-finite count), the top count, then (token, logprob) pairs.
+#include "common.cuh"
 #include <math.h>
 #include <limits.h>
 
@@ -143,7 +144,7 @@ __device__ __forceinline__ unsigned gather_above(const float* x, int vocab, unsi
 
 extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* logits, float* scratch, const unsigned* spec,
                                                                    unsigned* out, int vocab, int words, int adjust_at, int masks_at,
-                                                                   int max_candidates) {
+                                                                   int max_candidates) { pdl_entry();
   __shared__ float shf[33];
   __shared__ int shi[33];
   __shared__ unsigned shu[33];

@@ -27,7 +27,7 @@ __device__ void swiglu(const T* __restrict__ gate, long ldg, const T* __restrict
 // and the addresses multiples of 16 / sizeof(T)).
 #define SWIGLU_ENTRY(T, NAME, N, SUFFIX)                                                                            \
   extern "C" __global__ void swiglu_##NAME##SUFFIX(const T* gate, long ldg, const T* up, long ldu, T* out, int rows, \
-                                                   int I) {                                                         \
+                                                   int I) { pdl_entry();                                                         \
     swiglu<T, N>(gate, ldg, up, ldu, out, rows, I);                                                                 \
   }
 #define SWIGLU_ENTRIES(T, NAME)         \
@@ -50,7 +50,7 @@ __device__ void sigmoid_gate(const float* __restrict__ o, const T* __restrict__ 
 }
 
 #define SIGMOID_GATE_ENTRY(T, NAME)                                                                             \
-  extern "C" __global__ void sigmoid_gate_##NAME(const float* o, const T* gate, long ldg, T* out, int rows, int D) { \
+  extern "C" __global__ void sigmoid_gate_##NAME(const float* o, const T* gate, long ldg, T* out, int rows, int D) { pdl_entry(); \
     sigmoid_gate<T>(o, gate, ldg, out, rows, D);                                                                \
   }
 SIGMOID_GATE_ENTRY(float, f32)

@@ -568,6 +568,7 @@ mod copy;
 mod decode;
 mod gemm;
 mod gemv;
+pub mod graph;
 mod moe;
 mod norm_gemv;
 mod prefill;

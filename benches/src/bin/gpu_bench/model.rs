@@ -134,6 +134,10 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
                 model.decode(&mut pool, &batch)?;
                 Ok(())
             })?;
+            #[cfg(feature = "cuda")]
+            if graphs {
+                eprintln!("batch {b}: graph {:?}", captured.overlap());
+            }
             let tps = b as f64 / ms * 1e3;
             let mode = if graphs { "yes" } else { "no" };
             println!("| {b} | {mode} | {ms:.2} | {tps:.0} | {:.0} | {:.0}% |", b as f64 / roof_ms * 1e3, 100.0 * roof_ms / ms);
@@ -234,7 +238,7 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
             let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
             let roof_ms = (weight_bytes(b) + b as f64 * state_bytes * 2.0 + kv) / copy_bw(dev)? * 1e3;
             let json = serde_json::json!({"what": "decode", "batch": b, "context": ctx, "ms": ms, "roofline_ms": roof_ms,
-                "weight_bytes": weight_bytes(b), "captured": graphs.captured(), "batch_invariant": bi});
+                "weight_bytes": weight_bytes(b), "captured": graphs.captured(), "graph": format!("{:?}", graphs.overlap()), "batch_invariant": bi});
             println!("OURS {json}");
             if (profile.all || profile.decode == Some(b)) && !bi {
                 dev.synchronize()?;
