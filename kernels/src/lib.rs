@@ -16,6 +16,7 @@ macro_rules! env_count {
     }};
 }
 
+pub mod arena;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -21,6 +21,7 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaSlice, CudaStream, Devi
 use candle_core::cuda_backend::WrapErr;
 use candle_core::CudaDevice;
 
+use crate::arena::{place, Lifetime};
 use crate::{KernelError, Result};
 
 /// Alignment of each allocation's place in the arena (that of the driver's allocations).
@@ -274,8 +275,8 @@ struct Allocation {
     offset: u64,
 }
 
-/// The graph's allocations, each freed within it, placed in an arena so that any two alive at
-/// once do not overlap (first fit in order of allocation). Returns them and the arena's size.
+/// The graph's allocations, each freed within it, placed in an arena ([`place`]). Returns them
+/// and the arena's size.
 fn plan(order: &[sys::CUgraphNode], types: &[sys::CUgraphNodeType]) -> std::result::Result<(Vec<Allocation>, u64), String> {
     let mut allocs: Vec<Allocation> = Vec::new();
     for (pos, (&node, &t)) in order.iter().zip(types).enumerate() {
@@ -304,24 +305,12 @@ fn plan(order: &[sys::CUgraphNode], types: &[sys::CUgraphNodeType]) -> std::resu
     if allocs.iter().any(|a| a.end == usize::MAX) {
         return Err("an allocation outlives the graph".into());
     }
-    let mut placed: Vec<(u64, u64, usize)> = Vec::new(); // (offset, size, end) of those alive
-    let mut total = 0u64;
-    for a in &mut allocs {
-        placed.retain(|&(_, _, end)| end > a.start);
-        placed.sort_unstable();
-        let size = a.size.div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
-        let mut at = 0u64;
-        for &(off, sz, _) in &placed {
-            if at + size <= off {
-                break;
-            }
-            at = at.max(off + sz);
-        }
-        a.offset = at;
-        placed.push((at, size, a.end));
-        total = total.max(at + size);
+    let lifetimes: Vec<Lifetime> = allocs.iter().map(|a| Lifetime { size: a.size, start: a.start, end: a.end }).collect();
+    let (offsets, total) = place(&lifetimes, ARENA_ALIGN);
+    for (a, offset) in allocs.iter_mut().zip(offsets) {
+        a.offset = offset;
     }
-    Ok((allocs, total.max(ARENA_ALIGN)))
+    Ok((allocs, total))
 }
 
 /// `v`'s address in the arena when it points into an allocation alive at node `pos`.
