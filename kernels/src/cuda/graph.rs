@@ -434,18 +434,21 @@ fn copy_kernel(
     // point at the node's own copies of the arguments, alive while the captured graph is.
     check(unsafe { sys::cuGraphKernelNodeGetParams_v2(node, p.as_mut_ptr()) }, "cuGraphKernelNodeGetParams")?;
     let p = unsafe { p.assume_init() };
-    let name = if p.func.is_null() {
-        String::new()
-    } else {
-        let mut c: *const std::ffi::c_char = std::ptr::null();
-        // SAFETY: the driver returns a NUL-terminated name it owns.
-        check(unsafe { sys::cuFuncGetName(&mut c, p.func) }, "cuFuncGetName")?;
-        if c.is_null() {
-            String::new()
+    let mut c: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the driver returns a NUL-terminated name it owns (of the function, or of the
+    // library kernel when the node holds one instead).
+    let r = unsafe {
+        if p.func.is_null() {
+            sys::cuKernelGetName(&mut c, p.kern)
         } else {
-            unsafe { CStr::from_ptr(c) }.to_string_lossy().into_owned()
+            sys::cuFuncGetName(&mut c, p.func)
         }
     };
+    check(r, "the kernel's name")?;
+    if c.is_null() {
+        return Err("a kernel without a name".into());
+    }
+    let name = unsafe { CStr::from_ptr(c) }.to_string_lossy().into_owned();
     if name.to_ascii_lowercase().contains("nccl") {
         return Err(format!("NCCL kernel {name}"));
     }
