@@ -1,6 +1,17 @@
 //! Placement of a captured graph's allocations in one arena (`cuda::graph` rebuilds graphs over
 //! it): buffers alive at the same time never overlap, and a buffer freed before another is
-//! allocated lends it its place.
+//! allocated lends it its place. A stream's graphs share an arena; [`grown`] sizes the next.
+
+const MIB: u64 = 1 << 20;
+
+/// The size of a stream's next arena when its current one (`current` bytes, if any) is too small
+/// for `needed`: at least twice the current one, rounded up to whole MiB. Graphs keep the arena
+/// they were built over, so graphs captured at growing batch sizes (the server's warm-up) would
+/// otherwise keep one arena each; doubling keeps the arenas alive under twice the largest.
+pub fn grown(current: Option<u64>, needed: u64) -> u64 {
+    let want = needed.max(current.map_or(0, |c| c.saturating_mul(2)));
+    want.div_ceil(MIB).max(1) * MIB
+}
 
 /// One buffer's size in bytes and the positions, in the graph's node order, of its allocation
 /// and its free (`start < end`).
@@ -60,6 +71,26 @@ mod tests {
     }
 
     #[test]
+    fn arenas_grown_for_growing_graphs_stay_under_twice_the_largest() {
+        // A warm-up's graphs, each needing 1 MiB more than the one before (10 MiB to 265 MiB):
+        // every arena fits what its graph needs, and all of them together (each graph keeps
+        // its own) stay under twice the largest.
+        let mut arenas: Vec<u64> = Vec::new();
+        for step in 0..256u64 {
+            let needed = (10 + step) * MIB - 123;
+            if arenas.last().is_none_or(|&a| a < needed) {
+                arenas.push(grown(arenas.last().copied(), needed));
+            }
+            let current = *arenas.last().unwrap_or(&0);
+            assert!(current >= needed && current.is_multiple_of(MIB), "arena {current} for {needed}");
+        }
+        let largest = *arenas.iter().max().unwrap_or(&0);
+        assert!(arenas.iter().sum::<u64>() < 2 * largest, "{arenas:?}");
+        let mib: Vec<u64> = arenas.iter().map(|a| a / MIB).collect();
+        assert_eq!(mib, vec![10, 20, 40, 80, 160, 320]);
+    }
+
+    #[test]
     fn random_lifetimes_never_share_bytes_while_alive() {
         // A small deterministic generator (no dependency): 40 rounds of 60 buffers.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -77,7 +108,7 @@ mod tests {
             }
             let (offsets, total) = place(&buffers, 512);
             for (i, a) in buffers.iter().enumerate() {
-                assert_eq!(offsets[i] % 512, 0);
+                assert!(offsets[i].is_multiple_of(512));
                 assert!(offsets[i] + a.size <= total, "buffer {i} past the arena's end");
                 for (j, b) in buffers.iter().enumerate().skip(i + 1) {
                     let together = a.start < b.end && b.start < a.end;

@@ -21,7 +21,7 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaSlice, CudaStream, Devi
 use candle_core::cuda_backend::WrapErr;
 use candle_core::CudaDevice;
 
-use crate::arena::{place, Lifetime};
+use crate::arena::{grown, place, Lifetime};
 use crate::{KernelError, Result};
 
 /// Alignment of each allocation's place in the arena (that of the driver's allocations).
@@ -329,18 +329,20 @@ mod pdl {
 }
 
 /// The stream's arena of at least `bytes`: rebuilt graphs replay one at a time on their stream,
-/// so they share one (a larger one replaces it for later graphs; earlier ones keep theirs). The
-/// graphs own it: the last one dropped frees it.
+/// so they share one. A larger one ([`grown`]) replaces it for later graphs; earlier ones keep
+/// theirs. The graphs own it: the last one dropped frees it.
 fn arena(stream: &Arc<CudaStream>, bytes: u64) -> std::result::Result<Arc<CudaSlice<u8>>, String> {
     static ARENAS: OnceLock<Mutex<HashMap<usize, Weak<CudaSlice<u8>>>>> = OnceLock::new();
     let mut arenas = ARENAS.get_or_init(Default::default).lock().map_err(|_| "arena registry poisoned")?;
     arenas.retain(|_, a| a.strong_count() > 0);
     let key = stream.cu_stream() as usize;
-    if let Some(a) = arenas.get(&key).and_then(Weak::upgrade).filter(|a| a.len() as u64 >= bytes) {
-        return Ok(a);
+    let current = arenas.get(&key).and_then(Weak::upgrade);
+    if let Some(a) = current.as_ref().filter(|a| a.len() as u64 >= bytes) {
+        return Ok(a.clone());
     }
+    let size = grown(current.map(|a| a.len() as u64), bytes);
     // SAFETY: the arena's contents are scratch, written by a graph before it reads them.
-    let slice = unsafe { stream.alloc::<u8>(bytes as usize) }.map_err(|e| format!("arena of {bytes} bytes: {e}"))?;
+    let slice = unsafe { stream.alloc::<u8>(size as usize) }.map_err(|e| format!("arena of {size} bytes: {e}"))?;
     let a = Arc::new(slice);
     arenas.insert(key, Arc::downgrade(&a));
     Ok(a)
