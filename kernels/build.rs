@@ -38,8 +38,8 @@ fn write_pdl_entries(out_dir: &str) {
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
             for piece in text.split(".entry ").skip(1) {
                 let name = piece.split('(').next().unwrap_or("").trim();
-                let body = piece.split(".entry ").next().unwrap_or("");
-                if !name.is_empty() && body.contains("griddepcontrol.wait") {
+                // `piece` runs to the next entry: this entry's body.
+                if !name.is_empty() && piece.contains("griddepcontrol.wait") {
                     names.push(name.to_string());
                 }
             }

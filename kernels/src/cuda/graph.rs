@@ -313,9 +313,9 @@ fn plan(order: &[sys::CUgraphNode], types: &[sys::CUgraphNodeType]) -> std::resu
     Ok((allocs, total))
 }
 
-/// `v`'s address in the arena when it points into an allocation alive at node `pos`.
-fn relocate(allocs: &[Allocation], base: u64, pos: usize, v: u64) -> Option<u64> {
-    allocs.iter().find(|a| a.start < pos && pos < a.end && a.dptr <= v && v < a.dptr + a.size).map(|a| base + a.offset + (v - a.dptr))
+/// `v`'s address in the arena when it points into one of the `live` allocations.
+fn relocate(live: &[&Allocation], base: u64, v: u64) -> Option<u64> {
+    live.iter().find(|a| a.dptr <= v && v < a.dptr + a.size).map(|a| base + a.offset + (v - a.dptr))
 }
 
 /// Entries of our PTX modules that wait on `griddepcontrol.wait` (common.cuh's `pdl_entry`).
@@ -391,11 +391,22 @@ fn rebuild(captured: sys::CUgraph, stream: &Arc<CudaStream>, pdl: bool) -> std::
     let built = (|| {
         // The node before, and whether it is a kernel.
         let mut prev: Option<(sys::CUgraphNode, bool)> = None;
+        // The allocations alive at this node (allocated before it, freed after it), kept as
+        // the walk goes: a few dozen, where the graph has hundreds.
+        let (mut live, mut next): (Vec<&Allocation>, usize) = (Vec::new(), 0);
         for (pos, (&node, &t)) in order.iter().zip(&types).enumerate() {
+            live.retain(|a| pos < a.end);
+            while let Some(a) = allocs.get(next).filter(|a| a.start < pos) {
+                if pos < a.end {
+                    live.push(a);
+                }
+                next += 1;
+            }
+            let reloc = |v| relocate(&live, base, v);
             let (new, waits) = match t {
-                T::CU_GRAPH_NODE_TYPE_KERNEL => copy_kernel(graph, node, |v| relocate(&allocs, base, pos, v))?,
-                T::CU_GRAPH_NODE_TYPE_MEMCPY => (copy_memcpy(graph, node, ctx, |v| relocate(&allocs, base, pos, v))?, false),
-                T::CU_GRAPH_NODE_TYPE_MEMSET => (copy_memset(graph, node, ctx, |v| relocate(&allocs, base, pos, v))?, false),
+                T::CU_GRAPH_NODE_TYPE_KERNEL => copy_kernel(graph, node, reloc)?,
+                T::CU_GRAPH_NODE_TYPE_MEMCPY => (copy_memcpy(graph, node, ctx, reloc)?, false),
+                T::CU_GRAPH_NODE_TYPE_MEMSET => (copy_memset(graph, node, ctx, reloc)?, false),
                 _ => continue,
             };
             let kernel = t == T::CU_GRAPH_NODE_TYPE_KERNEL;
