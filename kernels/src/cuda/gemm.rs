@@ -50,6 +50,8 @@ struct Lt {
     workspace: CudaSlice<u8>,
     /// `None` where the heuristic found nothing or the call failed: candle's GEMM runs those.
     algos: HashMap<Key, Option<sys::cublasLtMatmulAlgo_t>>,
+    /// The heuristic's n-th algorithm for `key`, for [`linear_lt_pick`].
+    picked: HashMap<(Key, usize), Option<sys::cublasLtMatmulAlgo_t>>,
 }
 
 // SAFETY: the handle is only used under its stream's lock, by one thread at a time.
@@ -117,15 +119,42 @@ fn descs(ty: sys::cudaDataType, n: usize, k: usize, m: usize, lda: usize) -> std
     Ok(d)
 }
 
+/// An algorithm's configuration as `id/tile/stages/split-K`, for benchmark logs.
+fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    // Each attribute read here is a 32-bit integer (cublasLt checks the size).
+    let get = |attr: A| -> Option<u32> {
+        let mut v = 0u32;
+        let mut written = 0usize;
+        // SAFETY: `v` holds the 4 bytes asked for.
+        let r = unsafe { sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, (&mut v as *mut u32).cast(), 4, &mut written) };
+        (r == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(v)
+    };
+    let show = |attr: A| get(attr).map_or_else(|| "?".to_string(), |v| v.to_string());
+    format!(
+        "id {} tile {} stages {} splitK {}",
+        show(A::CUBLASLT_ALGO_CONFIG_ID),
+        show(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        show(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+        show(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
+    )
+}
+
 /// The heuristic's first algorithm for `key`, or `None`.
 fn choose(lt_: &Lt, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatmulAlgo_t> {
-    let d = descs(ty, key.n, key.k, key.bucket, key.lda).ok()?;
-    let pref = lt::create_matmul_pref().ok()?;
+    candidates(lt_, key, ty, 1).into_iter().next()
+}
+
+/// Up to `count` algorithms for `key`, in the heuristic's order.
+fn candidates(lt_: &Lt, key: Key, ty: sys::cudaDataType, count: usize) -> Vec<sys::cublasLtMatmulAlgo_t> {
+    let Ok(d) = descs(ty, key.n, key.k, key.bucket, key.lda) else { return Vec::new() };
+    let Ok(pref) = lt::create_matmul_pref() else { return Vec::new() };
     let ws = WORKSPACE_BYTES;
-    let mut heuristic = std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+    // SAFETY: a plain C struct for which all-zero bytes are a valid value.
+    let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; count];
     let mut found = 0i32;
     // SAFETY: the descriptors and the preference are valid until dropped/destroyed below; the
-    // result buffer holds the one result asked for.
+    // result buffer holds the `count` results asked for.
     let ok = unsafe {
         let set = lt::set_matmul_pref_attribute(
             pref,
@@ -152,31 +181,46 @@ fn choose(lt_: &Lt, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatm
                 d.layouts[2],
                 d.layouts[2],
                 pref,
-                1,
-                heuristic.as_mut_ptr(),
+                count as i32,
+                results.as_mut_ptr(),
                 &mut found,
             )
             .result()
         });
         let _ = lt::destroy_matmul_pref(pref);
-        r.is_ok() && found > 0
+        r.is_ok()
     };
-    // SAFETY: written by the heuristic when it found one.
-    ok.then(|| unsafe { heuristic.assume_init() }.algo)
+    let found = if ok { (found.max(0) as usize).min(count) } else { 0 };
+    results.truncate(found);
+    results.into_iter().map(|r| r.algo).collect()
 }
 
 /// `x [M, K] · w [N, K]ᵀ` through cublasLt for bf16/f16 operands on a CUDA device, `x` read
 /// where it lies when its rows are contiguous (`w` contiguous). `None` where this path does
 /// not apply or found no algorithm: the caller runs candle's GEMM.
 pub fn linear_lt(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    Ok(dispatch(x, w, None)?.map(|(y, _)| y))
+}
+
+/// [`linear_lt`] with the heuristic's `pick`-th algorithm (0 is the one [`linear_lt`] runs),
+/// for benchmarks that time the alternatives: the product and the algorithm's configuration
+/// (`id/tile/stages/split-K`); `None` also where the heuristic offers fewer.
+pub fn linear_lt_pick(x: &Tensor, w: &Tensor, pick: usize) -> Result<Option<(Tensor, String)>> {
+    Ok(dispatch(x, w, Some(pick))?.map(|(y, algo)| (y, algo.map(|a| describe(&a)).unwrap_or_default())))
+}
+
+/// The product and, for a pick, the algorithm that ran.
+type Ran = (Tensor, Option<sys::cublasLtMatmulAlgo_t>);
+
+fn dispatch(x: &Tensor, w: &Tensor, pick: Option<usize>) -> Result<Option<Ran>> {
     match (x.dtype(), w.dtype()) {
-        (DType::BF16, DType::BF16) => typed::<half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF),
-        (DType::F16, DType::F16) => typed::<half::f16>(x, w, sys::cudaDataType::CUDA_R_16F),
+        (DType::BF16, DType::BF16) => typed::<half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF, pick),
+        (DType::F16, DType::F16) => typed::<half::f16>(x, w, sys::cudaDataType::CUDA_R_16F, pick),
         _ => Ok(None),
     }
 }
 
-fn typed<T>(x: &Tensor, w: &Tensor, ty: sys::cudaDataType) -> Result<Option<Tensor>>
+fn typed<T>(x: &Tensor, w: &Tensor, ty: sys::cudaDataType, pick: Option<usize>) -> Result<Option<Ran>>
 where
     T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
 {
@@ -199,17 +243,31 @@ where
     let size = std::mem::size_of::<T>() as u64;
     let align = [xp, wp, yp, lda as u64 * size].iter().map(|&a| 1u64 << a.trailing_zeros().min(4)).min().unwrap_or(2);
     let key = Key { dtype: x.dtype(), n, k, bucket: bucket(m), lda, align };
-    if !run(dev, key, ty, m, [wp, xp, yp])? {
-        HANDED_BACK.fetch_add(1, Ordering::Relaxed);
+    // The counters count the engine's calls, not a benchmark's picks.
+    let counter = |c: &AtomicU64| {
+        if pick.is_none() {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    let Some(algo) = run(dev, key, ty, m, [wp, xp, yp], pick)? else {
+        counter(&HANDED_BACK);
         return Ok(None);
-    }
-    RAN.fetch_add(1, Ordering::Relaxed);
-    Ok(Some(wrap(dev, out, (m, n))))
+    };
+    counter(&RAN);
+    Ok(Some((wrap(dev, out, (m, n)), pick.map(|_| algo))))
 }
 
-/// Queues the GEMM with `key`'s algorithm (chosen on first use); false when there is none or
-/// cublasLt refused it (then never tried again for `key`).
-fn run(dev: &CudaDevice, key: Key, ty: sys::cudaDataType, m: usize, [wp, xp, yp]: [u64; 3]) -> Result<bool> {
+/// Queues the GEMM with `key`'s algorithm (chosen on first use), or the heuristic's `pick`-th;
+/// returns the algorithm, `None` when there is none or cublasLt refused it (then never tried
+/// again for `key`).
+fn run(
+    dev: &CudaDevice,
+    key: Key,
+    ty: sys::cudaDataType,
+    m: usize,
+    [wp, xp, yp]: [u64; 3],
+    pick: Option<usize>,
+) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
     let stream = dev.cuda_stream();
     let id = stream.cu_stream() as usize;
@@ -222,22 +280,30 @@ fn run(dev: &CudaDevice, key: Key, ty: sys::cudaDataType, m: usize, [wp, xp, yp]
                     .map_err(|e| crate::KernelError::Unsupported { op: "linear_lt", what: format!("cublasLtCreate: {e}") })?;
                 // SAFETY: a workspace is scratch for cublasLt; nothing reads it before a GEMM writes it.
                 let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.w()?;
-                e.insert(Arc::new(Mutex::new(Lt { handle, workspace, algos: HashMap::new() }))).clone()
+                e.insert(Arc::new(Mutex::new(Lt { handle, workspace, algos: HashMap::new(), picked: HashMap::new() }))).clone()
             }
         }
     };
     let mut guard = entry.lock().unwrap_or_else(|p| p.into_inner());
     let state = &mut *guard;
-    let algo = match state.algos.get(&key) {
-        Some(a) => *a,
-        None => {
+    let algo = match (pick, state.algos.get(&key)) {
+        (Some(i), _) => match state.picked.get(&(key, i)) {
+            Some(a) => *a,
+            None => {
+                let a = candidates(state, key, ty, i + 1).get(i).copied();
+                state.picked.insert((key, i), a);
+                a
+            }
+        },
+        (None, Some(a)) => *a,
+        (None, None) => {
             let a = choose(state, key, ty);
             state.algos.insert(key, a);
             a
         }
     };
-    let Some(algo) = algo else { return Ok(false) };
-    let Ok(d) = descs(ty, key.n, key.k, m, key.lda) else { return Ok(false) };
+    let Some(algo) = algo else { return Ok(None) };
+    let Ok(d) = descs(ty, key.n, key.k, m, key.lda) else { return Ok(None) };
     let (alpha, beta) = (1f32, 0f32);
     let (wsp, _sync) = state.workspace.device_ptr_mut(&stream);
     // SAFETY: the pointers address live buffers of the sizes the layouts describe (the caller
@@ -265,8 +331,11 @@ fn run(dev: &CudaDevice, key: Key, ty: sys::cudaDataType, m: usize, [wp, xp, yp]
         .result()
     };
     if r.is_err() {
-        state.algos.insert(key, None);
-        return Ok(false);
+        match pick {
+            Some(i) => state.picked.insert((key, i), None),
+            None => state.algos.insert(key, None),
+        };
+        return Ok(None);
     }
-    Ok(true)
+    Ok(Some(algo))
 }

@@ -85,6 +85,10 @@ struct Args {
     /// Only the first GEMM at new row counts against the same call repeated (host ms).
     #[arg(long)]
     new_shapes: bool,
+    /// Only the decode step's cublasLt projections (9–64 rows, the 1.39B's and Qwen3.5's
+    /// shapes): each of the heuristic's algorithms timed, W streamed from memory.
+    #[arg(long)]
+    gemm_algos: bool,
     /// Only the decode-step fused projection tables (SwiGLU and down projection, norms and the
     /// projections after them: two kernels or one).
     #[arg(long)]
@@ -476,6 +480,10 @@ fn main() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if args.gemm_only {
         return gemm::gemm_table(&dev);
+    }
+    #[cfg(feature = "cuda")]
+    if args.gemm_algos {
+        return gemm::algo_table(&dev);
     }
     #[cfg(feature = "cuda")]
     if args.new_shapes {
