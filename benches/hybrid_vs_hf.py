@@ -137,7 +137,7 @@ def sdpa_ms(b, ctx, rows, reps=20):
 def attention(bench_bin):
     run = subprocess.run([bench_bin, "--attention-only"], capture_output=True, text=True)
     print(run.stderr[-2000:])
-    print(f"\n## Paged attention op, 8 query / 2 KV heads of 256, bf16, H100: deltaserve vs torch "
+    print(f"\n## Paged attention op, 8 query / 2 KV heads of 256, bf16, {torch.cuda.get_device_name()}: deltaserve vs torch "
           f"{torch.__version__} SDPA (GQA), one run\n")
     print("| batch | context | new rows | SDPA ms | deltaserve ms | deltaserve TFLOP/s | cache GB/s | SDPA / deltaserve |")
     print("|---|---|---|---|---|---|---|---|")
@@ -191,7 +191,7 @@ def main():
     if run.returncode != 0:
         raise SystemExit(f"gpu_bench failed: {run.returncode}")
     what = "Qwen3.5-35B-A3B-layout MoE hybrid (8 layers)" if args.moe else "Qwen3.5-layout hybrid"
-    print(f"\n## {what}, {params / 1e9:.2f} B params, bf16, H100: deltaserve vs transformers "
+    print(f"\n## {what}, {params / 1e9:.2f} B params, bf16, {torch.cuda.get_device_name()}: deltaserve vs transformers "
           f"{transformers.__version__} ({fast}), one run\n")
     print("| | transformers | deltaserve | speed-up | deltaserve % of roofline |")
     print("|---|---|---|---|---|")
