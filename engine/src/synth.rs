@@ -128,16 +128,14 @@ mod tests {
         for _ in 0..n {
             expect.push((1.0 + 15.0 * seq.random::<f32>()).ln());
         }
+        // Normals of a 5-element tensor, then an A_log tensor of n: n normals (discarded by
+        // `init`) and n uniforms.
         let mut s = Stream::new(9);
-        let mut got = s.normals(5);
-        got.extend(init(&mut s, "layers.0.attn.A_log", &[n]).iter());
-        // `init` drew n normals first (discarded for A_log), then n uniforms.
+        let mut all = s.normals(5);
+        all.extend(s.normals(n));
         let mut s2 = Stream::new(9);
         s2.normals(5);
-        let z = s2.normals(n);
-        let mut all = got[..5].to_vec();
-        all.extend(z);
-        all.extend(got[5..].iter());
+        all.extend(init(&mut s2, "layers.0.attn.A_log", &[n]));
         assert_eq!(all.len(), expect.len());
         for (i, (a, b)) in all.iter().zip(&expect).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "value {i}");
