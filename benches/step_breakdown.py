@@ -15,7 +15,8 @@ def main(path, out=None):
     decode, prefill = [], []
     for line in open(path, errors="replace"):
         line = re.sub(r"\x1b\[[0-9;]*m", "", line)
-        fields = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
+        # Numbers only (a listen address such as 0.0.0.0 is not one).
+        fields = {k: float(v) for k, v in re.findall(r"(\w+)=(\d+(?:\.\d+)?)(?![\d.])", line)}
         if "decode step" in line:
             decode.append(fields)
         elif "prefill step" in line:

@@ -68,6 +68,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_chunk_boundaries_match_cpu", mixer::gpu_chunk_boundaries_match_cpu),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_prefill_graphs_equal_eager_prefill", prefill_graph::gpu_prefill_graphs_equal_eager_prefill),
+    ("gpu_mixed_graphs_equal_eager_mixed_passes", prefill_graph::gpu_mixed_graphs_equal_eager_mixed_passes),
     ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
     ("gpu_host_tier_round_trips_snapshots_exactly", host_tier::gpu_host_tier_round_trips_snapshots_exactly),
     #[cfg(feature = "nccl")]
@@ -168,6 +169,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 prefill_algo,
                 cuda_graphs: true,
                 prefill_graph_tokens: deltaserve_engine::DEFAULT_PREFILL_GRAPH_TOKENS,
+                mixed_graph_tokens: deltaserve_engine::DEFAULT_MIXED_GRAPH_TOKENS,
                 batch_invariant: false,
                 tensor_parallel_size: 1,
                 expert_split: Default::default(),
@@ -236,6 +238,7 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
                 prefill_algo: PrefillAlgo::Chunked,
                 cuda_graphs: true,
                 prefill_graph_tokens: 0,
+                mixed_graph_tokens: 0,
                 batch_invariant: false,
                 tensor_parallel_size: 1,
                 expert_split: Default::default(),

@@ -27,8 +27,12 @@ use crate::models::CausalLm;
 use crate::state::{SlotId, StatePool};
 use crate::GraphOverlap;
 
-/// Captured batch sizes kept at once (least recently used first out).
-const MAX_GRAPHS: usize = 64;
+/// Captured batch sizes kept at once (least recently used first out). The server's warm-up
+/// captures every batch size up to `--max-num-seqs`: with fewer kept, a closed loop's ramp and
+/// tail at 64 streams re-captured each smaller size it met, 7–9 ms a step on the H200
+/// (`benches/results/h200-mixed_graphs-2026-11-28/`). Graphs share one arena, so each costs
+/// only its nodes.
+const MAX_GRAPHS: usize = 512;
 
 /// One captured batch size.
 struct Entry {

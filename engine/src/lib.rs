@@ -63,6 +63,11 @@ pub struct LoadOptions {
     /// 64 rows and run as CUDA graphs too, on models whose every layer allows it (Gated
     /// DeltaNet, Gated DeltaProduct or DeltaNet mixers, dense MLPs), unsplit. 0: off.
     pub prefill_graph_tokens: usize,
+    /// With `cuda_graphs`, mixed passes (prompt pieces of up to this many tokens in all, at
+    /// most [`prefill_graph::MAX_SEQS`] of them, beside up to [`prefill_graph::MAX_DECODE_ROWS`]
+    /// running sequences' decode rows) are padded to a shape and run as CUDA graphs, on the
+    /// same models as `prefill_graph_tokens`. 0: off.
+    pub mixed_graph_tokens: usize,
     /// On the GPU, make a sequence's logits independent of its batch (bf16/f16 models; the CPU
     /// in f32 always is): sets the process-wide [`deltaserve_kernels::ops::set_batch_invariant`].
     pub batch_invariant: bool,
@@ -85,6 +90,7 @@ impl LoadOptions {
             prefill_algo: PrefillAlgo::Chunked,
             cuda_graphs: true,
             prefill_graph_tokens: DEFAULT_PREFILL_GRAPH_TOKENS,
+            mixed_graph_tokens: DEFAULT_MIXED_GRAPH_TOKENS,
             batch_invariant: false,
             tensor_parallel_size: 1,
             expert_split: tensor_parallel::ExpertSplit::Auto,
@@ -95,6 +101,10 @@ impl LoadOptions {
 /// [`LoadOptions::prefill_graph_tokens`]'s default: a chat turn continued from the prefix
 /// cache, or a short prompt, pads to 64–256 rows.
 pub const DEFAULT_PREFILL_GRAPH_TOKENS: usize = 256;
+
+/// [`LoadOptions::mixed_graph_tokens`]'s default: the server's default step budget
+/// (`--max-num-batched-tokens`), so a prompt's pieces beside running streams replay.
+pub const DEFAULT_MIXED_GRAPH_TOKENS: usize = 512;
 
 /// A loaded model with its tokenizer.
 #[derive(Debug)]
@@ -244,7 +254,7 @@ impl Engine {
                 models
                     .into_iter()
                     .zip(links)
-                    .map(|(m, link)| ranks::Rank::new(m, opts.cuda_graphs, opts.prefill_graph_tokens, link))
+                    .map(|(m, link)| ranks::Rank::new(m, opts.cuda_graphs, (opts.prefill_graph_tokens, opts.mixed_graph_tokens), link))
                     .collect(),
             )?,
             tokenizer: Arc::new(tokenizer),
@@ -333,7 +343,8 @@ impl Engine {
 
     /// [`Self::prefill_many_with`] and a decode step of `step` in one pass (see
     /// [`CausalLm::prefill_and_decode`]): `[S + B, vocab]` f32 logits, the prompts' rows then
-    /// the decode rows. Runs eagerly; with `step` empty it is [`Self::prefill_many_with`].
+    /// the decode rows. With `step` empty it is [`Self::prefill_many_with`]; on a GPU with
+    /// mixed graphs on, a pass that fits one replays a CUDA graph.
     pub fn prefill_and_decode(
         &self,
         pool: &mut StatePool,
@@ -344,7 +355,7 @@ impl Engine {
         if step.is_empty() {
             return self.prefill_many_with(pool, batch, snapshots);
         }
-        self.ranks.run(pool, |r, pool| r.model.prefill_and_decode(pool, batch, self.prefill_algo, snapshots, step))
+        self.ranks.run(pool, |r, pool| r.prefill_and_decode(pool, batch, self.prefill_algo, snapshots, step))
     }
 
     /// [`Self::prefill_many_with`] run eagerly, never from a CUDA graph.
@@ -358,7 +369,13 @@ impl Engine {
         self.ranks[0].prefill_graph_buckets()
     }
 
-    /// The prefill shapes (padded rows, sequences) with a captured CUDA graph.
+    /// The prompt row buckets of mixed passes run as CUDA graphs (empty when they are not).
+    pub fn mixed_graph_buckets(&self) -> Vec<usize> {
+        self.ranks[0].mixed_graph_buckets()
+    }
+
+    /// The prefill and mixed pass shapes (padded rows, sequences, padded decode rows) with a
+    /// captured CUDA graph.
     pub fn prefill_graph_shapes(&self) -> Vec<prefill_graph::Shape> {
         self.ranks[0].prefill_graph_shapes()
     }

@@ -28,18 +28,20 @@ pub(crate) struct Rank {
 impl Rank {
     /// `model` (rank `link.shard` of a split one) with CUDA graphs for its decode steps when
     /// `graphs` (a GPU model only), and for its prefill passes of up to `prefill_tokens`
-    /// tokens where the model allows (unsplit).
-    pub(crate) fn new(model: CausalLm, graphs: bool, prefill_tokens: usize, link: Option<GroupLink>) -> Self {
+    /// tokens and mixed passes of up to `mixed_tokens` prompt tokens where the model allows
+    /// (unsplit).
+    pub(crate) fn new(model: CausalLm, graphs: bool, (prefill_tokens, mixed_tokens): (usize, usize), link: Option<GroupLink>) -> Self {
         #[cfg(feature = "cuda")]
         let prefill_graphs = {
-            let buckets = crate::prefill_graph::Buckets::new(prefill_tokens);
-            let on = graphs && link.is_none() && model.prefill_tables_supported() && !buckets.all().is_empty();
+            let buckets = crate::prefill_graph::Buckets::new(prefill_tokens, mixed_tokens);
+            let any = !buckets.all().is_empty() || !buckets.mixed().is_empty();
+            let on = graphs && link.is_none() && model.prefill_tables_supported() && any;
             on.then(|| std::sync::Mutex::new(crate::prefill_graph::PrefillGraphs::new(buckets)))
         };
         #[cfg(feature = "cuda")]
         let graphs = (graphs && model.device().is_cuda()).then(Default::default);
         #[cfg(not(feature = "cuda"))]
-        let _ = (graphs, prefill_tokens);
+        let _ = (graphs, prefill_tokens, mixed_tokens);
         Self {
             model,
             link,
@@ -69,11 +71,41 @@ impl Rank {
         self.model.prefill_many_with(pool, batch, algo, snapshots)
     }
 
+    /// A mixed pass (a packed prefill and a decode step, as
+    /// [`CausalLm::prefill_and_decode`]) on this rank's `pool`: a CUDA graph's replay (or
+    /// capture) where the pass fits one, else eagerly.
+    pub(crate) fn prefill_and_decode(
+        &self,
+        pool: &mut StatePool,
+        batch: &[(SlotId, &[u32])],
+        algo: deltaserve_kernels::ops::PrefillAlgo,
+        snapshots: &[crate::SnapshotAt],
+        step: &[(SlotId, u32)],
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(graphs) = &self.prefill_graphs {
+            let mut graphs = graphs.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(logits) = graphs.prefill_and_decode(&self.model, pool, batch, algo, snapshots, step)? {
+                return Ok(logits);
+            }
+        }
+        self.model.prefill_and_decode(pool, batch, algo, snapshots, step)
+    }
+
     /// The row buckets of the prefill graphs (empty without them).
     pub(crate) fn prefill_graph_buckets(&self) -> Vec<usize> {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.prefill_graphs {
             return g.lock().unwrap_or_else(|p| p.into_inner()).buckets().all();
+        }
+        Vec::new()
+    }
+
+    /// The prompt row buckets of the mixed-pass graphs (empty without them).
+    pub(crate) fn mixed_graph_buckets(&self) -> Vec<usize> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.prefill_graphs {
+            return g.lock().unwrap_or_else(|p| p.into_inner()).buckets().mixed();
         }
         Vec::new()
     }

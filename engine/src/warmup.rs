@@ -19,6 +19,9 @@ pub struct WarmUp {
     /// Prefill graph shapes (bucket, sequences) run twice: once from fixed tables, then
     /// captured.
     pub prefill_graphs: usize,
+    /// Mixed pass graph shapes (the largest bucket within the step budget in 1 to 4 pieces,
+    /// each decode bucket up to the batch) run twice: once from fixed tables, then captured.
+    pub mixed_graphs: usize,
     /// Wall seconds.
     pub secs: f64,
 }
@@ -34,9 +37,10 @@ pub fn pass_lengths(max_pass_tokens: usize) -> Vec<usize> {
 impl Engine {
     /// On a GPU, one eager prefill pass of each length of [`pass_lengths`] (the 64-token one
     /// also writing a snapshot when `pool` has a snapshot slot), two decode steps of every
-    /// batch size from 1 to `max_batch`, and two passes of every prefill graph shape with up
-    /// to `max_batch` sequences, in free slots of `pool`, all released after. Nothing on the
-    /// CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
+    /// batch size from 1 to `max_batch`, two passes of every prefill graph shape with up
+    /// to `max_batch` sequences, and two of each mixed pass shape that a full step budget's
+    /// piece beside up to `max_batch` decode rows pads to, in free slots of `pool`, all
+    /// released after. Nothing on the CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
     pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<WarmUp> {
         let mut done = WarmUp::default();
         if !self.model().device().is_cuda() {
@@ -87,6 +91,7 @@ impl Engine {
             done.batch_sizes += 1;
         }
         done.prefill_graphs = self.warm_prefill_graphs(pool, max_batch)?;
+        done.mixed_graphs = self.warm_mixed_graphs(pool, max_pass_tokens, max_batch)?;
         // Everything queued has run before the first request is timed.
         self.synchronize()?;
         done.secs = t0.elapsed().as_secs_f64();
@@ -104,7 +109,7 @@ impl Engine {
         for rows in self.prefill_graph_buckets() {
             let tokens: Vec<u32> = (0..rows as u32).map(|i| (i * 7919 + 13) % vocab).collect();
             for seqs in 1..=most {
-                let lens: Vec<usize> = (0..seqs).map(|i| rows / seqs + usize::from(i < rows % seqs)).collect();
+                let lens = split_evenly(rows, seqs);
                 let slots: Vec<_> = (0..seqs).map_while(|_| pool.allocate()).collect();
                 let mut ok = slots.len() == seqs;
                 for (&s, &n) in slots.iter().zip(&lens) {
@@ -112,15 +117,7 @@ impl Engine {
                 }
                 let mut ran = Ok(());
                 if ok {
-                    let mut from = 0;
-                    let batch: Vec<(crate::SlotId, &[u32])> = slots
-                        .iter()
-                        .zip(&lens)
-                        .map(|(&s, &n)| {
-                            from += n;
-                            (s, &tokens[from - n..from])
-                        })
-                        .collect();
+                    let batch = pieces(&slots, &lens, &tokens);
                     ran = self.prefill_many(pool, &batch).and_then(|_| self.prefill_many(pool, &batch)).map(|_| ());
                 }
                 for s in slots {
@@ -135,7 +132,73 @@ impl Engine {
         }
         Ok(shapes)
     }
+
+    /// Runs twice (captured the second time) the mixed passes of the largest mixed bucket
+    /// within `max_pass_tokens`, split over 1 to [`MIXED_WARM_SEQS`] pieces, beside each decode
+    /// bucket's count of rows up to `max_batch` (above 64 rows, one piece only): the shapes a
+    /// burst of arrivals meets while the first streams decode. Returns the shapes run; a shape
+    /// whose slots are not free ends that piece count.
+    fn warm_mixed_graphs(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<usize> {
+        use crate::prefill_graph::{decode_bucket, MAX_DECODE_ROWS, MAX_SEQS};
+        let Some(rows) = self.mixed_graph_buckets().into_iter().rfind(|&r| r <= max_pass_tokens) else { return Ok(0) };
+        let vocab = self.model().config().common.vocab_size as u32;
+        let tokens: Vec<u32> = (0..rows as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let mut shapes = 0;
+        for seqs in 1..=MIXED_WARM_SEQS.min(MAX_SEQS) {
+            let lens = split_evenly(rows, seqs);
+            let mut d = 1;
+            while d <= max_batch.min(MAX_DECODE_ROWS) && (seqs == 1 || d <= 64) {
+                // The pieces, the decode rows, and one free slot for the padding.
+                let slots: Vec<_> = (0..seqs + d).map_while(|_| pool.allocate()).collect();
+                let mut ok = slots.len() == seqs + d && pool.capacity() > pool.used();
+                for (i, &s) in slots.iter().enumerate() {
+                    ok = ok && matches!(pool.reserve(s, if i < seqs { 2 * lens[i] } else { 2 }), Ok(true));
+                }
+                let mut ran = Ok(());
+                if ok {
+                    let step: Vec<_> = slots[seqs..].iter().map(|&s| (s, 1u32.min(vocab - 1))).collect();
+                    let batch = pieces(&slots[..seqs], &lens, &tokens);
+                    ran = self
+                        .prefill_and_decode(pool, &batch, &[], &step)
+                        .and_then(|_| self.prefill_and_decode(pool, &batch, &[], &step))
+                        .map(|_| ());
+                }
+                for s in slots {
+                    pool.release(s)?;
+                }
+                ran?;
+                if !ok {
+                    break;
+                }
+                shapes += 1;
+                d = decode_bucket(d + 1);
+            }
+        }
+        Ok(shapes)
+    }
 }
+
+/// `rows` split into `seqs` lengths that differ by one at most.
+fn split_evenly(rows: usize, seqs: usize) -> Vec<usize> {
+    (0..seqs).map(|i| rows / seqs + usize::from(i < rows % seqs)).collect()
+}
+
+/// Consecutive pieces of `tokens`, `lens[i]` long, one for each of `slots`.
+fn pieces<'a>(slots: &[crate::SlotId], lens: &[usize], tokens: &'a [u32]) -> Vec<(crate::SlotId, &'a [u32])> {
+    let mut from = 0;
+    slots
+        .iter()
+        .zip(lens)
+        .map(|(&s, &n)| {
+            from += n;
+            (s, &tokens[from - n..from])
+        })
+        .collect()
+}
+
+/// Prompt pieces a warmed mixed pass holds at most: a burst of short prompts shares the step
+/// budget 2 to 4 ways.
+const MIXED_WARM_SEQS: usize = 4;
 
 #[cfg(test)]
 mod tests {

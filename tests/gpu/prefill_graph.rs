@@ -1,7 +1,7 @@
-//! Short prefill passes replayed from CUDA graphs (padded to a row bucket, the padding a
-//! sequence of its own in a lent slot) leave the same logits, states and snapshots as the
-//! eager pass, within the tolerance of GEMMs run at another row count; and they touch no other
-//! slot.
+//! Short prefill passes and mixed passes replayed from CUDA graphs (padded to a row bucket, the
+//! padding a sequence of its own in a lent slot; a mixed pass's decode rows padded to a bucket,
+//! each padding row in a lent slot) leave the same logits, states and snapshots as the eager
+//! pass, within the tolerance of GEMMs run at another row count; and they touch no other slot.
 
 use candle_core::{DType, Device};
 use deltaserve_engine::prefill_graph::Shape;
@@ -28,8 +28,19 @@ const CASES: &[Case] = &[
 ];
 
 fn load(dir: &str, dtype: DType, dev: &Device, graph_tokens: usize) -> Engine {
+    load_mixed(dir, dtype, dev, graph_tokens, 0)
+}
+
+fn load_mixed(dir: &str, dtype: DType, dev: &Device, graph_tokens: usize, mixed_tokens: usize) -> Engine {
     let algo = if dtype == DType::F32 { deltaserve_engine::PrefillAlgo::Chunked } else { deltaserve_engine::PrefillAlgo::ChunkedBf16 };
-    let opts = LoadOptions { dtype, device: dev.clone(), prefill_algo: algo, prefill_graph_tokens: graph_tokens, ..LoadOptions::cpu(dir) };
+    let opts = LoadOptions {
+        dtype,
+        device: dev.clone(),
+        prefill_algo: algo,
+        prefill_graph_tokens: graph_tokens,
+        mixed_graph_tokens: mixed_tokens,
+        ..LoadOptions::cpu(dir)
+    };
     Engine::load(&opts).unwrap()
 }
 
@@ -115,7 +126,7 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
                     assert_eq!((pg.used(), pg.snapshots_used()), (1, 0), "{what}: the padding's slot is returned");
                 }
                 let rows = lens.iter().sum::<usize>().next_power_of_two().max(64);
-                let shape = Shape { rows, seqs: lens.len() };
+                let shape = Shape { rows, seqs: lens.len(), decode: 0 };
                 assert!(g.prefill_graph_shapes().contains(&shape), "{name} {dtype:?}: {shape:?} captured");
             }
             assert_eq!(states(&pg, bg.index()), bystander, "{name} {dtype:?}: the bystander's state, bit for bit");
@@ -126,4 +137,110 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
         }
     }
     assert!(graphed >= 10, "GDN, GDP and DeltaNet fixtures in f32 and bf16 ran through graphs ({graphed})");
+}
+
+/// A mixed pass's prompt pieces, its decode rows, and snapshots (sequence, tokens) in it.
+type MixedCase = (&'static [usize], usize, &'static [(usize, usize)]);
+
+const MIXED_CASES: &[MixedCase] = &[
+    (&[1], 1, &[]),
+    (&[100], 3, &[]),
+    (&[128], 5, &[(0, 64), (0, 128)]),
+    (&[64, 70], 9, &[(1, 64)]),
+    (&[300], 17, &[]),
+    (&[480], 19, &[(0, 448)]),
+    (&[512], 16, &[]),
+    (&[200, 30, 5], 12, &[]),
+];
+
+/// Running sequences the mixed cases draw their decode rows from.
+const RUNNING: usize = 19;
+
+pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
+    use deltaserve_engine::prefill_graph::decode_bucket;
+    let mut graphed = 0;
+    for (name, dir, _, _) in model_fixtures("gpu_mixed_graphs_equal_eager_mixed_passes") {
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 2e-2)] {
+            let dir = dir.to_str().unwrap();
+            let (g, e) = (load_mixed(dir, dtype, dev, 0, 512), load_mixed(dir, dtype, dev, 0, 0));
+            if g.mixed_graph_buckets().is_empty() {
+                assert!(g.prefill_graph_buckets().is_empty(), "{name}: mixed graphs off exactly where prefill graphs are");
+                continue;
+            }
+            assert_eq!(g.mixed_graph_buckets(), vec![64, 128, 256, 512]);
+            assert!(e.mixed_graph_buckets().is_empty(), "{name}: 0 tokens turns them off");
+            let size = PoolSize { snapshots: 4, ..PoolSize::for_tokens(48, 2048) };
+            let (mut pg, mut pe) = (g.new_pool_sized(size).unwrap(), e.new_pool_sized(size).unwrap());
+            let vocab = g.config().common.vocab_size as u32;
+            let toks = |n: usize, seed: u32| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + seed * 104_729 + 13) % vocab).collect() };
+            // The running sequences, and a bystander no pass may touch, in both pools.
+            let mut running = Vec::new();
+            for i in 0..=RUNNING {
+                let (sg, se) = (pg.allocate().unwrap(), pe.allocate().unwrap());
+                let head = toks(20 + 7 * i, 500 + i as u32);
+                g.prefill_many(&mut pg, &[(sg, &head)]).unwrap();
+                e.prefill_many(&mut pe, &[(se, &head)]).unwrap();
+                running.push((sg, se));
+            }
+            let (bg, be) = running.pop().unwrap();
+            let bystander = states(&pg, bg.index());
+            let mut worst = 0f64;
+            for (case, &(lens, decode, snaps)) in MIXED_CASES.iter().enumerate() {
+                // Three rounds: from fixed tables eagerly, captured (the first replay), replayed;
+                // each with other prompts and another choice and order of decode rows.
+                for round in 0..3 {
+                    let seed = (case * 3 + round) as u32;
+                    let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| toks(n, seed * 10 + i as u32)).collect();
+                    let rows: Vec<usize> = (0..decode)
+                        .map(|j| (j * 7 + round * 5 + case) % RUNNING)
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    let rows: Vec<usize> = if rows.len() == decode { rows } else { (0..decode).map(|j| (j + round) % RUNNING).collect() };
+                    let run = |eng: &Engine, pool: &mut StatePool, mine: &dyn Fn(usize) -> deltaserve_engine::SlotId| {
+                        let slots: Vec<_> = prompts.iter().map(|_| pool.allocate().unwrap()).collect();
+                        let at: Vec<SnapshotAt> =
+                            snaps.iter().map(|&(seq, tokens)| SnapshotAt { seq, tokens, snap: pool.take_snapshot().unwrap() }).collect();
+                        let batch: Vec<_> = slots.iter().zip(&prompts).map(|(s, p)| (*s, p.as_slice())).collect();
+                        let step: Vec<_> = rows.iter().rev().map(|&r| (mine(r), (r as u32 * 37 + seed) % vocab)).collect();
+                        let logits = values(&eng.prefill_and_decode(pool, &batch, &at, &step).unwrap());
+                        let mut st: Vec<Vec<f32>> = slots.iter().map(|s| states(pool, s.index())).collect();
+                        st.extend(at.iter().map(|a| states(pool, a.snap.index())));
+                        st.extend(step.iter().map(|(s, _)| states(pool, s.index())));
+                        let seen: Vec<usize> = slots.iter().chain(step.iter().map(|(s, _)| s)).map(|&s| pool.seen(s)).collect();
+                        for a in at {
+                            pool.drop_snapshot(a.snap).unwrap();
+                        }
+                        for s in slots {
+                            pool.release(s).unwrap();
+                        }
+                        (logits, st, seen)
+                    };
+                    let (lg, sg, ng) = run(&g, &mut pg, &|r| running[r].0);
+                    let (le, se, ne) = run(&e, &mut pe, &|r| running[r].1);
+                    let what = format!("{name} {dtype:?} lens {lens:?} decode {decode} snapshots {snaps:?} round {round}");
+                    assert_eq!(ng, ne, "{what}: tokens seen");
+                    assert_eq!(lg.len(), le.len(), "{what}: one row of logits per piece and decode row");
+                    let el = rel_err(&lg, &le);
+                    assert!(el <= tol, "{what}: logits rel err {el:.3e}");
+                    worst = worst.max(el);
+                    for (i, (a, b)) in sg.iter().zip(&se).enumerate() {
+                        let es = rel_err(a, b);
+                        assert!(es <= tol, "{what}: state {i} (pieces, snapshots, decode rows) rel err {es:.3e}");
+                        worst = worst.max(es);
+                    }
+                    assert_eq!((pg.used(), pg.snapshots_used()), (RUNNING + 1, 0), "{what}: the padding's slots are returned");
+                }
+                let rows = lens.iter().sum::<usize>().next_power_of_two().max(64);
+                let shape = Shape { rows, seqs: lens.len(), decode: decode_bucket(decode) };
+                assert!(g.prefill_graph_shapes().contains(&shape), "{name} {dtype:?}: {shape:?} captured");
+            }
+            assert_eq!(states(&pg, bg.index()), bystander, "{name} {dtype:?}: the bystander's state, bit for bit");
+            let (dg, de) = (values(&g.decode(&mut pg, &[(bg, 3)]).unwrap()), values(&e.decode(&mut pe, &[(be, 3)]).unwrap()));
+            assert!(rel_err(&dg, &de) <= tol, "{name} {dtype:?}: the bystander decodes as in the eager engine");
+            println!("  {name} {dtype:?}: {} mixed cases × 3 rounds, worst rel err {worst:.2e}", MIXED_CASES.len());
+            graphed += 1;
+        }
+    }
+    assert!(graphed >= 10, "GDN, GDP and DeltaNet fixtures in f32 and bf16 ran mixed passes through graphs ({graphed})");
 }

@@ -1,8 +1,10 @@
 //! The GPU start-up warm-up leaves nothing behind but loaded kernels and captured graphs:
 //! every slot, snapshot slot and KV block is free again, each batch size up to the asked one
-//! has its graph, and a prompt then decodes as on an engine that never warmed up.
+//! has its graph (as does each prefill and mixed pass shape warmed), and a prompt then decodes
+//! as on an engine that never warmed up.
 
 use candle_core::{DType, Device};
+use deltaserve_engine::prefill_graph::Shape;
 use deltaserve_engine::state::PoolSize;
 use deltaserve_engine::{Engine, LoadOptions};
 use deltaserve_tests::{model_fixtures, rel_err, values};
@@ -20,7 +22,17 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
         // sequences each (the fourth slot holds the padding).
         let shapes = if warm.prefill_graph_buckets().is_empty() { 0 } else { 9 };
         assert_eq!(w.prefill_graphs, shapes, "{name}: prefill graph shapes warmed");
-        assert_eq!(warm.prefill_graph_shapes().len(), shapes, "{name}: each captured");
+        // Mixed graphs: 128 prompt rows (the largest mixed bucket within the 128-token budget)
+        // in one piece beside 1 and 2 decode rows, in two pieces beside 1 (the fourth slot holds
+        // the padding).
+        let mixed: Vec<Shape> = match warm.mixed_graph_buckets().is_empty() {
+            true => vec![],
+            false => [(1, 1), (1, 2), (2, 1)].map(|(seqs, decode)| Shape { rows: 128, seqs, decode }).to_vec(),
+        };
+        assert_eq!(w.mixed_graphs, mixed.len(), "{name}: mixed graph shapes warmed");
+        let captured = warm.prefill_graph_shapes();
+        assert_eq!(captured.len(), shapes + mixed.len(), "{name}: each captured");
+        assert!(mixed.iter().all(|m| captured.contains(m)), "{name}: {mixed:?} among {captured:?}");
         assert_eq!((pw.used(), pw.snapshots_used(), pw.kv_blocks_used()), (0, 0, 0), "{name}: everything released");
         let vocab = warm.model().config().common.vocab_size as u32;
         let prompt: Vec<u32> = (0..100u32).map(|i| (i * 31 + 7) % vocab).collect();
@@ -40,8 +52,8 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
             token = (token * 7 + 3) % vocab;
         }
         println!(
-            "{name}: warm-up of {} passes, {} batch sizes and {} prefill graph shapes in {:.2} s",
-            w.passes, w.batch_sizes, w.prefill_graphs, w.secs
+            "{name}: warm-up of {} passes, {} batch sizes, {} prefill and {} mixed graph shapes in {:.2} s",
+            w.passes, w.batch_sizes, w.prefill_graphs, w.mixed_graphs, w.secs
         );
     }
 }

@@ -74,6 +74,7 @@ fn main() -> anyhow::Result<()> {
         prefill_algo: if dtype == deltaserve_engine::DType::F32 { PrefillAlgo::Chunked } else { PrefillAlgo::ChunkedBf16 },
         cuda_graphs: !args.no_cuda_graphs,
         prefill_graph_tokens: deltaserve_engine::DEFAULT_PREFILL_GRAPH_TOKENS,
+        mixed_graph_tokens: deltaserve_engine::DEFAULT_MIXED_GRAPH_TOKENS,
         batch_invariant: false,
         tensor_parallel_size: args.tensor_parallel_size,
         expert_split: split,

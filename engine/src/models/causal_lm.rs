@@ -32,6 +32,20 @@ pub enum Logits {
     All,
 }
 
+/// A mixed pass checked by [`CausalLm::check_mixed`].
+pub(crate) struct CheckedPass {
+    /// The prompt pieces' row offsets.
+    pub(crate) cu: Vec<usize>,
+    /// Each piece's slot.
+    pub(crate) slots: Vec<usize>,
+    /// Snapshots taken inside the pieces.
+    pub(crate) captures: Vec<Capture>,
+    /// The decode rows' tokens.
+    pub(crate) step_tokens: Vec<u32>,
+    /// The decode rows' slots.
+    pub(crate) step_slots: Vec<usize>,
+}
+
 /// A Gated DeltaNet / Gated DeltaProduct / DeltaNet causal LM. Immutable; all state lives in a [`StatePool`].
 #[derive(Debug, Clone)]
 pub struct CausalLm {
@@ -314,15 +328,7 @@ impl CausalLm {
         snapshots: &[SnapshotAt],
         step: &[(SlotId, u32)],
     ) -> Result<Tensor> {
-        let (cu, slots, captures) = self.check_prefill(pool, batch, snapshots)?;
-        let (step_tokens, step_slots) = if step.is_empty() { Default::default() } else { self.check_decode(pool, step)? };
-        if let Some(s) = step_slots.iter().find(|s| slots.contains(s)) {
-            return Err(EngineError::Invalid {
-                field: "batch",
-                expected: "each slot in the prefill or in the decode step, not both".into(),
-                actual: format!("slot {s} in both"),
-            });
-        }
+        let CheckedPass { cu, slots, captures, step_tokens, step_slots } = self.check_mixed(pool, batch, snapshots, step)?;
         let prompt_rows = cu[cu.len() - 1];
         let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = prompt_rows, decode = step.len()).entered();
         let starts: Vec<usize> = batch.iter().map(|(slot, _)| pool.seen(*slot)).collect();
@@ -339,6 +345,27 @@ impl CausalLm {
         let rows: Vec<u32> = cu[1..].iter().map(|&c| c - 1).chain(prompt_rows..prompt_rows + step.len()).map(|r| r as u32).collect();
         let rows = Tensor::new(rows.as_slice(), &self.device)?;
         self.head(&res.rows(|t| t.index_select(&rows, 0))?)
+    }
+
+    /// Checks a mixed pass: the packed prefill (as [`Self::check_prefill`]), the decode rows
+    /// (as [`Self::check_decode`], none allowed) and that no slot is in both.
+    pub(crate) fn check_mixed(
+        &self,
+        pool: &StatePool,
+        batch: &[(SlotId, &[u32])],
+        snapshots: &[SnapshotAt],
+        step: &[(SlotId, u32)],
+    ) -> Result<CheckedPass> {
+        let (cu, slots, captures) = self.check_prefill(pool, batch, snapshots)?;
+        let (step_tokens, step_slots) = if step.is_empty() { Default::default() } else { self.check_decode(pool, step)? };
+        if let Some(s) = step_slots.iter().find(|s| slots.contains(s)) {
+            return Err(EngineError::Invalid {
+                field: "batch",
+                expected: "each slot in the prefill or in the decode step, not both".into(),
+                actual: format!("slot {s} in both"),
+            });
+        }
+        Ok(CheckedPass { cu, slots, captures, step_tokens, step_slots })
     }
 
     /// Checks a packed prefill (sequences with tokens, in distinct allocated slots, snapshots
@@ -398,10 +425,12 @@ impl CausalLm {
             })
     }
 
-    /// The prefill forward of a packing that covers every row of its fixed `seqs.tables`
-    /// (padding included, as a sequence of its own): token ids `[rows]` and the rows whose
-    /// logits to return, `last` `[S]` u32, both on the device. Uploads nothing, so it can be
-    /// captured. Every slot of `seqs` advances; snapshots are the caller's to seal.
+    /// The prefill (or, with `step`, mixed) forward of a packing that covers every row of its
+    /// fixed `seqs.tables` (padding included, as a sequence of its own): token ids
+    /// `[rows + B]` (the decode rows' after the prompt rows), the decode rows' slots with their
+    /// device copy, and the rows whose logits to return, `last` `[S + B]` u32, all on the
+    /// device. Uploads nothing, so it can be captured. Every slot of `seqs` and `step`
+    /// advances; snapshots are the caller's to seal.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn prefill_fixed(
         &self,
@@ -409,9 +438,14 @@ impl CausalLm {
         ids: &Tensor,
         seqs: Packed<'_>,
         algo: PrefillAlgo,
+        step: Option<StepSlots<'_>>,
         last: &Tensor,
     ) -> Result<Tensor> {
-        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Prefill { seqs, algo })?;
+        let pass = match step {
+            None => Pass::Prefill { seqs, algo },
+            Some(slots) => Pass::Mixed { seqs, algo, slots },
+        };
+        let res = self.blocks(self.embed_ids(ids)?, pool, &pass)?;
         self.head(&res.rows(|t| t.index_select(last, 0))?)
     }
 

@@ -73,6 +73,14 @@ pub struct ModelArgs {
     /// turns it off.
     #[arg(long, env = "DELTASERVE_PREFILL_GRAPH_TOKENS", default_value_t = deltaserve_engine::DEFAULT_PREFILL_GRAPH_TOKENS)]
     pub prefill_graph_tokens: usize,
+    /// With CUDA graphs, mixed passes (prompt pieces of up to this many tokens in all, at most
+    /// 8 sequences, beside up to 256 running sequences' decode rows) are padded to 64, 128,
+    /// 256, ... prompt rows and a decode bucket (1, 2, 4, 8, then multiples of 16) and replayed
+    /// from a graph per shape, captured the second time a shape is seen: a prompt's piece beside
+    /// running streams costs its GPU time, not ~700 launches. Same models as
+    /// `--prefill-graph-tokens`; 0 turns it off.
+    #[arg(long, env = "DELTASERVE_MIXED_GRAPH_TOKENS", default_value_t = deltaserve_engine::DEFAULT_MIXED_GRAPH_TOKENS)]
+    pub mixed_graph_tokens: usize,
     /// On the GPU, make every sequence's logits the same bits whatever else is in its batch
     /// (so a seed gives the same text under any load), at a cost in speed (docs/performance.md);
     /// bf16/f16 models. The CPU in f32 is batch-invariant without it.
@@ -147,6 +155,7 @@ impl ModelArgs {
             prefill_algo: prefill_algo(self.mixer_precision, dtype),
             cuda_graphs: !self.no_cuda_graphs,
             prefill_graph_tokens: self.prefill_graph_tokens,
+            mixed_graph_tokens: self.mixed_graph_tokens,
             batch_invariant: self.batch_invariant,
             tensor_parallel_size: self.tensor_parallel_size.into(),
             expert_split: self.expert_parallel.into(),

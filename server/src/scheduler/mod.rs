@@ -150,6 +150,7 @@ impl Scheduler {
                         prefill_passes = w.passes,
                         decode_batch_sizes = w.batch_sizes,
                         prefill_graph_shapes = w.prefill_graphs,
+                        mixed_graph_shapes = w.mixed_graphs,
                         secs = w.secs,
                         "warmed up"
                     )

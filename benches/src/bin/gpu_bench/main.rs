@@ -75,7 +75,8 @@ struct Args {
     #[arg(long)]
     prefill_graphs: bool,
     /// Only a prompt piece beside a decode step of running sequences: two passes (prefill, then
-    /// the decode step's CUDA graph) against one mixed pass, ms to the logits on the host.
+    /// the decode step's CUDA graph), one mixed pass run eagerly and one replayed from its CUDA
+    /// graph, ms to the logits on the host.
     #[arg(long)]
     mixed_passes: bool,
     /// Only the prefill projections as GEMMs: candle's cuBLAS call against cublasLt at the

@@ -85,7 +85,7 @@ pub(super) fn prefill_graph_table(model: &CausalLm, dev: &Device, reps: usize) -
     use deltaserve_engine::SnapshotAt;
     let algo = PrefillAlgo::ChunkedBf16;
     let vocab = model.config().common.vocab_size as u32;
-    let mut graphs = PrefillGraphs::new(Buckets::new(256));
+    let mut graphs = PrefillGraphs::new(Buckets::new(256, 0));
     let size = deltaserve_engine::state::PoolSize { snapshots: 1, ..deltaserve_engine::state::PoolSize::for_tokens(10, 4096) };
     let mut pool = model.new_pool_sized(size)?;
     let prefix: Vec<u32> = (0..2048u32).map(|i| (i * 7919 + 13) % vocab).collect();
@@ -275,17 +275,27 @@ pub(super) fn host_cost_table(model: &CausalLm, dev: &Device, reps: usize) -> an
 
 /// A prompt piece of T tokens (a fresh sequence) beside a decode step of B running sequences,
 /// as the server runs them, ms to both logits on the host (bf16 mixer): two passes (the
-/// prefill eagerly, then the decode step from its CUDA graph) against one mixed pass (eager),
-/// alternating.
+/// prefill eagerly, then the decode step from its CUDA graph), one mixed pass run eagerly, and
+/// the same mixed pass replayed from its CUDA graph, alternating.
 #[cfg(feature = "cuda")]
 pub(super) fn mixed_pass_table(model: &CausalLm, dev: &Device, reps: usize) -> anyhow::Result<()> {
     use deltaserve_engine::decode_graph::DecodeGraphs;
+    use deltaserve_engine::prefill_graph::{Buckets, PrefillGraphs};
     let algo = PrefillAlgo::ChunkedBf16;
     let vocab = model.config().common.vocab_size as u32;
-    println!("| prompt piece T | decode batch B | two passes ms | one mixed pass ms | two / mixed |");
-    println!("|---|---|---|---|---|");
-    for b in [1usize, 16, 64] {
-        let mut pool = model.new_pool(b + 1)?;
+    println!(
+        "| prompt piece T | decode batch B | two passes ms | mixed pass, eager ms | mixed pass, graph ms | two / eager | eager / graph |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    #[derive(Clone, Copy)]
+    enum How {
+        Two,
+        Eager,
+        Graph,
+    }
+    for b in [1usize, 16, 32, 64] {
+        // The running sequences, the piece's slot and the graph's padding slot.
+        let mut pool = model.new_pool(b + 2)?;
         let running: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         let warm: Vec<u32> = (0..64u32).map(|i| (i * 131 + 17) % vocab).collect();
         for s in &running {
@@ -293,35 +303,45 @@ pub(super) fn mixed_pass_table(model: &CausalLm, dev: &Device, reps: usize) -> a
         }
         let step: Vec<_> = running.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % vocab)).collect();
         let mut graphs = DecodeGraphs::default();
+        let mut mixed = PrefillGraphs::new(Buckets::new(0, 512));
         for t in [64usize, 256, 512] {
             let prompt: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-            let mut run = |mixed: bool, pool: &mut deltaserve_engine::StatePool| -> anyhow::Result<()> {
+            let mut run = |how: How, pool: &mut deltaserve_engine::StatePool| -> anyhow::Result<()> {
                 let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("no free slot"))?;
                 let piece = [(slot, prompt.as_slice())];
-                if mixed {
-                    let _host = model.prefill_and_decode(pool, &piece, algo, &[], &step)?.to_vec2::<f32>()?;
-                } else {
-                    let first = model.prefill_many(pool, &piece, algo)?;
-                    let next = graphs.decode(model, pool, &step)?;
-                    let (_a, _b) = (first.to_vec2::<f32>()?, next.to_vec2::<f32>()?);
+                match how {
+                    How::Two => {
+                        let first = model.prefill_many(pool, &piece, algo)?;
+                        let next = graphs.decode(model, pool, &step)?;
+                        let (_a, _b) = (first.to_vec2::<f32>()?, next.to_vec2::<f32>()?);
+                    }
+                    How::Eager => {
+                        let _host = model.prefill_and_decode(pool, &piece, algo, &[], &step)?.to_vec2::<f32>()?;
+                    }
+                    How::Graph => {
+                        let out = mixed.prefill_and_decode(model, pool, &piece, algo, &[], &step)?;
+                        let _host = out.ok_or_else(|| anyhow::anyhow!("T={t} B={b}: no mixed graph"))?.to_vec2::<f32>()?;
+                    }
                 }
                 pool.release(slot)?;
                 Ok(())
             };
-            for mixed in [false, true, false, true] {
-                run(mixed, &mut pool)?;
+            // Warms each: the graph's shape runs from fixed tables, then is captured.
+            for how in [How::Two, How::Eager, How::Graph, How::Two, How::Eager, How::Graph] {
+                run(how, &mut pool)?;
             }
-            let (mut two, mut one) = (Vec::new(), Vec::new());
+            let (mut two, mut one, mut graph) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..reps.max(1) {
-                two.push(super::median_ms(dev, 1, || run(false, &mut pool))?);
-                one.push(super::median_ms(dev, 1, || run(true, &mut pool))?);
+                two.push(super::median_ms(dev, 1, || run(How::Two, &mut pool))?);
+                one.push(super::median_ms(dev, 1, || run(How::Eager, &mut pool))?);
+                graph.push(super::median_ms(dev, 1, || run(How::Graph, &mut pool))?);
             }
             let med = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             };
-            let (a, m) = (med(&mut two), med(&mut one));
-            println!("| {t} | {b} | {a:.2} | {m:.2} | {:.2}× |", a / m);
+            let (a, m, g) = (med(&mut two), med(&mut one), med(&mut graph));
+            println!("| {t} | {b} | {a:.2} | {m:.2} | {g:.2} | {:.2}× | {:.2}× |", a / m, m / g);
         }
     }
     Ok(())
