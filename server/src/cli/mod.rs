@@ -62,8 +62,9 @@ pub struct ModelArgs {
     /// `auto`: bf16 for bf16/f16 models (as fla computes them), fp32 for f32 ones.
     #[arg(long, env = "DELTASERVE_MIXER_PRECISION", value_enum, default_value_t = MixerPrecision::Auto)]
     pub mixer_precision: MixerPrecision,
-    /// Run GPU decode steps eagerly instead of as CUDA graphs (one capture per batch size, then
-    /// one launch a step). For debugging and comparison; no effect on the CPU.
+    /// Run GPU decode steps, and the prefill and mixed passes that would replay graphs, eagerly
+    /// instead of as CUDA graphs (one capture per shape, then one launch a pass). For debugging
+    /// and comparison; no effect on the CPU.
     #[arg(long, env = "DELTASERVE_NO_CUDA_GRAPHS")]
     pub no_cuda_graphs: bool,
     /// With CUDA graphs, prefill passes of up to this many tokens (at most 8 sequences) are
