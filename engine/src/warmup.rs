@@ -38,9 +38,10 @@ impl Engine {
     /// On a GPU, one eager prefill pass of each length of [`pass_lengths`] (the 64-token one
     /// also writing a snapshot when `pool` has a snapshot slot), two decode steps of every
     /// batch size from 1 to `max_batch`, two passes of every prefill graph shape with up
-    /// to `max_batch` sequences, and two of each mixed pass shape that a full step budget's
-    /// piece beside up to `max_batch` decode rows pads to, in free slots of `pool`, all
-    /// released after. Nothing on the CPU. Slots it cannot get (or KV blocks it cannot reserve) shorten it; errors end it.
+    /// to `max_batch` sequences, and two of each mixed pass shape that a full step budget in 1
+    /// to 4 pieces beside up to `max_batch` decode rows pads to, in free slots of `pool`, all
+    /// released after. Nothing on the CPU. Slots it cannot get (or KV blocks it cannot
+    /// reserve) shorten it; errors end it.
     pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<WarmUp> {
         let mut done = WarmUp::default();
         if !self.model().device().is_cuda() {
