@@ -61,14 +61,7 @@ impl Rank {
         algo: deltaserve_kernels::ops::PrefillAlgo,
         snapshots: &[crate::SnapshotAt],
     ) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if let Some(graphs) = &self.prefill_graphs {
-            let mut graphs = graphs.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(logits) = graphs.prefill(&self.model, pool, batch, algo, snapshots)? {
-                return Ok(logits);
-            }
-        }
-        self.model.prefill_many_with(pool, batch, algo, snapshots)
+        self.prefill_and_decode(pool, batch, algo, snapshots, &[])
     }
 
     /// A mixed pass (a packed prefill and a decode step, as
