@@ -1,21 +1,27 @@
-// Launch 2 of the chunked prefill for bf16 inputs (fla's precision), on raw mma.sync
-// m16n8k16 with the state in registers. One CTA (8 warps) per (sequence, value head, BV-column
-// tile) walks the sequence's chunks in order:
+// Launch 2 of the chunked prefill (chunk_prep.cu has launch 1), on raw mma.sync m16n8k16 with
+// the state in registers. One CTA (8 warps) per (sequence, value head, BV-column tile) walks
+// the sequence's chunks in order:
 //   X = W S, Y = Q S                      (warps 0–3: W rows, warps 4–7: Q rows, 16 each)
-//   V' = T2 V − X                         (warps 0–3, from their X registers; bf16 into shared
-//                                          memory, as fla rounds it; U = T2 V is never stored;
+//   V' = U − X                            (warps 0–3, from their X registers; U = T2 V formed
+//                                          here for bf16 inputs, read in fp32 for f32 ones;
 //                                          meanwhile warps 4–7 compute the chunk's decays once)
 //   O = scale (e^G ⊙ Y + P V')            (warps 4–7, from their Y registers)
-//   S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V'   (every warp, on its own rows of S; the
-//                                          decay scales the Kᵀ fragments in registers)
+//   S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V'   (every warp, on its own rows of S)
 // S stays in fp32 accumulator registers; a bf16 copy in shared memory feeds the next chunk's
 // X and Y. Chunk inputs arrive by cp.async in two groups: W and Q (needed first) into single
-// buffers, refilled after X and Y; K, P, T2, V and G either into single buffers refilled at
-// the chunk's end, their wait deferred until after X and Y, or (K ≤ 64, where shared memory
-// allows it at two CTAs per SM) double-buffered and issued a whole chunk ahead. The rows the
-// next loads will want are prefetched into L2 a chunk ahead (the tiles every value tile reads
-// by one CTA of the head only), and with two CTAs per SM one CTA's loads overlap the other's
-// work.
+// buffers, refilled after X and Y; K, P, U's inputs and G either into single buffers refilled
+// at the chunk's end, their wait deferred until after X and Y, or (K ≤ 64 with bf16 inputs,
+// where shared memory allows it at two CTAs per SM) double-buffered and issued a whole chunk
+// ahead. The rows the next loads will want are prefetched into L2 a chunk ahead (the tiles
+// every value tile reads by one CTA of the head only).
+//
+// Precision (LO): bf16 inputs use single bf16 operands and round V' to bf16, as fla does; the
+// decay scales K's fragments in registers. f32 inputs take every operand as a bf16 hi + lo pair
+// (chunk_prep.cu), three products in place of one (the lo·lo term dropped), so that V' = U − W
+// S, which cancels when the state already predicts v well, keeps ~16 mantissa bits; the keys
+// come decayed from the prep launch. Each split tile keeps its lo half right after its hi half.
+// With K > 128 the split tiles leave no room for a key tile of its own: the decayed keys are
+// loaded into W's buffer once X is formed, and the next W after the state update.
 //
 // KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
 // tile shapes and loops are compile-time).
@@ -48,35 +54,54 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 // acc (16 rows, NB·8 columns) += A B over nk k-steps of 16: A row-major from the band's first
-// row (pitch lda), B row-major from its first row (pitch ldb).
-template <int NB>
-__device__ __forceinline__ void band_mma(float (&acc)[NB][4], const bf16* a, int lda, const bf16* b, int ldb, int nk) {
+// row (pitch lda), B row-major from its first row (pitch ldb). With LO both are hi + lo pairs,
+// the lo halves alo and blo elements after the hi ones: hi·hi + hi·lo + lo·hi.
+template <int NB, bool LO = false>
+__device__ __forceinline__ void band_mma(float (&acc)[NB][4], const bf16* a, int lda, const bf16* b, int ldb, int nk,
+                                         int alo = 0, int blo = 0) {
   const int lane = threadIdx.x & 31;
   a += (lane & 15) * lda + (lane >> 4) * 8;
   b += (lane & 15) * ldb + (lane >> 4) * 8;
 #pragma unroll 2
   for (int kk = 0; kk < nk; ++kk) {
-    unsigned af[4];
+    unsigned af[4], al[4];
     ldsm4(af, a + kk * 16);
+    if constexpr (LO) ldsm4(al, a + alo + kk * 16);
 #pragma unroll
     for (int jp = 0; jp < NB / 2; ++jp) {
       unsigned bf[4];
       ldsm4_t(bf, b + kk * 16 * ldb + jp * 16);
       mma_bf16(acc[2 * jp], af, bf[0], bf[1]);
       mma_bf16(acc[2 * jp + 1], af, bf[2], bf[3]);
+      if constexpr (LO) {
+        unsigned bl[4];
+        ldsm4_t(bl, b + blo + kk * 16 * ldb + jp * 16);
+        mma_bf16(acc[2 * jp], af, bl[0], bl[1]);
+        mma_bf16(acc[2 * jp + 1], af, bl[2], bl[3]);
+        mma_bf16(acc[2 * jp], al, bf[0], bf[1]);
+        mma_bf16(acc[2 * jp + 1], al, bf[2], bf[3]);
+      }
     }
   }
 }
 
-template <int KT, int BV>
-__device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                long ldv, const bf16* __restrict__ W, const bf16* __restrict__ T2, const bf16* __restrict__ P,
-                                const float* __restrict__ Gin,
-                                float* __restrict__ states, const int* __restrict__ cu, const int* __restrict__ slots,
-                                const int* __restrict__ snap, int has_snap, float* __restrict__ o, int H, int HV, int K,
-                                int V, float scale) {
+// The state pass's global inputs. bf16 inputs: q, k per key head ([rows, H, K]), v's rows ldv
+// apart, T2, W, P. f32 inputs (the lo pointers set): q per key head and the decayed keys per
+// value head ([rows, HV, K]) as hi + lo pairs, U in fp32 [rows, HV, V], W and P as pairs.
+struct ChunkIn {
+  const bf16 *q, *ql, *k, *kl, *v;
+  long ldv;
+  const float* U;
+  const bf16 *W, *Wl, *T2, *P, *Pl;
+  const float* G;
+};
+
+template <int KT, int BV, bool LO>
+__device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, const int* __restrict__ cu,
+                                const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
+                                float* __restrict__ o, int H, int HV, int K, int V, float scale) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  constexpr int SB = BV + 8, NB = BV / 8;
+  constexpr int SB = BV + 8, NB = BV / 8, UP = BV + 4;
   // Rows of S per warp: KT ≥ 8 gives each warp KT/8 whole row tiles; KT = 4 splits each row
   // tile's columns between 8/KT warps.
   constexpr int RPW = KT > 8 ? KT / 8 : 1;
@@ -84,34 +109,52 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   constexpr int NBW = NB / CS;
   static_assert(NBW % 2 == 0, "S column groups come in pairs of n8 tiles");
   constexpr int K16 = KT * 16, KP = K16 + 8;
+  // Elements of each tile kind: a split tile holds its lo half this far after its hi half.
+  constexpr int KTILE = CH * KP, PTILE = CH * TP, STILE = K16 * SB, VTILE = CH * SB;
+  constexpr int NS = LO ? 2 : 1;
+  // With K ≤ 64 and bf16 inputs the tiles are small enough for two CTAs per SM to
+  // double-buffer the second load group (K, P, T2, V, G): the next chunk's copy starts a whole
+  // chunk ahead, at the top of this one, instead of after this chunk's state update.
+  constexpr bool DB = KT <= 4 && !LO;
+  // Split tiles with K > 128: the decayed keys take W's buffer (see the header).
+  constexpr bool KW = LO && KT > 8;
   Smem sm{smem_raw};
-  bf16* Wt = sm.take<bf16>(CH * KP);
-  bf16* Qt = sm.take<bf16>(CH * KP);
-  bf16* K0 = sm.take<bf16>(CH * KP);
-  bf16* P0 = sm.take<bf16>(CH * TP);
-  bf16* Sb = sm.take<bf16>(K16 * SB);
-  bf16* T20 = sm.take<bf16>(CH * TP);
-  bf16* V0 = sm.take<bf16>(CH * SB);
-  bf16* Vp = sm.take<bf16>(CH * SB);
+  bf16* Wt = sm.take<bf16>(NS * KTILE);
+  bf16* Qt = sm.take<bf16>(NS * KTILE);
+  bf16* K0 = KW ? Wt : sm.take<bf16>(NS * KTILE);
+  bf16* P0 = sm.take<bf16>(NS * PTILE);
+  bf16* Sb = sm.take<bf16>(NS * STILE);
+  bf16* T20 = LO ? nullptr : sm.take<bf16>(PTILE);
+  bf16* V0 = LO ? nullptr : sm.take<bf16>(VTILE);
+  float* U0 = LO ? sm.take<float>(CH * UP) : nullptr;
+  bf16* Vp = sm.take<bf16>(NS * VTILE);
   // The chunk's decays e^{G_last − G} and e^G (computed once per chunk), then its G.
   float* Dk = sm.take<float>(3 * CH);
   float* Eg = Dk + CH;
   float* G0 = Dk + 2 * CH;
-  // With K ≤ 64 the tiles are small enough for two CTAs per SM to double-buffer the second
-  // load group (K, P, T2, V, G): the next chunk's copy starts a whole chunk ahead, at the top of
-  // this one, instead of after this chunk's state update.
-  constexpr bool DB = KT <= 4;
-  bf16* K1 = DB ? sm.take<bf16>(CH * KP) : K0;
-  bf16* P1 = DB ? sm.take<bf16>(CH * TP) : P0;
-  bf16* T21 = DB ? sm.take<bf16>(CH * TP) : T20;
-  bf16* V1 = DB ? sm.take<bf16>(CH * SB) : V0;
+  bf16* K1 = DB ? sm.take<bf16>(KTILE) : K0;
+  bf16* P1 = DB ? sm.take<bf16>(PTILE) : P0;
+  bf16* T21 = DB ? sm.take<bf16>(PTILE) : T20;
+  bf16* V1 = DB ? sm.take<bf16>(VTILE) : V0;
   float* G1 = DB ? sm.take<float>(CH) : G0;
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * BV;
   const int hk = hv / (HV / H);
+  // bf16 inputs' keys are per key head; f32 inputs' decayed keys per value head.
+  const int kh = LO ? hv : hk, KH = LO ? HV : H;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
   const int vw = min(BV, V - v0);
   float* Sg = states + ((size_t)slots[seq] * HV + hv) * K * V + v0;
+
+  // Two values into a tile as bf16 (and, for split operands, their remainders a tile later).
+  auto put2 = [&](bf16* tile, int plane, int at, float a, float b) {
+    const unsigned hi = pack_bf16(a, b);
+    *reinterpret_cast<unsigned*>(tile + at) = hi;
+    if constexpr (LO) {
+      const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+      *reinterpret_cast<unsigned*>(tile + plane + at) = pack_bf16(a - h.x, b - h.y);
+    }
+  };
 
   // This warp's part of S: row tiles srt[r], n8 tiles sn0 .. sn0 + NBW.
   float s[RPW][NBW][4];
@@ -119,15 +162,15 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   const int sn0 = (warp % CS) * NBW;
 #pragma unroll
   for (int r = 0; r < RPW; ++r) srt[r] = KT >= 8 ? warp + 8 * r : warp / CS;
-  // Writes the bf16 copy of this warp's part of S.
+  // Writes the bf16 copy (or pair) of this warp's part of S.
   auto publish_s = [&]() {
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
 #pragma unroll
       for (int j = 0; j < NBW; ++j) {
         const int row = srt[r] * 16 + g8, col = (sn0 + j) * 8 + 2 * t4;
-        *reinterpret_cast<unsigned*>(Sb + row * SB + col) = pack_bf16(s[r][j][0], s[r][j][1]);
-        *reinterpret_cast<unsigned*>(Sb + (row + 8) * SB + col) = pack_bf16(s[r][j][2], s[r][j][3]);
+        put2(Sb, STILE, row * SB + col, s[r][j][0], s[r][j][1]);
+        put2(Sb, STILE, (row + 8) * SB + col, s[r][j][2], s[r][j][3]);
       }
     }
   };
@@ -155,21 +198,38 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
   publish_s();
 
   const int t_begin = cu[seq], t_end = cu[seq + 1];
-  auto load_wq = [&](int t0, int L) {
-    tile_async<CH, K16>(Wt, KP, W + ((size_t)t0 * HV + hv) * K, (size_t)HV * K, L, K);
-    tile_async<CH, K16>(Qt, KP, q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+  // A [64, K16] tile of rows t0.. of a [rows, heads, K] matrix (and its lo half).
+  auto load_k16 = [&](bf16* dst, const bf16* hi, const bf16* lo, int heads, int head, int t0, int L) {
+    const size_t at = ((size_t)t0 * heads + head) * K;
+    tile_async<CH, K16>(dst, KP, hi + at, (size_t)heads * K, L, K);
+    if constexpr (LO) tile_async<CH, K16>(dst + KTILE, KP, lo + at, (size_t)heads * K, L, K);
   };
+  auto load_w = [&](int t0, int L) { load_k16(Wt, in.W, in.Wl, HV, hv, t0, L); };
+  auto load_q = [&](int t0, int L) { load_k16(Qt, in.q, in.ql, H, hk, t0, L); };
+  auto load_k = [&](bf16* dst, int t0, int L) { load_k16(dst, in.k, in.kl, KH, kh, t0, L); };
+  // The second group: K (unless it waits for W's buffer), P, U's inputs and G.
   auto load_kpug = [&](int t0, int L, int buf) {
-    tile_async<CH, K16>((buf ? K1 : K0), KP, k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
-    tile_async<CH, CH>((buf ? P1 : P0), TP, P + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
-    tile_async<CH, CH>((buf ? T21 : T20), TP, T2 + ((size_t)t0 * HV + hv) * CH, (size_t)HV * CH, L, CH);
-    tile_async<CH, BV>((buf ? V1 : V0), SB, v + (size_t)t0 * ldv + (size_t)hv * V + v0, (size_t)ldv, L, vw);
-    if (tid < CH) cp_async4((buf ? G1 : G0) + tid, Gin + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
+    if constexpr (!KW) load_k(buf ? K1 : K0, t0, L);
+    const size_t prow = ((size_t)t0 * HV + hv) * CH;
+    tile_async<CH, CH>((buf ? P1 : P0), TP, in.P + prow, (size_t)HV * CH, L, CH);
+    if constexpr (LO) {
+      tile_async<CH, CH>((buf ? P1 : P0) + PTILE, TP, in.Pl + prow, (size_t)HV * CH, L, CH);
+      // fp32 rows copied as twice as many bf16 (bytes are bytes).
+      tile_async<CH, 2 * BV>(reinterpret_cast<bf16*>(U0), 2 * UP,
+                             reinterpret_cast<const bf16*>(in.U + ((size_t)t0 * HV + hv) * V + v0), (size_t)2 * HV * V, L,
+                             2 * vw);
+    } else {
+      tile_async<CH, CH>((buf ? T21 : T20), TP, in.T2 + prow, (size_t)HV * CH, L, CH);
+      tile_async<CH, BV>((buf ? V1 : V0), SB, in.v + (size_t)t0 * in.ldv + (size_t)hv * V + v0, (size_t)in.ldv, L, vw);
+    }
+    if (tid < CH) cp_async4((buf ? G1 : G0) + tid, in.G + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
   };
   if (t_begin < t_end) {
-    load_wq(t_begin, min(CH, t_end - t_begin));
+    const int L = min(CH, t_end - t_begin);
+    load_w(t_begin, L);
+    load_q(t_begin, L);
     cp_async_commit();
-    load_kpug(t_begin, min(CH, t_end - t_begin), 0);
+    load_kpug(t_begin, L, 0);
     cp_async_commit();
   }
   const int m = warp >> 2, rt = warp & 3;  // m = 0: X = W S, m = 1: Y = Q S; rt: 16-row band
@@ -179,10 +239,10 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     const int L1 = more ? min(CH, t_end - (t0 + CH)) : 0;
     const bf16 *Kt = (buf ? K1 : K0), *Pt = (buf ? P1 : P0), *T2t = (buf ? T21 : T20), *Vt = (buf ? V1 : V0);
     const float* G = (buf ? G1 : G0);
-    if constexpr (DB) {
-      cp_async_wait<0>();  // this chunk's W and Q, and its second group (issued a chunk ago)
+    if constexpr (DB || KW) {
+      cp_async_wait<0>();  // W and Q, and the second group (DB: issued a chunk ago)
     } else {
-      cp_async_wait<1>();  // W and Q; K, P, T2, V and G may still be in flight
+      cp_async_wait<1>();  // W and Q; K, P, U's inputs and G may still be in flight
     }
     __syncthreads();
     if (more) {
@@ -193,15 +253,28 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
         cp_async_commit();
       }
       if (blockIdx.x == 0) {  // the tiles every value tile reads: one CTA asks for them
-        prefetch_l2<2 * K16>(W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
-        prefetch_l2<2 * K16>(q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+        prefetch_l2<2 * K16>(in.W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
+        prefetch_l2<2 * K16>(in.q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+        if constexpr (LO) {
+          prefetch_l2<2 * K16>(in.Wl + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
+          prefetch_l2<2 * K16>(in.ql + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+        }
         if constexpr (!DB) {
-          prefetch_l2<2 * K16>(k + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
-          prefetch_l2<2 * CH>(P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
-          prefetch_l2<2 * CH>(T2 + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+          prefetch_l2<2 * K16>(in.k + (r1 * KH + kh) * K, (size_t)KH * K * 2, L1, K * 2);
+          prefetch_l2<2 * CH>(in.P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+          if constexpr (LO) {
+            prefetch_l2<2 * K16>(in.kl + (r1 * KH + kh) * K, (size_t)KH * K * 2, L1, K * 2);
+            prefetch_l2<2 * CH>(in.Pl + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+          } else {
+            prefetch_l2<2 * CH>(in.T2 + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
+          }
         }
       }
-      if constexpr (!DB) prefetch_l2<2 * BV>(v + r1 * ldv + (size_t)hv * V + v0, (size_t)ldv * 2, L1, vw * 2);
+      if constexpr (LO) {
+        prefetch_l2<4 * BV>(in.U + (r1 * HV + hv) * V + v0, (size_t)HV * V * 4, L1, vw * 4);
+      } else if constexpr (!DB) {
+        prefetch_l2<2 * BV>(in.v + r1 * in.ldv + (size_t)hv * V + v0, (size_t)in.ldv * 2, L1, vw * 2);
+      }
     }
 
     float acc[NB][4];
@@ -209,28 +282,43 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     for (int j = 0; j < NB; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    band_mma<NB>(acc, (m ? Qt : Wt) + rt * 16 * KP, KP, Sb, SB, KT);
-    if constexpr (!DB) cp_async_wait<0>();
-    __syncthreads();  // K, P, T2, V and G are in; W, Q and the bf16 S are consumed
-    if (more) {
-      load_wq(t0 + CH, L1);
+    band_mma<NB, LO>(acc, (m ? Qt : Wt) + rt * 16 * KP, KP, Sb, SB, KT, KTILE, STILE);
+    if constexpr (!DB && !KW) cp_async_wait<0>();
+    __syncthreads();  // K, P, U's inputs and G are in; W, Q and the bf16 S are consumed
+    if constexpr (KW) {
+      load_k(Wt, t0, L);  // this chunk's decayed keys, into W's buffer
+      if (more) load_q(t0 + CH, L1);
+      cp_async_commit();
+    } else if (more) {
+      load_w(t0 + CH, L1);
+      load_q(t0 + CH, L1);
       cp_async_commit();
     }
 
     const float g_last = G[CH - 1];
     if (m == 0) {
-      // V' = T2 V − X (T2 lower triangular: k-steps up to the band).
+      if constexpr (LO) {
+        // V' = U − X.
 #pragma unroll
-      for (int j = 0; j < NB; ++j)
+        for (int j = 0; j < NB; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = -acc[j][e];
-      band_mma<NB>(acc, T2t + rt * 16 * TP, TP, Vt, SB, rt + 1);
+          for (int e = 0; e < 4; ++e) {
+            const int r = rt * 16 + g8 + (e >> 1) * 8, col = j * 8 + 2 * t4 + (e & 1);
+            acc[j][e] = U0[r * UP + col] - acc[j][e];
+          }
+      } else {
+        // V' = T2 V − X (T2 lower triangular: k-steps up to the band).
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] = -acc[j][e];
+        band_mma<NB>(acc, T2t + rt * 16 * TP, TP, Vt, SB, rt + 1);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = rt * 16 + g8 + 8 * h;
 #pragma unroll
-        for (int j = 0; j < NB; ++j)
-          *reinterpret_cast<unsigned*>(Vp + r * SB + j * 8 + 2 * t4) = pack_bf16(acc[j][2 * h], acc[j][2 * h + 1]);
+        for (int j = 0; j < NB; ++j) put2(Vp, VTILE, r * SB + j * 8 + 2 * t4, acc[j][2 * h], acc[j][2 * h + 1]);
       }
     } else {
       // Meanwhile the Y warps work out the chunk's decays, once for every warp.
@@ -247,7 +335,7 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       for (int j = 0; j < NB; ++j) {
         acc[j][0] *= e0, acc[j][1] *= e0, acc[j][2] *= e1, acc[j][3] *= e1;
       }
-      band_mma<NB>(acc, Pt + rt * 16 * TP, TP, Vp, SB, rt + 1);
+      band_mma<NB, LO>(acc, Pt + rt * 16 * TP, TP, Vp, SB, rt + 1, PTILE, VTILE);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = rt * 16 + g8 + 8 * h;
@@ -266,18 +354,24 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
         }
       }
     }
+    if constexpr (KW) {
+      cp_async_wait<0>();  // the decayed keys (and the next Q)
+      __syncthreads();
+    }
 
     // S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V': A = Kᵀ (ldmatrix.trans of the row-major K
-    // tile), each column t scaled by its decay in registers; B = V'.
+    // tile; bf16 inputs scale each column t by its decay in registers), B = V'.
     const float el = Eg[CH - 1];
     __nv_bfloat162 dk[CH / 16][2];  // decays of columns 2·t4 (+1) and 8 + 2·t4 (+1) per k-step
+    if constexpr (!LO) {
 #pragma unroll
-    for (int kk = 0; kk < CH / 16; ++kk)
+      for (int kk = 0; kk < CH / 16; ++kk)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int t = kk * 16 + 8 * h + 2 * t4;
-        dk[kk][h] = __floats2bfloat162_rn(Dk[t], Dk[t + 1]);
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int t = kk * 16 + 8 * h + 2 * t4;
+          dk[kk][h] = __floats2bfloat162_rn(Dk[t], Dk[t + 1]);
+        }
+    }
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
 #pragma unroll
@@ -288,21 +382,34 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
       const bf16* a_base = Kt + ((mx >> 1) * 8 + (lane & 7)) * KP + srt[r] * 16 + (mx & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < CH / 16; ++kk) {
-        unsigned a[4];
+        unsigned a[4], al[4];
         ldsm4_t(a, a_base + kk * 16 * KP);
-        // a0, a1 hold columns 2·t4 (+1) of the k-step; a2, a3 columns 8 + 2·t4 (+1).
+        if constexpr (LO) {
+          ldsm4_t(al, a_base + KTILE + kk * 16 * KP);
+        } else {
+          // a0, a1 hold columns 2·t4 (+1) of the k-step; a2, a3 columns 8 + 2·t4 (+1).
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a[e]);
-          x = __hmul2(x, dk[kk][e >> 1]);
-          a[e] = *reinterpret_cast<unsigned*>(&x);
+          for (int e = 0; e < 4; ++e) {
+            __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a[e]);
+            x = __hmul2(x, dk[kk][e >> 1]);
+            a[e] = *reinterpret_cast<unsigned*>(&x);
+          }
         }
 #pragma unroll
         for (int jp = 0; jp < NBW / 2; ++jp) {
+          const int at = (kk * 16 + (lane & 15)) * SB + (sn0 + 2 * jp) * 8 + (lane >> 4) * 8;
           unsigned b[4];
-          ldsm4_t(b, Vp + (kk * 16 + (lane & 15)) * SB + (sn0 + 2 * jp) * 8 + (lane >> 4) * 8);
+          ldsm4_t(b, Vp + at);
           mma_bf16(s[r][2 * jp], a, b[0], b[1]);
           mma_bf16(s[r][2 * jp + 1], a, b[2], b[3]);
+          if constexpr (LO) {
+            unsigned bl[4];
+            ldsm4_t(bl, Vp + VTILE + at);
+            mma_bf16(s[r][2 * jp], a, bl[0], bl[1]);
+            mma_bf16(s[r][2 * jp + 1], a, bl[2], bl[3]);
+            mma_bf16(s[r][2 * jp], al, b[0], b[1]);
+            mma_bf16(s[r][2 * jp + 1], al, b[2], b[3]);
+          }
         }
       }
     }
@@ -310,8 +417,9 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
     // A capture after this chunk: this warp's part of the state into snapshot slot snap − 1.
     const int d = has_snap ? snap[t0] : 0;
     if (d > 0) for_s_in(states + ((size_t)(d - 1) * HV + hv) * K * V + v0, [](float& x, float* g) { *g = x; });
-    __syncthreads();  // K, P, T2, V, G and V' consumed; the bf16 S is complete
+    __syncthreads();  // K, P, U's inputs, G and V' consumed; the bf16 S is complete
     if (!DB && more) {
+      if constexpr (KW) load_w(t0 + CH, L1);
       load_kpug(t0 + CH, L1, 0);
       cp_async_commit();
     }
@@ -324,10 +432,12 @@ __device__ void chunk_mma_state(const bf16* __restrict__ q, const bf16* __restri
 #define MMA_ENTRY(KT, BV, MINB)                                                                                      \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
       chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* W,           \
-                                     const bf16* T2, const bf16* P, const float* G, float* states, const int* cu, const int* slots,  \
-                                     const int* snap, int has_snap, float* o, int H, int HV, int K, int V,          \
-                                     float scale) { pdl_entry();                                                                  \
-    chunk_mma_state<KT, BV>(q, k, v, ldv, W, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);   \
+                                     const bf16* T2, const bf16* P, const float* G, float* states, const int* cu,   \
+                                     const int* slots, const int* snap, int has_snap, float* o, int H, int HV, int K, \
+                                     int V, float scale) {                                                           \
+    pdl_entry();                                                                                                     \
+    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, W, nullptr, T2, P, nullptr, G};                       \
+    chunk_mma_state<KT, BV, false>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);                   \
   }
 MMA_ENTRY(4, 32, 2)
 MMA_ENTRY(4, 64, 2)
@@ -335,3 +445,21 @@ MMA_ENTRY(8, 32, 2)
 MMA_ENTRY(8, 64, 2)
 MMA_ENTRY(16, 32, 1)
 MMA_ENTRY(16, 64, 1)
+
+// f32 inputs (split operands): q and the decayed keys as pairs, U in fp32, W and P as pairs.
+#define SPLIT_ENTRY(KT, BV, MINB)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
+      chunk_split_state_k##KT##_bv##BV(const bf16* q, const bf16* ql, const bf16* kd, const bf16* kdl, const float* U, \
+                                       const bf16* W, const bf16* Wl, const bf16* P, const bf16* Pl, const float* G, \
+                                       float* states, const int* cu, const int* slots, const int* snap, int has_snap, \
+                                       float* o, int H, int HV, int K, int V, float scale) {                          \
+    pdl_entry();                                                                                                     \
+    const ChunkIn in{q, ql, kd, kdl, nullptr, 0, U, W, Wl, nullptr, P, Pl, G};                                       \
+    chunk_mma_state<KT, BV, true>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);                    \
+  }
+SPLIT_ENTRY(4, 32, 2)
+SPLIT_ENTRY(4, 64, 1)
+SPLIT_ENTRY(8, 32, 1)
+SPLIT_ENTRY(8, 64, 1)
+SPLIT_ENTRY(16, 16, 1)
+SPLIT_ENTRY(16, 32, 1)

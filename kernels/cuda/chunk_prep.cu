@@ -7,26 +7,51 @@
 //    with bf16 inputs T2 = T diag(β) goes out in U's place and the state pass forms U = T2 V.
 //    T is inverted in fp32 by 16×16 blocks: the diagonal blocks by elimination in registers,
 //    then the blocks below it from the two 32×32 halves (three dependent products).
-// 2. one CTA per (sequence, value head, value tile), chunks in order, the state carried
-//    through them: V' = U − W S, O = scale (e^G ⊙ Q S + P V'), S ← e^{G_last} S + Kᵀ
-//    (e^{G_last−G} ⊙ V'). chunk_state.cu (wmma, split operands) for f32 inputs, chunk_mma.cu
-//    (mma.sync, state in registers) for bf16 inputs.
+// 2. chunk_mma.cu: one CTA per (sequence, value head, value tile), chunks in order, the state
+//    carried through them: V' = U − W S, O = scale (e^G ⊙ Q S + P V'), S ← e^{G_last} S + Kᵀ
+//    (e^{G_last−G} ⊙ V').
 //
 // With f32 inputs every operand enters the matmuls as a bf16 hi + lo pair (x ≈ hi + lo, ~16
 // mantissa bits; the lo·lo product is dropped), so the result is close to an fp32
 // computation: that matters most for V' = U − W S, which cancels when the state already
-// predicts v well. With bf16 inputs (TI = bf16) every operand is a single bf16 and W, U and P
-// are stored in bf16: fla's precision, a third of the products and half the traffic.
+// predicts v well. This launch then writes W, P, q and the decayed keys e^{G_last−G} ⊙ k as
+// such pairs (U in fp32), so that the state pass copies its tiles in with cp.async and splits
+// nothing. With bf16 inputs (TI = bf16) every operand is a single bf16 and W, T2 and P are
+// stored in bf16: fla's precision, a third of the products and half the traffic.
 //
 // Chunks never cross sequences: chunk c covers rows [crow[c], crow[c] + clen[c]) of one
 // packed sequence. Padding rows (beyond clen) load as zeros and carry the last row's G.
 #include "tc_common.cuh"
 
+// What chunk_tc_prep writes, row-major by (row, head): W [rows, HV, K] and P [rows, HV, 64] in
+// bf16; U [rows, HV, V] (f32 inputs) or T2 [rows, HV, 64] (bf16 inputs). The lo halves and Q,
+// Kd are for f32 inputs only (null otherwise): Wl, Pl the remainders of W, P; Q, Ql the query
+// rows [rows, H, K]; Kd, Kdl the keys scaled by e^{G_last − G} [rows, HV, K].
+template <typename TI>
+struct PrepOut {
+  bf16 *W, *Wl;
+  TI* U;
+  bf16 *P, *Pl, *Q, *Ql, *Kd, *Kdl;
+};
+
+// n ≤ 8 values at hi (and their remainders at lo, when non-null): one 16-byte store each when
+// whole and aligned.
+__device__ __forceinline__ void store_row8(bf16* hi, bf16* lo, const float* x, int n) {
+  if (n >= 8 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 && (!lo || reinterpret_cast<uintptr_t>(lo) % 16 == 0)) {
+    store8_split(hi, lo, x);
+  } else {
+    for (int e = 0; e < n; ++e) {
+      hi[e] = __float2bfloat16(x[e]);
+      if (lo) lo[e] = __float2bfloat16(x[e] - __bfloat162float(hi[e]));
+    }
+  }
+}
+
 template <typename TI>
 __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
                               const float* __restrict__ beta, const float* __restrict__ g, const int* __restrict__ crow,
-                              const int* __restrict__ clen, TI* __restrict__ W, TI* __restrict__ U,
-                              TI* __restrict__ P, float* __restrict__ Gout, int H, int HV, int K, int V) {
+                              const int* __restrict__ clen, const PrepOut<TI> out, float* __restrict__ Gout, int H, int HV,
+                              int K, int V) {
   // An unused entry of a fixed-size chunk table (a pass captured as a CUDA graph).
   if (clen[blockIdx.x] == 0) return;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -62,7 +87,14 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
 
   if constexpr (LO) {
     for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Kh, Kl, KP));
-    for_rows8(q + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Qh, Ql, KP));
+    // The first value head of each key head also writes the query rows' pairs out.
+    const bool own_q = hv % (HV / H) == 0;
+    const auto qtile = to_tile(Qh, Ql, KP);
+    for_rows8(q + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, [&](int r, int cc, const float* x) {
+      qtile(r, cc, x);
+      const size_t at = ((row0 + r) * H + hk) * K + cc;
+      if (own_q && r < L && cc < K) store_row8(out.Q + at, out.Ql + at, x, min(8, K - cc));
+    });
   } else {
     tile_async<CH, 0>(Kh, KP, k + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
     tile_async<CH, 0>(Qh, KP, q + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
@@ -120,7 +152,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
       a[c] = j < i ? bi * a[c] * d : 0.0f;
       pa[c] = j <= i ? qk[c] * d : 0.0f;  // upper tiles of Q Kᵀ were never computed
     }
-    if (i < L) store8(P + ((row0 + i) * HV + hv) * CH + j0, pa);
+    const size_t at = ((row0 + i) * HV + hv) * CH + j0;
+    if (i < L) store8_split(out.P + at, LO ? out.Pl + at : nullptr, pa);
   }
   __syncthreads();
 
@@ -214,7 +247,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
 #pragma unroll
       for (int c = 0; c < 8; ++c) t1[c] = t[n][c] * ebj[c], t2[c] = t[n][c] * bj[c];
       store8(T1h + i * TP + j0, t1);
-      if (i < L) store8(U + ((row0 + i) * HV + hv) * CH + j0, t2);
+      if (i < L) store8(out.U + ((row0 + i) * HV + hv) * CH + j0, t2);
     }
   }
   __syncthreads();
@@ -227,7 +260,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     for (int kk = 0; kk <= rt; ++kk)
       mma_split<FragA, FragB>(acc, T1h + rt * 16 * TP + kk * 16, LO ? T1l + rt * 16 * TP + kk * 16 : nullptr, TP, Kh + kk * 16 * KP + ct * 16,
                               LO ? Kl + kk * 16 * KP + ct * 16 : nullptr, KP);
-    store_tile(stage, acc, W + (row0 * HV + hv) * K, (size_t)HV * K, L, rt * 16, ct * 16, K);
+    const size_t at = (row0 * HV + hv) * K;
+    store_tile(stage, acc, out.W + at, (size_t)HV * K, L, rt * 16, ct * 16, K, LO ? out.Wl + at : nullptr);
   }
   // U = T2 V, 64 value columns at a time (f32 inputs; bf16 ones leave it to the state pass).
   if constexpr (LO) {
@@ -244,17 +278,31 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
         for (int kk = 0; kk <= rt; ++kk)
           mma_split<FragA, FragB>(acc, T2h + rt * 16 * TP + kk * 16, T2l + rt * 16 * TP + kk * 16, TP, Vh + kk * 16 * TP + ct * 16,
                                   Vl + kk * 16 * TP + ct * 16, TP);
-        store_tile(stage, acc, U + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, rt * 16, ct * 16, w);
+        store_tile(stage, acc, out.U + (row0 * HV + hv) * V + v0, (size_t)HV * V, L, rt * 16, ct * 16, w);
       }
     }
+    // The keys as the state update takes them, e^{G_last − G} ⊙ k (G_last: row 63's G, which
+    // padding rows carry), split once here rather than by every value tile of the state pass.
+    const float g_last = G[CH - 1];
+    for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, [&](int r, int cc, const float* x) {
+      if (r >= L || cc >= K) return;
+      const float d = __expf(g_last - G[r]);
+      float y[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = x[e] * d;
+      const size_t at = ((row0 + r) * HV + hv) * K + cc;
+      store_row8(out.Kd + at, out.Kdl + at, y, min(8, K - cc));
+    });
   }
 }
 
 #define PREP_ENTRY(NAME, TI)                                                                                         \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
       NAME(const TI* q, const TI* k, const TI* v, const float* beta, const float* g, const int* crow, const int* clen, \
-           TI* W, TI* U, TI* P, float* Gout, int H, int HV, int K, int V) { pdl_entry();                                   \
-    chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, W, U, P, Gout, H, HV, K, V);                                      \
+           bf16* W, bf16* Wl, TI* U, bf16* P, bf16* Pl, bf16* Q, bf16* Ql, bf16* Kd, bf16* Kdl, float* Gout, int H,    \
+           int HV, int K, int V) {                                                                                   \
+    pdl_entry();                                                                                                     \
+    chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, PrepOut<TI>{W, Wl, U, P, Pl, Q, Ql, Kd, Kdl}, Gout, H, HV, K, V); \
   }
 PREP_ENTRY(chunk_tc_prep_bf16, bf16)
 PREP_ENTRY(chunk_tc_prep_f32, float)

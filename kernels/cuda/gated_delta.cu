@@ -1,7 +1,7 @@
 // Decode steps of the gated delta rule (model-spec.md §1.3 step 8) on fp32 state [HV, K, V]
 // per slot, K-major. GVA: value head j reads q/k head j / (HV/H). Gated DeltaProduct's n
 // householder steps per token run inside the kernel. (Prefill: chunk_prep.cu, then
-// chunk_mma.cu or chunk_state.cu.)
+// chunk_mma.cu.)
 #include <cstddef>
 
 #include "common.cuh"

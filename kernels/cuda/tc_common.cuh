@@ -1,8 +1,10 @@
-// Helpers of the tensor-core chunk kernels (chunk_prep.cu, chunk_state.cu): tile loaders,
-// bf16 hi + lo splitting and split matmuls on wmma fragments.
+// Helpers of the tensor-core chunk kernels (chunk_prep.cu, chunk_mma.cu): tile loaders, bf16
+// hi + lo splitting and split matmuls on wmma fragments.
 #pragma once
 #include <cuda_bf16.h>
 #include <mma.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -59,18 +61,22 @@ __device__ __forceinline__ void store8(bf16* p, const float* x) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// Eight values as bf16 to hi and, when lo is non-null, their remainders x − hi to lo (both
+// 16-byte aligned).
+__device__ __forceinline__ void store8_split(bf16* hi, bf16* lo, const float* x) {
+  store8(hi, x);
+  if (lo) {
+    float rem[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) rem[e] = x[e] - __bfloat162float(__float2bfloat16(x[e]));
+    store8(lo, rem);
+  }
+}
+
 // A loader callback writing 8 values into a bf16 tile (hi) and, when lo is non-null, their
 // remainders; tile pitches are multiples of 8, so each group is one 16-byte store.
 __device__ __forceinline__ auto to_tile(bf16* hi, bf16* lo, int ld) {
-  return [=](int r, int cc, const float* x) {
-    store8(hi + r * ld + cc, x);
-    if (lo) {
-      float rem[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) rem[e] = x[e] - __bfloat162float(__float2bfloat16(x[e]));
-      store8(lo + r * ld + cc, rem);
-    }
-  };
+  return [=](int r, int cc, const float* x) { store8_split(hi + r * ld + cc, lo ? lo + r * ld + cc : nullptr, x); };
 }
 
 // Bump allocator over dynamic shared memory; every buffer starts 128-byte aligned (wmma needs 32).
@@ -138,22 +144,32 @@ __device__ __forceinline__ void store_as(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store_as(bf16* p, float x) { *p = __float2bfloat16(x); }
 
 // Stores a warp's 16×16 fp32 accumulator into rows (< L) and columns (< cmax) of a row-major
-// matrix (row r at dst + r·stride): each lane writes eight consecutive values of one row.
+// matrix (row r at dst + r·stride): each lane writes eight consecutive values of one row. With
+// bf16 `dst` and a non-null `lo`, the remainders x − bf16(x) go to the same place in lo.
 template <typename TO>
-__device__ void store_tile(float* stage, const FragC& acc, TO* dst, size_t stride, int L, int r0, int c0, int cmax) {
+__device__ void store_tile(float* stage, const FragC& acc, TO* dst, size_t stride, int L, int r0, int c0, int cmax,
+                           bf16* lo = nullptr) {
   const int lane = threadIdx.x & 31;
   wmma::store_matrix_sync(stage, acc, 16, wmma::mem_row_major);
   __syncwarp();
   const int r = r0 + lane / 2, c = c0 + (lane % 2) * 8;
   const float* x = stage + (lane / 2) * 16 + (lane % 2) * 8;
-  TO* p = dst + r * stride + c;
+  const size_t at = r * stride + c;
+  TO* p = dst + at;
   if (r < L) {
     if (c + 8 <= cmax && reinterpret_cast<uintptr_t>(p) % 16 == 0) {
-      store8(p, x);
+      if constexpr (std::is_same<TO, bf16>::value) {
+        store8_split(p, lo ? lo + at : nullptr, x);
+      } else {
+        store8(p, x);
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        if (c + e < cmax) store_as(p + e, x[e]);
+        if (c + e < cmax) {
+          store_as(p + e, x[e]);
+          if (lo) lo[at + e] = __float2bfloat16(x[e] - __bfloat162float(__float2bfloat16(x[e])));
+        }
     }
   }
   __syncwarp();

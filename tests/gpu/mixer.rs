@@ -68,8 +68,9 @@ const SHAPES: [(usize, usize, usize, usize, usize); 6] =
 /// Shapes wide enough (5 sequences × 8 value heads × 4 tiles of 64 columns ≥ the H100's 132
 /// SMs) that the packed bf16 state pass takes 64-column value tiles while each sequence alone
 /// takes 32: packed == alone then also holds the two tilings, and at K ≤ 64 the double-buffered
-/// loads, to each other (the alone runs are checked against the CPU elsewhere).
-const WIDE_SHAPES: [(usize, usize, usize, usize, usize); 2] = [(1, 4, 8, 64, 256), (1, 8, 8, 128, 256)];
+/// loads, to each other (the alone runs are checked against the CPU elsewhere). At K = 256 the
+/// split (f32) pass packed takes 32-column tiles (320 CTAs: three waves of 132 SMs) and alone 16.
+const WIDE_SHAPES: [(usize, usize, usize, usize, usize); 3] = [(1, 4, 8, 64, 256), (1, 8, 8, 128, 256), (1, 4, 8, 256, 256)];
 
 pub(crate) fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
@@ -217,9 +218,13 @@ pub(crate) fn gpu_raw_decode_step_equals_prepare_then_step(dev: &Device) {
 
 pub(crate) fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    // f32 covers each split state pass's key tiling (K = 64, 128, 256: keys in W's buffer) and
+    // GVA with odd K and V (scalar tile copies).
     let shapes = [
         (1, 2, 2, 128, 128, DType::F32),
         (2, 1, 1, 64, 64, DType::F32),
+        (1, 1, 2, 256, 64, DType::F32),
+        (1, 2, 4, 40, 50, DType::F32),
         (1, 2, 2, 128, 128, BF16),
         (2, 1, 1, 64, 64, BF16),
         (1, 1, 2, 40, 48, BF16),

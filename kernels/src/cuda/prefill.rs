@@ -32,30 +32,31 @@ fn tc_prep_smem(k: usize, lo: bool) -> usize {
     tc_smem(&parts)
 }
 
-/// `chunk_tc_state` (f32 inputs): S (fp32 and bf16), W, Q, P, two fp32 [64, BV] results, V'
-/// and G; every bf16 tile with its lo half.
-fn tc_state_smem(k: usize, bv: usize) -> usize {
-    let k16 = k.div_ceil(16) * 16;
-    let kt = 2 * CHUNK * (k16 + 8);
-    let (sp, sb) = (bv + 4, bv + 8);
-    let mut parts = vec![4 * k16 * sp, 4 * CHUNK * sp, 4 * CHUNK * sp, 4 * CHUNK];
-    for t in [2 * k16 * sb, kt, kt, 2 * CHUNK * 72, 2 * CHUNK * sb] {
-        parts.extend([t, t]);
-    }
-    tc_smem(&parts)
-}
-
-/// `chunk_mma_state` (bf16 inputs): W, Q and K tiles (K padded to the kernel's 16·KT), P, the
-/// bf16 S, T2, V and V' (all bf16), G and the chunk's two decay vectors; with K ≤ 64 (KT = 4)
-/// a second K, P, T2, V and G for the double-buffered load group.
-fn mma_state_smem(k: usize, bv: usize) -> usize {
+/// `chunk_mma_state`: W, Q and K tiles (K padded to the kernel's 16·KT), P, the bf16 S, then
+/// T2 and V (bf16 inputs) or an fp32 U tile (f32 inputs), V', and G with the chunk's two decay
+/// vectors. With `lo` (f32 inputs) every bf16 tile has a lo half, and with K > 128 the keys
+/// share W's tile; with bf16 inputs and K ≤ 64 (KT = 4) a second K, P, T2, V and G for the
+/// double-buffered load group.
+fn mma_state_smem(k: usize, bv: usize, lo: bool) -> usize {
     let kt_tiles = mma_row_tiles(k);
     let k16 = 16 * kt_tiles;
+    let halves = if lo { 2 } else { 1 };
     let kt = 2 * CHUNK * (k16 + 8);
+    let pt = 2 * CHUNK * 72;
     let sb = 2 * (bv + 8);
-    let mut parts = vec![kt, kt, kt, 2 * CHUNK * 72, k16 * sb, 2 * CHUNK * 72, CHUNK * sb, CHUNK * sb, 12 * CHUNK];
-    if kt_tiles <= 4 {
-        parts.extend([kt, 2 * CHUNK * 72, 2 * CHUNK * 72, CHUNK * sb, 4 * CHUNK]);
+    let mut parts = vec![halves * kt, halves * kt];
+    if !(lo && kt_tiles > 8) {
+        parts.push(halves * kt);
+    }
+    parts.extend([halves * pt, halves * k16 * sb]);
+    if lo {
+        parts.push(4 * CHUNK * (bv + 4));
+    } else {
+        parts.extend([pt, CHUNK * sb]);
+    }
+    parts.extend([halves * CHUNK * sb, 12 * CHUNK]);
+    if kt_tiles <= 4 && !lo {
+        parts.extend([kt, pt, pt, CHUNK * sb, 4 * CHUNK]);
     }
     tc_smem(&parts)
 }
@@ -68,12 +69,27 @@ fn mma_row_tiles(k: usize) -> usize {
 /// Largest dynamic shared memory per block on sm_90.
 const MAX_SMEM: usize = 227 * 1024;
 
+/// How the state pass's value-tile width is chosen when not forced.
+#[derive(Clone, Copy)]
+enum TilePick {
+    /// The widest that still gives enough CTAs to cover the multiprocessors, else the narrowest
+    /// (bf16 operands: two CTAs an SM at K ≤ 128).
+    Cover,
+    /// The least `waves × (BV + SPLIT_FIXED_COLS)` at one CTA an SM, the wider on a tie (split
+    /// operands: a partial second wave costs a whole CTA's time).
+    Waves,
+}
+
+/// A split-operand CTA's per-chunk cost that does not scale with its value columns (the K-wide
+/// W, Q and key pairs and their products), in value columns: on the H200 at K = 256 a 16-column
+/// tile took 0.86 of a 32-column one's time.
+const SPLIT_FIXED_COLS: usize = 80;
+
 /// Value-tile width of the state pass, from `widths` (widest first): `DELTASERVE_TC_BV` when
-/// set, offered and its shared memory (`smem(bv)`) fits; else the widest that fits and still
-/// gives `ctas_per_tile × V/BV` CTAs enough to cover the `sms` multiprocessors (few long
-/// sequences want narrow tiles for parallelism, many want wide ones for less recomputation);
-/// else the narrowest that fits.
-fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_per_tile: usize, sms: usize) -> usize {
+/// set, offered and its shared memory (`smem(bv)`) fits; else by `pick` among those that fit,
+/// with `ctas_per_tile × V/BV` CTAs (few long sequences want narrow tiles for parallelism, many
+/// want wide ones for less recomputation); else the narrowest offered.
+fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_per_tile: usize, sms: usize, pick: TilePick) -> usize {
     let fits = |bv: usize| smem(bv) <= MAX_SMEM;
     // Read once per process, not on every prefill call.
     let wanted = env_count!("DELTASERVE_TC_BV");
@@ -82,7 +98,13 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
     }
     let fitting: Vec<usize> = widths.iter().copied().filter(|&bv| fits(bv)).collect();
     let last = widths.last().copied().unwrap_or(16);
-    fitting.iter().copied().find(|&bv| ctas_per_tile * v.div_ceil(bv) >= sms).or(fitting.last().copied()).unwrap_or(last)
+    let ctas = |bv: usize| ctas_per_tile * v.div_ceil(bv);
+    let chosen = match pick {
+        TilePick::Cover => fitting.iter().copied().find(|&bv| ctas(bv) >= sms).or(fitting.last().copied()),
+        // min_by_key keeps the first of equal keys: the wider.
+        TilePick::Waves => fitting.iter().copied().min_by_key(|&bv| ctas(bv).div_ceil(sms.max(1)) * (bv + SPLIT_FIXED_COLS)),
+    };
+    chosen.unwrap_or(last)
 }
 
 /// Chunked prefill on the tensor cores (fp32 accumulation and state) of packed sequences:
@@ -90,8 +112,10 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
 /// caller interleaves Gated DeltaProduct) and the state of `slots[s]`, read at the start and
 /// written at the end. One launch computes every chunk's W, U, P and G in parallel, a second
 /// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
-/// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32; the
-/// engine's path), bf16 (k and v converted to it) uses single bf16 operands, as fla does.
+/// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32:
+/// `--mixer-precision fp32`), bf16 (k and v converted to it) uses single bf16 operands, as fla
+/// does. Both run the same state pass on mma.sync (`chunk_mma.cu`), with three products for
+/// one where operands are split.
 /// Each capture also copies its sequence's state, at the end of the chunk it ends on, into its
 /// slot. With `fixed`, the tables are read from its buffer (filled with this packing), the
 /// grids sized by its capacities, and nothing is uploaded.
@@ -167,27 +191,35 @@ pub fn gated_delta_chunk_tc(
     let smem = tc_prep_smem(k, lo);
     prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
     let sms = sm_count(&dev)?;
-    // f32 inputs: the split-operand wmma state pass; bf16: the mma.sync one (state in registers).
-    let (state, bv, state_smem) = if lo {
-        let bv = value_tile(&[64, 32, 16], |bv| tc_state_smem(k, bv), v, slots.len() * hv, sms);
-        let f = dev.get_or_load_custom_func(&format!("chunk_tc_state_f32_bv{bv}"), "chunk_state", ptx::CHUNK_STATE)?;
-        (f, bv, tc_state_smem(k, bv))
-    } else {
-        let bv = value_tile(&[64, 32], |bv| mma_state_smem(k, bv), v, slots.len() * hv, sms);
-        let kt = mma_row_tiles(k);
-        let f = dev.get_or_load_custom_func(&format!("chunk_mma_state_k{kt}_bv{bv}"), "chunk_mma", ptx::CHUNK_MMA)?;
-        (f, bv, mma_state_smem(k, bv))
-    };
+    // One state pass on mma.sync; split operands (f32 inputs) take more shared memory, so
+    // narrower value tiles at K > 128.
+    let kt = mma_row_tiles(k);
+    let widths: &[usize] = if lo && kt > 8 { &[32, 16] } else { &[64, 32] };
+    let pick = if lo { TilePick::Waves } else { TilePick::Cover };
+    let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo), v, slots.len() * hv, sms, pick);
+    let name = if lo { format!("chunk_split_state_k{kt}_bv{bv}") } else { format!("chunk_mma_state_k{kt}_bv{bv}") };
+    let state = dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?;
+    let state_smem = mma_state_smem(k, bv, lo);
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
-    // W, U (bf16: T2 in its place) and P are kept in the inputs' type (bf16 for bf16 inputs, as
-    // fla keeps them).
+    // W and P are bf16 (with lo halves for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16)
+    // in its place for bf16 ones.
     let u_cols = if lo { v } else { CHUNK };
+    let null = 0u64;
+    // SAFETY (every allocation below): the first launch writes every row of W, U, P, G and the
+    // pairs before the second reads them (rows past a chunk's length are never read: the state
+    // pass zero-fills them).
+    let bf16_rows = |n: usize| -> Result<_> { Ok(unsafe { dev.alloc::<bf16>(rows * n) }?) };
+    let mut w = bf16_rows(hv * k)?;
+    let mut p = bf16_rows(hv * CHUNK)?;
+    // f32 inputs only: W's and P's lo halves, q's pairs and the decayed keys' pairs.
+    let mut pairs = if lo {
+        Some([bf16_rows(hv * k)?, bf16_rows(hv * CHUNK)?, bf16_rows(h * k)?, bf16_rows(h * k)?, bf16_rows(hv * k)?, bf16_rows(hv * k)?])
+    } else {
+        None
+    };
     macro_rules! launch {
         ($ty:ty) => {{
-            // Every row of W, U, P and G is written by the first launch before the second reads it.
-            let mut w = unsafe { dev.alloc::<$ty>(rows * hv * k) }?;
             let mut u = unsafe { dev.alloc::<$ty>(rows * hv * u_cols) }?;
-            let mut p = unsafe { dev.alloc::<$ty>(rows * hv * CHUNK) }?;
             with_view!(q, qv, $ty, {
                 with_view!(kk, kv, $ty, {
                     with_view!(vv, vv_, $ty, {
@@ -196,21 +228,34 @@ pub fn gated_delta_chunk_tc(
                                 let mut l = prep.builder();
                                 l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
                                 push_gate(&mut l, &gp);
-                                l.arg(&crow_d).arg(&clen_d).arg(&mut w).arg(&mut u).arg(&mut p).arg(&mut gc);
+                                l.arg(&crow_d).arg(&clen_d).arg(&mut w);
+                                match &mut pairs {
+                                    Some([wl, pl, qh, ql, kd, kdl]) => {
+                                        l.arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
+                                    }
+                                    None => {
+                                        l.arg(&null).arg(&mut u).arg(&mut p);
+                                        for _ in 0..5 {
+                                            l.arg(&null);
+                                        }
+                                    }
+                                }
+                                l.arg(&mut gc);
                                 for i in &ints {
                                     l.arg(i);
                                 }
                                 unsafe { l.launch(grid(chunks, hv, 1, 256, smem as u32)) }.w()?;
                             });
                             let mut l = state.builder();
-                            l.arg(&qv).arg(&kv);
-                            if !lo {
-                                l.arg(&vv_).arg(&ldv);
+                            match &pairs {
+                                Some([wl, pl, qh, ql, kd, kdl]) => {
+                                    l.arg(qh).arg(ql).arg(kd).arg(kdl).arg(&u).arg(&w).arg(wl).arg(&p).arg(pl);
+                                }
+                                None => {
+                                    l.arg(&qv).arg(&kv).arg(&vv_).arg(&ldv).arg(&w).arg(&u).arg(&p);
+                                }
                             }
-                            l.arg(&w)
-                                .arg(&u)
-                                .arg(&p)
-                                .arg(&gc)
+                            l.arg(&gc)
                                 .arg(states.state_words("gated_delta_prefill")?)
                                 .arg(&cu)
                                 .arg(&sl)
