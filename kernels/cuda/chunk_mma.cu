@@ -2,26 +2,32 @@
 // the state in registers. One CTA (8 warps) per (sequence, value head, BV-column tile) walks
 // the sequence's chunks in order:
 //   X = W S, Y = Q S                      (warps 0–3: W rows, warps 4–7: Q rows, 16 each)
-//   V' = U − X                            (warps 0–3, from their X registers; U = T2 V formed
-//                                          here for bf16 inputs, read in fp32 for f32 ones;
-//                                          meanwhile warps 4–7 compute the chunk's decays once)
+//   V' = U − X                            (warps 0–3, from their X registers; meanwhile warps
+//                                          4–7 compute the chunk's decays once)
 //   O = scale (e^G ⊙ Y + P V')            (warps 4–7, from their Y registers)
 //   S ← e^{G_last} S + (e^{G_last − G} ⊙ K)ᵀ V'   (every warp, on its own rows of S)
 // S stays in fp32 accumulator registers; a bf16 copy in shared memory feeds the next chunk's
-// X and Y. Chunk inputs arrive by cp.async in two groups: W and Q (needed first) into single
-// buffers, refilled after X and Y; K, P, U's inputs and G either into single buffers refilled
-// at the chunk's end, their wait deferred until after X and Y, or (K ≤ 64 with bf16 inputs,
-// where shared memory allows it at two CTAs per SM) double-buffered and issued a whole chunk
-// ahead. The rows the next loads will want are prefetched into L2 a chunk ahead (the tiles
-// every value tile reads by one CTA of the head only).
+// products.
 //
-// Precision (LO): bf16 inputs use single bf16 operands and round V' to bf16, as fla does; the
-// decay scales K's fragments in registers. f32 inputs take every operand as a bf16 hi + lo pair
-// (chunk_prep.cu), three products in place of one (the lo·lo term dropped), so that V' = U − W
-// S, which cancels when the state already predicts v well, keeps ~16 mantissa bits; the keys
-// come decayed from the prep launch. Each split tile keeps its lo half right after its hi half.
-// With K > 128 the split tiles leave no room for a key tile of its own: the decayed keys are
-// loaded into W's buffer once X is formed, and the next W after the state update.
+// bf16 inputs need no W: since W = T diag(β e^G) K and U = T2 V with T2 = T diag(β),
+// V' = T2 (V − e^G ⊙ K S). Warps 0–3 form Z = K S from the key tile the state update reads
+// anyway, write R = V − e^G ⊙ Z over the V tile and take V' = T2 R: a 64-wide product in place
+// of a K-wide tile per chunk from L2, which every value tile of a head reads again. The keys
+// arrive a chunk ahead into a second buffer; Q after X and Y are formed; P, T2, V and G in a
+// second group at the chunk's end (or, with K ≤ 64, where shared memory allows it at two CTAs
+// per SM, double-buffered and issued a whole chunk ahead). f32 inputs load W and Q after X and
+// Y, the decayed keys, P, U and G at the chunk's end. The rows the next loads will want are
+// prefetched into L2 a chunk ahead (the tiles every value tile reads by one CTA of the head
+// only).
+//
+// Precision (LO): bf16 inputs use single bf16 operands and round R and V' to bf16 (fla rounds
+// U, W and V'); the decay scales K's fragments in registers for the state update. f32 inputs take every operand as a
+// bf16 hi + lo pair (chunk_prep.cu), three products in place of one (the lo·lo term dropped),
+// so that V' = U − W S, which cancels when the state already predicts v well, keeps ~16
+// mantissa bits; the keys come decayed from the prep launch. Each split tile keeps its lo half
+// right after its hi half. With K > 128 the split tiles leave no room for a key tile of its
+// own: the decayed keys are loaded into W's buffer once X is formed, and the next W after the
+// state update.
 //
 // KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
 // tile shapes and loops are compile-time).
@@ -119,7 +125,7 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   // Split tiles with K > 128: the decayed keys take W's buffer (see the header).
   constexpr bool KW = LO && KT > 8;
   Smem sm{smem_raw};
-  bf16* Wt = sm.take<bf16>(NS * KTILE);
+  bf16* Wt = LO ? sm.take<bf16>(NS * KTILE) : nullptr;
   bf16* Qt = sm.take<bf16>(NS * KTILE);
   bf16* K0 = KW ? Wt : sm.take<bf16>(NS * KTILE);
   bf16* P0 = sm.take<bf16>(NS * PTILE);
@@ -132,7 +138,8 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   float* Dk = sm.take<float>(3 * CH);
   float* Eg = Dk + CH;
   float* G0 = Dk + 2 * CH;
-  bf16* K1 = DB ? sm.take<bf16>(KTILE) : K0;
+  // bf16 inputs: the keys, needed first, arrive a chunk ahead into a second buffer.
+  bf16* K1 = LO ? K0 : sm.take<bf16>(KTILE);
   bf16* P1 = DB ? sm.take<bf16>(PTILE) : P0;
   bf16* T21 = DB ? sm.take<bf16>(PTILE) : T20;
   bf16* V1 = DB ? sm.take<bf16>(VTILE) : V0;
@@ -209,7 +216,7 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   auto load_k = [&](bf16* dst, int t0, int L) { load_k16(dst, in.k, in.kl, KH, kh, t0, L); };
   // The second group: K (unless it waits for W's buffer), P, U's inputs and G.
   auto load_kpug = [&](int t0, int L, int buf) {
-    if constexpr (!KW) load_k(buf ? K1 : K0, t0, L);
+    if constexpr (LO && !KW) load_k(K0, t0, L);
     const size_t prow = ((size_t)t0 * HV + hv) * CH;
     tile_async<CH, CH>((buf ? P1 : P0), TP, in.P + prow, (size_t)HV * CH, L, CH);
     if constexpr (LO) {
@@ -226,41 +233,48 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   };
   if (t_begin < t_end) {
     const int L = min(CH, t_end - t_begin);
-    load_w(t_begin, L);
+    if constexpr (LO) {
+      load_w(t_begin, L);
+    } else {
+      load_k(K0, t_begin, L);
+    }
     load_q(t_begin, L);
     cp_async_commit();
     load_kpug(t_begin, L, 0);
     cp_async_commit();
   }
-  const int m = warp >> 2, rt = warp & 3;  // m = 0: X = W S, m = 1: Y = Q S; rt: 16-row band
-  for (int t0 = t_begin, buf = 0; t0 < t_end; t0 += CH, buf ^= DB) {
+  // m = 0: X = W S (f32 inputs) or Z = K S (bf16 inputs), m = 1: Y = Q S; rt: 16-row band.
+  const int m = warp >> 2, rt = warp & 3;
+  for (int t0 = t_begin, buf = 0, kb = 0; t0 < t_end; t0 += CH, buf ^= DB, kb ^= !LO) {
     const int L = min(CH, t_end - t0);
     const bool more = t0 + CH < t_end;
     const int L1 = more ? min(CH, t_end - (t0 + CH)) : 0;
-    const bf16 *Kt = (buf ? K1 : K0), *Pt = (buf ? P1 : P0), *T2t = (buf ? T21 : T20), *Vt = (buf ? V1 : V0);
+    const bf16 *Kt = (kb ? K1 : K0), *Pt = (buf ? P1 : P0), *T2t = (buf ? T21 : T20);
+    bf16* Vt = (buf ? V1 : V0);
     const float* G = (buf ? G1 : G0);
     if constexpr (DB || KW) {
-      cp_async_wait<0>();  // W and Q, and the second group (DB: issued a chunk ago)
+      cp_async_wait<0>();  // W or K, and Q, and the second group (DB: issued a chunk ago)
     } else {
-      cp_async_wait<1>();  // W and Q; K, P, U's inputs and G may still be in flight
+      cp_async_wait<1>();  // W or K, and Q; the second group may still be in flight
     }
     __syncthreads();
     if (more) {
       const size_t r1 = t0 + CH;
-      if constexpr (DB) {
-        // The other buffer's chunk finished before the barrier above.
-        load_kpug(t0 + CH, L1, buf ^ 1);
+      if constexpr (!LO) {
+        // The other buffers' chunk finished before the barrier above.
+        load_k(kb ? K0 : K1, t0 + CH, L1);
+        if constexpr (DB) load_kpug(t0 + CH, L1, buf ^ 1);
         cp_async_commit();
       }
       if (blockIdx.x == 0) {  // the tiles every value tile reads: one CTA asks for them
-        prefetch_l2<2 * K16>(in.W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
         prefetch_l2<2 * K16>(in.q + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
         if constexpr (LO) {
+          prefetch_l2<2 * K16>(in.W + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
           prefetch_l2<2 * K16>(in.Wl + (r1 * HV + hv) * K, (size_t)HV * K * 2, L1, K * 2);
           prefetch_l2<2 * K16>(in.ql + (r1 * H + hk) * K, (size_t)H * K * 2, L1, K * 2);
+          prefetch_l2<2 * K16>(in.k + (r1 * KH + kh) * K, (size_t)KH * K * 2, L1, K * 2);
         }
         if constexpr (!DB) {
-          prefetch_l2<2 * K16>(in.k + (r1 * KH + kh) * K, (size_t)KH * K * 2, L1, K * 2);
           prefetch_l2<2 * CH>(in.P + (r1 * HV + hv) * CH, (size_t)HV * CH * 2, L1, CH * 2);
           if constexpr (LO) {
             prefetch_l2<2 * K16>(in.kl + (r1 * KH + kh) * K, (size_t)KH * K * 2, L1, K * 2);
@@ -282,15 +296,24 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
     for (int j = 0; j < NB; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    band_mma<NB, LO>(acc, (m ? Qt : Wt) + rt * 16 * KP, KP, Sb, SB, KT, KTILE, STILE);
-    if constexpr (!DB && !KW) cp_async_wait<0>();
-    __syncthreads();  // K, P, U's inputs and G are in; W, Q and the bf16 S are consumed
+    band_mma<NB, LO>(acc, (m ? Qt : LO ? Wt : Kt) + rt * 16 * KP, KP, Sb, SB, KT, KTILE, STILE);
+    if constexpr (LO && !KW) {
+      cp_async_wait<0>();
+    } else if constexpr (!LO && !DB) {
+      // The second group is older than the next chunk's keys, which may stay in flight.
+      if (more) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+    }
+    __syncthreads();  // the second group is in; W, Q and the bf16 S are consumed
     if constexpr (KW) {
       load_k(Wt, t0, L);  // this chunk's decayed keys, into W's buffer
       if (more) load_q(t0 + CH, L1);
       cp_async_commit();
     } else if (more) {
-      load_w(t0 + CH, L1);
+      if constexpr (LO) load_w(t0 + CH, L1);
       load_q(t0 + CH, L1);
       cp_async_commit();
     }
@@ -307,11 +330,25 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
             acc[j][e] = U0[r * UP + col] - acc[j][e];
           }
       } else {
-        // V' = T2 V − X (T2 lower triangular: k-steps up to the band).
+        // V' = U − W S = T2 (V − e^G ⊙ K S): R = V − e^G ⊙ Z over V in place (each lane its
+        // own entries), then V' = T2 R (T2 lower triangular: k-steps up to the band) once the
+        // four bands are written.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = rt * 16 + g8 + 8 * h;
+          const float eg = __expf(G[r]);
+#pragma unroll
+          for (int j = 0; j < NB; ++j) {
+            unsigned* at = reinterpret_cast<unsigned*>(Vt + r * SB + j * 8 + 2 * t4);
+            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
+            *at = pack_bf16(x.x - eg * acc[j][2 * h], x.y - eg * acc[j][2 * h + 1]);
+          }
+        }
+        asm volatile("bar.sync 1, 128;" ::: "memory");  // warps 0–3 only
 #pragma unroll
         for (int j = 0; j < NB; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][e] = -acc[j][e];
+          for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
         band_mma<NB>(acc, T2t + rt * 16 * TP, TP, Vt, SB, rt + 1);
       }
 #pragma unroll
@@ -431,12 +468,12 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
 // Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread), one at KT = 16.
 #define MMA_ENTRY(KT, BV, MINB)                                                                                      \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
-      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* W,           \
-                                     const bf16* T2, const bf16* P, const float* G, float* states, const int* cu,   \
+      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2,          \
+                                     const bf16* P, const float* G, float* states, const int* cu,                   \
                                      const int* slots, const int* snap, int has_snap, float* o, int H, int HV, int K, \
                                      int V, float scale) {                                                           \
     pdl_entry();                                                                                                     \
-    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, W, nullptr, T2, P, nullptr, G};                       \
+    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                 \
     chunk_mma_state<KT, BV, false>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);                   \
   }
 MMA_ENTRY(4, 32, 2)

@@ -4,7 +4,8 @@
 //
 // 1. chunk_tc_prep (this file), every (chunk, value head) at once: T = (I + A)⁻¹ and
 //      W = T diag(β e^G) K,   U = T diag(β) V,   P[i,j] = (q_i·k_j) e^{G_i−G_j} (j ≤ i);
-//    with bf16 inputs T2 = T diag(β) goes out in U's place and the state pass forms U = T2 V.
+//    with bf16 inputs only T2 = T diag(β) and P go out: the state pass forms
+//    V' = U − W S = T2 (V − e^G ⊙ K S) itself.
 //    T is inverted in fp32 by 16×16 blocks: the diagonal blocks by elimination in registers,
 //    then the blocks below it from the two 32×32 halves (three dependent products).
 // 2. chunk_mma.cu: one CTA per (sequence, value head, value tile), chunks in order, the state
@@ -23,10 +24,10 @@
 // packed sequence. Padding rows (beyond clen) load as zeros and carry the last row's G.
 #include "tc_common.cuh"
 
-// What chunk_tc_prep writes, row-major by (row, head): W [rows, HV, K] and P [rows, HV, 64] in
-// bf16; U [rows, HV, V] (f32 inputs) or T2 [rows, HV, 64] (bf16 inputs). The lo halves and Q,
-// Kd are for f32 inputs only (null otherwise): Wl, Pl the remainders of W, P; Q, Ql the query
-// rows [rows, H, K]; Kd, Kdl the keys scaled by e^{G_last − G} [rows, HV, K].
+// What chunk_tc_prep writes, row-major by (row, head): P [rows, HV, 64] in bf16; T2 [rows, HV,
+// 64] in U's place (bf16 inputs), or U [rows, HV, V] and W [rows, HV, K] (f32 inputs). W, the
+// lo halves and Q, Kd are for f32 inputs only (null otherwise): Wl, Pl the remainders of W, P;
+// Q, Ql the query rows [rows, H, K]; Kd, Kdl the keys scaled by e^{G_last − G} [rows, HV, K].
 template <typename TI>
 struct PrepOut {
   bf16 *W, *Wl;
@@ -57,8 +58,11 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr bool LO = Split<TI>::value;
   const int K16 = round16(K), KP = K16 + 8;
-  // With f32 inputs V blocks reuse the q tile once Q Kᵀ is done.
-  const int qsize = LO ? max(CH * KP, CH * TP) : CH * KP;
+  // The warps' staging tiles for W and U: 256 floats each.
+  constexpr int STAGE = 256;
+  // With f32 inputs, once Q Kᵀ is done, the q tiles hold V blocks (hi in Qh, lo in Ql) and,
+  // after the hi block, the warps' staging tiles.
+  const int qsize = LO ? max(CH * KP, CH * TP + 2 * STAGE * (THREADS / 32)) : CH * KP;
   Smem sm{smem_raw};
   bf16* Kh = sm.take<bf16>(CH * KP);
   bf16* Kl = LO ? sm.take<bf16>(CH * KP) : nullptr;
@@ -68,12 +72,13 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   bf16* Vl = Ql;
   float* Af = sm.take<float>(CH * AP);
   float* Tf = sm.take<float>(CH * AP);
-  // With bf16 inputs T1 overwrites T once it is read and T2 goes straight out (three CTAs per
-  // SM instead of two at K = 128); split operands need tiles of their own.
-  bf16* T1h = LO ? sm.take<bf16>(CH * TP) : reinterpret_cast<bf16*>(Tf);
-  bf16* T1l = LO ? sm.take<bf16>(CH * TP) : nullptr;
-  bf16* T2h = LO ? sm.take<bf16>(CH * TP) : nullptr;
-  bf16* T2l = LO ? sm.take<bf16>(CH * TP) : nullptr;
+  // Once T is read, T1 overwrites it (bf16 inputs; T2 goes straight out) or, as a hi + lo pair,
+  // A's tile, with T2's pair over T (f32 inputs): an fp32 tile holds two bf16 ones. Three CTAs
+  // an SM at K = 128 with bf16 inputs, two with f32 ones.
+  bf16* T1h = reinterpret_cast<bf16*>(LO ? Af : Tf);
+  bf16* T1l = LO ? T1h + CH * TP : nullptr;
+  bf16* T2h = LO ? reinterpret_cast<bf16*>(Tf) : nullptr;
+  bf16* T2l = LO ? T2h + CH * TP : nullptr;
   float* G = sm.take<float>(CH);
   float* Bt = sm.take<float>(CH);
 
@@ -82,8 +87,9 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   const size_t row0 = crow[c];
   const int L = clen[c];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // The warps' staging tiles live in Af once T is done (no buffer of their own).
-  float* stage = Af + warp * 256;
+  // The staging tiles take no buffer of their own: A's tile once T is done (bf16 inputs), or
+  // the q tiles' room after a V block (f32 inputs, whose T1 takes A's tile).
+  float* stage = (LO ? reinterpret_cast<float*>(Qh + CH * TP) : Af) + warp * STAGE;
 
   if constexpr (LO) {
     for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Kh, Kl, KP));
@@ -217,16 +223,9 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     wmma::store_matrix_sync(blk(Tf, bi, bj), t, AP, wmma::mem_row_major);
   }
   __syncthreads();
-  if constexpr (LO) {
-    for (int e = tid; e < CH * CH; e += THREADS) {
-      const int i = e / CH, j = e % CH;
-      const float t = j <= i ? Tf[i * AP + j] * Bt[j] : 0.0f;
-      put(t * __expf(G[j]), T1h, T1l, i * TP + j);
-      put(t, T2h, T2l, i * TP + j);
-    }
-  } else {
-    // T1 overwrites T: read all of this thread's values first. T2 goes out (bf16 [rows, HV,
-    // 64], in U's place): the state pass forms U = T2 V itself. Eight columns a group.
+  {
+    // T1 = T diag(β e^G) and T2 = T diag(β). Every thread reads its values of T before any
+    // is overwritten; eight columns a group.
     constexpr int PER = CH * CH / 8 / THREADS;
     const int j0 = (tid % (CH / 8)) * 8, i0 = tid / (CH / 8);
     float t[PER][8];
@@ -237,23 +236,32 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
       for (int c = 0; c < 8; ++c) t[n][c] = j0 + c <= i ? Tf[i * AP + j0 + c] : 0.0f;
     }
     __syncthreads();
-    float bj[8], ebj[8];
+    float bj[8], eg[8];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) bj[c] = Bt[j0 + c], ebj[c] = bj[c] * __expf(G[j0 + c]);
+    for (int c = 0; c < 8; ++c) bj[c] = Bt[j0 + c], eg[c] = __expf(G[j0 + c]);
 #pragma unroll
     for (int n = 0; n < PER; ++n) {
       const int i = i0 + n * (THREADS * 8 / CH);
       float t1[8], t2[8];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) t1[c] = t[n][c] * ebj[c], t2[c] = t[n][c] * bj[c];
-      store8(T1h + i * TP + j0, t1);
-      if (i < L) store8(out.U + ((row0 + i) * HV + hv) * CH + j0, t2);
+      for (int c = 0; c < 8; ++c) {
+        t2[c] = t[n][c] * bj[c];
+        t1[c] = t2[c] * eg[c];
+      }
+      if constexpr (LO) {
+        store8_split(T1h + i * TP + j0, T1l + i * TP + j0, t1);
+        store8_split(T2h + i * TP + j0, T2l + i * TP + j0, t2);
+      } else if (i < L) {
+        // T2 goes out (bf16 [rows, HV, 64], in U's place) for the state pass.
+        store8(out.U + ((row0 + i) * HV + hv) * CH + j0, t2);
+      }
     }
   }
   __syncthreads();
 
-  // W = T1 K (T1 lower triangular: k-steps up to the row tile).
-  for (int t = warp; t < 4 * (K16 / 16); t += 8) {
+  // W = T1 K (T1 lower triangular: k-steps up to the row tile); f32 inputs only: the bf16 state
+  // pass forms V' = T2 (V − e^G ⊙ K S) and needs no W.
+  for (int t = warp; LO && t < 4 * (K16 / 16); t += 8) {
     const int rt = t / (K16 / 16), ct = t % (K16 / 16);
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
@@ -296,14 +304,15 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   }
 }
 
-#define PREP_ENTRY(NAME, TI)                                                                                         \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
+// f32 inputs: two CTAs an SM at K ≤ 128 (their shared memory allows it), so 128 registers at most.
+#define PREP_ENTRY(NAME, TI, MINB)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
       NAME(const TI* q, const TI* k, const TI* v, const float* beta, const float* g, const int* crow, const int* clen, \
            bf16* W, bf16* Wl, TI* U, bf16* P, bf16* Pl, bf16* Q, bf16* Ql, bf16* Kd, bf16* Kdl, float* Gout, int H,    \
            int HV, int K, int V) {                                                                                   \
     pdl_entry();                                                                                                     \
     chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, PrepOut<TI>{W, Wl, U, P, Pl, Q, Ql, Kd, Kdl}, Gout, H, HV, K, V); \
   }
-PREP_ENTRY(chunk_tc_prep_bf16, bf16)
-PREP_ENTRY(chunk_tc_prep_f32, float)
+PREP_ENTRY(chunk_tc_prep_bf16, bf16, 1)
+PREP_ENTRY(chunk_tc_prep_f32, float, 2)
 

@@ -16,27 +16,28 @@ fn tc_smem(parts: &[usize]) -> usize {
 }
 
 /// `chunk_tc_prep`: K and Q tiles, A and T (fp32), G and β. With `lo` (f32 inputs) every bf16
-/// tile has a lo half, V blocks reuse the q tiles and T1, T2 have tiles of their own; with bf16
-/// inputs T1 overwrites T and T2 goes straight to global memory.
+/// tile has a lo half and the q tiles are at least a V block and the eight warps' 256-float
+/// staging tiles (T1 and T2 take A's and T's tiles as bf16 pairs); with bf16 inputs T1
+/// overwrites T and T2 goes straight to global memory.
 fn tc_prep_smem(k: usize, lo: bool) -> usize {
     let kp = k.div_ceil(16) * 16 + 8;
-    let (tile16, tile32) = (2 * CHUNK * 72, 4 * CHUNK * 72);
+    let tile32 = 4 * CHUNK * 72;
     let kt = 2 * CHUNK * kp;
     let mut parts = vec![tile32, tile32, 4 * CHUNK, 4 * CHUNK, kt];
     if lo {
-        let qt = kt.max(tile16);
-        parts.extend([kt, qt, qt, tile16, tile16, tile16, tile16]);
+        let qt = kt.max(2 * CHUNK * 72 + 8 * 256 * 4);
+        parts.extend([kt, qt, qt]);
     } else {
         parts.push(kt);
     }
     tc_smem(&parts)
 }
 
-/// `chunk_mma_state`: W, Q and K tiles (K padded to the kernel's 16·KT), P, the bf16 S, then
-/// T2 and V (bf16 inputs) or an fp32 U tile (f32 inputs), V', and G with the chunk's two decay
-/// vectors. With `lo` (f32 inputs) every bf16 tile has a lo half, and with K > 128 the keys
-/// share W's tile; with bf16 inputs and K ≤ 64 (KT = 4) a second K, P, T2, V and G for the
-/// double-buffered load group.
+/// `chunk_mma_state`: Q and key tiles (K padded to the kernel's 16·KT), P, the bf16 S, then
+/// two key tiles (the next chunk's arrives early), T2 and V (bf16 inputs) or a W tile and an
+/// fp32 U tile (f32 inputs), V', and G with the chunk's two decay vectors. With `lo` (f32
+/// inputs) every bf16 tile has a lo half, and with K > 128 the keys share W's tile; with bf16
+/// inputs and K ≤ 64 (KT = 4) a second P, T2, V and G for the double-buffered load group.
 fn mma_state_smem(k: usize, bv: usize, lo: bool) -> usize {
     let kt_tiles = mma_row_tiles(k);
     let k16 = 16 * kt_tiles;
@@ -44,6 +45,7 @@ fn mma_state_smem(k: usize, bv: usize, lo: bool) -> usize {
     let kt = 2 * CHUNK * (k16 + 8);
     let pt = 2 * CHUNK * 72;
     let sb = 2 * (bv + 8);
+    // Q and the keys' tile; then W's (f32 inputs, unless the keys take it) or the second keys'.
     let mut parts = vec![halves * kt, halves * kt];
     if !(lo && kt_tiles > 8) {
         parts.push(halves * kt);
@@ -56,7 +58,7 @@ fn mma_state_smem(k: usize, bv: usize, lo: bool) -> usize {
     }
     parts.extend([halves * CHUNK * sb, 12 * CHUNK]);
     if kt_tiles <= 4 && !lo {
-        parts.extend([kt, pt, pt, CHUNK * sb, 4 * CHUNK]);
+        parts.extend([pt, pt, CHUNK * sb, 4 * CHUNK]);
     }
     tc_smem(&parts)
 }
@@ -110,7 +112,7 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
 /// Chunked prefill on the tensor cores (fp32 accumulation and state) of packed sequences:
 /// sequence `s` owns rows `cu_seqlens[s]..cu_seqlens[s+1]` (one row per interleaved step; the
 /// caller interleaves Gated DeltaProduct) and the state of `slots[s]`, read at the start and
-/// written at the end. One launch computes every chunk's W, U, P and G in parallel, a second
+/// written at the end. One launch computes every chunk's T2 (or W and U), P and G in parallel, a second
 /// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
 /// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32:
 /// `--mixer-precision fp32`), bf16 (k and v converted to it) uses single bf16 operands, as fla
@@ -201,19 +203,26 @@ pub fn gated_delta_chunk_tc(
     let state = dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?;
     let state_smem = mma_state_smem(k, bv, lo);
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
-    // W and P are bf16 (with lo halves for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16)
-    // in its place for bf16 ones.
+    // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its
+    // place for bf16 ones; only f32 inputs have a W (bf16 pairs).
     let u_cols = if lo { v } else { CHUNK };
     let null = 0u64;
     // SAFETY (every allocation below): the first launch writes every row of W, U, P, G and the
     // pairs before the second reads them (rows past a chunk's length are never read: the state
     // pass zero-fills them).
     let bf16_rows = |n: usize| -> Result<_> { Ok(unsafe { dev.alloc::<bf16>(rows * n) }?) };
-    let mut w = bf16_rows(hv * k)?;
     let mut p = bf16_rows(hv * CHUNK)?;
-    // f32 inputs only: W's and P's lo halves, q's pairs and the decayed keys' pairs.
+    // f32 inputs only: W, W's and P's lo halves, q's pairs and the decayed keys' pairs.
     let mut pairs = if lo {
-        Some([bf16_rows(hv * k)?, bf16_rows(hv * CHUNK)?, bf16_rows(h * k)?, bf16_rows(h * k)?, bf16_rows(hv * k)?, bf16_rows(hv * k)?])
+        Some([
+            bf16_rows(hv * k)?,
+            bf16_rows(hv * k)?,
+            bf16_rows(hv * CHUNK)?,
+            bf16_rows(h * k)?,
+            bf16_rows(h * k)?,
+            bf16_rows(hv * k)?,
+            bf16_rows(hv * k)?,
+        ])
     } else {
         None
     };
@@ -228,13 +237,13 @@ pub fn gated_delta_chunk_tc(
                                 let mut l = prep.builder();
                                 l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
                                 push_gate(&mut l, &gp);
-                                l.arg(&crow_d).arg(&clen_d).arg(&mut w);
+                                l.arg(&crow_d).arg(&clen_d);
                                 match &mut pairs {
-                                    Some([wl, pl, qh, ql, kd, kdl]) => {
-                                        l.arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
+                                    Some([w, wl, pl, qh, ql, kd, kdl]) => {
+                                        l.arg(w).arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
                                     }
                                     None => {
-                                        l.arg(&null).arg(&mut u).arg(&mut p);
+                                        l.arg(&null).arg(&null).arg(&mut u).arg(&mut p);
                                         for _ in 0..5 {
                                             l.arg(&null);
                                         }
@@ -248,11 +257,11 @@ pub fn gated_delta_chunk_tc(
                             });
                             let mut l = state.builder();
                             match &pairs {
-                                Some([wl, pl, qh, ql, kd, kdl]) => {
-                                    l.arg(qh).arg(ql).arg(kd).arg(kdl).arg(&u).arg(&w).arg(wl).arg(&p).arg(pl);
+                                Some([w, wl, pl, qh, ql, kd, kdl]) => {
+                                    l.arg(qh).arg(ql).arg(kd).arg(kdl).arg(&u).arg(w).arg(wl).arg(&p).arg(pl);
                                 }
                                 None => {
-                                    l.arg(&qv).arg(&kv).arg(&vv_).arg(&ldv).arg(&w).arg(&u).arg(&p);
+                                    l.arg(&qv).arg(&kv).arg(&vv_).arg(&ldv).arg(&u).arg(&p);
                                 }
                             }
                             l.arg(&gc)
