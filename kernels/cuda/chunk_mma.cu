@@ -21,13 +21,13 @@
 // only).
 //
 // Precision (LO): bf16 inputs use single bf16 operands and round R and V' to bf16 (fla rounds
-// U, W and V'); the decay scales K's fragments in registers for the state update. f32 inputs take every operand as a
-// bf16 hi + lo pair (chunk_prep.cu), three products in place of one (the lo·lo term dropped),
-// so that V' = U − W S, which cancels when the state already predicts v well, keeps ~16
-// mantissa bits; the keys come decayed from the prep launch. Each split tile keeps its lo half
-// right after its hi half. With K > 128 the split tiles leave no room for a key tile of its
-// own: the decayed keys are loaded into W's buffer once X is formed, and the next W after the
-// state update.
+// U, W and V'); the decay scales K's fragments in registers for the state update. f32 inputs
+// take every operand as a bf16 hi + lo pair (chunk_prep.cu), three products in place of one
+// (the lo·lo term dropped), so that V' = U − W S, which cancels when the state already predicts
+// v well, keeps ~16 mantissa bits; the keys come decayed from the prep launch. Each split tile
+// keeps its lo half right after its hi half. With K > 128 the split tiles leave no room for a
+// key tile of its own: the decayed keys are loaded into W's buffer once X is formed, and the
+// next W after the state update.
 //
 // KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
 // tile shapes and loops are compile-time).
@@ -92,7 +92,7 @@ __device__ __forceinline__ void band_mma(float (&acc)[NB][4], const bf16* a, int
 }
 
 // The state pass's global inputs. bf16 inputs: q, k per key head ([rows, H, K]), v's rows ldv
-// apart, T2, W, P. f32 inputs (the lo pointers set): q per key head and the decayed keys per
+// apart, T2, P (no W). f32 inputs (the lo pointers set): q per key head and the decayed keys per
 // value head ([rows, HV, K]) as hi + lo pairs, U in fp32 [rows, HV, V], W and P as pairs.
 struct ChunkIn {
   const bf16 *q, *ql, *k, *kl, *v;
