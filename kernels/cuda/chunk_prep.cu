@@ -72,10 +72,10 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   bf16* Vl = Ql;
   float* Af = sm.take<float>(CH * AP);
   float* Tf = sm.take<float>(CH * AP);
-  // Once T is read, T1 overwrites it (bf16 inputs; T2 goes straight out) or, as a hi + lo pair,
-  // A's tile, with T2's pair over T (f32 inputs): an fp32 tile holds two bf16 ones. Three CTAs
-  // an SM at K = 128 with bf16 inputs, two with f32 ones.
-  bf16* T1h = reinterpret_cast<bf16*>(LO ? Af : Tf);
+  // f32 inputs: once T is read, T1's hi + lo pair goes over A's tile and T2's over T's (an fp32
+  // tile holds two bf16 ones), so two CTAs fit an SM at K = 128. bf16 inputs need no T1 and
+  // send T2 straight out (three CTAs an SM at K = 128).
+  bf16* T1h = LO ? reinterpret_cast<bf16*>(Af) : nullptr;
   bf16* T1l = LO ? T1h + CH * TP : nullptr;
   bf16* T2h = LO ? reinterpret_cast<bf16*>(Tf) : nullptr;
   bf16* T2l = LO ? T2h + CH * TP : nullptr;
@@ -87,9 +87,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   const size_t row0 = crow[c];
   const int L = clen[c];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // The staging tiles take no buffer of their own: A's tile once T is done (bf16 inputs), or
-  // the q tiles' room after a V block (f32 inputs, whose T1 takes A's tile).
-  float* stage = (LO ? reinterpret_cast<float*>(Qh + CH * TP) : Af) + warp * STAGE;
+  // The staging tiles (f32 inputs only: W and U) take the q tiles' room after a V block.
+  float* stage = reinterpret_cast<float*>(Qh + CH * TP) + warp * STAGE;
 
   if constexpr (LO) {
     for_rows8(k + (row0 * H + hk) * K, (size_t)H * K, CH, L, K, K16, to_tile(Kh, Kl, KP));
@@ -224,8 +223,8 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   }
   __syncthreads();
   {
-    // T1 = T diag(β e^G) and T2 = T diag(β). Every thread reads its values of T before any
-    // is overwritten; eight columns a group.
+    // T1 = T diag(β e^G) and T2 = T diag(β) (f32 inputs), or T2 alone (bf16). Every thread
+    // reads its values of T before T2's pair goes over it; eight columns a group.
     constexpr int PER = CH * CH / 8 / THREADS;
     const int j0 = (tid % (CH / 8)) * 8, i0 = tid / (CH / 8);
     float t[PER][8];

@@ -257,7 +257,7 @@ __device__ __forceinline__ void tile_async(bf16* dst, int ld, const bf16* src, s
   const int W16 = W16C > 0 ? W16C : w16;
   const int GPR = W16 / 8, N = R * GPR;
   if (W % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-    if constexpr (W16C > 0 && THREADS % (W16C / 8) == 0) {
+    if constexpr (W16C > 0 && THREADS % (W16C > 0 ? W16C / 8 : 1) == 0) {
       // Compile-time width: each thread keeps one column group and walks its rows RS apart,
       // so a copy costs a pointer add instead of an index division and a 64-bit multiply.
       constexpr int G = W16C / 8, RS = THREADS / G, ITEMS = (R + RS - 1) / RS;

@@ -17,8 +17,8 @@ fn tc_smem(parts: &[usize]) -> usize {
 
 /// `chunk_tc_prep`: K and Q tiles, A and T (fp32), G and β. With `lo` (f32 inputs) every bf16
 /// tile has a lo half and the q tiles are at least a V block and the eight warps' 256-float
-/// staging tiles (T1 and T2 take A's and T's tiles as bf16 pairs); with bf16 inputs T1
-/// overwrites T and T2 goes straight to global memory.
+/// staging tiles (T1 and T2 take A's and T's tiles as bf16 pairs); with bf16 inputs T2 goes
+/// straight to global memory.
 fn tc_prep_smem(k: usize, lo: bool) -> usize {
     let kp = k.div_ceil(16) * 16 + 8;
     let tile32 = 4 * CHUNK * 72;
