@@ -14,11 +14,13 @@
 // anyway, write R = V − e^G ⊙ Z over the V tile and take V' = T2 R: a 64-wide product in place
 // of a K-wide tile per chunk from L2, which every value tile of a head reads again. The keys
 // arrive a chunk ahead into a second buffer; Q after X and Y are formed; P, T2, V and G in a
-// second group at the chunk's end (or, with K ≤ 64, where shared memory allows it at two CTAs
-// per SM, double-buffered and issued a whole chunk ahead). f32 inputs load W and Q after X and
-// Y, the decayed keys, P, U and G at the chunk's end. The rows the next loads will want are
-// prefetched into L2 a chunk ahead (the tiles every value tile reads by one CTA of the head
-// only).
+// second group at the chunk's end, or double-buffered and issued a whole chunk ahead: with
+// K ≤ 64, where shared memory allows it at two CTAs per SM, and in the _db entries, for grids
+// of one CTA an SM (a single long prompt), which also unroll every k-step of X and Y. f32
+// inputs load W and Q after X and Y, the decayed keys, P, U and G at the chunk's end. The rows
+// the next loads will want are prefetched into L2 a chunk ahead (the tiles every value tile
+// reads by one CTA of the head only). bf16 tiles from aligned sources come by cp.async alone
+// (tile_rows: the alignment checked once a pass, not per tile).
 //
 // Precision (LO): bf16 inputs use single bf16 operands and round R and V' to bf16 (fla rounds
 // U, W and V'); the decay scales K's fragments in registers for the state update. f32 inputs
@@ -62,13 +64,14 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 // acc (16 rows, NB·8 columns) += A B over nk k-steps of 16: A row-major from the band's first
 // row (pitch lda), B row-major from its first row (pitch ldb). With LO both are hi + lo pairs,
 // the lo halves alo and blo elements after the hi ones: hi·hi + hi·lo + lo·hi.
-template <int NB, bool LO = false>
+// U: k-steps unrolled together (their loads issued ahead of their products).
+template <int NB, bool LO = false, int U = 2>
 __device__ __forceinline__ void band_mma(float (&acc)[NB][4], const bf16* a, int lda, const bf16* b, int ldb, int nk,
                                          int alo = 0, int blo = 0) {
   const int lane = threadIdx.x & 31;
   a += (lane & 15) * lda + (lane >> 4) * 8;
   b += (lane & 15) * ldb + (lane >> 4) * 8;
-#pragma unroll 2
+#pragma unroll U
   for (int kk = 0; kk < nk; ++kk) {
     unsigned af[4], al[4];
     ldsm4(af, a + kk * 16);
@@ -102,7 +105,7 @@ struct ChunkIn {
   const float* G;
 };
 
-template <int KT, int BV, bool LO>
+template <int KT, int BV, bool LO, bool DBUF = false>
 __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, const int* __restrict__ cu,
                                 const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
                                 float* __restrict__ o, int H, int HV, int K, int V, float scale) {
@@ -119,9 +122,11 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   constexpr int KTILE = CH * KP, PTILE = CH * TP, STILE = K16 * SB, VTILE = CH * SB;
   constexpr int NS = LO ? 2 : 1;
   // With K ≤ 64 and bf16 inputs the tiles are small enough for two CTAs per SM to
-  // double-buffer the second load group (K, P, T2, V, G): the next chunk's copy starts a whole
-  // chunk ahead, at the top of this one, instead of after this chunk's state update.
-  constexpr bool DB = KT <= 4 && !LO;
+  // double-buffer the second load group (P, T2, V, G): the next chunk's copy starts a whole
+  // chunk ahead, at the top of this one, instead of after this chunk's state update. DBUF asks
+  // for it at any K, for grids of one CTA an SM, where the shared memory is there anyway.
+  static_assert(!(DBUF && LO), "split operands have no room for a second load group");
+  constexpr bool DB = (KT <= 4 && !LO) || DBUF;
   // Split tiles with K > 128: the decayed keys take W's buffer (see the header).
   constexpr bool KW = LO && KT > 8;
   Smem sm{smem_raw};
@@ -205,11 +210,28 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   publish_s();
 
   const int t_begin = cu[seq], t_end = cu[seq + 1];
+  // bf16 inputs: which sources the cp.async-only loader takes (checked once, not per tile).
+  const auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool fast_qk = !LO && K % 8 == 0 && al16(in.q) && al16(in.k);
+  const bool fast_v = !LO && V % 8 == 0 && in.ldv % 8 == 0 && al16(in.v);
+  const bool fast_p = !LO && al16(in.P) && al16(in.T2);
   // A [64, K16] tile of rows t0.. of a [rows, heads, K] matrix (and its lo half).
   auto load_k16 = [&](bf16* dst, const bf16* hi, const bf16* lo, int heads, int head, int t0, int L) {
     const size_t at = ((size_t)t0 * heads + head) * K;
-    tile_async<CH, K16>(dst, KP, hi + at, (size_t)heads * K, L, K);
+    if (fast_qk) {
+      tile_rows<CH, K16, KP>(dst, hi + at, (size_t)heads * K, L, K);
+    } else {
+      tile_async<CH, K16>(dst, KP, hi + at, (size_t)heads * K, L, K);
+    }
     if constexpr (LO) tile_async<CH, K16>(dst + KTILE, KP, lo + at, (size_t)heads * K, L, K);
+  };
+  // A [64, 64] tile of rows t0.. of P or T2 ([rows, HV, 64], bf16).
+  auto load_p = [&](bf16* dst, const bf16* src, size_t prow, int L) {
+    if (fast_p) {
+      tile_rows<CH, CH, TP>(dst, src + prow, (size_t)HV * CH, L, CH);
+    } else {
+      tile_async<CH, CH>(dst, TP, src + prow, (size_t)HV * CH, L, CH);
+    }
   };
   auto load_w = [&](int t0, int L) { load_k16(Wt, in.W, in.Wl, HV, hv, t0, L); };
   auto load_q = [&](int t0, int L) { load_k16(Qt, in.q, in.ql, H, hk, t0, L); };
@@ -218,7 +240,7 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   auto load_kpug = [&](int t0, int L, int buf) {
     if constexpr (LO && !KW) load_k(K0, t0, L);
     const size_t prow = ((size_t)t0 * HV + hv) * CH;
-    tile_async<CH, CH>((buf ? P1 : P0), TP, in.P + prow, (size_t)HV * CH, L, CH);
+    load_p((buf ? P1 : P0), in.P, prow, L);
     if constexpr (LO) {
       tile_async<CH, CH>((buf ? P1 : P0) + PTILE, TP, in.Pl + prow, (size_t)HV * CH, L, CH);
       // fp32 rows copied as twice as many bf16 (bytes are bytes).
@@ -226,8 +248,13 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
                              reinterpret_cast<const bf16*>(in.U + ((size_t)t0 * HV + hv) * V + v0), (size_t)2 * HV * V, L,
                              2 * vw);
     } else {
-      tile_async<CH, CH>((buf ? T21 : T20), TP, in.T2 + prow, (size_t)HV * CH, L, CH);
-      tile_async<CH, BV>((buf ? V1 : V0), SB, in.v + (size_t)t0 * in.ldv + (size_t)hv * V + v0, (size_t)in.ldv, L, vw);
+      load_p((buf ? T21 : T20), in.T2, prow, L);
+      const bf16* vrows = in.v + (size_t)t0 * in.ldv + (size_t)hv * V + v0;
+      if (fast_v) {
+        tile_rows<CH, BV, SB>((buf ? V1 : V0), vrows, (size_t)in.ldv, L, vw);
+      } else {
+        tile_async<CH, BV>((buf ? V1 : V0), SB, vrows, (size_t)in.ldv, L, vw);
+      }
     }
     if (tid < CH) cp_async4((buf ? G1 : G0) + tid, in.G + ((size_t)t0 + min(tid, L - 1)) * HV + hv);
   };
@@ -296,7 +323,8 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
     for (int j = 0; j < NB; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    band_mma<NB, LO>(acc, (m ? Qt : LO ? Wt : Kt) + rt * 16 * KP, KP, Sb, SB, KT, KTILE, STILE);
+    // One CTA an SM (DBUF) leaves the registers to unroll every k-step.
+    band_mma<NB, LO, DBUF ? KT : 2>(acc, (m ? Qt : LO ? Wt : Kt) + rt * 16 * KP, KP, Sb, SB, KT, KTILE, STILE);
     if constexpr (LO && !KW) {
       cp_async_wait<0>();
     } else if constexpr (!LO && !DB) {
@@ -482,6 +510,22 @@ MMA_ENTRY(8, 32, 2)
 MMA_ENTRY(8, 64, 2)
 MMA_ENTRY(16, 32, 1)
 MMA_ENTRY(16, 64, 1)
+
+// The same with the second load group double-buffered at K > 64 (one CTA an SM).
+#define MMA_DB_ENTRY(KT, BV)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                           \
+      chunk_mma_state_db_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2,       \
+                                        const bf16* P, const float* G, float* states, const int* cu,                \
+                                        const int* slots, const int* snap, int has_snap, float* o, int H, int HV,    \
+                                        int K, int V, float scale) {                                                 \
+    pdl_entry();                                                                                                     \
+    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                 \
+    chunk_mma_state<KT, BV, false, true>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);             \
+  }
+MMA_DB_ENTRY(8, 32)
+MMA_DB_ENTRY(8, 64)
+MMA_DB_ENTRY(16, 32)
+MMA_DB_ENTRY(16, 64)
 
 // f32 inputs (split operands): q and the decayed keys as pairs, U in fp32, W and P as pairs.
 #define SPLIT_ENTRY(KT, BV, MINB)                                                                                    \

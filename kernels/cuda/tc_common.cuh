@@ -292,6 +292,31 @@ __device__ __forceinline__ void tile_async(bf16* dst, int ld, const bf16* src, s
   }
 }
 
+// tile_async's cp.async path for sources the caller has checked once to be 16-byte aligned
+// (rows, stride and W multiples of 8 elements), with the tile's pitch LD a compile-time
+// constant too: each thread keeps one column group and walks its rows RS apart, every copy's
+// shared address an immediate offset from its first.
+template <int R, int W16C, int LD>
+__device__ __forceinline__ void tile_rows(bf16* dst, const bf16* src, size_t stride, int L, int W) {
+  constexpr int G = W16C / 8, RS = THREADS / G, ITEMS = (R + RS - 1) / RS;
+  static_assert(W16C % 8 == 0 && THREADS % G == 0, "whole column groups, every thread one of them");
+  const int c = (threadIdx.x % G) * 8, r0 = threadIdx.x / G;
+  const bool cok = c < W;
+  const bf16* p = src + (size_t)r0 * stride + c;
+  const size_t step = (size_t)RS * stride;
+  const unsigned d = smem_addr(dst + r0 * LD + c);
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int r = r0 + j * RS;
+    const bool ok = cok && r < L;
+    if (R % RS == 0 || r < R)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + j * RS * LD * 2), "l"(ok ? p : src),
+                   "r"(ok ? 16 : 0)
+                   : "memory");
+    p += step;
+  }
+}
+
 // Asks L2 for rows [0, L) of `bytes` (≤ MAXB) bytes each, `stride` bytes apart.
 template <int MAXB>
 __device__ __forceinline__ void prefetch_l2(const void* base, size_t stride, int L, int bytes) {

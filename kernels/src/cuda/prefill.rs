@@ -36,9 +36,9 @@ fn tc_prep_smem(k: usize, lo: bool) -> usize {
 /// `chunk_mma_state`: Q and key tiles (K padded to the kernel's 16·KT), P, the bf16 S, then
 /// two key tiles (the next chunk's arrives early), T2 and V (bf16 inputs) or a W tile and an
 /// fp32 U tile (f32 inputs), V', and G with the chunk's two decay vectors. With `lo` (f32
-/// inputs) every bf16 tile has a lo half, and with K > 128 the keys share W's tile; with bf16
-/// inputs and K ≤ 64 (KT = 4) a second P, T2, V and G for the double-buffered load group.
-fn mma_state_smem(k: usize, bv: usize, lo: bool) -> usize {
+/// inputs) every bf16 tile has a lo half, and with K > 128 the keys share W's tile; with `db`
+/// (bf16 inputs; always at K ≤ 64) a second P, T2, V and G for the double-buffered load group.
+fn mma_state_smem(k: usize, bv: usize, lo: bool, db: bool) -> usize {
     let kt_tiles = mma_row_tiles(k);
     let k16 = 16 * kt_tiles;
     let halves = if lo { 2 } else { 1 };
@@ -57,7 +57,7 @@ fn mma_state_smem(k: usize, bv: usize, lo: bool) -> usize {
         parts.extend([pt, CHUNK * sb]);
     }
     parts.extend([halves * CHUNK * sb, 12 * CHUNK]);
-    if kt_tiles <= 4 && !lo {
+    if db || (kt_tiles <= 4 && !lo) {
         parts.extend([pt, pt, CHUNK * sb, 4 * CHUNK]);
     }
     tc_smem(&parts)
@@ -107,6 +107,16 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
         TilePick::Waves => fitting.iter().copied().min_by_key(|&bv| ctas(bv).div_ceil(sms.max(1)) * (bv + SPLIT_FIXED_COLS)),
     };
     chosen.unwrap_or(last)
+}
+
+/// Whether the bf16 state pass double-buffers its second load group (P, T2, V, G) at K > 64:
+/// when its grid runs one CTA an SM anyway (`ctas` ≤ `sms`) and the second buffers fit
+/// (`smem` with them). `DELTASERVE_TC_DB` = 0 or 1 overrides where the buffers fit.
+fn double_buffered(lo: bool, kt: usize, ctas: usize, sms: usize, smem: usize) -> bool {
+    if lo || kt <= 4 || smem > MAX_SMEM {
+        return !lo && kt <= 4;
+    }
+    env_count!("DELTASERVE_TC_DB").map_or(ctas <= sms, |d| d != 0)
 }
 
 /// Chunked prefill on the tensor cores (fp32 accumulation and state) of packed sequences:
@@ -198,10 +208,15 @@ pub fn gated_delta_chunk_tc(
     let kt = mma_row_tiles(k);
     let widths: &[usize] = if lo && kt > 8 { &[32, 16] } else { &[64, 32] };
     let pick = if lo { TilePick::Waves } else { TilePick::Cover };
-    let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo), v, slots.len() * hv, sms, pick);
-    let name = if lo { format!("chunk_split_state_k{kt}_bv{bv}") } else { format!("chunk_mma_state_k{kt}_bv{bv}") };
+    let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo, false), v, slots.len() * hv, sms, pick);
+    let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
+    let name = match (lo, db) {
+        (true, _) => format!("chunk_split_state_k{kt}_bv{bv}"),
+        (false, true) if kt > 4 => format!("chunk_mma_state_db_k{kt}_bv{bv}"),
+        (false, _) => format!("chunk_mma_state_k{kt}_bv{bv}"),
+    };
     let state = dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?;
-    let state_smem = mma_state_smem(k, bv, lo);
+    let state_smem = mma_state_smem(k, bv, lo, db);
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its
     // place for bf16 ones; only f32 inputs have a W (bf16 pairs).

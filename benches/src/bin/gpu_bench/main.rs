@@ -39,6 +39,10 @@ struct Args {
     /// `DELTASERVE_DECODE_KERNEL=w8_r16_c4_b2` and the other shapes gated_delta.cu compiles).
     #[arg(long)]
     decode_only: bool,
+    /// Only the prefill mixer table (for comparing state-pass variants, picked with
+    /// `DELTASERVE_TC_BV` and `DELTASERVE_TC_DB`).
+    #[arg(long)]
+    prefill_mixer_only: bool,
     /// Load the whole model and run one T=4096 prefill with the bf16 mixer (the default for bf16
     /// models) between cuProfilerStart and cuProfilerStop, for `ncu --profile-from-start off`
     /// (`benches/prefill_profile.sh`); no tables.
@@ -501,6 +505,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.decode_only {
         return decode_table(&dev, args.reps, &fla);
+    }
+    if args.prefill_mixer_only {
+        return prefill_table(&dev, args.reps, &fla);
     }
     if args.sampling_only {
         return sampling_table(&dev, args.reps);
