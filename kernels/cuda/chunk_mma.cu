@@ -493,35 +493,26 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   for_s([](float& x, float* g) { *g = x; });
 }
 
-// Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread), one at KT = 16.
-#define MMA_ENTRY(KT, BV, MINB)                                                                                      \
+// bf16 entries: NAME runs chunk_mma_state<KT, BV, false, DBUF> at MINB CTAs an SM.
+#define MMA_ENTRY_NAMED(NAME, KT, BV, MINB, DBUF)                                                                    \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
-      chunk_mma_state_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2,          \
-                                     const bf16* P, const float* G, float* states, const int* cu,                   \
-                                     const int* slots, const int* snap, int has_snap, float* o, int H, int HV, int K, \
-                                     int V, float scale) {                                                           \
+      NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,     \
+           float* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,   \
+           int K, int V, float scale) {                                                                              \
     pdl_entry();                                                                                                     \
     const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                 \
-    chunk_mma_state<KT, BV, false>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);                   \
+    chunk_mma_state<KT, BV, false, DBUF>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);             \
   }
+// Two CTAs per SM where KT ≤ 8 (registers ≤ 128 per thread), one at KT = 16.
+#define MMA_ENTRY(KT, BV, MINB) MMA_ENTRY_NAMED(chunk_mma_state_k##KT##_bv##BV, KT, BV, MINB, false)
+// The second load group double-buffered at K > 64, for grids of one CTA an SM.
+#define MMA_DB_ENTRY(KT, BV) MMA_ENTRY_NAMED(chunk_mma_state_db_k##KT##_bv##BV, KT, BV, 1, true)
 MMA_ENTRY(4, 32, 2)
 MMA_ENTRY(4, 64, 2)
 MMA_ENTRY(8, 32, 2)
 MMA_ENTRY(8, 64, 2)
 MMA_ENTRY(16, 32, 1)
 MMA_ENTRY(16, 64, 1)
-
-// The same with the second load group double-buffered at K > 64 (one CTA an SM).
-#define MMA_DB_ENTRY(KT, BV)                                                                                         \
-  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                           \
-      chunk_mma_state_db_k##KT##_bv##BV(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2,       \
-                                        const bf16* P, const float* G, float* states, const int* cu,                \
-                                        const int* slots, const int* snap, int has_snap, float* o, int H, int HV,    \
-                                        int K, int V, float scale) {                                                 \
-    pdl_entry();                                                                                                     \
-    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                 \
-    chunk_mma_state<KT, BV, false, true>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);             \
-  }
 MMA_DB_ENTRY(8, 32)
 MMA_DB_ENTRY(8, 64)
 MMA_DB_ENTRY(16, 32)
