@@ -219,7 +219,7 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   auto load_k16 = [&](bf16* dst, const bf16* hi, const bf16* lo, int heads, int head, int t0, int L) {
     const size_t at = ((size_t)t0 * heads + head) * K;
     if (fast_qk) {
-      tile_rows<CH, K16, KP>(dst, hi + at, (size_t)heads * K, L, K);
+      tile_rows<CH, K16>(dst, KP, hi + at, (size_t)heads * K, L, K);
     } else {
       tile_async<CH, K16>(dst, KP, hi + at, (size_t)heads * K, L, K);
     }
@@ -228,7 +228,7 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
   // A [64, 64] tile of rows t0.. of P or T2 ([rows, HV, 64], bf16).
   auto load_p = [&](bf16* dst, const bf16* src, size_t prow, int L) {
     if (fast_p) {
-      tile_rows<CH, CH, TP>(dst, src + prow, (size_t)HV * CH, L, CH);
+      tile_rows<CH, CH>(dst, TP, src + prow, (size_t)HV * CH, L, CH);
     } else {
       tile_async<CH, CH>(dst, TP, src + prow, (size_t)HV * CH, L, CH);
     }
@@ -251,7 +251,7 @@ __device__ void chunk_mma_state(const ChunkIn& in, float* __restrict__ states, c
       load_p((buf ? T21 : T20), in.T2, prow, L);
       const bf16* vrows = in.v + (size_t)t0 * in.ldv + (size_t)hv * V + v0;
       if (fast_v) {
-        tile_rows<CH, BV, SB>((buf ? V1 : V0), vrows, (size_t)in.ldv, L, vw);
+        tile_rows<CH, BV>((buf ? V1 : V0), SB, vrows, (size_t)in.ldv, L, vw);
       } else {
         tile_async<CH, BV>((buf ? V1 : V0), SB, vrows, (size_t)in.ldv, L, vw);
       }

@@ -248,6 +248,32 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// tile_async's cp.async path, for sources known to be 16-byte aligned (rows, stride and W
+// multiples of 8 elements; callers that check that once a pass call it directly): with the
+// width W16C a compile-time constant, each thread keeps one column group and walks its rows RS
+// apart, so a copy costs a pointer add instead of an index division and a 64-bit multiply
+// (and, where ld is a constant too, its shared address is an immediate offset from the first).
+template <int R, int W16C>
+__device__ __forceinline__ void tile_rows(bf16* dst, int ld, const bf16* src, size_t stride, int L, int W) {
+  constexpr int G = W16C / 8, RS = THREADS / G, ITEMS = (R + RS - 1) / RS;
+  static_assert(W16C % 8 == 0 && THREADS % G == 0, "whole column groups, every thread one of them");
+  const int c = (threadIdx.x % G) * 8, r0 = threadIdx.x / G;
+  const bool cok = c < W;
+  const bf16* p = src + (size_t)r0 * stride + c;
+  const size_t step = (size_t)RS * stride;
+  const unsigned d = smem_addr(dst + r0 * ld + c);
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int r = r0 + j * RS;
+    const bool ok = cok && r < L;
+    if (R % RS == 0 || r < R)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + j * RS * ld * 2), "l"(ok ? p : src),
+                   "r"(ok ? 16 : 0)
+                   : "memory");
+    p += step;
+  }
+}
+
 // An [R, W16] bf16 tile (row r of the source at src + r·stride; zeros in rows ≥ L and columns
 // ≥ W) into shared memory with row pitch ld: by cp.async when rows are 16-byte aligned, else
 // by plain loads (the caller synchronises before use either way). With W16 a template
@@ -258,21 +284,7 @@ __device__ __forceinline__ void tile_async(bf16* dst, int ld, const bf16* src, s
   const int GPR = W16 / 8, N = R * GPR;
   if (W % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
     if constexpr (W16C > 0 && THREADS % (W16C > 0 ? W16C / 8 : 1) == 0) {
-      // Compile-time width: each thread keeps one column group and walks its rows RS apart,
-      // so a copy costs a pointer add instead of an index division and a 64-bit multiply.
-      constexpr int G = W16C / 8, RS = THREADS / G, ITEMS = (R + RS - 1) / RS;
-      const int c = (threadIdx.x % G) * 8, r0 = threadIdx.x / G;
-      const bool cok = c < W;
-      const bf16* p = src + (size_t)r0 * stride + c;
-      const size_t step = (size_t)RS * stride;
-      bf16* d = dst + r0 * ld + c;
-#pragma unroll
-      for (int j = 0; j < ITEMS; ++j) {
-        const int r = r0 + j * RS;
-        const bool ok = cok && r < L;
-        if (R % RS == 0 || r < R) cp_async16(d + j * RS * ld, ok ? p : src, ok);
-        p += step;
-      }
+      tile_rows<R, W16C>(dst, ld, src, stride, L, W);
     } else {
 #pragma unroll 4
       for (int i0 = 0; i0 < N; i0 += THREADS) {
@@ -289,31 +301,6 @@ __device__ __forceinline__ void tile_async(bf16* dst, int ld, const bf16* src, s
       const int r = i / W16, c = i % W16;
       dst[r * ld + c] = (r < L && c < W) ? src[(size_t)r * stride + c] : __float2bfloat16(0.0f);
     }
-  }
-}
-
-// tile_async's cp.async path for sources the caller has checked once to be 16-byte aligned
-// (rows, stride and W multiples of 8 elements), with the tile's pitch LD a compile-time
-// constant too: each thread keeps one column group and walks its rows RS apart, every copy's
-// shared address an immediate offset from its first.
-template <int R, int W16C, int LD>
-__device__ __forceinline__ void tile_rows(bf16* dst, const bf16* src, size_t stride, int L, int W) {
-  constexpr int G = W16C / 8, RS = THREADS / G, ITEMS = (R + RS - 1) / RS;
-  static_assert(W16C % 8 == 0 && THREADS % G == 0, "whole column groups, every thread one of them");
-  const int c = (threadIdx.x % G) * 8, r0 = threadIdx.x / G;
-  const bool cok = c < W;
-  const bf16* p = src + (size_t)r0 * stride + c;
-  const size_t step = (size_t)RS * stride;
-  const unsigned d = smem_addr(dst + r0 * LD + c);
-#pragma unroll
-  for (int j = 0; j < ITEMS; ++j) {
-    const int r = r0 + j * RS;
-    const bool ok = cok && r < L;
-    if (R % RS == 0 || r < R)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + j * RS * LD * 2), "l"(ok ? p : src),
-                   "r"(ok ? 16 : 0)
-                   : "memory");
-    p += step;
   }
 }
 

@@ -37,7 +37,7 @@ fn tc_prep_smem(k: usize, lo: bool) -> usize {
 /// two key tiles (the next chunk's arrives early), T2 and V (bf16 inputs) or a W tile and an
 /// fp32 U tile (f32 inputs), V', and G with the chunk's two decay vectors. With `lo` (f32
 /// inputs) every bf16 tile has a lo half, and with K > 128 the keys share W's tile; with `db`
-/// (bf16 inputs; always at K ≤ 64) a second P, T2, V and G for the double-buffered load group.
+/// (the double-buffered entry) or bf16 inputs at K ≤ 64, a second P, T2, V and G.
 fn mma_state_smem(k: usize, bv: usize, lo: bool, db: bool) -> usize {
     let kt_tiles = mma_row_tiles(k);
     let k16 = 16 * kt_tiles;
@@ -109,12 +109,13 @@ fn value_tile(widths: &[usize], smem: impl Fn(usize) -> usize, v: usize, ctas_pe
     chosen.unwrap_or(last)
 }
 
-/// Whether the bf16 state pass double-buffers its second load group (P, T2, V, G) at K > 64:
-/// when its grid runs one CTA an SM anyway (`ctas` ≤ `sms`) and the second buffers fit
-/// (`smem` with them). `DELTASERVE_TC_DB` = 0 or 1 overrides where the buffers fit.
+/// Whether the bf16 state pass at K > 64 takes its double-buffered entry
+/// (`chunk_mma_state_db_*`; at K ≤ 64 the plain one double-buffers already): when its grid runs
+/// one CTA an SM anyway (`ctas` ≤ `sms`) and the second buffers fit (`smem` with them).
+/// `DELTASERVE_TC_DB` = 0 or 1 overrides where the buffers fit.
 fn double_buffered(lo: bool, kt: usize, ctas: usize, sms: usize, smem: usize) -> bool {
     if lo || kt <= 4 || smem > MAX_SMEM {
-        return !lo && kt <= 4;
+        return false;
     }
     env_count!("DELTASERVE_TC_DB").map_or(ctas <= sms, |d| d != 0)
 }
@@ -212,8 +213,8 @@ pub fn gated_delta_chunk_tc(
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
     let name = match (lo, db) {
         (true, _) => format!("chunk_split_state_k{kt}_bv{bv}"),
-        (false, true) if kt > 4 => format!("chunk_mma_state_db_k{kt}_bv{bv}"),
-        (false, _) => format!("chunk_mma_state_k{kt}_bv{bv}"),
+        (false, true) => format!("chunk_mma_state_db_k{kt}_bv{bv}"),
+        (false, false) => format!("chunk_mma_state_k{kt}_bv{bv}"),
     };
     let state = dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?;
     let state_smem = mma_state_smem(k, bv, lo, db);
