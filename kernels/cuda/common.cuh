@@ -6,12 +6,22 @@
 // reached by a programmatic edge is launched as the kernel before it ends, without waiting for
 // that kernel's completion to be signalled. Each of our kernels waits here, before it touches
 // global memory, until every kernel before it has finished and its writes are visible; a no-op
-// in any other launch. No kernel triggers its dependents early (griddepcontrol.launch_dependents
-// at entry): their blocks then wait resident beside the running kernel, and the decode steps of
-// 1–2 rows were slower (docs/gpu.md, *Graphs without memory nodes*).
+// in any other launch. Kernels do not trigger their dependents early as a rule (pdl_trigger):
+// their blocks then wait resident beside the running kernel, and the decode steps of 1–2 rows
+// were slower (docs/gpu.md, *Graphs without memory nodes*).
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the kernel after this one start now (in a graph, over a programmatic edge) rather than
+// when this one ends; called after pdl_entry, so every kernel before this one has finished. Only
+// chunk_tc_prep does: the state pass after it loads its states, which the prep does not touch,
+// on the multiprocessors a prep of few chunks leaves idle, and then waits for it.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
