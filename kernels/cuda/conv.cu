@@ -145,6 +145,22 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
   if (ch >= C) return;
   float* st = states + (size_t)slot_of(slots, more_slots, b) * C * W + (size_t)ch * W;
   const float xt = to_f32(x[(size_t)b * ldx + ch]);
+  // fla's width 4 with aligned rows: the window, the weights and the new window as one 16-byte
+  // access each (the loop below: eight 4-byte loads and four stores a channel, adjacent
+  // threads 16 bytes apart). The same arithmetic in the same order.
+  if (W == 4 && ((reinterpret_cast<uintptr_t>(st) | reinterpret_cast<uintptr_t>(weight)) & 15) == 0) {
+    const float4 s = *reinterpret_cast<const float4*>(st);
+    const float4 w = *reinterpret_cast<const float4*>(weight + (size_t)ch * 4);
+    const float4 v = make_float4(s.y, s.z, s.w, xt);
+    *reinterpret_cast<float4*>(st) = v;
+    float acc = 0.0f;
+    acc += w.x * v.x;
+    acc += w.y * v.y;
+    acc += w.z * v.z;
+    acc += w.w * v.w;
+    y[(size_t)b * C + ch] = silu ? ds_silu(acc) : acc;
+    return;
+  }
   // Every load before the first store (indices clamped into the window, not branched around):
   // a loop that loads, stores and loads again waits a round trip to memory a tap.
   float sv[MAX_W], wv[MAX_W];
