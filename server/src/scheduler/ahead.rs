@@ -1,13 +1,14 @@
 //! Decode steps launched ahead. When the next engine step can only be another decode step of
-//! the same sequences (nothing waits to be admitted or prefilled, nor in the engine's channel;
-//! no grammar needs the token just drawn), that step is launched on the GPU as soon as this
-//! step's tokens are drawn, and this step's tokens are emitted (detokenized, checked against
-//! the stop rules, sent) while it runs: the host's work between two steps no longer leaves the
-//! GPU idle. The step launched
-//! ahead is drawn first thing in the next engine step. A row whose sequence finished or left
-//! meanwhile is not drawn; its slot advanced one token more, which nothing reads (a freed slot
-//! is zeroed when handed out again, a finished turn's cache re-prefill starts from a snapshot or
-//! a zeroed slot, and the KV position written is within the blocks reserved for the request).
+//! the same sequences (nothing waits to be admitted or prefilled, nor in the engine's channel; no
+//! cache re-prefill is due; no grammar needs the token just drawn), that step is launched on the
+//! GPU as soon as this step's tokens are drawn, and this step's tokens are emitted (detokenized,
+//! checked against the stop rules, sent) while it runs: the host's work between two steps no
+//! longer leaves the GPU idle. The step launched ahead is drawn first thing in the next engine
+//! step, and the one after it is launched ahead in turn while those conditions hold, so every
+//! step's emit overlaps the next step. A row whose sequence finished or left meanwhile is not
+//! drawn; its slot advanced one token more, which nothing reads (a freed slot is zeroed when
+//! handed out again, a finished turn's cache re-prefill starts from a snapshot or a zeroed slot,
+//! and the KV position written is within the blocks reserved for the request).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -35,7 +36,7 @@ impl Scheduler {
         rows: &[(usize, usize)],
         results: &[Result<Sampled, EngineError>],
     ) -> Result<(), (Vec<Drawer>, SchedulerError)> {
-        if !self.cfg.decode_ahead || !self.waiting.is_empty() {
+        if !self.cfg.decode_ahead || !self.waiting.is_empty() || self.a_tail_is_due() {
             return Ok(());
         }
         let busy = |r: &super::Active| r.prefilled < r.prompt.len() || r.seqs.iter().any(|s| !s.finished && s.constraint.is_some());
@@ -65,8 +66,10 @@ impl Scheduler {
     }
 
     /// Draws and emits the decode step launched ahead, if any: each row for the sequence in its
-    /// slot, when that sequence still runs and was to be fed exactly that token.
-    pub(super) fn finish_ahead(&mut self) {
+    /// slot, when that sequence still runs and was to be fed exactly that token. The next step is
+    /// launched ahead before the emit when nothing else could run first (`arrivals`: whether
+    /// requests wait in the engine's channel).
+    pub(super) fn finish_ahead(&mut self, arrivals: impl Fn() -> bool) {
         let Some(a) = self.ahead.take() else { return };
         let running: HashMap<SlotId, (usize, usize)> = self
             .requests
@@ -86,7 +89,7 @@ impl Scheduler {
         if who.is_empty() {
             return;
         }
-        let drawn = self.draw_and_emit(Ok(a.logits), &who);
+        let drawn = self.draw_launch_emit(Ok(a.logits), &who, arrivals);
         let secs = a.launched.elapsed().as_secs_f64();
         self.metrics.step_duration.with_label_values(&["decode"]).observe(secs);
         self.metrics.decode_batch_size.observe(a.rows.len() as f64);

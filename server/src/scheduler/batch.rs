@@ -309,6 +309,30 @@ impl Scheduler {
         drawn_at
     }
 
+    /// [`Self::draw_and_emit`] for a decode step: the next step is launched ahead between the
+    /// draw and the emit when the mode is on and nothing else could run first (`arrivals`:
+    /// whether requests wait in the engine's channel). Returns the time until the draws were
+    /// back.
+    pub(super) fn draw_launch_emit(
+        &mut self,
+        logits: Result<Tensor, SchedulerError>,
+        who: &[Drawer],
+        arrivals: impl Fn() -> bool,
+    ) -> std::time::Duration {
+        let (drawn_at, out) = self.draw(logits, who);
+        match out {
+            Ok((rows, results)) => {
+                let ahead = if arrivals() { Ok(()) } else { self.launch_ahead(&rows, &results) };
+                self.emit_all(rows, results);
+                if let Err((rows, e)) = ahead {
+                    self.fail_rows(&rows, e);
+                }
+            }
+            Err(e) => self.fail_rows(who, e),
+        }
+        drawn_at
+    }
+
     /// Draws the next token of each `(request, choice, logits row)` in one batch where the logits
     /// are: the `(request, choice)`s that drew and their results, on the host. Also returns the
     /// time until the draws were back.
@@ -401,17 +425,7 @@ impl Scheduler {
         // the draw); then emitting (grammar, detokenizing, events), while the next step, when
         // launched ahead, runs on the GPU.
         let launch = started.elapsed();
-        let (drawn, out) = self.draw(logits.map_err(SchedulerError::from), &who);
-        match out {
-            Ok((rows, results)) => {
-                let ahead = if arrivals() { Ok(()) } else { self.launch_ahead(&rows, &results) };
-                self.emit_all(rows, results);
-                if let Err((rows, e)) = ahead {
-                    self.fail_rows(&rows, e);
-                }
-            }
-            Err(e) => self.fail_rows(&who, e),
-        }
+        let drawn = self.draw_launch_emit(logits.map_err(SchedulerError::from), &who, arrivals);
         let secs = started.elapsed().as_secs_f64();
         self.metrics.step_duration.with_label_values(&["decode"]).observe(secs);
         self.metrics.decode_batch_size.observe(batch.len() as f64);

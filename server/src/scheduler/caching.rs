@@ -121,6 +121,11 @@ impl Scheduler {
         });
     }
 
+    /// Whether a re-prefill is due (it would run in the next prefill pass).
+    pub(super) fn a_tail_is_due(&self) -> bool {
+        !self.tails.is_empty() && self.until_a_tail_is_ready().is_none()
+    }
+
     /// How long the engine thread may wait for a message when only re-prefills not yet ready
     /// are left: until the first is ready (`None` when one is, or none is waiting).
     pub(super) fn until_a_tail_is_ready(&self) -> Option<std::time::Duration> {

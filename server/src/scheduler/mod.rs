@@ -244,8 +244,24 @@ impl Scheduler {
 
     fn step(&mut self, rx: &mut mpsc::Receiver<Msg>) -> Result<(), Stopped> {
         // A decode step launched ahead is this step's first: every running sequence then has
-        // its next token, as the rest of the step expects.
-        self.finish_ahead();
+        // its next token, as the rest of the step expects. When the step after it went ahead
+        // too, nothing else could run (nothing waiting, no prompt or re-prefill left), and the
+        // running sequences' next step is already on the GPU: the engine step ends there.
+        let had_ahead = self.ahead.is_some();
+        self.finish_ahead(|| !rx.is_empty());
+        if self.ahead.is_some() {
+            self.drop_cancelled();
+            self.retire_all();
+            if self.requests.is_empty() {
+                self.ahead = None;
+            }
+            return Ok(());
+        }
+        // Requests that came while that step ran (the reason the next one did not go ahead)
+        // start now, not after another decode step.
+        if had_ahead {
+            self.receive(rx)?;
+        }
         self.drop_cancelled();
         self.admit();
         let (used, mut decoded) = self.prefill(self.cfg.prefill_budget);
@@ -476,20 +492,22 @@ mod tests {
     fn a_decode_step_is_launched_ahead_only_when_nothing_else_could_run_first() {
         let (tx, mut rx) = mpsc::channel(4);
         let p = GenParams { ignore_eos: true, ..params() };
-        // One stream with tokens to go: its next step is launched ahead, and drawn first
-        // thing in the next engine step.
+        // One stream with tokens to go: its next step is launched ahead, drawn first thing in
+        // the next engine step, and the one after it launched ahead in turn.
         let mut s = cpu_scheduler(64, true, true);
         let (a, mut ea) = GenRequest::new("a".into(), (1..20).collect(), GenParams { max_tokens: 6, ..p.clone() });
         s.enqueue(a);
         // Step 1: the prompt's token and a decode step's; the third token's step goes ahead.
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "a decode step with tokens to go");
         assert_eq!(tokens(&mut ea), 2);
-        // Step 2: the step ahead (3) and its own (4); the fifth goes ahead.
-        assert!(s.step(&mut rx).is_ok() && s.ahead.is_some());
-        assert_eq!(tokens(&mut ea), 2);
-        // Step 3: the fifth and the sixth, the last: nothing ahead.
+        // Steps 2-4: the step ahead (3, 4, 5), the next launched before its emit.
+        for k in 3..=5 {
+            assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "token {k}: the next step goes ahead");
+            assert_eq!(tokens(&mut ea), 1, "token {k}");
+        }
+        // Step 5: the sixth, the last: nothing ahead.
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_none() && s.requests.is_empty());
-        assert_eq!(tokens(&mut ea), 2);
+        assert_eq!(tokens(&mut ea), 1);
         // A request waiting: its prefill must not wait behind a step launched ahead. Nor one in
         // the engine's channel.
         let (b, _eb) = GenRequest::new("b".into(), (1..20).collect(), GenParams { max_tokens: 20, ..p.clone() });
@@ -497,16 +515,26 @@ mod tests {
         let (d, _ed) = GenRequest::new("d".into(), (1..20).collect(), p.clone());
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "b decodes alone");
         s.enqueue(d);
-        s.finish_ahead();
+        s.finish_ahead(|| false);
+        assert!(s.ahead.is_none(), "d waits: b's step after the one ahead is not launched");
         s.decode(|| false);
         assert!(s.ahead.is_none(), "d waits");
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_none(), "d's prompt in a mixed pass with b");
         assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "d and b decode");
-        s.finish_ahead();
         let (e, _ee) = GenRequest::new("e".into(), (1..20).collect(), p.clone());
         tx.try_send(Msg::Request(Box::new(e))).ok().unwrap();
-        s.decode(|| !rx.is_empty());
+        s.finish_ahead(|| !rx.is_empty());
         assert!(s.ahead.is_none(), "e is in the channel");
+        s.decode(|| !rx.is_empty());
+        assert!(s.ahead.is_none(), "e is still in the channel");
+        // A request that reaches the channel while a step launched ahead runs is prefilled in
+        // the engine step that draws it, before any other decode step.
+        assert!(s.receive(&mut rx).is_ok() && s.step(&mut rx).is_ok());
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_some(), "b, d and e decode");
+        let (f, mut ef) = GenRequest::new("f".into(), (1..20).collect(), p.clone());
+        tx.try_send(Msg::Request(Box::new(f))).ok().unwrap();
+        assert!(s.step(&mut rx).is_ok() && s.ahead.is_none(), "f's prompt in a mixed pass");
+        assert_eq!(tokens(&mut ef), 1, "f's first token, in the step that drew the one ahead");
         // Every row ends by length with the tokens just drawn: no step ahead (a chat client's
         // next turn would wait for it).
         let mut s = cpu_scheduler(64, true, true);

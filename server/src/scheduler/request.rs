@@ -29,7 +29,7 @@ pub struct SchedulerConfig {
     /// two tokens while prompts arrive, not a prefill pass and a decode step.
     pub mixed_batches: bool,
     /// Launch the next decode step before this one's tokens are emitted, when nothing else
-    /// could run first (`--decode-ahead`, GPUs only: the emit then overlaps the GPU's step).
+    /// could run first (GPUs, unless `--no-decode-ahead`: the emit then overlaps the GPU's step).
     pub decode_ahead: bool,
     /// Wall-clock limit per request.
     pub request_timeout: Duration,
