@@ -301,12 +301,8 @@ impl Scheduler {
     /// are, and emits them; when the batch fails, so do those requests. Returns the time until
     /// the draws were back on the host (which includes waiting for the GPU's forward).
     pub(super) fn draw_and_emit(&mut self, logits: Result<Tensor, SchedulerError>, who: &[Drawer]) -> std::time::Duration {
-        let (drawn_at, out) = self.draw(logits, who);
-        match out {
-            Ok((drawn, results)) => self.emit_all(drawn, results),
-            Err(e) => self.fail_rows(who, e),
-        }
-        drawn_at
+        // "Requests waiting" keeps any step from going ahead.
+        self.draw_launch_emit(logits, who, || true)
     }
 
     /// [`Self::draw_and_emit`] for a decode step: the next step is launched ahead between the
