@@ -47,6 +47,8 @@ const TESTS: &[GpuTest] = &[
     ("gpu_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_norm_folded_into_gemv_equals_two_kernels),
     #[cfg(feature = "cuda")]
     ("gpu_gated_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_gated_norm_folded_into_gemv_equals_two_kernels),
+    #[cfg(feature = "cuda")]
+    ("gpu_conv_folded_into_projection_equals_two_kernels", norm_gemv::gpu_conv_folded_into_projection_equals_two_kernels),
     ("gpu_sampling_matches_cpu", sampling::gpu_sampling_matches_cpu),
     ("gpu_sampling_follows_the_distribution", sampling::gpu_sampling_follows_the_distribution),
     ("gpu_prefix_cache_snapshots_match_whole_prefills", gpu_prefix_cache_snapshots_match_whole_prefills),

@@ -50,6 +50,17 @@ struct SwigluRows {
   }
 };
 
+// What a warp does with its finished sums besides storing y: nothing, or
+// gemv_staged.cu's ConvFold. `prefetch` runs before a group's loads of W (its loads are in
+// flight under them), `finish` after the sums are complete, in every lane of the warp that
+// stores them.
+struct NoEpilogue {
+  template <int NB>
+  __device__ __forceinline__ void prefetch(int, int, int) const {}
+  template <typename T, int NB>
+  __device__ __forceinline__ void finish(const float (&)[GEMV_ROWS][NB], int, int, int) const {}
+};
+
 // Blocks of 8 warps. A warp takes GEMV_ROWS rows of W and one of `splits` slices of K (whole
 // 256-column steps), walking it in 16-byte pieces (eight elements a lane, 256 a warp) for all
 // NB rows of x at once (X loads them); the `splits` warps of a row pair sit side by side in a
@@ -63,8 +74,8 @@ struct SwigluRows {
 // row's sums do not depend on NB, on the other rows or on the grid. Splitting K gives rows few
 // enough to leave SMs idle (N = 2048: 128 blocks) more warps to keep loads in flight. K, the row
 // strides and the addresses are multiples of 8 elements (checked by the launcher).
-template <typename T, int NB, bool LOOP = false, typename X>
-__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits) {
+template <typename T, int NB, bool LOOP = false, typename X, typename E = NoEpilogue>
+__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits, E epi = E{}) {
   __shared__ float part[8][GEMV_ROWS][NB];
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = wib % splits;
@@ -77,6 +88,7 @@ __device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int
   do {
     const int n0 = (by * (8 / splits) + wib / splits) * GEMV_ROWS;
     float acc[GEMV_ROWS][NB] = {};
+    if (s == 0) epi.template prefetch<NB>(n0, blockIdx.x * NB, lane);
     if (n0 < N) {
 #pragma unroll 4
       for (int k = s * per * 256 + lane * 8; k < k_end; k += 256) {
@@ -125,6 +137,7 @@ __device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int
       // part is written again by the next group.
       __syncthreads();
     }
+    if (s == 0) epi.template finish<T, NB>(acc, n0, blockIdx.x * NB, lane);
     if (lane == 0 && s == 0) {
 #pragma unroll
       for (int r = 0; r < GEMV_ROWS; ++r)

@@ -135,6 +135,66 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
   __syncthreads();
 }
 
+// A decode step's short conv (conv.cu's conv_step at width 4, fla's) on the projection's
+// first C output rows, [q | k | v]: the lane r · NB + b of the warp that stores rows n0, n0 + 1
+// shifts y[b][n0 + r], rounded to T as the GEMV stores it, into the conv state of its slot and
+// writes the conv's output, with conv_step's arithmetic in its order. The window and the conv's
+// weights are copied into shared memory (cp.async) before the warp's loads of W, so their round
+// trip hides under them without holding registers. One launch a layer fewer, and the conv's
+// input is never read back.
+struct ConvFold {
+  const float* weight;  // [C, 4]
+  float* states;        // [slots, C, 4]
+  int slot;             // of this lane's row of x
+  float* cy;            // [B, C]
+  int C, silu;
+
+  // This lane's window and weights: [warp][lane][window, weights].
+  template <int NB>
+  __device__ __forceinline__ static float4* staged(int lane) {
+    __shared__ __align__(16) float4 fold[8][GEMV_ROWS * NB][2];
+    return fold[threadIdx.x >> 5][lane];
+  }
+  __device__ __forceinline__ float* state(int n) const { return states + (size_t)slot * C * 4 + (size_t)n * 4; }
+
+  template <int NB>
+  __device__ __forceinline__ void prefetch(int n0, int, int lane) const {
+    const int n = n0 + lane / NB;
+    if (lane < GEMV_ROWS * NB && n < C) {
+      float4* d = staged<NB>(lane);
+      asm volatile(
+          "cp.async.ca.shared.global [%0], [%1], 16;\n"
+          "cp.async.ca.shared.global [%2], [%3], 16;\n"
+          "cp.async.commit_group;\n" ::"r"((unsigned)__cvta_generic_to_shared(d)),
+          "l"(state(n)), "r"((unsigned)__cvta_generic_to_shared(d + 1)), "l"(weight + (size_t)n * 4)
+          : "memory");
+    }
+  }
+
+  template <typename T, int NB>
+  __device__ __forceinline__ void finish(const float (&acc)[GEMV_ROWS][NB], int n0, int b0, int lane) const {
+    const int n = n0 + lane / NB;
+    if (lane >= GEMV_ROWS * NB || n >= C) return;
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; ++r)
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        if (lane == r * NB + b) mine = acc[r][b];
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    const float4* d = staged<NB>(lane);
+    const float4 win = d[0], wt = d[1];
+    const float4 v = make_float4(win.y, win.z, win.w, to_f32(from_f32<T>(mine)));
+    *reinterpret_cast<float4*>(state(n)) = v;
+    float c = 0.0f;
+    c += wt.x * v.x;
+    c += wt.y * v.y;
+    c += wt.z * v.z;
+    c += wt.w * v.w;
+    cy[(size_t)(b0 + lane % NB) * C + n] = silu ? ds_silu(c) : c;
+  }
+};
+
 // add_norm_gemv_{dtype}_b{NB}: y = norm(h + delta) Wᵀ and r = h + delta (written by the blocks
 // of column 0). gated_norm_gemv_{dtype}_b{NB}: y = gated_norm(o, z) Wᵀ, K = heads · Vd. One
 // One group of NB rows (gridDim.x = 1); dynamic shared memory NB · K elements of T.
@@ -145,6 +205,17 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
     T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
     stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
     gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                           \
+  }                                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256)                                                                  \
+      add_norm_gemv_conv_##NAME##_b##NB(const float* h, const T* delta, const float* nw, float eps, float* r,         \
+                                        const float* cw, float* states, SlotList slots, const int* more_slots,        \
+                                        float* cy, int C, int silu, const T* w, T* y, int N, int K, int splits) {     \
+    pdl_entry();                                                                                                     \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                        \
+    stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
+    const int slot = slot_of(slots, more_slots, blockIdx.x * NB + (threadIdx.x & 31) % NB);                          \
+    gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits,                                                  \
+                          ConvFold{cw, states, slot, cy, C, silu});                                 \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
       gated_norm_gemv_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw, float eps,    \

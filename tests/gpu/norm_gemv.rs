@@ -1,13 +1,15 @@
 //! The norms folded into a decode step's projections (gemv_staged.cu) against the two kernels
-//! they replace: the kernels at every B they take, and the ops that pick them where they win.
+//! they replace: the kernels at every B they take, and the ops that pick them where they win;
+//! and the short conv folded into the input projection against the projection and the conv
+//! step.
 
 use candle_core::{DType, Device, Tensor};
 use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv, gemv};
 use deltaserve_kernels::ops::{
-    add_rms_norm, gated_rms_norm, small_batch_add_norm_linear, small_batch_gated_norm_linear, ADD_NORM_LINEAR_MAX_ROWS,
-    GATED_NORM_LINEAR_MAX_HEAD_ROWS,
+    add_rms_norm, conv_step, gated_rms_norm, small_batch_add_norm_conv_linear, small_batch_add_norm_linear, small_batch_gated_norm_linear,
+    ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS,
 };
-use deltaserve_kernels::GateActivation;
+use deltaserve_kernels::{ConvActivation, GateActivation, SlotBuffer, StepSlots};
 use deltaserve_tests::{rel_err, values};
 use rand::{Rng, SeedableRng};
 
@@ -125,6 +127,89 @@ pub fn gpu_gated_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
             let e = rel_err(&values(&got), &values(&want));
             println!("GPU gated norm folded into o_proj {dtype:?} {heads}x{vd}: equal bit for bit to the two kernels (B = 1..8); {e:.2e} from the CPU at B=8");
             assert!(e <= 1e-2, "{dtype:?} {heads}x{vd}: {e:.3e} from the CPU");
+        }
+    }
+}
+
+/// The decode step's short conv folded into the input projection's kernel: `(r, y, conv output)`
+/// and every slot's conv state after it equal, bit for bit, the fused norm + projection followed
+/// by the conv step on `y`'s first C columns, for B = 1 and 2 (the rows the op fuses), bf16 and
+/// f16, SiLU and no activation, slots given on the host and in device memory (a captured step's
+/// form), out of order in a pool, at a Gated DeltaNet layer's width (C = 1536 of N = 3104
+/// rows: q, k, v, then the gates) and at a narrow odd one (C = 20 of 37). The output of
+/// `conv_step` on the CPU pins the conv's arithmetic. Three rows, a conv of width 3, or C past
+/// the projection's rows are declined and leave the states untouched.
+pub fn gpu_conv_folded_into_projection_equals_two_kernels(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let (eps, pool) = (1e-6f32, 7usize);
+    for (n, k, c) in [(3104usize, 2048usize, 1536usize), (37, 264, 20)] {
+        let (w, h, delta) =
+            (uniform(&mut rng, &[n, k], -1.0, 1.0), uniform(&mut rng, &[3, k], -4.0, 4.0), uniform(&mut rng, &[3, k], -2.0, 2.0));
+        let (nw, cw) = (uniform(&mut rng, &[k], 0.5, 1.5), uniform(&mut rng, &[c, 4], -1.0, 1.0));
+        let init: Vec<Vec<f32>> = (0..pool).map(|_| values(&uniform(&mut rng, &[c, 4], -2.0, 2.0))).collect();
+        let fresh = |device: &Device| {
+            let mut states = SlotBuffer::zeros_on(pool, c * 4, device).unwrap();
+            for (i, v) in init.iter().enumerate() {
+                states.write_slot(i, v).unwrap();
+            }
+            states
+        };
+        let all = |states: &SlotBuffer| -> Vec<Vec<f32>> { (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect() };
+        for dtype in [DType::BF16, DType::F16] {
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let (wg, nwg, cwg, dg) = (on(&w.to_dtype(dtype).unwrap()), on(&nw), on(&cw), on(&delta.to_dtype(dtype).unwrap()));
+            for (slots, act, device_slots) in [
+                (vec![5usize], ConvActivation::Silu, false),
+                (vec![4, 1], ConvActivation::Silu, false),
+                (vec![4, 1], ConvActivation::Identity, true),
+                (vec![2], ConvActivation::Identity, true),
+            ] {
+                let b = slots.len();
+                let (hg, db) = (on(&h.narrow(0, 0, b).unwrap()), dg.narrow(0, 0, b).unwrap());
+                let ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+                let dev_ids = Tensor::from_vec(ids, b, dev).unwrap();
+                let step = StepSlots { host: &slots, device: device_slots.then_some(&dev_ids) };
+                let what = format!("{dtype:?} N={n} K={k} C={c} B={b} {act:?} device slots {device_slots}");
+                let mut folded = fresh(dev);
+                let fold = ConvStepFold { weight: &cwg, states: &mut folded, slots: step, act };
+                let (r, y, cy) = small_batch_add_norm_conv_linear(&hg, Some(&db), &nwg, eps, &wg, fold)
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{what}: the op folds the conv"));
+                let mut apart = fresh(dev);
+                let (r2, y2) = small_batch_add_norm_linear(&hg, Some(&db), &nwg, eps, &wg).unwrap().expect("the fused norm applies");
+                let c2 = conv_step(&y2.narrow(1, 0, c).unwrap(), &cwg, &mut apart, step, act).unwrap();
+                assert_eq!((cy.dims(), cy.dtype()), (&[b, c][..], DType::F32), "{what}: conv output shape");
+                assert_eq!((values(&r), values(&y)), (values(&r2), values(&y2)), "{what}: r and y against the fused norm's");
+                assert_eq!(values(&cy), values(&c2), "{what}: the conv against conv_step on y");
+                assert_eq!(all(&folded), all(&apart), "{what}: every slot's conv state");
+                // The conv step on the CPU, from y's columns, pins the arithmetic.
+                let mut cpu = fresh(&Device::Cpu);
+                let want = conv_step(&y2.narrow(1, 0, c).unwrap().to_device(&Device::Cpu).unwrap(), &cw, &mut cpu, &slots, act).unwrap();
+                let e = rel_err(&values(&cy), &values(&want));
+                assert!(e <= 1e-6, "{what}: {e:.3e} from the CPU's conv step");
+                assert_eq!(all(&folded), all(&cpu), "{what}: conv states against the CPU's");
+                if b == 2 && device_slots {
+                    println!("GPU short conv folded into the input projection {dtype:?} N={n} C={c}: equal bit for bit to the two kernels (B = 1, 2); {e:.2e} from the CPU's conv");
+                }
+            }
+            // Declined: three rows, width 3, C past the rows; the states stay as they were.
+            let mut states = fresh(dev);
+            let hg = on(&h);
+            let three = [0usize, 3, 6];
+            let fold = ConvStepFold { weight: &cwg, states: &mut states, slots: (&three).into(), act: ConvActivation::Silu };
+            assert!(small_batch_add_norm_conv_linear(&hg, None, &nwg, eps, &wg, fold).unwrap().is_none(), "B = 3 is left to the two steps");
+            let (h1, one) = (on(&h.narrow(0, 0, 1).unwrap()), [3usize]);
+            let cw3 = on(&cw.narrow(1, 0, 3).unwrap().contiguous().unwrap());
+            let mut narrow3 = SlotBuffer::zeros_on(pool, c * 3, dev).unwrap();
+            let fold = ConvStepFold { weight: &cw3, states: &mut narrow3, slots: (&one).into(), act: ConvActivation::Silu };
+            assert!(
+                small_batch_add_norm_conv_linear(&h1, None, &nwg, eps, &wg, fold).unwrap().is_none(),
+                "width 3 is left to the two steps"
+            );
+            let w_short = on(&w.narrow(0, 0, c - 1).unwrap().to_dtype(dtype).unwrap());
+            let fold = ConvStepFold { weight: &cwg, states: &mut states, slots: (&one).into(), act: ConvActivation::Silu };
+            assert!(small_batch_add_norm_conv_linear(&h1, None, &nwg, eps, &w_short, fold).unwrap().is_none(), "C past N is declined");
+            assert_eq!(all(&states), init, "declined calls leave the states untouched");
         }
     }
 }

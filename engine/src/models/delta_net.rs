@@ -184,6 +184,10 @@ impl DeltaRule for DeltaNet {
         (&self.out, self.g_part)
     }
 
+    fn conv(&self) -> &ShortConv {
+        &self.conv
+    }
+
     /// Packed sequences, each continuing from its slot's state.
     fn mix_prefill(
         &self,
@@ -200,8 +204,11 @@ impl DeltaRule for DeltaNet {
     }
 
     /// One recurrent step per row.
-    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let c = self.conv.decode(&y.span(Q, V + 1)?, &mut state.conv_state, slots)?;
+    fn mix_decode(&self, y: &FusedOutput<'_>, conv_out: Option<Tensor>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let c = match conv_out {
+            Some(c) => c,
+            None => self.conv.decode(&y.span(Q, V + 1)?, &mut state.conv_state, slots)?,
+        };
         let (q, k, v, beta) = self.inputs(y, &c)?;
         let inputs = ops::MixerInputs { q: &q, k: &k, v: &v, beta: &beta, g: None, n: 1, scale: self.scale };
         Ok(ops::gated_delta_step(inputs, &mut state.recurrent_state, slots)?)

@@ -11,6 +11,7 @@ use super::batch::{Packed, Pass};
 use super::linear::{FusedInput, FusedOutput};
 use super::norm::SubInput;
 use super::output_head::OutputHead;
+use super::short_conv::ShortConv;
 use crate::error::Result;
 use crate::state::LayerState;
 
@@ -26,23 +27,39 @@ pub(crate) trait DeltaRule {
     /// `act`), → `o` `[ΣT, HV, Vd]` f32, advancing each sequence's state.
     fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor>;
 
+    /// The short conv over the input projection's first columns (`[q | k | v]`).
+    fn conv(&self) -> &ShortConv;
+
     /// Decode rows: row `b` of `y` advances `slots.host[b]` by one token → `o` `[B, HV, Vd]` f32.
-    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor>;
+    /// `conv_out` is the short conv's step when the input projection's kernel ran it.
+    fn mix_decode(&self, y: &FusedOutput<'_>, conv_out: Option<Tensor>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor>;
 }
 
 /// `x` `[N, D]` through `m` for `pass` → `[N, D]`, reading and updating the slots' states.
 pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerState, pass: &Pass<'_>) -> Result<Tensor> {
-    let y = m.input().forward_input(x)?;
     let act = x.dtype();
-    let o = match pass {
-        Pass::Prefill { seqs, algo } => m.mix_prefill(&y, state, seqs, *algo, act)?,
-        Pass::Decode { slots, .. } => m.mix_decode(&y, state, *slots)?,
+    let (y, o) = match pass {
+        Pass::Decode { slots, .. } => {
+            // A decode step of few rows runs the short conv inside the projection's kernel.
+            let (y, c) = match m.conv().fold(&mut state.conv_state, *slots) {
+                Some(fold) => m.input().forward_input_conv(x, fold)?,
+                None => (m.input().forward_input(x)?, None),
+            };
+            let o = m.mix_decode(&y, c, state, *slots)?;
+            (y, o)
+        }
+        Pass::Prefill { seqs, algo } => {
+            let y = m.input().forward_input(x)?;
+            let o = m.mix_prefill(&y, state, seqs, *algo, act)?;
+            (y, o)
+        }
         Pass::Mixed { seqs, algo, slots } => {
+            let y = m.input().forward_input(x)?;
             let p = seqs.rows();
             let prompt = m.mix_prefill(&y.rows(0, p)?, state, seqs, *algo, act)?;
-            let step = m.mix_decode(&y.rows(p, slots.host.len())?, state, *slots)?;
+            let step = m.mix_decode(&y.rows(p, slots.host.len())?, None, state, *slots)?;
             // Both cores return f32 rows.
-            Tensor::cat(&[prompt, step], 0)?
+            (y, Tensor::cat(&[prompt, step], 0)?)
         }
     };
     let (head, g_part) = m.output();

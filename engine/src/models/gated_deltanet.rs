@@ -251,6 +251,10 @@ impl DeltaRule for GatedDeltaNet {
         (&self.out, G)
     }
 
+    fn conv(&self) -> &ShortConv {
+        &self.conv
+    }
+
     /// Packed sequences, each continuing from its slot's state.
     fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor> {
         // Steps 1–2: projections (`y`), short conv + SiLU. A bf16 mixer on the GPU takes the
@@ -271,8 +275,11 @@ impl DeltaRule for GatedDeltaNet {
     }
 
     /// One recurrent step per row.
-    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let c = self.conv.decode(&y.span(Q, A)?, &mut state.conv_state, slots)?;
+    fn mix_decode(&self, y: &FusedOutput<'_>, conv_out: Option<Tensor>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let c = match conv_out {
+            Some(c) => c,
+            None => self.conv.decode(&y.span(Q, A)?, &mut state.conv_state, slots)?,
+        };
         let a = y.part(A)?;
         let raw = ops::RawStepInputs {
             conv_out: &c,

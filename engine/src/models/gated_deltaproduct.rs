@@ -216,6 +216,10 @@ impl DeltaRule for GatedDeltaProduct {
         (&self.out, self.g_part)
     }
 
+    fn conv(&self) -> &ShortConv {
+        &self.conv
+    }
+
     /// Packed sequences, each continuing from its slot's state.
     fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor> {
         // As Gated DeltaNet's: a bf16 mixer on the GPU takes the conv output and q, k in bf16.
@@ -237,8 +241,11 @@ impl DeltaRule for GatedDeltaProduct {
     }
 
     /// One recurrent step per row.
-    fn mix_decode(&self, y: &FusedOutput<'_>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
-        let c = self.conv.decode(&y.span(Q, B)?, &mut state.conv_state, slots)?;
+    fn mix_decode(&self, y: &FusedOutput<'_>, conv_out: Option<Tensor>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor> {
+        let c = match conv_out {
+            Some(c) => c,
+            None => self.conv.decode(&y.span(Q, B)?, &mut state.conv_state, slots)?,
+        };
         let gate = self.gate_input(y)?;
         let raw = ops::RawStepInputs {
             conv_out: &c,

@@ -102,6 +102,23 @@ impl FusedInput {
         Ok(FusedOutput { y: x.project(&self.weight)?, offsets: &self.offsets })
     }
 
+    /// [`Self::forward_input`] of a decode step whose kernel also runs `conv`, the short conv over
+    /// the first columns, where it applies: then with the conv's output `[N, C]` f32.
+    pub fn forward_input_conv(
+        &self,
+        x: &super::norm::SubInput<'_>,
+        conv: deltaserve_kernels::ops::ConvStepFold<'_, '_>,
+    ) -> Result<(FusedOutput<'_>, Option<Tensor>)> {
+        let folded = match x {
+            super::norm::SubInput::Normed(n) => n.project_conv(&self.weight, conv)?,
+            super::norm::SubInput::Formed(_) => None,
+        };
+        Ok(match folded {
+            Some((y, c)) => (FusedOutput { y, offsets: &self.offsets }, Some(c)),
+            None => (self.forward_input(x)?, None),
+        })
+    }
+
     /// How many parts are stacked.
     pub fn parts(&self) -> usize {
         self.offsets.len() - 1

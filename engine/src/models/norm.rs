@@ -153,6 +153,21 @@ impl<'a> NormedInput<'a> {
         super::linear::project(l, self.x()?)
     }
 
+    /// [`Self::project`] through the fused norm + GEMV kernel that also runs the decode step's
+    /// short conv on the first columns ([`ops::small_batch_add_norm_conv_linear`]): `(y, conv
+    /// output)`, or `None` where that kernel does not apply (nothing run, `conv` unused).
+    pub fn project_conv(&self, l: &Linear, conv: ops::ConvStepFold<'_, '_>) -> Result<Option<(Tensor, Tensor)>> {
+        if self.r.get().is_some() || l.bias().is_some() || l.weight().dtype() != self.act {
+            return Ok(None);
+        }
+        let (h, delta) = (&self.res.h, self.res.delta.as_ref());
+        let Some((r, y, c)) = ops::small_batch_add_norm_conv_linear(h, delta, &self.norm.weight, self.norm.eps, l.weight(), conv)? else {
+            return Ok(None);
+        };
+        let _ = self.r.set(r);
+        Ok(Some((y, c)))
+    }
+
     /// The residual stream `h + delta` (f32).
     pub fn residual(&self) -> Result<Tensor> {
         match self.r.get() {

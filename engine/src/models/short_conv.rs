@@ -89,6 +89,17 @@ impl ShortConv {
         }
     }
 
+    /// A decode step of this conv over the first C columns of a projection, for the projection's
+    /// kernel to run ([`ops::small_batch_add_norm_conv_linear`]); `None` without a conv.
+    pub fn fold<'a, 's>(&'a self, states: &'a mut SlotBuffer, slots: StepSlots<'s>) -> Option<ops::ConvStepFold<'a, 's>> {
+        Some(ops::ConvStepFold { weight: self.weight.as_ref()?, states, slots, act: self.act })
+    }
+
+    /// C: the projection columns the conv reads.
+    pub fn channels(&self) -> usize {
+        self.channels
+    }
+
     /// `use_short_conv: false`: the activation alone, f32.
     fn without_conv(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?;

@@ -142,19 +142,31 @@ fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
 
 /// The kernels' leading arguments: where x's rows come from (the last two: a gemv_staged.cu
 /// kernel's prologue forms them).
-pub(super) enum XArgs {
+pub(super) enum XArgs<'a> {
     /// `(x, ldx)`.
     Plain { x: u64, ld: i64 },
     /// `(gate, up, ld)`.
     Swiglu { gate: u64, up: u64, ld: i64 },
-    /// `(h, delta, norm weight, eps, r)`: gemv_staged.cu's residual add + RMSNorm.
-    AddNorm { h: u64, delta: u64, nw: u64, eps: f32, r: u64 },
+    /// `(h, delta, norm weight, eps, r)`: gemv_staged.cu's residual add + RMSNorm, with a
+    /// decode step's short conv on the first output rows when `conv` is given.
+    AddNorm { h: u64, delta: u64, nw: u64, eps: f32, r: u64, conv: Option<ConvArgs<'a>> },
     /// `(o, z, ldz, heads, norm weight, eps, act_sigmoid)`: gemv_staged.cu's gated RMSNorm.
     GatedNorm { o: u64, z: u64, ldz: i64, heads: i32, nw: u64, eps: f32, act_sigmoid: i32 },
 }
 
+/// gemv_staged.cu's `ConvFold`: `(conv weight [C, 4], conv states, the rows' slots, conv output
+/// [B, C], C, silu)`.
+pub(super) struct ConvArgs<'a> {
+    pub(super) weight: u64,
+    pub(super) states: u64,
+    pub(super) slots: &'a super::decode::DecodeSlots,
+    pub(super) out: u64,
+    pub(super) channels: i32,
+    pub(super) silu: i32,
+}
+
 /// One launch of `name` over the `b` rows of `x_args` (K split for `b` rows); returns `y` `[B, N]`.
-pub(super) fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs, wa: &RowsArg) -> Result<Tensor> {
+pub(super) fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs<'_>, wa: &RowsArg) -> Result<Tensor> {
     let dev = cuda_dev(x, "gemv")?;
     let y = alloc_rows(&dev, x.dtype(), b, n)?;
     let splits = k_splits(n, k, b, sm_count(&dev)?);
@@ -174,7 +186,7 @@ fn launch(
     name: &str,
     (groups, nb, n, k): (usize, usize, usize, usize),
     splits: usize,
-    x_args: XArgs,
+    x_args: XArgs<'_>,
     wa: &RowsArg,
     y: &Tensor,
     y_offset: usize,
@@ -199,7 +211,16 @@ fn launch(
     match &x_args {
         XArgs::Plain { x, ld } => l.arg(x).arg(ld),
         XArgs::Swiglu { gate, up, ld } => l.arg(gate).arg(up).arg(ld),
-        XArgs::AddNorm { h, delta, nw, eps, r } => l.arg(h).arg(delta).arg(nw).arg(eps).arg(r),
+        XArgs::AddNorm { h, delta, nw, eps, r, conv } => {
+            l.arg(h).arg(delta).arg(nw).arg(eps).arg(r);
+            if let Some(c) = conv {
+                l.arg(&c.weight).arg(&c.states);
+                c.slots.push(&mut l);
+                l.arg(&c.out).arg(&c.channels).arg(&c.silu)
+            } else {
+                &mut l
+            }
+        }
         XArgs::GatedNorm { o, z, ldz, heads, nw, eps, act_sigmoid } => {
             l.arg(o).arg(z).arg(ldz).arg(heads).arg(nw).arg(eps).arg(act_sigmoid)
         }

@@ -4,9 +4,12 @@
 
 use candle_core::{DType, Tensor};
 
-use super::gemv::{accepts_rows, launch_rows, vector_rows, XArgs, MAX_STAGED_BYTES};
-use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, RowsArg};
-use crate::Result;
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+
+use super::decode::DecodeSlots;
+use super::gemv::{accepts_rows, launch_rows, vector_rows, ConvArgs, XArgs, MAX_STAGED_BYTES};
+use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, DeviceSlots, RowsArg};
+use crate::{Result, StepSlots};
 
 /// `norm(h + delta) Wᵀ` with `r = h + delta` (fp32) for `h` `[B, K]` f32, `delta` `[B, K]` in
 /// `w`'s dtype (or none) and the norm's `weight` `[K]`: the same bits as
@@ -14,25 +17,102 @@ use crate::Result;
 /// `(r, y)`, or `None` where the kernel does not apply (as [`super::gemv`], or inputs not
 /// contiguous, or rows too wide to stage).
 pub fn add_norm_gemv(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f32, w: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-    let Ok((b, k)) = h.dims2() else { return Ok(None) };
-    let Some((_, n, _, suffix)) = accepts_staged(b, k, w)? else { return Ok(None) };
-    let fits = |t: &Tensor| t.is_contiguous() && t.dims() == [b, k] && t.dtype() == w.dtype();
-    if h.dtype() != DType::F32 || !h.is_contiguous() || !delta.is_none_or(fits) {
+    let Some(staged) = AddNormStage::new(h, delta, weight, w)? else { return Ok(None) };
+    let y = staged.launch(h, delta, eps, w, None)?;
+    Ok(Some((staged.r, y)))
+}
+
+/// A decode step's short conv, run in [`add_norm_gemv_conv`]'s epilogue: conv.cu's
+/// `conv_step` of width 4 over the projection's first C output rows.
+pub struct ConvFold<'a, 's> {
+    /// `[C, 4]` f32.
+    pub weight: &'a Tensor,
+    /// The conv states, `[C, 4]` f32 a slot.
+    pub states: &'a mut DeviceSlots,
+    /// The slot of each row.
+    pub slots: StepSlots<'s>,
+    /// SiLU after the conv.
+    pub silu: bool,
+}
+
+/// [`add_norm_gemv`] whose GEMV also runs the decode step's short conv on the projection's first
+/// C output rows (`conv`): the same bits as [`add_norm_gemv`] followed by [`super::conv_step`]
+/// of `y[:, ..C]`, in one launch. Returns `(r, y, conv output [B, C] f32)`, or `None` where
+/// [`add_norm_gemv`] would decline, or the conv is not width 4 with 16-byte aligned windows, or
+/// C exceeds the projection's rows.
+pub fn add_norm_gemv_conv(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+    conv: ConvFold<'_, '_>,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    let Some(staged) = AddNormStage::new(h, delta, weight, w)? else { return Ok(None) };
+    let (n, b) = (staged.n, staged.b);
+    let (c, width) = conv.weight.dims2()?;
+    let cw = f32c(conv.weight)?;
+    let cw_ptr = first_element_address_any(&cw)?;
+    let states = conv.states.state_words("add_norm_gemv_conv")?;
+    let (states_ptr, _sync) = states.device_ptr(states.stream());
+    if width != 4 || c == 0 || c > n || conv.slots.host.len() != b || (cw_ptr | states_ptr) % 16 != 0 {
         return Ok(None);
     }
-    let Some(wa) = vector_rows(w, k)? else { return Ok(None) };
-    let dev = cuda_dev(h, "add_norm_gemv")?;
-    let nw = f32c(weight)?;
-    let r = alloc_rows(&dev, DType::F32, b, k)?;
-    let args = XArgs::AddNorm {
-        h: first_element_address_any(h)?,
-        delta: delta.map(first_element_address_any).transpose()?.unwrap_or(0),
-        nw: first_element_address_any(&nw)?,
-        eps,
-        r: first_element_address_any(&r)?,
+    let dev = cuda_dev(h, "add_norm_gemv_conv")?;
+    let slots = DecodeSlots::new(&dev, conv.slots)?;
+    let out = alloc_rows(&dev, DType::F32, b, c)?;
+    let fold = ConvArgs {
+        weight: cw_ptr,
+        states: states_ptr,
+        slots: &slots,
+        out: first_element_address_any(&out)?,
+        channels: c as i32,
+        silu: conv.silu as i32,
     };
-    let y = launch_rows(w, &format!("add_norm_gemv_{suffix}_b{b}"), (b, n, k), args, &wa)?;
-    Ok(Some((r, y)))
+    let y = staged.launch(h, delta, eps, w, Some(fold))?;
+    Ok(Some((staged.r, y, out)))
+}
+
+/// What [`add_norm_gemv`] and [`add_norm_gemv_conv`] check and allocate before their launch.
+struct AddNormStage {
+    b: usize,
+    n: usize,
+    k: usize,
+    suffix: &'static str,
+    wa: RowsArg,
+    /// The norm's weight, f32.
+    nw: Tensor,
+    /// `h + delta`, written by the kernel.
+    r: Tensor,
+}
+
+impl AddNormStage {
+    /// `None` where the kernel does not apply.
+    fn new(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, w: &Tensor) -> Result<Option<Self>> {
+        let Ok((b, k)) = h.dims2() else { return Ok(None) };
+        let Some((_, n, _, suffix)) = accepts_staged(b, k, w)? else { return Ok(None) };
+        let fits = |t: &Tensor| t.is_contiguous() && t.dims() == [b, k] && t.dtype() == w.dtype();
+        if h.dtype() != DType::F32 || !h.is_contiguous() || !delta.is_none_or(fits) {
+            return Ok(None);
+        }
+        let Some(wa) = vector_rows(w, k)? else { return Ok(None) };
+        let dev = cuda_dev(h, "add_norm_gemv")?;
+        Ok(Some(Self { b, n, k, suffix, wa, nw: f32c(weight)?, r: alloc_rows(&dev, DType::F32, b, k)? }))
+    }
+
+    /// Launches the kernel (with the conv when `conv` is given); returns `y`.
+    fn launch(&self, h: &Tensor, delta: Option<&Tensor>, eps: f32, w: &Tensor, conv: Option<ConvArgs<'_>>) -> Result<Tensor> {
+        let name = if conv.is_some() { "add_norm_gemv_conv" } else { "add_norm_gemv" };
+        let args = XArgs::AddNorm {
+            h: first_element_address_any(h)?,
+            delta: delta.map(first_element_address_any).transpose()?.unwrap_or(0),
+            nw: first_element_address_any(&self.nw)?,
+            eps,
+            r: first_element_address_any(&self.r)?,
+            conv,
+        };
+        launch_rows(w, &format!("{name}_{}_b{}", self.suffix, self.b), (self.b, self.n, self.k), args, &self.wa)
+    }
 }
 
 /// `gated_norm(o, z) Wᵀ` for `o` `[B, H, Vd]` f32, the gate `z` `[B, H·Vd]` in `w`'s dtype (a

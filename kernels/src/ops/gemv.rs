@@ -200,6 +200,61 @@ pub fn small_batch_add_norm_linear(
     Ok(None)
 }
 
+/// A decode step's short conv over the first C columns of a projection ([`super::conv_step`]'s
+/// inputs but `x`), for [`small_batch_add_norm_conv_linear`].
+pub struct ConvStepFold<'a, 's> {
+    /// `[C, W]` f32.
+    pub weight: &'a Tensor,
+    /// The conv states, `[C, W]` a slot.
+    pub states: &'a mut crate::SlotBuffer,
+    /// The slot of each row.
+    pub slots: crate::StepSlots<'s>,
+    /// What follows the conv.
+    pub act: crate::ConvActivation,
+}
+
+/// [`small_batch_add_norm_linear`] whose kernel also runs the decode step's short conv on the
+/// projection's first C output columns (a Gated DeltaNet layer's `[q | k | v]`): `(r, y, c)`
+/// with `c` `[B, C]` f32 equal, bit for bit, to [`super::conv_step`] of `y[:, ..C]`, and the
+/// conv states updated as it updates them. One launch and one round trip of those columns fewer
+/// a layer. `None` where it does not apply (as [`small_batch_add_norm_linear`], or a conv width
+/// other than fla's 4, or `DELTASERVE_CONV_FOLD=0`): the caller runs the steps apart.
+pub fn small_batch_add_norm_conv_linear(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    norm_weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+    conv: ConvStepFold<'_, '_>,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() && w.device().is_cuda() {
+        let rows = h.dim(0)?;
+        if small_batch_gemv_off() || fused_norm_off() || conv_fold_off() || batch_invariant() || rows > ADD_NORM_LINEAR_MAX_ROWS {
+            return Ok(None);
+        }
+        const OP: &str = "add_norm_gemv_conv";
+        conv.slots.check(OP)?;
+        super::check_rows(OP, rows, conv.slots.host)?;
+        let (c, width) = dims2(OP, "conv weight", conv.weight)?;
+        if conv.states.per_slot() != c * width {
+            return Err(crate::KernelError::Shape {
+                op: OP,
+                input: "states",
+                expected: format!("[{c}, {width}] per slot"),
+                actual: vec![conv.states.per_slot()],
+            });
+        }
+        conv.states.check_distinct(conv.slots.host)?;
+        let Some(states) = conv.states.device_slots() else { return Ok(None) };
+        let silu = conv.act == crate::ConvActivation::Silu;
+        let fold = crate::cuda::ConvFold { weight: conv.weight, states, slots: conv.slots, silu };
+        return crate::cuda::add_norm_gemv_conv(h, delta, norm_weight, eps, w, fold);
+    }
+    let _ = (h, delta, norm_weight, eps, w, conv);
+    Ok(None)
+}
+
 /// [`super::gated_rms_norm`] of `o` `[B, H, Vd]` (gated by `z` `[B, H·Vd]`, a column slice of
 /// the input projection) into `w`'s dtype, times `w`ᵀ: the mixer's output norm and `o_proj` of
 /// a decode step. On the GPU for B·H ≤ [`GATED_NORM_LINEAR_MAX_HEAD_ROWS`], under the
@@ -268,6 +323,14 @@ fn small_batch_linear_max_rows() -> usize {
 fn small_batch_gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0"))
+}
+
+/// `DELTASERVE_CONV_FOLD=0`: a decode step's short conv runs as a kernel of its own after the
+/// input projection (for comparisons).
+#[cfg(feature = "cuda")]
+fn conv_fold_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_CONV_FOLD").is_ok_and(|v| v == "0"))
 }
 
 /// `DELTASERVE_FUSED_NORM=0`: the norms run as kernels of their own before the projections (for
