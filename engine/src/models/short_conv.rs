@@ -95,11 +95,6 @@ impl ShortConv {
         Some(ops::ConvStepFold { weight: self.weight.as_ref()?, states, slots, act: self.act })
     }
 
-    /// C: the projection columns the conv reads.
-    pub fn channels(&self) -> usize {
-        self.channels
-    }
-
     /// `use_short_conv: false`: the activation alone, f32.
     fn without_conv(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?;
