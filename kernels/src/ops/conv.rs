@@ -78,6 +78,23 @@ pub fn conv_prefill_packed(
     Ok(Tensor::from_vec(y, (t, c), x.device())?.to_dtype(out)?)
 }
 
+/// A conv decode step's `rows` against its slots and `states` (`[C, W]` a slot, one distinct slot
+/// a row).
+pub(crate) fn check_step_states(
+    op: &'static str,
+    rows: usize,
+    (c, w): (usize, usize),
+    states: &SlotBuffer,
+    step: &StepSlots<'_>,
+) -> Result<()> {
+    step.check(op)?;
+    check_rows(op, rows, step.host)?;
+    if states.per_slot() != c * w {
+        return Err(KernelError::Shape { op, input: "states", expected: format!("[{c}, {w}] per slot"), actual: vec![states.per_slot()] });
+    }
+    states.check_distinct(step.host)
+}
+
 /// One decode step of the causal conv for `B` sequences: `x` `[B, C]`, the conv states of
 /// `slots` (one per row, `[C, W]` each) shift in place. Returns `[B, C]` f32.
 pub fn conv_step<'s>(
@@ -89,21 +106,11 @@ pub fn conv_step<'s>(
 ) -> Result<Tensor> {
     const OP: &str = "conv_step";
     let step = slots.into();
-    step.check(OP)?;
     let slots = step.host;
     let (b, c) = dims2(OP, "x", x)?;
     let (_, w) = dims2(OP, "weight", weight)?;
     expect_dims(OP, "weight", weight, &[c, w])?;
-    check_rows(OP, b, slots)?;
-    if states.per_slot() != c * w {
-        return Err(KernelError::Shape {
-            op: OP,
-            input: "states",
-            expected: format!("[{c}, {w}] per slot"),
-            actual: vec![states.per_slot()],
-        });
-    }
-    states.check_distinct(slots)?;
+    check_step_states(OP, b, (c, w), states, &step)?;
     #[cfg(feature = "cuda")]
     if let Some(d) = states.device_slots() {
         return crate::cuda::conv_step(x, weight, d, step, act == ConvActivation::Silu);

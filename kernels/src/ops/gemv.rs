@@ -230,22 +230,14 @@ pub fn small_batch_add_norm_conv_linear(
     #[cfg(feature = "cuda")]
     if h.device().is_cuda() && w.device().is_cuda() {
         let rows = h.dim(0)?;
-        if small_batch_gemv_off() || fused_norm_off() || conv_fold_off() || batch_invariant() || rows > ADD_NORM_LINEAR_MAX_ROWS {
+        let off = small_batch_gemv_off() || fused_norm_off() || conv_fold_off() || batch_invariant();
+        // Declined before the checks, so that the conv step that then runs checks only once.
+        if off || rows > ADD_NORM_LINEAR_MAX_ROWS || !matches!(w.dtype(), DType::BF16 | DType::F16) {
             return Ok(None);
         }
         const OP: &str = "add_norm_gemv_conv";
-        conv.slots.check(OP)?;
-        super::check_rows(OP, rows, conv.slots.host)?;
-        let (c, width) = dims2(OP, "conv weight", conv.weight)?;
-        if conv.states.per_slot() != c * width {
-            return Err(crate::KernelError::Shape {
-                op: OP,
-                input: "states",
-                expected: format!("[{c}, {width}] per slot"),
-                actual: vec![conv.states.per_slot()],
-            });
-        }
-        conv.states.check_distinct(conv.slots.host)?;
+        let shape = dims2(OP, "conv weight", conv.weight)?;
+        super::conv::check_step_states(OP, rows, shape, conv.states, &conv.slots)?;
         let Some(states) = conv.states.device_slots() else { return Ok(None) };
         let silu = conv.act == crate::ConvActivation::Silu;
         let fold = crate::cuda::ConvFold { weight: conv.weight, states, slots: conv.slots, silu };
