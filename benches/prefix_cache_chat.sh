@@ -2,10 +2,12 @@
 # The chat workload's time to first token with the prefix cache and without, for one or more
 # server builds in one GPU call: every build, with the cache then with `--no-prefix-cache`,
 # round after round, so that builds and modes compare within one run of the GPU. Each server is
-# warmed with two 3,000-token requests, then runs `loadgen --workload chat` (a ~2,000-token
-# system prompt, TURNS turns, 64-token answers, greedy) for each number of conversations.
+# warmed with two 3,000-token requests (with WARM=1 also with the chat workload's other
+# conversations: no question in common, the same system prompt and pass shapes), then runs
+# `loadgen --workload chat` (a ~2,000-token system prompt, TURNS turns, 64-token answers,
+# greedy) for each number of conversations.
 #
-#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [MODEL=DIR] [TOKENIZER_FROM=DIR] [MODES="cache nocache"] \
+#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [WARM=1] [MODEL=DIR] [TOKENIZER_FROM=DIR] [MODES="cache nocache"] \
 #     [FLAGS_<mode>="server flags"] benches/prefix_cache_chat.sh LOADGEN_BIN OUT_DIR LABEL=DELTASERVE_BIN...
 # A mode's flags default to `--prefix-cache-memory 0.3` (cache) and `--no-prefix-cache` (nocache);
 # other modes name theirs, e.g. MODES="small host" FLAGS_small="--prefix-cache-memory 1GB"
@@ -37,7 +39,15 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       start_server "$bin" $port "$OUT/serve-$label-$mode-$round.log" --model "$MODEL" --device cuda --dtype bf16 \
         --max-num-seqs 32 --max-num-batched-tokens 2048 "${extra[@]}"
       "$LOADGEN" --url http://127.0.0.1:$port --clients 2 --requests 2 --prompt-tokens 3000 --max-tokens 4 --distinct >/dev/null
-      echo "## $label, $mode, round $round" >>"$OUT/chat.md"
+      if [ "${WARM:-0}" = 1 ]; then
+        # The same workload with other conversations first: the server's lazily captured graphs
+        # (mixed passes) are then those of a server that has run a while.
+        for c in ${CONVS:-1 8}; do
+          timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
+            --system-tokens 2000 --max-tokens 64 --temperature 0 --first-conversation 1000 >/dev/null
+        done
+      fi
+      echo "## $label, $mode, round $round${WARM:+, warm $WARM}" >>"$OUT/chat.md"
       for c in ${CONVS:-1 8}; do
         timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
           --system-tokens 2000 --max-tokens 64 --temperature 0 >>"$OUT/chat.md"

@@ -8,7 +8,8 @@
 //! while prompts arrive. Such a pass is padded to a shape and replayed from a CUDA graph
 //! captured once per shape.
 //!
-//! - **Padding.** Prompt rows pad to a row bucket (64, 128, 256, … up to a maximum) with one
+//! - **Padding.** Prompt rows pad to a row bucket ([`pad_rows`]: 64, 128, 256, 512, then
+//!   multiples of 128, up to a maximum) with one
 //!   more sequence, and decode rows to a decode bucket ([`decode_bucket`]) with one more row
 //!   each, all in free slots lent for the pass ([`StatePool`]'s scratch), so every kernel sees
 //!   an ordinary packing and the real sequences' rows, states and snapshots are computed as in
@@ -41,7 +42,7 @@ pub const MAX_DECODE_ROWS: usize = 256;
 /// A captured pass's shape: padded prompt rows, real sequences, padded decode rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
-    /// Prompt rows, padding included: a power of two times 64.
+    /// Prompt rows, padding included ([`pad_rows`]).
     pub rows: usize,
     /// Sequences, padding not included.
     pub seqs: usize,
@@ -71,18 +72,42 @@ pub struct Buckets {
     max_mixed_rows: usize,
 }
 
+/// Largest row bucket that doubles: past it, buckets step by [`ROW_STEP`].
+const DOUBLING_UNTIL: usize = 8 * PREFILL_CHUNK;
+/// Rows between the buckets past [`DOUBLING_UNTIL`]: the padding (one more sequence, whose
+/// chunks the state pass walks one after another like any sequence's) stays under two chunks.
+/// Doubling there (1,024 rows for a 600-token pass) made the pass slower than running it
+/// eagerly (`benches/results/h200-chat_graph_tokens-2026-11-29/`).
+const ROW_STEP: usize = 2 * PREFILL_CHUNK;
+
+/// The rows a pass of `tokens` prompt tokens pads to: 64, 128, 256 or 512, then the next
+/// multiple of 128.
+pub fn pad_rows(tokens: usize) -> usize {
+    if tokens <= DOUBLING_UNTIL {
+        tokens.max(1).next_power_of_two().max(PREFILL_CHUNK)
+    } else {
+        tokens.div_ceil(ROW_STEP) * ROW_STEP
+    }
+}
+
 /// The largest bucket of at most `max_tokens` rows (below 64: 0, none).
 fn top_bucket(max_tokens: usize) -> usize {
     if max_tokens < PREFILL_CHUNK {
         0
-    } else {
+    } else if max_tokens < DOUBLING_UNTIL {
         PREFILL_CHUNK << (max_tokens / PREFILL_CHUNK).ilog2()
+    } else {
+        max_tokens / ROW_STEP * ROW_STEP
     }
 }
 
-/// 64, 128, … up to `max_rows`.
+/// Every bucket up to `max_rows`: 64, 128, 256, 512, 640, 768, …
 fn buckets_up_to(max_rows: usize) -> Vec<usize> {
-    std::iter::successors((max_rows > 0).then_some(PREFILL_CHUNK), |&r| (r < max_rows).then_some(2 * r)).collect()
+    let next = |&r: &usize| {
+        let n = if r < DOUBLING_UNTIL { 2 * r } else { r + ROW_STEP };
+        (n <= max_rows).then_some(n)
+    };
+    std::iter::successors((max_rows > 0).then_some(PREFILL_CHUNK), next).collect()
 }
 
 impl Buckets {
@@ -105,7 +130,7 @@ impl Buckets {
     /// The shape a pass of `seqs` sequences, `tokens` prompt tokens in all and `decode` decode
     /// rows pads to, if any.
     pub fn shape_of(&self, seqs: usize, tokens: usize, decode: usize) -> Option<Shape> {
-        let rows = tokens.max(1).next_power_of_two().max(PREFILL_CHUNK);
+        let rows = pad_rows(tokens);
         let max = if decode == 0 { self.max_rows } else { self.max_mixed_rows };
         let decode = if decode == 0 { 0 } else { decode_bucket(decode) };
         (rows <= max && (1..=MAX_SEQS).contains(&seqs) && decode <= MAX_DECODE_ROWS).then_some(Shape { rows, seqs, decode })
@@ -404,6 +429,20 @@ mod tests {
         assert_eq!(g.shape_of(MAX_SEQS + 1, 64, 0), None);
         assert_eq!(Buckets::new(63, 0).all(), Vec::<usize>::new());
         assert_eq!(Buckets::new(0, 0).shape_of(1, 1, 0), None);
+    }
+
+    #[test]
+    fn past_512_rows_passes_pad_to_multiples_of_128() {
+        let g = Buckets::new(1000, 1024);
+        assert_eq!(g.all(), vec![64, 128, 256, 512, 640, 768, 896]);
+        assert_eq!(g.mixed(), vec![64, 128, 256, 512, 640, 768, 896, 1024]);
+        assert_eq!(g.shape_of(7, 513, 1), Some(Shape { rows: 640, seqs: 7, decode: 1 }));
+        assert_eq!(g.shape_of(7, 588, 1), Some(Shape { rows: 640, seqs: 7, decode: 1 }));
+        assert_eq!(g.shape_of(7, 641, 0), Some(Shape { rows: 768, seqs: 7, decode: 0 }));
+        assert_eq!(g.shape_of(1, 1024, 8), Some(Shape { rows: 1024, seqs: 1, decode: 8 }));
+        assert_eq!(g.shape_of(1, 897, 0), None, "over the prefill maximum, 896");
+        assert_eq!(g.shape_of(1, 1025, 1), None, "over the mixed maximum");
+        assert_eq!(Buckets::new(600, 0).all(), vec![64, 128, 256, 512]);
     }
 
     #[test]

@@ -151,6 +151,8 @@ const MIXED_CASES: &[MixedCase] = &[
     (&[480], 19, &[(0, 448)]),
     (&[512], 16, &[]),
     (&[200, 30, 5], 12, &[]),
+    (&[300, 290], 7, &[(1, 256)]),
+    (&[90, 80, 85, 70, 88, 84, 91], 1, &[]),
 ];
 
 /// Running sequences the mixed cases draw their decode rows from.
@@ -162,12 +164,12 @@ pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
     for (name, dir, _, _) in model_fixtures("gpu_mixed_graphs_equal_eager_mixed_passes") {
         for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 2e-2)] {
             let dir = dir.to_str().unwrap();
-            let (g, e) = (load_mixed(dir, dtype, dev, 0, 512), load_mixed(dir, dtype, dev, 0, 0));
+            let (g, e) = (load_mixed(dir, dtype, dev, 0, 1024), load_mixed(dir, dtype, dev, 0, 0));
             if g.mixed_graph_buckets().is_empty() {
                 assert!(g.prefill_graph_buckets().is_empty(), "{name}: mixed graphs off exactly where prefill graphs are");
                 continue;
             }
-            assert_eq!(g.mixed_graph_buckets(), vec![64, 128, 256, 512]);
+            assert_eq!(g.mixed_graph_buckets(), vec![64, 128, 256, 512, 640, 768, 896, 1024]);
             assert!(e.mixed_graph_buckets().is_empty(), "{name}: 0 tokens turns them off");
             let size = PoolSize { snapshots: 4, ..PoolSize::for_tokens(48, 2048) };
             let (mut pg, mut pe) = (g.new_pool_sized(size).unwrap(), e.new_pool_sized(size).unwrap());
@@ -231,7 +233,9 @@ pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
                     }
                     assert_eq!((pg.used(), pg.snapshots_used()), (RUNNING + 1, 0), "{what}: the padding's slots are returned");
                 }
-                let rows = lens.iter().sum::<usize>().next_power_of_two().max(64);
+                // 64, 128, 256, 512, then multiples of 128 (590 and 588 tokens: 640 rows).
+                let tokens = lens.iter().sum::<usize>();
+                let rows = if tokens <= 512 { tokens.next_power_of_two().max(64) } else { tokens.div_ceil(128) * 128 };
                 let shape = Shape { rows, seqs: lens.len(), decode: decode_bucket(decode) };
                 assert!(g.prefill_graph_shapes().contains(&shape), "{name} {dtype:?}: {shape:?} captured");
             }

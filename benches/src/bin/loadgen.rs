@@ -28,6 +28,11 @@ struct Args {
     /// ignored).
     #[arg(long, default_value_t = 5)]
     turns: usize,
+    /// Chat: number of the first conversation (their questions name it). A run with other
+    /// numbers asks other questions after the same system prompt: a warm-up that shares no
+    /// conversation with the measured run.
+    #[arg(long, default_value_t = 0)]
+    first_conversation: usize,
     /// Chat: approximate length of the shared system prompt in tokens.
     #[arg(long, default_value_t = 2000)]
     system_tokens: usize,
@@ -91,7 +96,7 @@ async fn chat(a: &Args) {
         let a = a.clone();
         tokio::spawn(async move {
             let (mut first, mut later) = (Sample::default(), Sample::default());
-            conversation(&client, &url, &system, id, &a, &mut first, &mut later).await;
+            conversation(&client, &url, &system, a.first_conversation + id, &a, &mut first, &mut later).await;
             (first, later)
         })
     });

@@ -68,7 +68,7 @@ pub struct ModelArgs {
     #[arg(long, env = "DELTASERVE_NO_CUDA_GRAPHS")]
     pub no_cuda_graphs: bool,
     /// With CUDA graphs, prefill passes of up to this many tokens (at most 8 sequences) are
-    /// padded to 64, 128, 256, ... rows and replayed from a graph per shape, captured at
+    /// padded to 64, 128, 256, 512 rows, then multiples of 128, and replayed from a graph per shape, captured at
     /// start-up: a short pass (a chat turn continued from the prefix cache) costs its GPU time,
     /// not ~300 launches. Gated DeltaNet, Gated DeltaProduct and DeltaNet models, unsplit; 0
     /// turns it off.
@@ -76,7 +76,7 @@ pub struct ModelArgs {
     pub prefill_graph_tokens: usize,
     /// With CUDA graphs, mixed passes (prompt pieces of up to this many tokens in all, at most
     /// 8 sequences, beside up to 256 running sequences' decode rows) are padded to 64, 128,
-    /// 256, ... prompt rows and a decode bucket (1, 2, 4, 8, then multiples of 16) and replayed
+    /// 256, 512 prompt rows, then multiples of 128, and a decode bucket (1, 2, 4, 8, then multiples of 16) and replayed
     /// from a graph per shape, captured the second time a shape is seen: a prompt's piece beside
     /// running streams costs its GPU time, not ~700 launches. Same models as
     /// `--prefill-graph-tokens`; 0 turns it off.
