@@ -75,7 +75,7 @@ pub struct Buckets {
 /// Largest row bucket that doubles: past it, buckets step by [`ROW_STEP`].
 const DOUBLING_UNTIL: usize = 8 * PREFILL_CHUNK;
 /// Rows between the buckets past [`DOUBLING_UNTIL`]: the padding (one more sequence, whose
-/// chunks the state pass walks one after another like any sequence's) stays under two chunks.
+/// chunks the state pass walks one after another like any sequence's) spans at most two chunks.
 /// Doubling there (1,024 rows for a 600-token pass) made the pass slower than running it
 /// eagerly (`benches/results/h200-chat_graph_tokens-2026-11-29/`).
 const ROW_STEP: usize = 2 * PREFILL_CHUNK;
