@@ -27,6 +27,16 @@ if [ ! -f "$MODEL/config.json" ]; then
   "$first_bin" init-random --config "$(dirname "$0")/configs/gdn-1.3b.json" -o "$MODEL" --dtype bf16 \
     --tokenizer-from "${TOKENIZER_FROM:-models/gdn-demo}" >"$OUT/init.log" 2>&1
 fi
+# The chat workload against the server on port $1 for each number of conversations, with
+# loadgen's further flags; its rows to stdout.
+chat() {
+  local port=$1
+  shift
+  for c in ${CONVS:-1 8}; do
+    timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
+      --system-tokens 2000 --max-tokens 64 --temperature 0 "$@"
+  done
+}
 port=18800
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for build in "$@"; do
@@ -42,16 +52,10 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       if [ "${WARM:-0}" = 1 ]; then
         # The same workload with other conversations first: the server's lazily captured graphs
         # (mixed passes) are then those of a server that has run a while.
-        for c in ${CONVS:-1 8}; do
-          timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
-            --system-tokens 2000 --max-tokens 64 --temperature 0 --first-conversation 1000 >/dev/null
-        done
+        chat $port --first-conversation 1000 >/dev/null
       fi
       echo "## $label, $mode, round $round${WARM:+, warm $WARM}" >>"$OUT/chat.md"
-      for c in ${CONVS:-1 8}; do
-        timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
-          --system-tokens 2000 --max-tokens 64 --temperature 0 >>"$OUT/chat.md"
-      done
+      chat $port >>"$OUT/chat.md"
       python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" |
         grep -E '^deltaserve:prefix_cache_(hits|queries|spills|evictions)_total|^deltaserve:prefix_cache_(host_)?entries' >>"$OUT/chat.md" || true
       kill "$server_pid" 2>/dev/null || true
