@@ -42,7 +42,8 @@ pub struct ServeArgs {
     #[arg(long, env = "DELTASERVE_MAX_MODEL_LEN", default_value_t = 32768)]
     max_model_len: usize,
     /// Prompt tokens prefilled per engine step, shared by all prefilling requests; keeps
-    /// running streams decoding while long prompts are ingested. At least 64: prompts are cut
+    /// running streams decoding while long prompts are ingested. Larger favours throughput and
+    /// TTFT under load, smaller the streams' ITL (docs/serving.md). At least 64: prompts are cut
     /// at multiples of 64 tokens, so a prompt's logits do not depend on what shares the budget.
     #[arg(long, env = "DELTASERVE_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
     max_num_batched_tokens: usize,
