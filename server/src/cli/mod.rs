@@ -79,9 +79,10 @@ pub struct ModelArgs {
     /// 256, 512 prompt rows, then multiples of 128, and a decode bucket (1, 2, 4, 8, then multiples of 16) and replayed
     /// from a graph per shape, captured the second time a shape is seen: a prompt's piece beside
     /// running streams costs its GPU time, not ~700 launches. Same models as
-    /// `--prefill-graph-tokens`; 0 turns it off.
-    #[arg(long, env = "DELTASERVE_MIXED_GRAPH_TOKENS", default_value_t = deltaserve_engine::DEFAULT_MIXED_GRAPH_TOKENS)]
-    pub mixed_graph_tokens: usize,
+    /// `--prefill-graph-tokens`; 0 turns it off. Default: `serve`'s step budget
+    /// (`--max-num-batched-tokens`) up to 1024, so its passes replay; 512 elsewhere.
+    #[arg(long, env = "DELTASERVE_MIXED_GRAPH_TOKENS")]
+    pub mixed_graph_tokens: Option<usize>,
     /// On the GPU, make every sequence's logits the same bits whatever else is in its batch
     /// (so a seed gives the same text under any load), at a cost in speed (docs/performance.md);
     /// bf16/f16 models. The CPU in f32 is batch-invariant without it.
@@ -156,7 +157,7 @@ impl ModelArgs {
             prefill_algo: prefill_algo(self.mixer_precision, dtype),
             cuda_graphs: !self.no_cuda_graphs,
             prefill_graph_tokens: self.prefill_graph_tokens,
-            mixed_graph_tokens: self.mixed_graph_tokens,
+            mixed_graph_tokens: self.mixed_graph_tokens.unwrap_or(deltaserve_engine::DEFAULT_MIXED_GRAPH_TOKENS),
             batch_invariant: self.batch_invariant,
             tensor_parallel_size: self.tensor_parallel_size.into(),
             expert_split: self.expert_parallel.into(),
