@@ -288,7 +288,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Most prompt tokens of a mixed pass that `serve` captures as CUDA graphs unless told: its
 /// step budget up to here (measured on an H200: at a budget of 1024, graphs of 1024 tokens gave
-/// 64 streams 1.5–3% more tokens/s than eager passes); each captured shape keeps buffers sized
+/// 64 streams 0.8–3.1% more tokens/s than eager passes); each captured shape keeps buffers sized
 /// to its rows, so larger budgets replay the passes that fit and run the rest eagerly.
 const AUTO_MIXED_GRAPH_TOKENS_MAX: usize = 1024;
 
