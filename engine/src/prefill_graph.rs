@@ -92,22 +92,14 @@ pub fn pad_rows(tokens: usize) -> usize {
 
 /// The largest bucket of at most `max_tokens` rows (below 64: 0, none).
 fn top_bucket(max_tokens: usize) -> usize {
-    if max_tokens < PREFILL_CHUNK {
-        0
-    } else if max_tokens < DOUBLING_UNTIL {
-        PREFILL_CHUNK << (max_tokens / PREFILL_CHUNK).ilog2()
-    } else {
-        max_tokens / ROW_STEP * ROW_STEP
-    }
+    buckets_up_to(max_tokens).last().copied().unwrap_or(0)
 }
 
-/// Every bucket up to `max_rows`: 64, 128, 256, 512, 640, 768, …
+/// Every bucket of at most `max_rows` rows: 64, 128, 256, 512, 640, 768, … (each the
+/// [`pad_rows`] of one row more than the one before).
 fn buckets_up_to(max_rows: usize) -> Vec<usize> {
-    let next = |&r: &usize| {
-        let n = if r < DOUBLING_UNTIL { 2 * r } else { r + ROW_STEP };
-        (n <= max_rows).then_some(n)
-    };
-    std::iter::successors((max_rows > 0).then_some(PREFILL_CHUNK), next).collect()
+    let next = |&r: &usize| Some(pad_rows(r + 1)).filter(|&n| n <= max_rows);
+    std::iter::successors((max_rows >= PREFILL_CHUNK).then_some(PREFILL_CHUNK), next).collect()
 }
 
 impl Buckets {
