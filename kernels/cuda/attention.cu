@@ -13,6 +13,8 @@
 //                   position and that number, so a CUDA graph captures one grid for every later
 //                   context length, and in batch-invariant mode (always MAX_SPLITS) a row's
 //                   result does not depend on which rows share the launch.
+// attn_decode_C_g*  a decode step's rows (one new row a sequence): the append's work done by
+//                   the row kernel's blocks themselves, one launch fewer, the same bits.
 // attn_combine_T    the splits' partial softmaxes into the output, in the layer's type T,
 //                   gated where the layer has Qwen's output gate.
 // (Prefill of bf16/f16 models on the tensor cores: attention_tiles.cu.)
@@ -44,42 +46,62 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
+// A load through the read-only path (NC), or a plain one: the fused decode kernel reads the
+// key and value it wrote itself, which the non-coherent path may not see.
+template <bool NC, typename V>
+__device__ __forceinline__ V ld(const V* p) {
+  if constexpr (NC) return __ldg(p);
+  else return *p;
+}
+
 // Four consecutive cache elements as fp32 (one 16- or 8-byte load; p aligned to 4 elements).
-__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
-template <typename C>
+template <bool NC>
+__device__ __forceinline__ float4 load4(const float* p) { return ld<NC>(reinterpret_cast<const float4*>(p)); }
+template <bool NC, typename C>
 __device__ __forceinline__ float4 load4(const C* p) {
   union {
     uint2 u;
     C h[4];
   } x;
-  x.u = __ldg(reinterpret_cast<const uint2*>(p));
+  x.u = ld<NC>(reinterpret_cast<const uint2*>(p));
   return make_float4(to_f(x.h[0]), to_f(x.h[1]), to_f(x.h[2]), to_f(x.h[3]));
 }
 
 // Two consecutive cache elements as fp32 (one 8- or 4-byte load; p aligned to 2 elements).
-__device__ __forceinline__ float2 load2(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
-template <typename C>
+template <bool NC>
+__device__ __forceinline__ float2 load2(const float* p) { return ld<NC>(reinterpret_cast<const float2*>(p)); }
+template <bool NC, typename C>
 __device__ __forceinline__ float2 load2(const C* p) {
   union {
     unsigned u;
     C h[2];
   } x;
-  x.u = __ldg(reinterpret_cast<const unsigned*>(p));
+  x.u = ld<NC>(reinterpret_cast<const unsigned*>(p));
   return make_float2(to_f(x.h[0]), to_f(x.h[1]));
 }
 
 // One (row, head) vector: rotated by the row's position over its first `rot` channels
 // (half-split pairs (i, i + rot/2), angle pos · inv_freq[i] in fp32), the rest copied.
+// Channel i of the rotated vector, given the angle's sine and cosine (one expression for the
+// append and the fused decode kernel, so that both round alike).
+__device__ __forceinline__ float rope_at(const float* src, int i, int half, float s, float c) {
+  return i < half ? src[i] * c - src[i + half] * s : src[i] * c + src[i - half] * s;
+}
+
+// The sine and cosine of channel i's angle (i < rot).
+__device__ __forceinline__ void rope_angle(int i, int rot, int pos, const float* inv_freq, float& s, float& c) {
+  const int half = rot / 2;
+  sincosf((float)pos * inv_freq[i < half ? i : i - half], &s, &c);
+}
+
 template <typename D>
 __device__ __forceinline__ void rope_copy(D* dst, const float* src, int hd, int pos, const float* inv_freq, int rot) {
-  const int half = rot / 2;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float y = src[i];
     if (i < rot) {
-      const int j = i < half ? i : i - half;
       float s, c;
-      sincosf((float)pos * inv_freq[j], &s, &c);
-      y = i < half ? src[i] * c - src[i + half] * s : src[i] * c + src[i - half] * s;
+      rope_angle(i, rot, pos, inv_freq, s, c);
+      y = rope_at(src, i, rot / 2, s, c);
     }
     dst[i] = from_f<D>(y);
   }
@@ -167,11 +189,126 @@ static_assert(sizeof(QkvRows) == 72 && offsetof(QkvRows, q_norm) == 48 && offset
 // thread per two adjacent output channels (rows read coalesced in pairs, the chunk's keys
 // unrolled). tpk depends only on the row's own position and `splits`. Writes the split's
 // unnormalised output and its (max, sum) for attn_combine (an empty split only the latter).
-template <int GC, typename C>
-__device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
-                          const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
-                          const int* __restrict__ row_pos, int HQ, int HKV, int hd, int window, float scale,
-                          int splits, float* __restrict__ part, float* __restrict__ ml) {
+// What a row block's prologue knows: its row, KV head, first query head of the group and key
+// split [a, b), and where the row's position lies in the cache.
+struct RowBlock {
+  int n, kvh, g0, G, HQ, HKV, hd, pos, a, b, bs;
+  float scale;
+  const int* table;
+};
+
+// The prologue of attn_rows: the block's GC query heads, RoPE'd by the append, from q (f32).
+struct RotatedQ {
+  const float* q;
+  template <int GC>
+  __device__ __forceinline__ void operator()(float (&q_s)[GC][256], const RowBlock& r) const {
+    // Every load of q in flight before the first store (a decode step's row is latency-bound).
+    constexpr int QN = GC * 256 / ROW_THREADS;
+    const int t = threadIdx.x;
+    float qv[QN];
+#pragma unroll
+    for (int e = 0; e < QN; ++e) {
+      const int i = t + e * ROW_THREADS, g = i / 256, d = i % 256;
+      // Clamped into the row and then zeroed, not branched around (see the key loads below).
+      const float x = q[((size_t)r.n * r.HQ + r.kvh * r.G + min(r.g0 + g, r.G - 1)) * r.hd + min(d, r.hd - 1)];
+      qv[e] = r.g0 + g < r.G && d < r.hd ? x * r.scale : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < QN; ++e) q_s[(t + e * ROW_THREADS) / 256][(t + e * ROW_THREADS) % 256] = qv[e];
+  }
+};
+
+// The prologue of attn_decode: the append's arithmetic (attn_append, head_in with 128 threads)
+// for the block's GC query heads, and, in the block whose split holds the row's position, for
+// its key head, written with the value head into the cache. All heads' loads are in flight
+// together, and their norms share one barrier. Bit for bit attn_append then RotatedQ.
+template <typename I, typename C>
+struct FusedQkv {
+  QkvRows in;
+  C* kc;
+  C* vc;
+  const float* inv_freq;
+  int rot;
+  template <int GC>
+  __device__ __forceinline__ void operator()(float (&q_s)[GC][256], const RowBlock& r) const {
+    static_assert(ROW_THREADS == 128, "two elements a thread cover a head of 256");
+    constexpr int S = GC + 1;  // GC query heads, then the key head
+    __shared__ float x_s[S][256];
+    __shared__ float part[S][ROW_THREADS / 32];
+    const int t = threadIdx.x, hd = r.hd;
+    const bool own = r.a <= r.pos && r.pos < r.b;
+    float x[S][2], v[2];
+    const I* vrow = static_cast<const I*>(in.v) + (size_t)r.n * in.ldv + (size_t)r.kvh * hd;
+#pragma unroll
+    for (int e = 0; e < S; ++e) {
+      const bool live = e < GC ? r.g0 + e < r.G : own;
+      const I* row = e < GC ? static_cast<const I*>(in.q) + (size_t)r.n * in.ldq +
+                                  (size_t)(r.kvh * r.G + min(r.g0 + e, r.G - 1)) * hd
+                            : static_cast<const I*>(in.k) + (size_t)r.n * in.ldk + (size_t)r.kvh * hd;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int i = t + u * ROW_THREADS;
+        x[e][u] = live && i < hd ? to_f(row[i]) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int i = t + u * ROW_THREADS;
+      v[u] = own && i < hd ? to_f(vrow[i]) : 0.0f;
+    }
+    // head_in's sums: each thread's squares in order, the warp, then the warps in order (the
+    // warps past a 64-thread append's add zeros).
+#pragma unroll
+    for (int e = 0; e < S; ++e) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) ss += x[e][u] * x[e][u];
+      ss = warp_sum(ss);
+      if ((t & 31) == 0) part[e][t >> 5] = ss;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < S; ++e) {
+      const float* w = e < GC ? in.q_norm : in.k_norm;
+      float inv = 0.0f;
+      if (w) {
+        float total = 0.0f;
+        for (int j = 0; j < ROW_THREADS / 32; ++j) total += part[e][j];
+        inv = rsqrtf(total / hd + in.eps);
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int i = t + u * ROW_THREADS;
+        if (i < hd) x_s[e][i] = w ? x[e][u] * inv * w[i] : x[e][u];
+      }
+    }
+    __syncthreads();
+    const int rot = inv_freq ? this->rot : 0;
+    const size_t dst = kv_offset(r.table, r.pos, r.bs, r.HKV * hd) + (size_t)r.kvh * hd;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int i = t + u * ROW_THREADS;
+      float s = 0.0f, c = 1.0f;
+      if (i < rot) rope_angle(i, rot, r.pos, inv_freq, s, c);
+#pragma unroll
+      for (int e = 0; e < S; ++e) {
+        const float y = i < hd ? (i < rot ? rope_at(x_s[e], i, rot / 2, s, c) : x_s[e][i]) : 0.0f;
+        if (e < GC) {
+          q_s[e][i] = r.g0 + e < r.G && i < hd ? y * r.scale : 0.0f;
+        } else if (own && i < hd) {
+          kc[dst + i] = from_f<C>(y);
+          vc[dst + i] = from_f<C>(v[u]);
+        }
+      }
+    }
+  }
+};
+
+template <int GC, typename C, bool NC, typename P>
+__device__ void attn_rows(const P& prologue, const C* kc, const C* vc, const int* __restrict__ tables, int width,
+                          int bs, const int* __restrict__ row_slot, const int* __restrict__ row_pos, int HQ, int HKV,
+                          int hd, int window, float scale, int splits, float* __restrict__ part,
+                          float* __restrict__ ml) {
   __shared__ __align__(16) float q_s[GC][256];
   __shared__ float p_s[GC][ROW_THREADS];
   __shared__ size_t off_s[ROW_THREADS];
@@ -187,20 +324,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, key = t / tpk, sub = t % tpk;
   const int* table = tables + (size_t)row_slot[n] * width;
   const int row = HKV * hd;
-  {
-    // Every load of q in flight before the first store (a decode step's row is latency-bound).
-    constexpr int QN = GC * 256 / ROW_THREADS;
-    float qv[QN];
-#pragma unroll
-    for (int e = 0; e < QN; ++e) {
-      const int i = t + e * ROW_THREADS, g = i / 256, d = i % 256;
-      // Clamped into the row and then zeroed, not branched around (see the key loads below).
-      const float x = q[((size_t)n * HQ + kvh * G + min(g0 + g, G - 1)) * hd + min(d, hd - 1)];
-      qv[e] = g0 + g < G && d < hd ? x * scale : 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < QN; ++e) q_s[(t + e * ROW_THREADS) / 256][(t + e * ROW_THREADS) % 256] = qv[e];
-  }
+  prologue(q_s, RowBlock{n, kvh, g0, G, HQ, HKV, hd, pos, a, b, bs, scale, table});
   float m[GC], l[GC], acc[GC][2];
 #pragma unroll
   for (int g = 0; g < GC; ++g) m[g] = -INFINITY, l[g] = 0.0f, acc[g][0] = acc[g][1] = 0.0f;
@@ -225,7 +349,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
         for (int d0k = sub * 4; d0k < hd; d0k += 4 * tpk * KU) {
           float4 k4[KU];
 #pragma unroll
-          for (int u = 0; u < KU; ++u) k4[u] = load4(kr + min(d0k + u * 4 * tpk, hd - 4));
+          for (int u = 0; u < KU; ++u) k4[u] = load4<NC>(kr + min(d0k + u * 4 * tpk, hd - 4));
 #pragma unroll
           for (int u = 0; u < KU; ++u) {
             const int d = d0k + u * 4 * tpk;
@@ -286,7 +410,7 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
       for (int i0 = 0; i0 < keys; i0 += VU) {
         float2 v[VU];
 #pragma unroll
-        for (int u = 0; u < VU; ++u) v[u] = load2(vc + off_s[min(i0 + u, keys - 1)] + d0);
+        for (int u = 0; u < VU; ++u) v[u] = load2<NC>(vc + off_s[min(i0 + u, keys - 1)] + d0);
 #pragma unroll
         for (int u = 0; u < VU; ++u) {
           if (i0 + u < keys) {
@@ -330,18 +454,35 @@ __device__ void attn_rows(const float* __restrict__ q, const C* __restrict__ kc,
   extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                                         \
       attn_rows_##NAME##_g##GC(const float* q, const C* kc, const C* vc, const int* tables, int width, int bs,         \
                                const int* row_slot, const int* row_pos, int HQ, int HKV, int hd, int window,          \
-                               float scale, int splits, float* part, float* ml) { pdl_entry();                                   \
-    attn_rows<GC, C>(q, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale, splits, part, ml); \
+                               float scale, int splits, float* part, float* ml) {                                     \
+    pdl_entry();                                                                                                    \
+    attn_rows<GC, C, true>(RotatedQ{q}, kc, vc, tables, width, bs, row_slot, row_pos, HQ, HKV, hd, window, scale,      \
+                           splits, part, ml);                                                                         \
   }
-// The append (from each input type) and the row kernels for each cache type (GC = 1, 2, 4
-// query heads a block).
+// attn_decode_{cache}_g{GC}: q, k, v from the projection in the cache's own type (rows of one
+// new token a sequence, so only the block whose split holds a row's position reads its key).
+#define DECODE_KERNEL(NAME, C, GC)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                                         \
+      attn_decode_##NAME##_g##GC(const __grid_constant__ QkvRows in, C* kc, C* vc, const int* tables, int width,       \
+                                 int bs, const int* row_slot, const int* row_pos, const float* inv_freq, int rot,      \
+                                 int HQ, int HKV, int hd, int window, float scale, int splits, float* part,             \
+                                 float* ml) {                                                                         \
+    pdl_entry();                                                                                                    \
+    attn_rows<GC, C, false>(FusedQkv<C, C>{in, kc, vc, inv_freq, rot}, kc, vc, tables, width, bs, row_slot, row_pos,  \
+                            HQ, HKV, hd, window, scale, splits, part, ml);                                            \
+  }
+// The append (from each input type), the row kernels and the fused decode kernels for each
+// cache type (GC = 1, 2, 4 query heads a block).
 #define CACHE_KERNELS(NAME, C)                \
   APPEND_KERNEL(NAME, C, f32, float)          \
   APPEND_KERNEL(NAME, C, bf16, __nv_bfloat16) \
   APPEND_KERNEL(NAME, C, f16, __half)         \
-  ROWS_KERNEL(NAME, C, 1)      \
-  ROWS_KERNEL(NAME, C, 2)      \
-  ROWS_KERNEL(NAME, C, 4)
+  ROWS_KERNEL(NAME, C, 1)                     \
+  ROWS_KERNEL(NAME, C, 2)                     \
+  ROWS_KERNEL(NAME, C, 4)                     \
+  DECODE_KERNEL(NAME, C, 1)                   \
+  DECODE_KERNEL(NAME, C, 2)                   \
+  DECODE_KERNEL(NAME, C, 4)
 CACHE_KERNELS(f32, float)
 CACHE_KERNELS(bf16, __nv_bfloat16)
 CACHE_KERNELS(f16, __half)

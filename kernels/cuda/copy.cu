@@ -56,3 +56,21 @@ __device__ void widen(const T* __restrict__ x, float* __restrict__ y, size_t n8)
 }
 extern "C" __global__ void widen_bf16_f32(const __nv_bfloat16* x, float* y, unsigned long long n8) { pdl_entry(); widen(x, y, n8); }
 extern "C" __global__ void widen_f16_f32(const __half* x, float* y, unsigned long long n8) { pdl_entry(); widen(x, y, n8); }
+
+// y [N, D] f32 = rows ids[n] of table [V, D] in a 16-bit T, widened (a step's embeddings: one
+// launch where a gather and a cast were two). Grid (N, blocks a row); 8 elements a thread a step
+// (d8 = D / 8; the launcher checks D and the table's address). The ids may be the previous
+// kernel's output (a step fed on the device), so the gather waits for it.
+template <typename T>
+__device__ void embed(const unsigned* __restrict__ ids, const T* __restrict__ table, float* __restrict__ y, size_t d8) {
+  const T* x = table + (size_t)ids[blockIdx.x] * d8 * 8;
+  float* out = y + (size_t)blockIdx.x * d8 * 8;
+  for (size_t i = (size_t)blockIdx.y * blockDim.x + threadIdx.x; i < d8; i += (size_t)gridDim.y * blockDim.x) {
+    float v[8];
+    load_vec<8>(v, x + i * 8);
+    *reinterpret_cast<float4*>(out + i * 8) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(out + i * 8 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+extern "C" __global__ void embed_bf16_f32(const unsigned* ids, const __nv_bfloat16* table, float* y, unsigned long long d8) { pdl_entry(); embed(ids, table, y, d8); }
+extern "C" __global__ void embed_f16_f32(const unsigned* ids, const __half* table, float* y, unsigned long long d8) { pdl_entry(); embed(ids, table, y, d8); }

@@ -18,7 +18,9 @@ use super::BF16;
 /// column slices of one projection in the model's dtype (as the layer passes them) and the op
 /// applies per-head q/k RMSNorms first, and multiplies the output by sigmoid of a gate slice of
 /// the same projection (Qwen's gated attention); the GPU returns the model's dtype, so the row
-/// kernel's combine gates and rounds as it writes.
+/// kernel's combine gates and rounds as it writes. Every decode step that takes the fused decode
+/// kernel (the append's work in the row kernel) also runs the append and the row kernel on a
+/// copy of the caches: outputs and caches bit for bit equal.
 pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     use deltaserve_kernels::ops::{paged_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
     // Passes: rows per slot (0 = not in the pass).
@@ -48,6 +50,7 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     let flat: Vec<i32> = tables.iter().flatten().map(|&b| b as i32).collect();
     let dev_tables = Tensor::new(flat.as_slice(), dev).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut fused_checked = 0;
     for (hq, hkv, hd, rot, window, dtype, passes, in_place) in cases {
         let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window, scale: (hd as f32).powf(-0.5), operands: dtype };
         let weight = |rng: &mut rand::rngs::StdRng| {
@@ -114,6 +117,25 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
             let gpu_out = AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) };
             let want = paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, (cpu_k, cpu_v), cpu_out).unwrap();
             let on = |t: &Tensor| t.to_device(dev).unwrap();
+            // A decode step (one new row a sequence): the fused kernel against the append and the
+            // row kernel, on a copy of the caches.
+            let one_row_each = cu.windows(2).all(|w| w[1] - w[0] == 1);
+            let unfused = one_row_each.then(|| {
+                let mut caches = (gpu_cache.0.clone(), gpu_cache.1.clone());
+                deltaserve_kernels::ops::set_fused_decode_attention(false);
+                let out = paged_attention(
+                    (&on(&q), &on(&k), &on(&v)),
+                    norms(&qw_gpu, &kw_gpu),
+                    &shape,
+                    rope(&inv_gpu, rot),
+                    pass,
+                    Some(pages),
+                    (&mut caches.0, &mut caches.1),
+                    AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) },
+                );
+                deltaserve_kernels::ops::set_fused_decode_attention(true);
+                (values(&out.unwrap()), caches)
+            });
             let got = paged_attention(
                 (&on(&q), &on(&k), &on(&v)),
                 norms(&qw_gpu, &kw_gpu),
@@ -125,6 +147,16 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 gpu_out,
             )
             .unwrap();
+            let what = format!("HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place} pass {p}");
+            if let Some((out, caches)) = &unfused {
+                assert!(values(&got) == *out, "{what}: the fused decode kernel's output differs from the append and row kernel's");
+                for b in 0..slots * width {
+                    for (c, g) in [(&caches.0, &gpu_cache.0), (&caches.1, &gpu_cache.1)] {
+                        assert!(c.slot_to_vec(b).unwrap() == g.slot_to_vec(b).unwrap(), "{what}: cache block {b} differs when fused");
+                    }
+                }
+                fused_checked += 1;
+            }
             let e = rel_err(&values(&got), &values(&want));
             // A 16-bit cache rounds k and v; the tensor cores also round q and the probabilities.
             let tol = match dtype {
@@ -132,7 +164,6 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 DType::F16 => 3e-3,
                 _ => 1.5e-2,
             };
-            let what = format!("HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place} pass {p}");
             assert!(e <= tol, "{what}: rel err {e:.3e} > {tol:.0e}");
             worst = worst.max(e);
             for &s in &members {
@@ -154,6 +185,9 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
         }
         println!("paged attention HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place}: GPU vs CPU worst rel err {worst:.2e}");
     }
+    // f32 models' decode steps and 16-bit ones' with q, k and v in place take the fused kernel.
+    assert!(fused_checked >= 12, "{fused_checked} decode passes compared with the fused kernel");
+    println!("paged attention: {fused_checked} decode passes, the fused kernel bit for bit the append and row kernel");
 }
 
 /// The conv kernels read a column slice of a wider f32, bf16 or f16 tensor in place and equal
@@ -165,9 +199,9 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
 /// and W = 3 (a run-time width). Then a decode step in shuffled slot order. SwiGLU on column
 /// slices equals silu(gate) · up computed in f32 and rounded once, the attention output's
 /// sigmoid gate on a column slice equals the CPU's, and the logits' widening to f32 is exact, into a new
-/// tensor or a fixed buffer.
+/// tensor or a fixed buffer, as is the embeddings' gather and widening.
 pub(crate) fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, sigmoid_gate, swiglu, to_f32, to_f32_into};
+    use deltaserve_kernels::ops::{conv_prefill_packed, conv_step, embedding_f32, sigmoid_gate, swiglu, to_f32, to_f32_into};
     use deltaserve_kernels::ConvActivation;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut rand = |shape: (usize, usize)| {
@@ -252,6 +286,17 @@ pub(crate) fn gpu_conv_and_swiglu_match_cpu(dev: &Device) {
                 assert_eq!(values(&out), values(&got), "to_f32_into {dtype:?} of {len}");
                 let short = Tensor::zeros(len - 1, DType::F32, dev).unwrap();
                 assert!(to_f32_into(&x.to_device(dev).unwrap(), &short).is_err(), "to_f32_into a shorter buffer");
+            }
+            // A step's embeddings, gathered and widened in one kernel (D a multiple of 8) or by
+            // candle's gather and cast (D = 12): the CPU's gather then cast, bit for bit, with
+            // repeated ids and the last row.
+            for d in [i, 12] {
+                let table = rand((40, d)).to_dtype(dtype).unwrap();
+                let ids = Tensor::new(&[39u32, 0, 7, 7, 21, 39, 3], &Device::Cpu).unwrap();
+                let got = embedding_f32(&table.to_device(dev).unwrap(), &ids.to_device(dev).unwrap()).unwrap();
+                let want = table.index_select(&ids, 0).unwrap().to_dtype(DType::F32).unwrap();
+                assert_eq!((got.dims(), got.dtype()), (&[7, d][..], DType::F32), "embedding_f32 shape and dtype");
+                assert_eq!(values(&got), values(&want), "embedding_f32 {dtype:?} D={d}");
             }
         }
     }

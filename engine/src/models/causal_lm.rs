@@ -214,7 +214,7 @@ impl CausalLm {
 
     /// The fp32 embeddings of token ids `[N]` already on the device.
     fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
-        Ok(self.embeddings.index_select(ids, 0)?.to_dtype(DType::F32)?)
+        Ok(ops::embedding_f32(&self.embeddings, ids)?)
     }
 
     fn head(&self, res: &Residual) -> Result<Tensor> {

@@ -32,6 +32,29 @@ fn row_splits(blocks: usize, sms: usize) -> usize {
     }
     (TARGET_BLOCKS_PER_SM * sms).div_ceil(blocks.max(1)).clamp(1, MAX_SPLITS)
 }
+/// Whether a decode step's attention runs its append inside the row kernel (`attn_decode_*`):
+/// on unless `DELTASERVE_ATTN_FUSED_DECODE=0` (for comparisons) or [`set_fused_decode`] says
+/// otherwise.
+fn fused_decode_on() -> bool {
+    use std::sync::atomic::Ordering;
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        if std::env::var("DELTASERVE_ATTN_FUSED_DECODE").is_ok_and(|v| v == "0") {
+            FUSED_DECODE.store(false, Ordering::Relaxed);
+        }
+    });
+    FUSED_DECODE.load(Ordering::Relaxed)
+}
+static FUSED_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the fused decode kernel on or off for the process (the GPU test compares the two paths
+/// bit for bit).
+#[doc(hidden)]
+pub fn set_fused_decode(on: bool) {
+    fused_decode_on();
+    FUSED_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Query rows of one row-kernel launch (bounds its partial-result buffer).
 const ROWS_PER_LAUNCH: usize = 1024;
 /// Query rows of one tile of the tensor-core kernel (`TILE_M`).
@@ -163,17 +186,23 @@ pub fn paged_attention(
     }
     let cache = type_name(k_cache.dtype())?;
     let (kc, vc) = (address(&k_cache.data), address(&v_cache.data));
+    let tiles = tiles_apply(shape.operands, k_cache.dtype(), pass, hd);
+    // A decode step (one new row a sequence, q, k and v in the cache's type): the row kernel's
+    // blocks do the append's work, one launch fewer.
+    let fused = !tiles && input == k_cache.dtype() && pass.cu.windows(2).all(|w| w[1] - w[0] == 1) && fused_decode_on();
     // SAFETY: the append kernel writes every element.
-    let q_rot = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
-    let q_rot_ptr = address(&q_rot);
-    let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}_{}", qa.suffix), "attention", ptx::ATTENTION)?;
-    let threads = if hd <= 64 { 64 } else { 128 };
-    let mut l = append.builder();
-    l.arg(&qkv).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
-    l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi);
-    unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
+    let q_rot = if fused { None } else { Some(unsafe { dev.alloc::<f32>(n * hq * hd) }?) };
+    let q_rot_ptr = q_rot.as_ref().map_or(0, address);
+    if !fused {
+        let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}_{}", qa.suffix), "attention", ptx::ATTENTION)?;
+        let threads = if hd <= 64 { 64 } else { 128 };
+        let mut l = append.builder();
+        l.arg(&qkv).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
+        l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi);
+        unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
+    }
 
-    if tiles_apply(shape.operands, k_cache.dtype(), pass, hd) {
+    if tiles {
         // SAFETY: every element is written by the tile kernel.
         let out = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
         let out_ptr = address(&out);
@@ -219,7 +248,8 @@ pub fn paged_attention(
         2 => 2,
         _ => 4,
     };
-    let rows_fn = dev.get_or_load_custom_func(&format!("attn_rows_{cache}_g{gc}"), "attention", ptx::ATTENTION)?;
+    let kernel = if fused { "decode" } else { "rows" };
+    let rows_fn = dev.get_or_load_custom_func(&format!("attn_{kernel}_{cache}_g{gc}"), "attention", ptx::ATTENTION)?;
     // The combine writes the output: gated and in its dtype (checked by the caller).
     let out = alloc_rows(&dev, output.dtype, n, hq * hd)?;
     let out_ptr = first_element_address_any(&out)?;
@@ -241,8 +271,20 @@ pub fn paged_attention(
         let rows = ROWS_PER_LAUNCH.min(n - r0);
         let q_at = q_rot_ptr + (r0 * hq * hd) as u64 * f32b;
         let (slot_at, pos_at) = (slot_ptr + r0 as u64 * 4, pos_ptr + r0 as u64 * 4);
+        // The fused kernel's rows of q, k and v from row r0 on.
+        let elem = input.size_in_bytes() as u64;
+        let at = |ptr: u64, ld: i64| ptr + r0 as u64 * ld as u64 * elem;
+        let qkv_at = QkvArgs { q: at(qkv.q, qkv.ldq), k: at(qkv.k, qkv.ldk), v: at(qkv.v, qkv.ldv), ..qkv };
         let mut l = rows_fn.builder();
-        l.arg(&q_at).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&slot_at).arg(&pos_at);
+        if fused {
+            l.arg(&qkv_at);
+        } else {
+            l.arg(&q_at);
+        }
+        l.arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&slot_at).arg(&pos_at);
+        if fused {
+            l.arg(&freq_ptr).arg(&rot);
+        }
         l.arg(&hqi).arg(&hkvi).arg(&hdi).arg(&window).arg(&shape.scale).arg(&splits_i).arg(&part_ptr).arg(&ml_ptr);
         unsafe { l.launch(grid(rows, head_groups, splits, 128, 0)) }.w()?;
         let out_at = out_ptr + (r0 * hq * hd) as u64 * out_bytes;

@@ -5,7 +5,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
-use super::{alloc_rows, cuda_dev, first_element_address_any, grid, ptx, sm_count};
+use super::{alloc_rows, cuda_dev, device_address, first_element_address_any, grid, ptx, sm_count};
 use crate::Result;
 
 /// Copies of at most this many ranges go in one launch of `copy_many` (its parameter block).
@@ -41,6 +41,36 @@ pub(crate) fn copy_many(dev: &CudaDevice, copies: &[(u64, u64, usize)]) -> Resul
         unsafe { l.launch(grid(blocks, group.len(), 1, 256, 0)) }.w()?;
     }
     Ok(())
+}
+
+/// Rows `ids` (`[N]` u32) of `table` (`[V, D]`) in f32: for a contiguous bf16/f16 table with D a
+/// multiple of 8, one kernel (`embed_*` in copy.cu) that gathers and widens; otherwise candle's
+/// gather and cast. The ids must be below V (the callers check them).
+pub fn embedding_f32(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let name = match table.dtype() {
+        DType::BF16 => "embed_bf16_f32",
+        DType::F16 => "embed_f16_f32",
+        _ => return Ok(table.index_select(ids, 0)?.to_dtype(DType::F32)?),
+    };
+    let (n, d) = (ids.elem_count(), table.dim(1)?);
+    let x = first_element_address_any(table)?;
+    if !table.is_contiguous()
+        || !d.is_multiple_of(8)
+        || !x.is_multiple_of(16)
+        || ids.dtype() != DType::U32
+        || !ids.is_contiguous()
+        || n == 0
+    {
+        return Ok(table.index_select(ids, 0)?.to_dtype(DType::F32)?);
+    }
+    let dev = cuda_dev(table, "embedding_f32")?;
+    let y = alloc_rows(&dev, DType::F32, n, d)?;
+    let (ids_at, y_at, d8) = (device_address::<u32>(ids)?, first_element_address_any(&y)?, (d / 8) as u64);
+    let f = dev.get_or_load_custom_func(name, "copy", ptx::COPY)?;
+    let mut l = f.builder();
+    l.arg(&ids_at).arg(&x).arg(&y_at).arg(&d8);
+    unsafe { l.launch(grid(n, (d / 8).div_ceil(256), 1, 256, 0)) }.w()?;
+    Ok(y.reshape((n, d))?)
 }
 
 /// `t` in f32: a contiguous bf16/f16 tensor whose length is a multiple of 8 through one

@@ -577,10 +577,10 @@ mod sample;
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
-pub use attention::paged_attention;
+pub use attention::{paged_attention, set_fused_decode};
 pub use conv::{conv_prefill, conv_step};
 pub(crate) use copy::copy_many;
-pub use copy::{to_f32, to_f32_into};
+pub use copy::{embedding_f32, to_f32, to_f32_into};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemm::{linear_lt, linear_lt_counts, linear_lt_pick};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};

@@ -227,6 +227,15 @@ pub fn paged_attention(
     out.finish(Tensor::from_vec(o, (n, hq, hd), q.device())?)
 }
 
+/// Turns the GPU's fused decode kernel (a decode step's append inside the row kernel) on or off
+/// for the process: the GPU test compares the two paths. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_fused_decode_attention(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_fused_decode(on);
+    let _ = on;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,16 @@ pub fn to_f32(t: &Tensor) -> Result<Tensor> {
     Ok(t.to_dtype(candle_core::DType::F32)?)
 }
 
+/// Rows `ids` (`[N]` u32, each below V) of `table` (`[V, D]`) in f32 (a step's embeddings): on
+/// the GPU one kernel gathers and widens a bf16/f16 table; elsewhere candle's gather and cast.
+pub fn embedding_f32(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if table.device().is_cuda() && !embed_kernel_off() {
+        return crate::cuda::embedding_f32(table, ids);
+    }
+    Ok(table.index_select(ids, 0)?.to_dtype(DType::F32)?)
+}
+
 /// [`to_f32`] written into `out`, a contiguous f32 tensor of `t`'s shape (a CUDA graph's fixed
 /// output buffer): on the GPU one kernel, no intermediate copy.
 pub fn to_f32_into(t: &Tensor, out: &Tensor) -> Result<()> {
@@ -323,6 +333,14 @@ fn small_batch_gemv_off() -> bool {
 fn conv_fold_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_CONV_FOLD").is_ok_and(|v| v == "0"))
+}
+
+/// `DELTASERVE_EMBED_KERNEL=0`: a step's embeddings through candle's gather and cast (for
+/// comparisons).
+#[cfg(feature = "cuda")]
+fn embed_kernel_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_EMBED_KERNEL").is_ok_and(|v| v == "0"))
 }
 
 /// `DELTASERVE_FUSED_NORM=0`: the norms run as kernels of their own before the projections (for
