@@ -565,6 +565,7 @@ async fn shutting_the_scheduler_down_fails_what_runs_and_drops_the_engine_before
         max_model_len: 4096,
         prefix_cache: PrefixCacheConfig { snapshots: 4, grid: 64, host_snapshots: 0, answer_delay: Duration::ZERO },
         prefill_budget: 64,
+        long_prefill_chunk: 64,
         mixed_batches: true,
         decode_ahead: false,
         request_timeout: Duration::from_secs(60),

@@ -114,39 +114,25 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
             let (cpu_k, cpu_v) = (&mut cpu_cache.0, &mut cpu_cache.1);
             // The CPU's output in f32; the GPU's in the model's dtype, gated by its combine.
             let cpu_out = AttnOutput { dtype: DType::F32, gate: gates.as_ref().map(|g| &g.0) };
-            let gpu_out = AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) };
             let want = paged_attention((&q, &k, &v), cpu_norms, &shape, rope(&inv_cpu, rot), pass, None, (cpu_k, cpu_v), cpu_out).unwrap();
             let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let gpu = |caches: &mut (SlotBuffer, SlotBuffer)| {
+                let gpu_out = AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) };
+                let (kc, vc) = (&mut caches.0, &mut caches.1);
+                let qkv = (&on(&q), &on(&k), &on(&v));
+                paged_attention(qkv, norms(&qw_gpu, &kw_gpu), &shape, rope(&inv_gpu, rot), pass, Some(pages), (kc, vc), gpu_out).unwrap()
+            };
             // A decode step (one new row a sequence): the fused kernel against the append and the
             // row kernel, on a copy of the caches.
             let one_row_each = cu.windows(2).all(|w| w[1] - w[0] == 1);
             let unfused = one_row_each.then(|| {
-                let mut caches = (gpu_cache.0.clone(), gpu_cache.1.clone());
+                let mut caches = gpu_cache.clone();
                 deltaserve_kernels::ops::set_fused_decode_attention(false);
-                let out = paged_attention(
-                    (&on(&q), &on(&k), &on(&v)),
-                    norms(&qw_gpu, &kw_gpu),
-                    &shape,
-                    rope(&inv_gpu, rot),
-                    pass,
-                    Some(pages),
-                    (&mut caches.0, &mut caches.1),
-                    AttnOutput { dtype, gate: gates.as_ref().map(|g| &g.1) },
-                );
+                let out = gpu(&mut caches);
                 deltaserve_kernels::ops::set_fused_decode_attention(true);
-                (values(&out.unwrap()), caches)
+                (values(&out), caches)
             });
-            let got = paged_attention(
-                (&on(&q), &on(&k), &on(&v)),
-                norms(&qw_gpu, &kw_gpu),
-                &shape,
-                rope(&inv_gpu, rot),
-                pass,
-                Some(pages),
-                (&mut gpu_cache.0, &mut gpu_cache.1),
-                gpu_out,
-            )
-            .unwrap();
+            let got = gpu(&mut gpu_cache);
             let what = format!("HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place} pass {p}");
             if let Some((out, caches)) = &unfused {
                 assert!(values(&got) == *out, "{what}: the fused decode kernel's output differs from the append and row kernel's");

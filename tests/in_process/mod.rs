@@ -74,6 +74,7 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
         max_model_len: 4096,
         prefix_cache: setup.cache,
         prefill_budget: 64,
+        long_prefill_chunk: 64,
         mixed_batches: true,
         // The GPU's opt-in mode, so that the HTTP tests drive its scheduling too (on the CPU
         // the step launched ahead runs before the emit: same tokens, no overlap).

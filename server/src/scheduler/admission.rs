@@ -90,6 +90,7 @@ impl Scheduler {
                 events: r.events,
                 arrived: r.arrived,
                 prefilled: 0,
+                long: false,
                 started: false,
                 prev_logits: None,
                 seqs: vec![seq0],

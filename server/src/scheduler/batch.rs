@@ -24,16 +24,30 @@ const PARALLEL_EMIT_FROM: usize = 8;
 /// prompt is cut at the same places whatever other requests share the budget and its logits
 /// are the bits of prefilling it alone; a request whose next aligned piece does not fit waits
 /// for the next step (with `budget` ≥ `align`, the oldest always advances).
-pub(super) fn plan_prefill(left: &[(usize, usize)], mut budget: usize, align: usize) -> Vec<(usize, usize)> {
+pub(super) fn plan_prefill(left: &[(usize, usize)], budget: usize, align: usize) -> Vec<(usize, usize)> {
+    plan_prefill_capped(left, &[], budget, 0, align)
+}
+
+/// [`plan_prefill`] where the requests marked in `long` share at most `long_budget` of the
+/// step's tokens (those past the end of `long` are not long); the others may take the rest.
+pub(super) fn plan_prefill_capped(
+    left: &[(usize, usize)],
+    long: &[bool],
+    mut budget: usize,
+    mut long_budget: usize,
+    align: usize,
+) -> Vec<(usize, usize)> {
     let mut plan = Vec::new();
     for (i, &(done, l)) in left.iter().enumerate() {
         if budget == 0 {
             break;
         }
-        if l == 0 {
+        let is_long = long.get(i).copied().unwrap_or(false);
+        let cap = if is_long { budget.min(long_budget) } else { budget };
+        if l == 0 || cap == 0 {
             continue;
         }
-        let mut take = budget.min(l);
+        let mut take = cap.min(l);
         if take < l {
             take = ((done + take) / align * align).saturating_sub(done);
         }
@@ -41,6 +55,9 @@ pub(super) fn plan_prefill(left: &[(usize, usize)], mut budget: usize, align: us
             continue;
         }
         budget -= take;
+        if is_long {
+            long_budget -= take;
+        }
         plan.push((i, take));
     }
     plan
@@ -51,9 +68,10 @@ impl Scheduler {
     /// packed prefill (one pass through the model for all of them), except those of requests
     /// that want prompt logprobs, which need every position's logits and run alone. With mixed
     /// batches on, the packed pass also decodes every running sequence's next token. Returns the
-    /// tokens it ran, cache re-prefills included, and whether the running sequences were
-    /// decoded.
-    pub(super) fn prefill(&mut self, budget: usize) -> (usize, bool) {
+    /// tokens it ran, cache re-prefills included, whether the running sequences were decoded,
+    /// and the tokens of long prompts among them. While more sequences decode than there are
+    /// prompts longer than the step budget (uncached), those share at most `long_budget` tokens.
+    pub(super) fn prefill(&mut self, budget: usize, long_budget: usize) -> (usize, bool, usize) {
         let started = Instant::now();
         // Cached prefixes first: restored requests start later in their prompts, and those
         // whose prefix an older request is about to snapshot wait for it.
@@ -65,19 +83,31 @@ impl Scheduler {
             .zip(&waits)
             .map(|(r, &wait)| (r.prefilled, if wait || r.seqs.iter().all(|s| s.finished) { 0 } else { r.prompt.len() - r.prefilled }))
             .collect();
-        let plan = plan_prefill(&left, budget, PREFILL_CHUNK);
+        // The cap holds the long prompts back for the streams' sake: only while streams
+        // outnumber them (one stream must not hold back a burst of long prompts).
+        let streams = self.requests.iter().flat_map(|r| &r.seqs).filter(|s| !s.finished && s.pending.is_some()).count();
+        let long: Vec<bool> = self
+            .requests
+            .iter()
+            .zip(&left)
+            .map(|(r, &(_, l))| l > 0 && if r.started { r.long } else { l > self.cfg.prefill_budget })
+            .collect();
+        let long = if streams > long.iter().filter(|&&l| l).count() { long } else { Vec::new() };
+        let plan = plan_prefill_capped(&left, &long, budget, long_budget, PREFILL_CHUNK);
         let tokens: usize = plan.iter().map(|(_, take)| take).sum();
+        let long_tokens: usize = plan.iter().filter(|(i, _)| long.get(*i).copied().unwrap_or(false)).map(|(_, take)| take).sum();
         // Finished chat turns re-prefilled for the cache get what budget is left.
         let now = Instant::now();
         let tail_left: Vec<(usize, usize)> = self.tails.iter().map(|t| (t.done, if t.ready <= now { t.end - t.done } else { 0 })).collect();
         let tails = plan_prefill(&tail_left, budget - tokens, PREFILL_CHUNK);
         if plan.is_empty() && tails.is_empty() {
-            return (0, false);
+            return (0, false, 0);
         }
         for &(i, _) in &plan {
             let r = &mut self.requests[i];
             if !r.started {
                 r.started = true;
+                r.long = r.prompt.len() - r.prefilled > self.cfg.prefill_budget;
                 // A query is a request that looked the cache up (echo + logprobs do not).
                 if self.cache.is_some() && !r.params.prompt_logprobs {
                     self.metrics.prefix_cache_queries.inc_by(r.prompt.len() as u64);
@@ -165,7 +195,7 @@ impl Scheduler {
             drawn_ms = ms(drawn),
             "prefill step"
         );
-        (tokens + tail_tokens, !step.is_empty())
+        (tokens + tail_tokens, !step.is_empty(), long_tokens)
     }
 
     /// Every running sequence's pending token: `(slot, token)` rows, and each row's `(request,
@@ -452,7 +482,7 @@ fn with_masks<T: Send>(mut constraints: Vec<&mut crate::structured::Constraint>,
 
 #[cfg(test)]
 mod tests {
-    use super::plan_prefill;
+    use super::{plan_prefill, plan_prefill_capped};
 
     #[test]
     fn prefill_plan_takes_oldest_first_within_the_budget() {
@@ -472,5 +502,21 @@ mod tests {
         // A prompt's last piece needs no alignment; one whose aligned piece does not fit waits.
         assert_eq!(plan_prefill(&[(0, 500), (0, 40), (0, 100)], 600, 64), vec![(0, 500), (1, 40)]);
         assert_eq!(plan_prefill(&[(0, 70), (0, 70)], 100, 64), vec![(0, 70)]);
+    }
+
+    #[test]
+    fn long_prompts_share_their_cap_and_short_ones_take_the_rest() {
+        // Two long prompts (4096 and 3000 tokens) share 256 tokens; the short ones after them
+        // take what the budget has left, in order (the last 68 of it: 64, aligned).
+        let left = [(0, 4096), (0, 500), (128, 3000), (0, 200), (0, 400)];
+        let long = [true, false, true, false, false];
+        assert_eq!(plan_prefill_capped(&left, &long, 1024, 256, 64), vec![(0, 256), (1, 500), (3, 200), (4, 64)]);
+        // The cap is aligned like the budget: 200 of it left a long prompt 128 in → 192.
+        assert_eq!(plan_prefill_capped(&[(128, 3000), (0, 100)], &[true], 1024, 200, 64), vec![(0, 192), (1, 100)]);
+        // A long prompt's last piece fits the cap as it is; none left, it waits.
+        assert_eq!(plan_prefill_capped(&[(3968, 100), (0, 4096)], &[true, true], 1024, 256, 64), vec![(0, 100), (1, 128)]);
+        assert_eq!(plan_prefill_capped(&[(0, 4096), (0, 64)], &[true], 1024, 0, 64), vec![(1, 64)]);
+        // Without long marks it is plan_prefill.
+        assert_eq!(plan_prefill_capped(&left, &[], 1024, 0, 64), plan_prefill(&left, 1024, 64));
     }
 }

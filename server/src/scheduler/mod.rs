@@ -67,6 +67,9 @@ struct Active {
     prefilled: usize,
     /// Whether a chunk of the prompt has run (after that, no cached prefix is looked up).
     started: bool,
+    /// Whether the prompt, past its cached prefix, was longer than the step budget when its
+    /// first chunk ran: while sequences decode, it shares `long_prefill_chunk` tokens a step.
+    long: bool,
     /// Logits after the last prefilled token, kept for prompt logprobs across chunks.
     prev_logits: Option<Vec<f32>>,
     seqs: Vec<Seq>,
@@ -264,7 +267,7 @@ impl Scheduler {
         }
         self.drop_cancelled();
         self.admit();
-        let (used, mut decoded) = self.prefill(self.cfg.prefill_budget);
+        let (used, mut decoded, long) = self.prefill(self.cfg.prefill_budget, self.cfg.long_prefill_chunk);
         // Requests that arrived while that pass ran start before the next decode step, within
         // what is left of the step's token budget: chat turns that end together send their
         // next turns together, and all but the first would otherwise wait for a decode step as
@@ -275,7 +278,7 @@ impl Scheduler {
             let running = self.requests.len();
             self.admit();
             if self.requests.len() > running {
-                decoded |= self.prefill(self.cfg.prefill_budget - used).1;
+                decoded |= self.prefill(self.cfg.prefill_budget - used, self.cfg.long_prefill_chunk.saturating_sub(long)).1;
             }
         }
         // A pass that decoded the running sequences was their step.
@@ -386,6 +389,7 @@ mod tests {
             max_model_len: 512,
             prefix_cache: PrefixCacheConfig::default(),
             prefill_budget,
+            long_prefill_chunk: prefill_budget,
             mixed_batches,
             decode_ahead,
             request_timeout: std::time::Duration::from_secs(600),
@@ -438,6 +442,56 @@ mod tests {
                 assert_eq!((tokens(&mut ec), tokens(&mut ed)), if mixed { (2, 1) } else { (2, 2) }, "{case}: c and d beside streams");
                 assert_eq!(tokens(&mut ea), if mixed { 3 } else { 2 }, "{case}: a, two steps later");
             }
+        }
+    }
+
+    #[test]
+    fn long_prompts_advance_by_their_chunk_only_while_streams_outnumber_them() {
+        let p = GenParams { max_tokens: 40, ignore_eos: true, ..params() };
+        let prefilled = |s: &Scheduler, id: &str| s.requests.iter().find(|r| r.id == id).map(|r| r.prefilled);
+        let (_tx, mut rx) = mpsc::channel(4);
+        // Nothing decodes: a long prompt (300 > 128 tokens) takes the whole budget a step.
+        let mut s = cpu_scheduler(128, true, false);
+        s.cfg.long_prefill_chunk = 64;
+        let (a, _ea) = GenRequest::new("a".into(), (1..301).collect(), p.clone());
+        s.enqueue(a);
+        for step in 1..=2 {
+            assert!(s.step(&mut rx).is_ok());
+            assert_eq!(prefilled(&s, "a"), Some(128 * step), "a alone, step {step}");
+        }
+        // b and c decode: a long prompt advances by 64 a step, and a short one (50 tokens) that
+        // arrived with it takes the rest of the budget in the same step.
+        let mut s = cpu_scheduler(128, true, false);
+        s.cfg.long_prefill_chunk = 64;
+        let (b, mut eb) = GenRequest::new("b".into(), (1..21).collect(), p.clone());
+        let (c, _ec) = GenRequest::new("c".into(), (1..31).collect(), p.clone());
+        s.enqueue(b);
+        s.enqueue(c);
+        assert!(s.step(&mut rx).is_ok());
+        assert_eq!(tokens(&mut eb), 2, "b: its prompt's token and a decode step's");
+        let (a, _ea) = GenRequest::new("a".into(), (1..301).collect(), p.clone());
+        let (d, mut ed) = GenRequest::new("d".into(), (1..51).collect(), p.clone());
+        s.enqueue(a);
+        s.enqueue(d);
+        for step in 1..=3 {
+            assert!(s.step(&mut rx).is_ok());
+            assert_eq!(prefilled(&s, "a"), Some(64 * step), "a beside b and c, step {step}");
+        }
+        assert_eq!(tokens(&mut ed), 3, "d started in a's first step and decoded in the next two");
+        assert_eq!(tokens(&mut eb), 3, "b decoded in each of a's passes");
+        // One stream does not hold back two long prompts: streams must outnumber them.
+        let mut s = cpu_scheduler(128, true, false);
+        s.cfg.long_prefill_chunk = 64;
+        let (b, _eb) = GenRequest::new("b".into(), (1..21).collect(), p.clone());
+        s.enqueue(b);
+        assert!(s.step(&mut rx).is_ok());
+        let (a, _ea) = GenRequest::new("a".into(), (1..301).collect(), p.clone());
+        let (e, _ee) = GenRequest::new("e".into(), (1..301).collect(), p.clone());
+        s.enqueue(a);
+        s.enqueue(e);
+        for step in 1..=2 {
+            assert!(s.step(&mut rx).is_ok());
+            assert_eq!((prefilled(&s, "a"), prefilled(&s, "e")), (Some(128 * step), Some(0)), "a and e beside b, step {step}");
         }
     }
 
@@ -541,7 +595,7 @@ mod tests {
         let (c, mut ec) = GenRequest::new("c".into(), (1..20).collect(), GenParams { max_tokens: 2, ..p.clone() });
         s.enqueue(c);
         s.admit();
-        assert_eq!(s.prefill(64), (19, false));
+        assert_eq!(s.prefill(64, 64), (19, false, 0));
         s.decode(|| false);
         assert!(s.ahead.is_none(), "c ended with its second token");
         assert_eq!(tokens(&mut ec), 2);

@@ -24,6 +24,10 @@ pub struct SchedulerConfig {
     pub prefix_cache: PrefixCacheConfig,
     /// Prompt tokens prefilled per step across all sequences.
     pub prefill_budget: usize,
+    /// While sequences decode, the prompt tokens a step gives prompts longer than
+    /// `prefill_budget` (all of them together; equal to the budget: no cap). A long prompt's
+    /// passes then hold the running streams about as long as their own steps.
+    pub long_prefill_chunk: usize,
     /// A pass that prefills also decodes the running sequences (`--no-mixed-batches` turns it
     /// off): the weights are read once for both, and a running stream waits one pass between
     /// two tokens while prompts arrive, not a prefill pass and a decode step.
