@@ -325,9 +325,9 @@ fn step_budget(args: &ServeArgs) -> usize {
 
 /// The long prompts' tokens a step while streams outnumber them: `--long-prefill-chunk` (0: the
 /// whole budget), or half the budget in whole chunks. On an H200 with 32 streams under 4,096-token
-/// prompts, half of 1024 keeps the streams' ITL p99 where the 512 budget had it (2.4–2.9× the bare
-/// step), and 128 brings it to 1.7–1.8× while those prompts wait 2–3× longer for their first
-/// token.
+/// prompts, half of 1024 keeps the streams' ITL p99 near the 512 budget's (2.6–2.9× the bare step
+/// on a noisy host, against 2.4× on another), and 128 brings it to 1.7–1.8× while those prompts
+/// wait 2–3× longer for their first token.
 fn long_prefill_chunk(args: &ServeArgs) -> usize {
     let budget = step_budget(args);
     match args.long_prefill_chunk {
