@@ -92,6 +92,13 @@ fn bad_arguments_fail_with_a_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--tokenizer-cache-memory") && err.contains("expected bytes") && err.contains("0.5"), "{err}");
+    // Step budgets below one prefill chunk are refused, naming the flag, the bound and the value.
+    for (flag, value) in [("--max-num-batched-tokens", "32"), ("--long-prefill-chunk", "10")] {
+        let out = deltaserve(&["serve", "--model", model.to_str().unwrap(), flag, value]);
+        assert!(!out.status.success(), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains(">= 64") && err.contains(&format!("got {value}")), "{err}");
+    }
 }
 
 #[test]
