@@ -22,6 +22,17 @@
 // Output rows a warp computes (their loads are in flight together).
 #define GEMV_ROWS 2
 
+// A finished sum rounded once to T and stored as Y: T itself, or (Y = float) T's value widened,
+// the bits a cast of the stored T would give.
+template <typename T, typename Y>
+__device__ __forceinline__ Y round_to(float acc) {
+  if constexpr (std::is_same_v<Y, float>) {
+    return to_f32(from_f32<T>(acc));
+  } else {
+    return from_f32<T>(acc);
+  }
+}
+
 // x's rows as they are: eight elements of row b from column k.
 template <typename T>
 struct PlainRows {
@@ -73,9 +84,10 @@ struct NoEpilogue {
 // than its repeated prologues). A
 // row's sums do not depend on NB, on the other rows or on the grid. Splitting K gives rows few
 // enough to leave SMs idle (N = 2048: 128 blocks) more warps to keep loads in flight. K, the row
-// strides and the addresses are multiples of 8 elements (checked by the launcher).
-template <typename T, int NB, bool LOOP = false, typename X, typename E = NoEpilogue>
-__device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int K, int splits, E epi = E{}) {
+// strides and the addresses are multiples of 8 elements (checked by the launcher). y is T, or
+// f32 holding T's values (the LM head's logits, without a cast's launch).
+template <typename T, int NB, bool LOOP = false, typename X, typename Y, typename E = NoEpilogue>
+__device__ void gemv(X x, const T* __restrict__ w, Y* __restrict__ y, int N, int K, int splits, E epi = E{}) {
   __shared__ float part[8][GEMV_ROWS][NB];
   const int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = wib % splits;
@@ -143,7 +155,7 @@ __device__ void gemv(X x, const T* __restrict__ w, T* __restrict__ y, int N, int
       for (int r = 0; r < GEMV_ROWS; ++r)
         if (n0 + r < N)
 #pragma unroll
-          for (int b = 0; b < NB; ++b) y[(size_t)b * N + n0 + r] = from_f32<T>(acc[r][b]);
+          for (int b = 0; b < NB; ++b) y[(size_t)b * N + n0 + r] = round_to<T, Y>(acc[r][b]);
     }
     by += gridDim.y;
   } while (LOOP && by * per_block < N);

@@ -227,3 +227,20 @@ struct ConvFold {
 #define STAGED_GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(STAGED_GEMV_ENTRY, T, NAME)
 STAGED_GEMV_ENTRIES(__nv_bfloat16, bf16)
 STAGED_GEMV_ENTRIES(__half, f16)
+
+// add_norm_gemv_f32y_{dtype}_b{NB}: add_norm_gemv with y stored as f32 (each value rounded to T
+// first): a decode step's final norm and LM head, the logits written where the sampler reads
+// them. The add + norm fuses at most two rows (ops::ADD_NORM_LINEAR_MAX_ROWS).
+#define STAGED_F32Y_ENTRY(T, NAME, NB)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      add_norm_gemv_f32y_##NAME##_b##NB(const float* h, const T* delta, const float* nw, float eps, float* r, \
+                                        const T* w, float* y, int N, int K, int splits) {                     \
+    pdl_entry();                                                                                             \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                \
+    stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                     \
+    gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                         \
+  }
+STAGED_F32Y_ENTRY(__nv_bfloat16, bf16, 1)
+STAGED_F32Y_ENTRY(__nv_bfloat16, bf16, 2)
+STAGED_F32Y_ENTRY(__half, f16, 1)
+STAGED_F32Y_ENTRY(__half, f16, 2)

@@ -4,7 +4,7 @@
 //! step.
 
 use candle_core::{DType, Device, Tensor};
-use deltaserve_kernels::cuda::{add_norm_gemv, gated_norm_gemv, gemv};
+use deltaserve_kernels::cuda::{add_norm_gemv, add_norm_gemv_f32_into, gated_norm_gemv, gemv};
 use deltaserve_kernels::ops::{
     add_rms_norm, conv_step, gated_rms_norm, small_batch_add_norm_conv_linear, small_batch_add_norm_linear, small_batch_gated_norm_linear,
     ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS,
@@ -23,7 +23,8 @@ fn uniform(rng: &mut rand::rngs::StdRng, dims: &[usize], lo: f32, hi: f32) -> Te
 /// followed by the small-batch projection bit for bit, for B = 1..8, bf16 and f16, with and
 /// without a delta, at a model's width (K = 2048, N split over warps; at B = 2..4 on an H100 more
 /// column blocks than the launch's grid, so blocks loop over groups of W's rows) and a narrow odd one; r
-/// equals h + delta computed on the CPU exactly, and y the f32 math on the CPU rounded once. The
+/// equals h + delta computed on the CPU exactly, and y the f32 math on the CPU rounded once; the
+/// LM head's form (one and two rows) writes the same y widened to f32 into a given buffer. The
 /// op takes the kernel up to `ADD_NORM_LINEAR_MAX_ROWS` rows and leaves more to the two steps;
 /// rows past what the stage holds, and B = 9, are declined.
 pub fn gpu_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
@@ -47,6 +48,15 @@ pub fn gpu_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
                     assert_eq!(op.is_some(), b <= ADD_NORM_LINEAR_MAX_ROWS, "B={b}: fused by the op up to {ADD_NORM_LINEAR_MAX_ROWS} rows");
                     if let Some((r_op, y_op)) = op {
                         assert_eq!((values(&r_op), values(&y_op)), (values(&r), values(&y)), "B={b}: the op's fused result");
+                    }
+                    // The LM head's form: y widened to f32 in place, one and two rows.
+                    let out = Tensor::zeros((b, n), DType::F32, dev).unwrap();
+                    match add_norm_gemv_f32_into(&hg, dg, &nwg, eps, &wg, &out).unwrap() {
+                        Some(r_f32) => {
+                            assert_eq!(values(&r_f32), values(&r), "B={b}: r of the f32 form");
+                            assert_eq!(values(&out), values(&y), "B={b}: y widened to f32 in the kernel against y");
+                        }
+                        None => assert!(b > 2, "B={b}: the f32 form takes one and two rows"),
                     }
                     let (r2, x2) = add_rms_norm(&hg, dg, &nwg, eps, dtype).unwrap();
                     let y2 = gemv(&x2, &wg).unwrap().unwrap();
@@ -77,6 +87,9 @@ pub fn gpu_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
     let (nw64, nw_wide) =
         (on(Tensor::ones(64, DType::F32, &Device::Cpu).unwrap()), on(Tensor::ones(8192, DType::F32, &Device::Cpu).unwrap()));
     assert!(add_norm_gemv(&nine, None, &nw64, eps, &w64).unwrap().is_none(), "B = 9 is left to the two steps");
+    let one = nine.narrow(0, 0, 1).unwrap();
+    let wrong = on(Tensor::zeros((1, 15), DType::F32, &Device::Cpu).unwrap());
+    assert!(add_norm_gemv_f32_into(&one, None, &nw64, eps, &w64, &wrong).unwrap().is_none(), "an output of the wrong shape is declined");
     assert!(add_norm_gemv(&wide, None, &nw_wide, eps, &w_wide).unwrap().is_none(), "8 rows of 8192 exceed the stage");
 }
 

@@ -492,7 +492,8 @@ impl CausalLm {
     }
 
     /// [`Self::decode_step`] with the logits written into `out` `[B, vocab]` f32 (a CUDA graph's
-    /// fixed output), widened there by one kernel rather than into a tensor then copied.
+    /// fixed output): by the LM head's kernel itself where it can, else widened there by one
+    /// kernel rather than into a tensor then copied.
     #[cfg(feature = "cuda")]
     pub(crate) fn decode_step_into(
         &self,
@@ -503,7 +504,11 @@ impl CausalLm {
         out: &Tensor,
     ) -> Result<()> {
         let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
-        Ok(ops::to_f32_into(&self.head_logits(&res)?, out)?)
+        let normed = NormedInput::new(&res, &self.norm, self.dtype);
+        if normed.project_f32_into(&self.lm_head, out)? {
+            return Ok(());
+        }
+        Ok(ops::to_f32_into(&normed.project(&self.lm_head)?, out)?)
     }
 }
 

@@ -153,6 +153,22 @@ impl<'a> NormedInput<'a> {
         super::linear::project(l, self.x()?)
     }
 
+    /// [`Self::project`] widened to f32 into `out` (a decode step's logits in a CUDA graph's
+    /// fixed buffer) by the fused norm + GEMV kernel itself, the bits of the projection then
+    /// [`ops::to_f32_into`]; false where that kernel does not apply (nothing written).
+    #[cfg(feature = "cuda")]
+    pub fn project_f32_into(&self, l: &Linear, out: &Tensor) -> Result<bool> {
+        if self.r.get().is_some() || l.bias().is_some() || l.weight().dtype() != self.act {
+            return Ok(false);
+        }
+        let (h, delta) = (&self.res.h, self.res.delta.as_ref());
+        let Some(r) = ops::small_batch_add_norm_linear_f32_into(h, delta, &self.norm.weight, self.norm.eps, l.weight(), out)? else {
+            return Ok(false);
+        };
+        let _ = self.r.set(r);
+        Ok(true)
+    }
+
     /// [`Self::project`] through the fused norm + GEMV kernel that also runs the decode step's
     /// short conv on the first columns ([`ops::small_batch_add_norm_conv_linear`]): `(y, conv
     /// output)`, or `None` where that kernel does not apply (nothing run, `conv` unused).

@@ -167,11 +167,22 @@ pub(super) struct ConvArgs<'a> {
 
 /// One launch of `name` over the `b` rows of `x_args` (K split for `b` rows); returns `y` `[B, N]`.
 pub(super) fn launch_rows(x: &Tensor, name: &str, (b, n, k): (usize, usize, usize), x_args: XArgs<'_>, wa: &RowsArg) -> Result<Tensor> {
-    let dev = cuda_dev(x, "gemv")?;
-    let y = alloc_rows(&dev, x.dtype(), b, n)?;
-    let splits = k_splits(n, k, b, sm_count(&dev)?);
-    launch(x, name, (1, b, n, k), splits, x_args, wa, &y, 0)?;
+    let y = alloc_rows(&cuda_dev(x, "gemv")?, x.dtype(), b, n)?;
+    launch_rows_into(x, name, (b, n, k), x_args, wa, &y)?;
     Ok(y)
+}
+
+/// [`launch_rows`] into `y`, a contiguous `[B, N]` tensor of the kernel's output dtype.
+pub(super) fn launch_rows_into(
+    x: &Tensor,
+    name: &str,
+    (b, n, k): (usize, usize, usize),
+    x_args: XArgs<'_>,
+    wa: &RowsArg,
+    y: &Tensor,
+) -> Result<()> {
+    let splits = k_splits(n, k, b, sm_count(&cuda_dev(x, "gemv")?)?);
+    launch(x, name, (1, b, n, k), splits, x_args, wa, y, 0)
 }
 
 /// Most bytes of normalised rows a gemv_staged.cu block stages in shared memory: two blocks an

@@ -585,7 +585,7 @@ pub use decode::{gated_delta_step, gated_delta_step_raw};
 pub use gemm::{linear_lt, linear_lt_counts, linear_lt_pick};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
-pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, gated_norm_gemv, ConvFold};
+pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, add_norm_gemv_f32_into, gated_norm_gemv, ConvFold};
 pub use prefill::gated_delta_chunk_tc;
 pub use rows::{add_rms_norm, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;

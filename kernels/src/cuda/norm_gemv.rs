@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 
 use super::decode::DecodeSlots;
-use super::gemv::{accepts_rows, launch_rows, vector_rows, ConvArgs, XArgs, MAX_STAGED_BYTES};
+use super::gemv::{accepts_rows, launch_rows, launch_rows_into, vector_rows, ConvArgs, XArgs, MAX_STAGED_BYTES};
 use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, DeviceSlots, RowsArg};
 use crate::{Result, StepSlots};
 
@@ -20,6 +20,30 @@ pub fn add_norm_gemv(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f
     let Some(staged) = AddNormStage::new(h, delta, weight, w)? else { return Ok(None) };
     let y = staged.launch(h, delta, eps, w, None)?;
     Ok(Some((staged.r, y)))
+}
+
+/// [`add_norm_gemv`] with `y` written as f32 into `out` `[B, N]`, each value rounded to `w`'s
+/// dtype first (the bits of [`super::to_f32_into`] of [`add_norm_gemv`]'s `y`): a decode step's
+/// final norm and LM head, its logits written where the sampler reads them, with no launch for
+/// the cast. Returns `r`, or `None` (nothing written) where [`add_norm_gemv`] would decline, or
+/// for more than two rows, or when `out` is not a contiguous f32 `[B, N]`.
+pub fn add_norm_gemv_f32_into(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+    out: &Tensor,
+) -> Result<Option<Tensor>> {
+    let Some(staged) = AddNormStage::new(h, delta, weight, w)? else { return Ok(None) };
+    // gemv_staged.cu's f32y entries: one and two rows.
+    let fits = out.dtype() == DType::F32 && out.is_contiguous() && out.dims() == [staged.b, staged.n];
+    if staged.b > 2 || !fits {
+        return Ok(None);
+    }
+    let name = format!("add_norm_gemv_f32y_{}_b{}", staged.suffix, staged.b);
+    launch_rows_into(w, &name, (staged.b, staged.n, staged.k), staged.args(h, delta, eps, None)?, &staged.wa, out)?;
+    Ok(Some(staged.r))
 }
 
 /// A decode step's short conv, run in [`add_norm_gemv_conv`]'s epilogue: conv.cu's
@@ -100,17 +124,22 @@ impl AddNormStage {
         Ok(Some(Self { b, n, k, suffix, wa, nw: f32c(weight)?, r: alloc_rows(&dev, DType::F32, b, k)? }))
     }
 
-    /// Launches the kernel (with the conv when `conv` is given); returns `y`.
-    fn launch(&self, h: &Tensor, delta: Option<&Tensor>, eps: f32, w: &Tensor, conv: Option<ConvArgs<'_>>) -> Result<Tensor> {
-        let name = if conv.is_some() { "add_norm_gemv_conv" } else { "add_norm_gemv" };
-        let args = XArgs::AddNorm {
+    /// The kernel's leading arguments (with the conv when `conv` is given).
+    fn args<'c>(&self, h: &Tensor, delta: Option<&Tensor>, eps: f32, conv: Option<ConvArgs<'c>>) -> Result<XArgs<'c>> {
+        Ok(XArgs::AddNorm {
             h: first_element_address_any(h)?,
             delta: delta.map(first_element_address_any).transpose()?.unwrap_or(0),
             nw: first_element_address_any(&self.nw)?,
             eps,
             r: first_element_address_any(&self.r)?,
             conv,
-        };
+        })
+    }
+
+    /// Launches the kernel (with the conv when `conv` is given); returns `y`.
+    fn launch(&self, h: &Tensor, delta: Option<&Tensor>, eps: f32, w: &Tensor, conv: Option<ConvArgs<'_>>) -> Result<Tensor> {
+        let name = if conv.is_some() { "add_norm_gemv_conv" } else { "add_norm_gemv" };
+        let args = self.args(h, delta, eps, conv)?;
         launch_rows(w, &format!("{name}_{}_b{}", self.suffix, self.b), (self.b, self.n, self.k), args, &self.wa)
     }
 }

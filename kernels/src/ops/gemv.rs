@@ -210,6 +210,30 @@ pub fn small_batch_add_norm_linear(
     Ok(None)
 }
 
+/// [`small_batch_add_norm_linear`] with `y` widened to f32 into `out` `[B, N]` (a decode step's
+/// logits, in a CUDA graph's fixed buffer): the bits of [`to_f32_into`] of its `y`, without the
+/// cast's launch. Returns `r`, or `None` (nothing written) where it does not apply, or when
+/// `DELTASERVE_HEAD_F32=0` turns it off (for comparisons): the caller runs the steps apart.
+pub fn small_batch_add_norm_linear_f32_into(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    norm_weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+    out: &Tensor,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() && w.device().is_cuda() && out.device().is_cuda() {
+        let off = small_batch_gemv_off() || fused_norm_off() || head_f32_off() || batch_invariant();
+        if off || h.dim(0)? > ADD_NORM_LINEAR_MAX_ROWS {
+            return Ok(None);
+        }
+        return crate::cuda::add_norm_gemv_f32_into(h, delta, norm_weight, eps, w, out);
+    }
+    let _ = (h, delta, norm_weight, eps, w, out);
+    Ok(None)
+}
+
 /// A decode step's short conv over the first C columns of a projection ([`super::conv_step`]'s
 /// inputs but `x`), for [`small_batch_add_norm_conv_linear`].
 pub struct ConvStepFold<'a, 's> {
@@ -325,6 +349,14 @@ fn small_batch_linear_max_rows() -> usize {
 fn small_batch_gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0"))
+}
+
+/// `DELTASERVE_HEAD_F32=0`: a decode step's logits are cast to f32 by a launch of their own
+/// (for comparisons).
+#[cfg(feature = "cuda")]
+fn head_f32_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_HEAD_F32").is_ok_and(|v| v == "0"))
 }
 
 /// `DELTASERVE_CONV_FOLD=0`: a decode step's short conv runs as a kernel of its own after the
