@@ -7,8 +7,17 @@
 # `loadgen --workload chat` (a ~2,000-token system prompt, TURNS turns, 64-token answers,
 # greedy) for each number of conversations.
 #
-#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [WARM=1] [MODEL=DIR] [TOKENIZER_FROM=DIR] [MODES="cache nocache"] \
-#     [FLAGS_<mode>="server flags"] benches/prefix_cache_chat.sh LOADGEN_BIN OUT_DIR LABEL=DELTASERVE_BIN...
+#   [ROUNDS=2] [CONVS="1 8"] [TURNS=5] [WARM=1] [MODEL=DIR] [TOKENIZER_FROM=DIR] [VOCAB=N] \
+#     [SYSTEM_TOKENS=2000] [THINK_MS=0] [MODES="cache nocache"] [FLAGS_<mode>="server flags"] \
+#     benches/prefix_cache_chat.sh LOADGEN_BIN OUT_DIR LABEL=DELTASERVE_BIN...
+# A random model's answers come back as other token ids when the client re-sends their text
+# (BPE encodes the decoded text otherwise; with the config's 32,000-token vocabulary and the demo
+# tokenizer's 4,096, most ids have no text at all), so each next turn finds only the prompt before
+# the answer cached. TOKENIZER_FROM=DIR of benches/char_tokenizer.py, with VOCAB=4096 and
+# SYSTEM_TOKENS=630 (a system prompt of ~2,030 one-character tokens), gives answers that come back as the same ids,
+# as a trained model's do. THINK_MS: loadgen's mean pause before each next turn (0: an agent's
+# immediate follow-up, which re-prefills the answer in its own pass; a person's pause lets the
+# server re-prefill it before the turn arrives).
 # A mode's flags default to `--prefix-cache-memory 0.3` (cache) and `--no-prefix-cache` (nocache);
 # other modes name theirs, e.g. MODES="small host" FLAGS_small="--prefix-cache-memory 1GB"
 # FLAGS_host="--prefix-cache-memory 1GB --prefix-cache-host-memory 24GiB". After each mode the
@@ -24,7 +33,12 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/../scripts/serve-common.sh"
 first_bin=${1#*=}
 if [ ! -f "$MODEL/config.json" ]; then
-  "$first_bin" init-random --config "$(dirname "$0")/configs/gdn-1.3b.json" -o "$MODEL" --dtype bf16 \
+  config="$(dirname "$0")/configs/gdn-1.3b.json"
+  if [ -n "${VOCAB:-}" ]; then
+    python3 -c "import json; c = json.load(open('$config')); c['vocab_size'] = $VOCAB; json.dump(c, open('$OUT/config.json', 'w'))"
+    config=$OUT/config.json
+  fi
+  "$first_bin" init-random --config "$config" -o "$MODEL" --dtype bf16 \
     --tokenizer-from "${TOKENIZER_FROM:-models/gdn-demo}" >"$OUT/init.log" 2>&1
 fi
 # The chat workload against the server on port $1 for each number of conversations, with
@@ -34,7 +48,7 @@ chat() {
   shift
   for c in ${CONVS:-1 8}; do
     timeout 180 "$LOADGEN" --url http://127.0.0.1:$port --workload chat --clients "$c" --turns "${TURNS:-5}" \
-      --system-tokens 2000 --max-tokens 64 --temperature 0 "$@"
+      --system-tokens "${SYSTEM_TOKENS:-2000}" --think-ms "${THINK_MS:-0}" --max-tokens 64 --temperature 0 "$@"
   done
 }
 port=18800

@@ -237,3 +237,33 @@ fn a_zero_budget_turns_the_cache_off_and_keeps_the_ids() {
     let s = ours.segment_stats().expect("stats");
     assert!(s.entries > 0 && s.entries < 16, "{s:?}");
 }
+
+/// The benchmarks' character tokenizer (`benches/char_tokenizer.py`, which the chat workload
+/// uses so that re-sent answers hit the prefix cache as a trained model's do): any ids but the
+/// specials, streamed as the server streams them, give a text that encodes back to those ids,
+/// alone and after a chat turn's text.
+#[test]
+fn the_benchmarks_character_tokenizer_gives_back_any_answer_s_ids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = deltaserve_tests::tests_dir().join("../benches/char_tokenizer.py");
+    let out = std::process::Command::new("python3").arg(&script).arg(dir.path()).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tok = Tokenizer::from_dir(dir.path(), None, &[]).expect("our tokenizer");
+    assert_eq!(tok.vocab_size(), 4096);
+    let turn = "<s># user:\nwrite a function that adds 1 to a number\n# assistant:\n";
+    let before = tok.encode(turn, false).expect("encode");
+    assert_eq!(before[0], 1, "<s> is the special token");
+    let mut rng = StdRng::seed_from_u64(9);
+    for _ in 0..20 {
+        let ids: Vec<u32> = (0..64).map(|_| rng.random_range(3..4096)).collect();
+        let mut stream = deltaserve_engine::tokenizer::IncrementalDecoder::new();
+        let mut text = String::new();
+        for &id in &ids {
+            text.extend(stream.push(&tok, id).expect("push"));
+        }
+        text.extend(stream.flush(&tok).expect("flush"));
+        assert_eq!(text.chars().count(), 64, "one character a token: {text:?}");
+        assert_eq!(tok.encode(&text, false).expect("encode"), ids);
+        assert_eq!(tok.encode(&format!("{turn}{text}"), false).expect("encode"), [before.clone(), ids].concat());
+    }
+}

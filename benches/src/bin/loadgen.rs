@@ -36,6 +36,12 @@ struct Args {
     /// Chat: approximate length of the shared system prompt in tokens.
     #[arg(long, default_value_t = 2000)]
     system_tokens: usize,
+    /// Chat: mean pause in ms between an answer's end and the next turn (a person reading and
+    /// typing; 0, the default, is an agent's immediate follow-up). Each pause is drawn uniformly
+    /// from 0.5–1.5× the mean, seeded by conversation and turn, so conversations drift apart as
+    /// real ones do rather than sending their turns in lockstep.
+    #[arg(long, default_value_t = 0)]
+    think_ms: u64,
     /// Server base URL.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     url: String,
@@ -70,10 +76,16 @@ async fn one(client: &reqwest::Client, url: &str, prompt: &str, (max_tokens, tem
 }
 
 /// One conversation: `turns` streamed chat turns after `system`, each re-sending the
-/// conversation so far; TTFTs go to `first` (turn 1) or `later`.
+/// conversation so far (after `--think-ms`); TTFTs go to `first` (turn 1) or `later`.
 async fn conversation(client: &reqwest::Client, url: &str, system: &str, id: usize, a: &Args, first: &mut Sample, later: &mut Sample) {
     let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
     for turn in 0..a.turns {
+        if turn > 0 && a.think_ms > 0 {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64((id * 1000 + turn) as u64);
+            let ms = a.think_ms as f64 * rng.random_range(0.5..1.5);
+            tokio::time::sleep(Duration::from_secs_f64(ms / 1e3)).await;
+        }
         let ask = format!("Conversation {id}, question {turn}: write a function that adds {turn} to a number, with a test.");
         messages.push(serde_json::json!({"role": "user", "content": ask}));
         let body = serde_json::json!({"messages": messages, "max_tokens": a.max_tokens, "ignore_eos": true, "temperature": a.temperature, "stream": true, "stream_options": {"include_usage": true}, "logprobs": true});
