@@ -292,18 +292,7 @@ async fn shutting_the_scheduler_down_fails_what_runs_and_drops_the_engine_before
         warmup: false,
     };
     let (handle, _thread) = scheduler::spawn(engine, cfg, Arc::new(Metrics::new("gdn").unwrap())).unwrap();
-    let params = GenParams {
-        n: 1,
-        max_tokens: 1_000_000,
-        sampling: Default::default(),
-        stop: vec![],
-        stop_token_ids: vec![],
-        ignore_eos: true,
-        logprobs: None,
-        prompt_logprobs: false,
-        cache_output: false,
-        constraint: None,
-    };
+    let params = GenParams { ignore_eos: true, ..GenParams::new(1_000_000) };
     let (req, mut events) = GenRequest::new("long".into(), vec![1, 2, 3], params.clone());
     handle.submit(req).unwrap();
     // Running: its first token is out.

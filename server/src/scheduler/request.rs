@@ -88,6 +88,25 @@ pub struct GenParams {
     pub constraint: Option<crate::structured::Constraint>,
 }
 
+impl GenParams {
+    /// One choice of at most `max_tokens` tokens: default sampling, no stops but EOS, no
+    /// logprobs, nothing cached for the next turn, no grammar.
+    pub fn new(max_tokens: usize) -> Self {
+        Self {
+            n: 1,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            stop_token_ids: vec![],
+            ignore_eos: false,
+            logprobs: None,
+            prompt_logprobs: false,
+            cache_output: false,
+            constraint: None,
+        }
+    }
+}
+
 /// The log-probability of one token and its top alternatives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {

@@ -226,16 +226,9 @@ mod tests {
 
     fn params(max_tokens: usize, stop: &[&str]) -> GenParams {
         GenParams {
-            n: 1,
-            max_tokens,
             sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
             stop: stop.iter().map(|s| s.to_string()).collect(),
-            stop_token_ids: vec![],
-            ignore_eos: false,
-            logprobs: None,
-            prompt_logprobs: false,
-            cache_output: false,
-            constraint: None,
+            ..GenParams::new(max_tokens)
         }
     }
 

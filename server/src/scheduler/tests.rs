@@ -4,18 +4,7 @@
 use super::*;
 
 fn params() -> GenParams {
-    GenParams {
-        n: 1,
-        max_tokens: 4,
-        sampling: Default::default(),
-        stop: vec![],
-        stop_token_ids: vec![],
-        ignore_eos: false,
-        logprobs: None,
-        prompt_logprobs: false,
-        cache_output: false,
-        constraint: None,
-    }
+    GenParams::new(4)
 }
 
 /// A scheduler over the compact Gated DeltaNet fixture on the CPU, without the cache.
