@@ -3,9 +3,10 @@
 //! A decode step is ten or eleven small launches a layer; at small batches the host's work per
 //! launch (candle's allocation and argument packing, the launch itself) takes longer than the
 //! GPU's. So each batch size's step is captured once into a CUDA graph and then replayed: one
-//! launch a step. The graph reads token ids, slot indices and positions from fixed device
-//! buffers that each replay first overwrites (the kernels read slots from device memory, so one
-//! capture serves any slots), and leaves the logits in a fixed buffer that is copied out. The
+//! launch a step. The graph reads token ids, slot indices and positions from one fixed device
+//! buffer that each replay first overwrites in one copy (the kernels read slots from device
+//! memory, so one capture serves any slots), and leaves the logits in a fixed buffer: copied
+//! out for [`DecodeGraphs::decode`], lent for [`DecodeGraphs::decode_in_place`]. The
 //! attention layers of hybrids read the pool's device block tables, which the pool updates
 //! before the replay when a sequence enters a new block.
 //!
@@ -25,7 +26,7 @@ use deltaserve_kernels::StepSlots;
 use crate::error::{EngineError, Result};
 use crate::models::CausalLm;
 use crate::state::{SlotId, StatePool};
-use crate::GraphOverlap;
+use crate::{GraphOverlap, LogitsOut};
 
 /// Captured batch sizes kept at once (least recently used first out). The server's warm-up
 /// captures every batch size up to `--max-num-seqs`: with fewer kept, a closed loop's ramp and
@@ -38,12 +39,10 @@ const MAX_GRAPHS: usize = 512;
 struct Entry {
     batch: usize,
     graph: Graph,
-    /// `[B]` u32, read by the graph's embedding lookup.
-    tokens: Tensor,
-    /// `[B]` i32, read by the conv and recurrent decode kernels.
-    slots: Tensor,
-    /// `[B]` i32, each row's position, read by the attention kernels.
-    positions: Tensor,
+    /// `[3, B]` u32, one upload a replay: the token ids (read by the embedding lookup), the
+    /// slots (the conv and recurrent decode kernels) and each row's position (attention), the
+    /// last two read as i32.
+    inputs: Tensor,
     /// `[B, vocab]` f32, written by the graph's last node.
     logits: Tensor,
     /// Keeps the weights the graph reads alive as long as the graph.
@@ -96,16 +95,26 @@ impl DecodeGraphs {
     /// size when there is one, captures it when the size ran before, else runs eagerly.
     /// Returns `[B, vocab]` f32 logits, owned by the caller.
     pub fn decode(&mut self, model: &CausalLm, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
-        self.decode_agreeing(model, pool, batch, &Ok)
+        self.decode_agreeing(model, pool, batch, LogitsOut::Copied, &Ok)
     }
 
-    /// [`Self::decode`] for one rank of a split model: a capture is kept only if
-    /// `agree(captured)` (every rank's capture worked).
+    /// [`Self::decode`], but a replayed step's logits are the graph's own output buffer rather
+    /// than a copy of it (a `[B, vocab]` f32 copy a step: 64 MB at 64 rows of Qwen3.5's
+    /// vocabulary). They stay valid until the next decode step of the same batch size on these
+    /// graphs, which overwrites them: work that reads them must be queued on the device's
+    /// stream before that step (the server draws each step's tokens before the next launch).
+    pub fn decode_in_place(&mut self, model: &CausalLm, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        self.decode_agreeing(model, pool, batch, LogitsOut::Lent, &Ok)
+    }
+
+    /// [`Self::decode`] or [`Self::decode_in_place`] (`out`) for one rank of a split model: a
+    /// capture is kept only if `agree(captured)` (every rank's capture worked).
     pub(crate) fn decode_agreeing(
         &mut self,
         model: &CausalLm,
         pool: &mut StatePool,
         batch: &[(SlotId, u32)],
+        out: LogitsOut,
         agree: &dyn Fn(bool) -> Result<bool>,
     ) -> Result<Tensor> {
         let (tokens, slots) = model.check_decode(pool, batch)?;
@@ -117,10 +126,11 @@ impl DecodeGraphs {
             *self = Self { pool: Some(pool.id()), ..Self::default() };
         }
         let _span = tracing::debug_span!("decode", batch = batch.len(), graph = true).entered();
-        self.step(model, dev, pool, &tokens, &slots, agree)
+        self.step(model, dev, pool, &tokens, &slots, out, agree)
     }
 
     /// Replays, captures or runs eagerly; `slots` are checked (in range, in use, distinct).
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
         model: &CausalLm,
@@ -128,16 +138,22 @@ impl DecodeGraphs {
         pool: &mut StatePool,
         tokens: &[u32],
         slots: &[usize],
+        lend: LogitsOut,
         agree: &dyn Fn(bool) -> Result<bool>,
     ) -> Result<Tensor> {
         let b = tokens.len();
-        let slot_ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
-        let positions: Vec<i32> = slots.iter().map(|&s| pool.seen(SlotId(s)) as i32).collect();
+        // Slots and positions are below the pool's size and the model's length: they fit an i32.
+        let inputs: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .chain(slots.iter().map(|&s| s as u32))
+            .chain(slots.iter().map(|&s| pool.seen(SlotId(s)) as u32))
+            .collect();
         if let Some(i) = self.entries.iter().position(|e| e.batch == b) {
             let entry = self.entries.remove(i);
             let ones = vec![1; b];
             // Blocks for the new tokens, and their device table entries, before the replay.
-            let out = pool.plan(slots, &ones).and_then(|_| replay(&entry, tokens, &slot_ids, &positions));
+            let out = pool.plan(slots, &ones).and_then(|_| replay(&entry, &inputs, lend));
             if out.is_ok() {
                 pool.advance(slots, &ones);
             }
@@ -153,16 +169,16 @@ impl DecodeGraphs {
             self.warm.insert(b);
             return Ok(logits);
         }
-        let dev_slots = Tensor::new(slot_ids.as_slice(), &device)?;
-        let dev_positions = Tensor::new(positions.as_slice(), &device)?;
+        let dev_inputs = Tensor::from_vec(inputs.clone(), (3, b), &device)?;
+        let (dev_ids, dev_slots, dev_positions) = (dev_inputs.get(0)?, dev_inputs.get(1)?, dev_inputs.get(2)?);
         let logits = Tensor::zeros((b, model.config().common.vocab_size), DType::F32, &device)?;
         // The capture may upload nothing: the blocks (and device table entries) come first.
         pool.plan(slots, &vec![1; b])?;
         tracing::debug!(batch = b, "capturing a decode graph");
-        // The step reads `ids`, `dev_slots` and `dev_positions`; its logits go into `logits`.
+        // The step reads `dev_inputs`; its logits go into `logits`.
         let captured = record_graph(dev, "decode", &logits, || {
             let step = StepSlots { host: slots, device: Some(&dev_slots) };
-            model.decode_step_into(pool, &ids, step, Some(&dev_positions), &logits).map(|()| logits.clone())
+            model.decode_step_into(pool, &dev_ids, step, Some(&dev_positions), &logits).map(|()| logits.clone())
         });
         // A split model's ranks keep their graphs only together: `agree(false)` there calls the
         // pass off on every rank (the engine retries it eagerly), `agree(true)` fails if
@@ -177,20 +193,19 @@ impl DecodeGraphs {
         match kept {
             Ok(Some(graph)) => {
                 tracing::debug!(batch = b, "captured a decode graph");
-                let entry =
-                    Entry { batch: b, graph, tokens: ids, slots: dev_slots, positions: dev_positions, logits, _model: model.clone() };
+                let entry = Entry { batch: b, graph, inputs: dev_inputs, logits, _model: model.clone() };
                 if self.entries.len() >= MAX_GRAPHS {
                     self.entries.remove(0);
                 }
                 // The capture ran nothing: this step's work is the first replay (inputs in place).
                 entry.graph.launch()?;
-                let out = entry.logits.copy()?;
+                let out = lend.hand_out(&entry.logits)?;
                 self.entries.push(entry);
                 Ok(out)
             }
             not_kept => {
                 // The recording may have counted the step; nothing ran, so it did not happen.
-                for (&s, &p) in slots.iter().zip(&positions) {
+                for (&s, &p) in slots.iter().zip(&inputs[2 * b..]) {
                     pool.set_seen(s, p as usize);
                 }
                 self.failed.insert(b);
@@ -227,10 +242,10 @@ pub(crate) fn record_graph(dev: &CudaDevice, what: &str, out: &Tensor, record: i
 
 /// Writes this step's tokens, slots and positions into the graph's inputs, launches it, and
 /// copies the logits out (the next replay overwrites the graph's buffer).
-fn replay(entry: &Entry, tokens: &[u32], slots: &[i32], positions: &[i32]) -> Result<Tensor> {
-    deltaserve_kernels::cuda::write_from_host(&entry.tokens, tokens)?;
-    deltaserve_kernels::cuda::write_from_host(&entry.slots, slots)?;
-    deltaserve_kernels::cuda::write_from_host(&entry.positions, positions)?;
+/// Writes a step's `[3, B]` inputs (one copy: three cost ~7 µs a step more on the H200) and
+/// replays the graph.
+fn replay(entry: &Entry, inputs: &[u32], lend: LogitsOut) -> Result<Tensor> {
+    deltaserve_kernels::cuda::write_from_host(&entry.inputs, inputs)?;
     entry.graph.launch()?;
-    Ok(entry.logits.copy()?)
+    lend.hand_out(&entry.logits)
 }

@@ -384,7 +384,18 @@ impl Engine {
     /// On a GPU with CUDA graphs on (the default) each batch size is captured once and replayed
     /// after that; otherwise the step runs eagerly.
     pub fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
-        let step = |pool: &mut StatePool| self.ranks.run(pool, |r, pool| r.decode(pool, batch));
+        self.decode_as(pool, batch, LogitsOut::Copied)
+    }
+
+    /// [`Self::decode`], but a replayed CUDA graph's logits are its own output buffer, not a copy
+    /// (`DecodeGraphs::decode_in_place` in `decode_graph`): valid until the next decode step of the
+    /// same batch size, so whatever reads them must be queued on the device before that step.
+    pub fn decode_in_place(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+        self.decode_as(pool, batch, LogitsOut::Lent)
+    }
+
+    fn decode_as(&self, pool: &mut StatePool, batch: &[(SlotId, u32)], out: LogitsOut) -> Result<Tensor> {
+        let step = |pool: &mut StatePool| self.ranks.run(pool, |r, pool| r.decode(pool, batch, out));
         if self.ranks.len() == 1 {
             // Unsplit, a failed capture falls back to an eager step in place.
             return step(pool);
@@ -467,4 +478,28 @@ fn all_reduce_group(devices: &[Device]) -> Result<Arc<dyn tensor_parallel::AllRe
         expected: "1 on GPUs (this binary was built without the `nccl` feature)".into(),
         actual: devices.len().to_string(),
     })
+}
+
+/// How a decode step replayed from a CUDA graph hands back the logits in the graph's fixed
+/// buffer (an eager step's are always the caller's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogitsOut {
+    /// A copy, owned by the caller.
+    Copied,
+    /// The buffer itself, valid until the next decode step of its batch size.
+    Lent,
+}
+
+impl LogitsOut {
+    /// `logits` (a graph's buffer) as this says; copied whatever it says under
+    /// `DELTASERVE_DECODE_COPY=1` (for comparisons).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn hand_out(self, logits: &Tensor) -> Result<Tensor> {
+        static COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let copy = *COPY.get_or_init(|| std::env::var("DELTASERVE_DECODE_COPY").is_ok_and(|v| v == "1"));
+        Ok(match self {
+            Self::Lent if !copy => logits.clone(),
+            _ => logits.copy()?,
+        })
+    }
 }

@@ -135,15 +135,16 @@ impl Rank {
     /// One decode step on this rank's `pool`: a CUDA graph's replay (or capture) where there
     /// are graphs, else eagerly. A split model's ranks capture a batch size together: each
     /// keeps its graph only if every rank's capture worked, as each graph's all-reduces wait
-    /// for the other ranks' graphs.
-    pub(crate) fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)]) -> Result<Tensor> {
+    /// for the other ranks' graphs. `out` says whether a replay's logits are copied or lent.
+    pub(crate) fn decode(&self, pool: &mut StatePool, batch: &[(SlotId, u32)], out: crate::LogitsOut) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if let (Some(graphs), false) = (&self.graphs, pool.is_host()) {
             return graphs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .decode_agreeing(&self.model, pool, batch, &|ok| self.agree_on_capture(ok));
+                .decode_agreeing(&self.model, pool, batch, out, &|ok| self.agree_on_capture(ok));
         }
+        let _ = out;
         self.model.decode(pool, batch)
     }
 

@@ -27,7 +27,7 @@ mod slots;
 pub use cpu::conv::ConvActivation;
 pub use cpu::norm::GateActivation;
 pub use packing::PackedTables;
-pub use slots::{HostSlots, SlotBuffer, StepSlots};
+pub use slots::{index_dtype, HostSlots, SlotBuffer, StepSlots};
 
 /// Chunk length of the chunkwise-parallel (WY/UT) prefill, CPU and GPU. A prompt prefilled in
 /// pieces that end at multiples of it gives the same bits as the whole prompt at once (each

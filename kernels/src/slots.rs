@@ -6,13 +6,14 @@ use candle_core::{DType, Device, Tensor};
 use crate::{KernelError, Result};
 
 /// The slots of one decode step, row `b` advancing `host[b]`. A CUDA graph that replays the
-/// step also passes a device copy (`device`, `[B]` i32): the kernels then read the slots from
-/// there, so one captured launch serves whatever slots the next replay writes into it.
+/// step also passes a device copy (`device`, `[B]` of an [`index_dtype`]): the kernels then read
+/// the slots from there, so one captured launch serves whatever slots the next replay writes
+/// into it.
 #[derive(Debug, Clone, Copy)]
 pub struct StepSlots<'a> {
     /// The slot indices, checked on the host.
     pub host: &'a [usize],
-    /// The same indices in device memory, `[B]` i32, or `None`.
+    /// The same indices in device memory, `[B]` of an [`index_dtype`], or `None`.
     pub device: Option<&'a Tensor>,
 }
 
@@ -35,10 +36,10 @@ impl<'a> From<&'a Vec<usize>> for StepSlots<'a> {
 }
 
 impl StepSlots<'_> {
-    /// Checks that the device copy, if any, is `[B]` i32 for `B` host indices.
+    /// Checks that the device copy, if any, is `[B]` of an [`index_dtype`] for `B` host indices.
     pub(crate) fn check(&self, op: &'static str) -> Result<()> {
         if let Some(d) = self.device {
-            if d.dims() != [self.host.len()] || d.dtype() != DType::I32 {
+            if d.dims() != [self.host.len()] || !index_dtype(d.dtype()) {
                 return Err(KernelError::Shape {
                     op,
                     input: "device slots",
@@ -49,6 +50,13 @@ impl StepSlots<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether the kernels read device index lists (slots, positions) of dtype `d`, as i32: i32, or
+/// u32 holding values below 2³¹ (a decode graph keeps them in one u32 buffer with its token ids,
+/// written by one copy a step).
+pub fn index_dtype(d: DType) -> bool {
+    matches!(d, DType::I32 | DType::U32)
 }
 
 /// Where the slots live.

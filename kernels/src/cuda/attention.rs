@@ -8,7 +8,9 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, ptx, sm_count, wrap, DeviceSlots, RowsArg};
+use super::{
+    alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, index_address, ptx, sm_count, wrap, DeviceSlots, RowsArg,
+};
 use crate::cpu::attention::{AttentionShape, Paged};
 use crate::ops::attention::{AttnOutput, DevicePages, QkNorms, RopeArgs};
 use crate::{KernelError, Result};
@@ -171,8 +173,7 @@ pub fn paged_attention(
         (Some(r), Some(f)) => (r.rotary_dim as i32, device_address::<f32>(f)?),
         _ => (0, 0u64),
     };
-    let (tables, slot_ptr, pos_ptr) =
-        (device_address::<i32>(pages.tables)?, device_address::<i32>(pages.row_slot)?, device_address::<i32>(pages.row_pos)?);
+    let (tables, slot_ptr, pos_ptr) = (device_address::<i32>(pages.tables)?, index_address(pages.row_slot)?, index_address(pages.row_pos)?);
     let (width, bs) = (pages.width as i32, pass.block_size as i32);
     let (hqi, hkvi, hdi) = (hq as i32, hkv as i32, hd as i32);
     let window = shape.window.map_or(0, |w| w as i32);

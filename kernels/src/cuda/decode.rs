@@ -6,7 +6,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
 use super::{
-    check_head_dim, cuda_dev, device_address, f32c, first_element_address_any, grid, indices, ptx, push_gate, sm_count, wrap, DeviceSlots,
+    check_head_dim, cuda_dev, f32c, first_element_address_any, grid, index_address, indices, ptx, push_gate, sm_count, wrap, DeviceSlots,
     GatePtr, RowsArg,
 };
 use crate::ops::{MixerInputs, RawStepInputs};
@@ -39,7 +39,7 @@ impl DecodeSlots {
     pub(super) fn new(dev: &CudaDevice, slots: StepSlots<'_>) -> Result<Self> {
         let mut inline = SlotList { s: [0; INLINE_SLOTS] };
         if let Some(t) = slots.device {
-            return Ok(Self { inline, uploaded: None, ptr: device_address::<i32>(t)? });
+            return Ok(Self { inline, uploaded: None, ptr: index_address(t)? });
         }
         for (d, &s) in inline.s.iter_mut().zip(slots.host) {
             *d = s as i32;

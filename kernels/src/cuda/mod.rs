@@ -395,6 +395,15 @@ fn device_address<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_ba
     first_element_address::<T>(t)
 }
 
+/// The device address of a contiguous index list the kernels read as i32 (slots, positions): an
+/// [`crate::slots::index_dtype`] tensor.
+fn index_address(t: &Tensor) -> Result<u64> {
+    match t.dtype() {
+        DType::U32 => device_address::<u32>(t),
+        _ => device_address::<i32>(t),
+    }
+}
+
 /// The device address of a CUDA tensor's first element, whatever its strides.
 fn first_element_address<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
     t: &Tensor,

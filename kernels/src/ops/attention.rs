@@ -179,8 +179,8 @@ pub fn paged_attention(
             return Err(KernelError::UnsupportedDevice { op: OP, device: "cuda without device block tables".into() });
         };
         for (input, t) in [("row_slot", pages.row_slot), ("row_pos", pages.row_pos)] {
-            if t.dims() != [n] || t.dtype() != DType::I32 {
-                return Err(KernelError::Shape { op: OP, input, expected: format!("[{n}] i32"), actual: t.dims().to_vec() });
+            if t.dims() != [n] || !crate::slots::index_dtype(t.dtype()) {
+                return Err(KernelError::Shape { op: OP, input, expected: format!("[{n}] i32 or u32"), actual: t.dims().to_vec() });
             }
         }
         if pages.tables.dtype() != DType::I32 || pages.width == 0 || pages.tables.elem_count() % pages.width != 0 {

@@ -18,7 +18,8 @@ use deltaserve_engine::{EngineError, Sampled, SlotId, Tensor};
 use super::batch::Drawer;
 use super::{ms, Scheduler, SchedulerError};
 
-/// A decode step on its way: its logits (not yet on the host) and its `(slot, token)` rows.
+/// A decode step on its way: its logits (not yet on the host; on a GPU the decode graph's own
+/// buffer, drawn before any other decode step runs) and its `(slot, token)` rows.
 pub(super) struct Ahead {
     logits: Tensor,
     rows: Vec<(SlotId, u32)>,
@@ -56,7 +57,7 @@ impl Scheduler {
             return Ok(());
         }
         let launched = Instant::now();
-        match self.engine.decode(&mut self.pool, &next) {
+        match self.engine.decode_in_place(&mut self.pool, &next) {
             Ok(logits) => {
                 self.ahead = Some(Ahead { logits, rows: next, launched });
                 Ok(())

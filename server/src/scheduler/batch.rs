@@ -446,7 +446,7 @@ impl Scheduler {
         }
         let started = Instant::now();
         let constraints = self.requests.iter_mut().flat_map(|r| constrained(&mut r.seqs)).collect();
-        let logits = with_masks(constraints, || self.engine.decode(&mut self.pool, &batch));
+        let logits = with_masks(constraints, || self.engine.decode_in_place(&mut self.pool, &batch));
         // Host time to launch the forward; then until the draws are back (the GPU's forward and
         // the draw); then emitting (grammar, detokenizing, events), while the next step, when
         // launched ahead, runs on the GPU.

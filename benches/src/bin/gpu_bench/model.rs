@@ -61,11 +61,11 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         let mut graphs = deltaserve_engine::decode_graph::DecodeGraphs::default();
         // Eager, captured, replayed: the profiled step is a replay.
         for _ in 0..3 {
-            graphs.decode(&model, &mut pool, &batch)?;
+            graphs.decode_in_place(&model, &mut pool, &batch)?;
         }
         dev.synchronize()?;
         profiler_start()?;
-        graphs.decode(&model, &mut pool, &batch)?;
+        graphs.decode_in_place(&model, &mut pool, &batch)?;
         dev.synchronize()?;
         profiler_stop()?;
         return Ok(());
@@ -128,7 +128,7 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
             let ms = median_ms(dev, args.reps, || {
                 #[cfg(feature = "cuda")]
                 if graphs {
-                    captured.decode(&model, &mut pool, &batch)?;
+                    captured.decode_in_place(&model, &mut pool, &batch)?;
                     return Ok(());
                 }
                 model.decode(&mut pool, &batch)?;
@@ -232,7 +232,7 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
             let mut graphs = deltaserve_engine::decode_graph::DecodeGraphs::default();
             // Each step advances the sequences: the context grows from `ctx` by `3 + reps` tokens.
             let ms = median_ms(dev, reps, || {
-                graphs.decode(&model, &mut pool, &batch)?;
+                graphs.decode_in_place(&model, &mut pool, &batch)?;
                 Ok(())
             })?;
             let kv = b as f64 * (ctx + 3 + reps / 2) as f64 * kv_per_token;
@@ -243,7 +243,7 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
             if (profile.all || profile.decode == Some(b)) && !bi {
                 dev.synchronize()?;
                 profiler_start()?;
-                graphs.decode(&model, &mut pool, &batch)?;
+                graphs.decode_in_place(&model, &mut pool, &batch)?;
                 dev.synchronize()?;
                 profiler_stop()?;
             }
