@@ -161,10 +161,10 @@ impl DecodeGraphs {
             return out;
         }
         let device = Device::Cuda(dev.clone());
-        let ids = Tensor::new(tokens, &device)?;
         if !self.warm.contains(&b) || self.failed.contains(&b) {
             // The eager run fills candle's parameter cache for the capture to come.
             let _cache = dev.enable_cuda_graph_htod_cache();
+            let ids = Tensor::new(tokens, &device)?;
             let logits = model.decode_step(pool, &ids, StepSlots::from(slots), None)?;
             self.warm.insert(b);
             return Ok(logits);
@@ -211,7 +211,7 @@ impl DecodeGraphs {
                 self.failed.insert(b);
                 not_kept?;
                 let _cache = dev.enable_cuda_graph_htod_cache();
-                model.decode_step(pool, &ids, StepSlots::from(slots), None)
+                model.decode_step(pool, &dev_ids, StepSlots::from(slots), None)
             }
         }
     }
