@@ -64,6 +64,10 @@ const TESTS: &[GpuTest] = &[
     ("gpu_packed_prefill_equals_prefilling_each_alone", mixer::gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", mixer::gpu_decode_in_any_slot_order_equals_each_alone),
     ("gpu_raw_decode_step_equals_prepare_then_step", mixer::gpu_raw_decode_step_equals_prepare_then_step),
+    (
+        "gpu_batch_invariant_mode_decode_step_rows_do_not_depend_on_the_batch",
+        mixer::gpu_batch_invariant_mode_decode_step_rows_do_not_depend_on_the_batch,
+    ),
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
     ("gpu_mixed_passes_equal_separate_passes", gpu_mixed_passes_equal_separate_passes),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),

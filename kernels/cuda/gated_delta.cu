@@ -78,6 +78,10 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
       if (!(r < R && r0 + r < K && col + c < V)) s[r][c] = 0.0f;
 }
 
+// The step's products and sums are spelled as explicit fma / rounded multiplies: left to the
+// compiler, their contraction into fma varied with the columns a lane (CW), so a sequence's
+// state took other bits in a batch large enough for four columns a lane than alone.
+//
 // This warp's partial Σ_r s[r] · x[r0 + r] over its state rows, into red[warp][·][lane].
 template <int NW, int RMAX, int CW>
 __device__ __forceinline__ void rows_dot(float (*red)[CW][32], const float (&s)[RMAX][CW], const float* x, int R, int r0,
@@ -88,7 +92,7 @@ __device__ __forceinline__ void rows_dot(float (*red)[CW][32], const float (&s)[
     if (r < R && r0 + r < K) {
       const float xr = x[r0 + r];
 #pragma unroll
-      for (int c = 0; c < CW; ++c) acc[c] += s[r][c] * xr;
+      for (int c = 0; c < CW; ++c) acc[c] = __fmaf_rn(s[r][c], xr, acc[c]);
     }
 #pragma unroll
   for (int c = 0; c < CW; ++c) red[warp][c][lane] = acc[c];
@@ -111,15 +115,9 @@ __device__ __forceinline__ void sum_warps(float (&acc)[CW], const float (*red)[C
 struct Prepped {
   const float *q, *k, *v, *beta, *g;
   int H, HV;
-  // q's head hk of token b into qq, by the whole block.
-  __device__ void load_q(float* qq, int b, int hk, int K) const {
-    for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = q[((size_t)b * H + hk) * K + i];
-  }
-  // k's head hk of step j of token b into kk, by the whole block.
-  __device__ void load_k(float* kk, int b, int j, int n, int hk, int K) const {
-    const size_t row = (size_t)b * n + j;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = k[(row * H + hk) * K + i];
-  }
+  // Element i of q's head hk of token b, and of k's head hk of step j of token b.
+  __device__ float q_at(int b, int hk, int i, int K) const { return q[((size_t)b * H + hk) * K + i]; }
+  __device__ float k_at(int b, int j, int n, int hk, int i, int K) const { return k[(((size_t)b * n + j) * H + hk) * K + i]; }
   // q and k arrive normalised.
   __device__ void normalise(float*, float*, bool, int, int, int) const {}
   __device__ const float* v_row(int b, int j, int n, int hv, int V) const { return v + (((size_t)b * n + j) * HV + hv) * V; }
@@ -154,15 +152,11 @@ struct Raw {
   int a_code;
   const float *a_log, *dt_bias;
   int H, HV;
-  // The heads' raw values, by the whole block (normalise() finishes them). H here is the q/k
-  // head count; k's heads of step j follow those of step j − 1.
-  __device__ void load_q(float* qq, int b, int hk, int K) const {
-    const float* src = conv + (size_t)b * ldc + (size_t)hk * K;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) qq[i] = src[i];
-  }
-  __device__ void load_k(float* kk, int b, int j, int /*n*/, int hk, int K) const {
-    const float* src = conv + (size_t)b * ldc + k_off + ((size_t)j * H + hk) * K;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = src[i];
+  // The heads' raw values (normalise() finishes them). H here is the q/k head count; k's heads
+  // of step j follow those of step j − 1.
+  __device__ float q_at(int b, int hk, int i, int K) const { return conv[(size_t)b * ldc + (size_t)hk * K + i]; }
+  __device__ float k_at(int b, int j, int /*n*/, int hk, int i, int K) const {
+    return conv[(size_t)b * ldc + k_off + ((size_t)j * H + hk) * K + i];
   }
   // After the loads' barrier: warp 1 normalises k and, on the first step, warp 0 q; then a
   // barrier of its own.
@@ -198,7 +192,70 @@ template <int NW, int CW>
 struct DecodeSmem {
   float kk[256], qq[256];
   float red_k[NW][CW][32], red_q[NW][CW][32];
+  float v[32 * CW];  // the first step's v columns of the tile
+  float beta, decay;  // the first step's β, and the token's decay
 };
+
+// A tile's inputs of its first householder step, this thread's part: q, k and v loaded into
+// registers, then parked in shared memory (park_inputs) after the state's loads are issued, so
+// that they cost one round trip between them. A load whose value is stored to shared memory
+// waits for it there, and the compiler may not move a later load above that store: the step
+// used to wait for q, then k, then v, each after its tile's state.
+//
+// β and the decay need arithmetic on their loads, so forming them waits for those. Tiles of
+// two or four columns a lane (steps with a CTA or more for every SM) form them here, before
+// the state's loads are issued: with that wait first, batch-64 steps took 3–5% less on the
+// H200, and with β and the decay formed after the state's loads were issued, nothing less
+// (benches/results/h200-decode_inputs-2026-11-30/). Tiles of one column (steps of fewer CTAs
+// than SMs) issue their state's loads first, as the wait delayed batch-1 steps by ~1%, and
+// thread 0 forms β and the decay in park_inputs.
+template <int CW>
+struct TileInputs {
+  float q, k;        // element threadIdx.x of q's and k's head (0 past K)
+  float v[CW];       // this lane's columns of v
+  float beta, decay; // formed when CW > 1
+};
+
+template <int CW, bool VEC, typename In>
+__device__ __forceinline__ TileInputs<CW> tile_inputs(const In& in, int tile, int hv, int b, int H, int HV, int K, int V, int n) {
+  TileInputs<CW> x;
+  const int hk = hv / (HV / H), i = threadIdx.x;
+  const int col = (tile * 32 + (threadIdx.x & 31)) * CW;
+  x.q = i < K ? in.q_at(b, hk, i, K) : 0.0f;
+  x.k = i < K ? in.k_at(b, 0, n, hk, i, K) : 0.0f;
+  load_cols<CW, VEC>(x.v, in.v_row(b, 0, n, hv, V) + col, col, V);
+  if constexpr (CW > 1) {
+    x.beta = in.beta_of(b, 0, n, hv);
+    x.decay = in.decay_of(b, hv);
+  }
+  return x;
+}
+
+// The first step's inputs into shared memory: q and k (all K of them, loading those past this
+// thread's), v's columns (warp 0's copy), β and the decay (formed here by thread 0 when
+// CW = 1); gdr_decode's first barrier publishes them.
+template <int NW, int CW, typename In>
+__device__ __forceinline__ void park_inputs(DecodeSmem<NW, CW>& sm, const TileInputs<CW>& x, const In& in, int hv, int b, int H,
+                                            int HV, int K, int n) {
+  const int hk = hv / (HV / H);
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    sm.qq[i] = i == threadIdx.x ? x.q : in.q_at(b, hk, i, K);
+    sm.kk[i] = i == threadIdx.x ? x.k : in.k_at(b, 0, n, hk, i, K);
+  }
+  if (threadIdx.x < 32) {
+#pragma unroll
+    for (int c = 0; c < CW; ++c) sm.v[threadIdx.x * CW + c] = x.v[c];
+  }
+  if (threadIdx.x == 0) {
+    if constexpr (CW > 1) {
+      sm.beta = x.beta, sm.decay = x.decay;
+    } else {
+      // Both formed before either is stored, so that their loads are in flight together.
+      const float beta = in.beta_of(b, 0, n, hv), decay = in.decay_of(b, hv);
+      sm.beta = beta, sm.decay = decay;
+    }
+  }
+}
 
 // Value tile `tile` of head hv of sequence b.
 template <int NW, int RMAX, int CW, bool VEC, typename In>
@@ -215,13 +272,20 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
   const int R = (K + NW - 1) / NW, r0 = warp * R;
   float* S = states + ((size_t)slot_of(slots, more_slots, b) * HV + hv) * K * V;
   float s[RMAX][CW];
-  load_state<RMAX, CW, VEC>(s, S, R, r0, K, col, V);
-  in.load_q(qq, b, hk, K);
-  const float decay = in.decay_of(b, hv);
+  if constexpr (CW > 1) {
+    const TileInputs<CW> first = tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n);
+    load_state<RMAX, CW, VEC>(s, S, R, r0, K, col, V);
+    park_inputs(sm, first, in, hv, b, H, HV, K, n);
+  } else {
+    load_state<RMAX, CW, VEC>(s, S, R, r0, K, col, V);
+    park_inputs(sm, tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n), in, hv, b, H, HV, K, n);
+  }
   float out[CW] = {};
   for (int j = 0; j < n; ++j) {
-    if (j > 0) __syncthreads();  // every warp is done with the last step's kk and red_k
-    in.load_k(kk, b, j, n, hk, K);
+    if (j > 0) {
+      __syncthreads();  // every warp is done with the last step's kk and red_k
+      for (int i = threadIdx.x; i < K; i += blockDim.x) kk[i] = in.k_at(b, j, n, hk, i, K);
+    }
     __syncthreads();
     in.normalise(qq, kk, j == 0, K, warp, lane);
     rows_dot<NW, RMAX, CW>(red_k, s, kk, R, r0, K, warp, lane);
@@ -230,14 +294,20 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
     for (int i = lane; i < K; i += 32) kq += kk[i] * qq[i];
     kq = warp_sum(kq);
     float vv[CW];
-    load_cols<CW, VEC>(vv, in.v_row(b, j, n, hv, V) + col, col, V);
-    const float bt = in.beta_of(b, j, n, hv);
+    if (j == 0) {
+#pragma unroll
+      for (int c = 0; c < CW; ++c) vv[c] = sm.v[lane * CW + c];
+    } else {
+      load_cols<CW, VEC>(vv, in.v_row(b, j, n, hv, V) + col, col, V);
+    }
+    const float bt = j == 0 ? sm.beta : in.beta_of(b, j, n, hv);
+    const float decay = sm.decay;
     const float d = j == 0 ? decay : 1.0f;
     __syncthreads();
     float kv[CW], u[CW];
     sum_warps<NW, CW>(kv, red_k, lane);
 #pragma unroll
-    for (int c = 0; c < CW; ++c) u[c] = bt * (vv[c] - d * kv[c]);
+    for (int c = 0; c < CW; ++c) u[c] = __fmul_rn(bt, __fmaf_rn(-d, kv[c], vv[c]));
     if (warp == 0) {
       if (j == 0) {
         float sq[CW];
@@ -246,14 +316,14 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
         for (int c = 0; c < CW; ++c) out[c] = decay * sq[c];
       }
 #pragma unroll
-      for (int c = 0; c < CW; ++c) out[c] += u[c] * kq;
+      for (int c = 0; c < CW; ++c) out[c] = __fmaf_rn(u[c], kq, out[c]);
     }
 #pragma unroll
     for (int r = 0; r < RMAX; ++r)
       if (r < R && r0 + r < K) {
         const float kr = kk[r0 + r];
 #pragma unroll
-        for (int c = 0; c < CW; ++c) s[r][c] = d * s[r][c] + kr * u[c];
+        for (int c = 0; c < CW; ++c) s[r][c] = __fmaf_rn(kr, u[c], __fmul_rn(d, s[r][c]));
       }
   }
   if (warp == 0) {

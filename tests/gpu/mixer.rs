@@ -216,6 +216,62 @@ pub(crate) fn gpu_raw_decode_step_equals_prepare_then_step(dev: &Device) {
     }
 }
 
+/// In the batch-invariant mode a sequence's decode step gives the same bits in a batch of 40 as
+/// alone (o's row and its state), raw and prepared inputs, K = 128 and 256 (where the step's
+/// kernel shape would otherwise change with the batch's size).
+pub(crate) fn gpu_batch_invariant_mode_decode_step_rows_do_not_depend_on_the_batch(dev: &Device) {
+    use deltaserve_kernels::ops::{gated_delta_step_raw, set_batch_invariant, QkLayout, RawStepInputs, StepFusion};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let (n, h, hv, vd, b) = (1usize, 2usize, 8usize, 128usize, 40usize);
+    set_batch_invariant(true);
+    for (kd, fusion) in [(128usize, StepFusion::Fused), (256, StepFusion::Fused), (256, StepFusion::Apart)] {
+        let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {
+            let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(lo..hi)).collect();
+            Tensor::from_vec(v, (rows, cols), dev).unwrap()
+        };
+        let v_offset = (h + n * h) * kd;
+        let conv = rand(b, v_offset + n * hv * vd, -1.0, 1.0);
+        let proj = rand(b, n * hv + hv, -3.0, 3.0).to_dtype(BF16).unwrap();
+        let (a_log, dt_bias) = (rand(1, hv, -1.0, 1.0).flatten_all().unwrap(), rand(1, hv, -1.0, 1.0).flatten_all().unwrap());
+        let per = hv * kd * vd;
+        let init: Vec<Vec<f32>> = (0..b).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        // Rows `rows` of the batch in slots 0.. of a fresh pool: o and the states after the step.
+        let step = |rows: std::ops::Range<usize>| {
+            let len = rows.len();
+            let (c, p) = (conv.narrow(0, rows.start, len).unwrap(), proj.narrow(0, rows.start, len).unwrap());
+            let (bb, a) = (p.narrow(1, 0, n * hv).unwrap(), p.narrow(1, n * hv, hv).unwrap());
+            let mut states = SlotBuffer::zeros_on(len, per, dev).unwrap();
+            for (slot, row) in rows.clone().enumerate() {
+                states.write_slot(slot, &init[row]).unwrap();
+            }
+            let raw = RawStepInputs {
+                conv_out: &c,
+                layout: QkLayout { q_heads: h, k_heads: n * h, head_dim: kd },
+                v_offset,
+                v_heads: hv,
+                v_dim: vd,
+                b: &bb,
+                allow_neg_eigval: false,
+                gate_in: Some((&a, &a_log, &dt_bias)),
+                n,
+                scale: (kd as f32).powf(-0.5),
+            };
+            let slots: Vec<usize> = (0..len).collect();
+            let o = gated_delta_step_raw(raw, &mut states, &slots, fusion).unwrap();
+            (values(&o), (0..len).map(|i| states.slot_to_vec(i).unwrap()).collect::<Vec<_>>())
+        };
+        let all = step(0..b);
+        let row = hv * vd;
+        for i in [0, 17, b - 1] {
+            let alone = step(i..i + 1);
+            assert_eq!(alone.0[..], all.0[i * row..(i + 1) * row], "o of row {i} alone != in the batch (K={kd} {fusion:?})");
+            assert_eq!(alone.1[0], all.1[i], "state of row {i} alone != in the batch (K={kd} {fusion:?})");
+        }
+        println!("batch-invariant decode step K={kd} {fusion:?}: rows 0, 17, {} alone == in a batch of {b}", b - 1);
+    }
+    set_batch_invariant(false);
+}
+
 pub(crate) fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     // f32 covers each split state pass's key tiling (K = 64, 128, 256: keys in W's buffer) and

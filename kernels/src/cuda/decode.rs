@@ -86,10 +86,12 @@ impl DecodeShape {
     const WIDE_K_MANY: DecodeShape = DecodeShape { warps: 16, rows: 16, cols: 2, min_blocks: 2 };
 
     /// The shape for key head dim `k` (≤ 256, checked by the caller) and `heads` (rows ×
-    /// value heads) of width `v` on `sms` SMs.
+    /// value heads) of width `v` on `sms` SMs. In the batch-invariant mode K > 128 always takes
+    /// [`Self::WIDE_K_MANY`]: [`Self::BY_K`]'s shape adds a column's rows in other groups, so a
+    /// sequence's bits would depend on how many others share its step.
     fn pick(k: usize, heads: usize, v: usize, sms: usize) -> Self {
         let ctas = |cols: usize| heads * v.div_ceil(32 * cols);
-        if k > 128 && ctas(2) >= 2 * sms {
+        if k > 128 && (ctas(2) >= 2 * sms || crate::ops::batch_invariant()) {
             return Self::WIDE_K_MANY;
         }
         Self::for_key_dim(k).with_cols_for(ctas(4), sms)
