@@ -1,0 +1,92 @@
+//! The benchmark scripts that run on the GPU host, checked here without one: the decode A/B
+//! runner (`benches/ab_decode.sh`) against a stand-in `gpu_bench`, and its summary
+//! (`benches/ab_summary.py`) against a stored GPU run whose figures the device printed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn benches() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches")
+}
+
+/// The summary of `benches/results/h200-decode_inputs-2026-11-30/call4-kept/`, three rounds of
+/// HEAD (`b`) against that build (`n`). The expected cells are the call's own printout (its
+/// `run.sh` summarised each log as it ran: ms to four places, and % of the roofline), rounded.
+#[test]
+fn the_decode_ab_summary_gives_a_stored_run_s_ranges() {
+    let dir = benches().join("results/h200-decode_inputs-2026-11-30/call4-kept");
+    let out = Command::new("python3").arg(benches().join("ab_summary.py")).arg(&dir).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    // Qwen3.5 layout, batch 1: 1.5664 / 1.5668 / 1.5669 ms at 70.09 / 70.08 / 69.84%; batch 64:
+    // 3.5710 / 3.5723 / 3.5678 ms at 68.31 / 68.19 / 68.09%.
+    let q35 = text.lines().find(|l| l.starts_with("| b |")).expect("a row for b");
+    assert!(q35.contains("| 1.566–1.567 ms (69.8–70.1%, 3 runs) |"), "{q35}");
+    let q35_n = text.lines().find(|l| l.starts_with("| n |")).expect("a row for n");
+    assert!(q35_n.ends_with("| 3.568–3.572 ms (68.1–68.3%, 3 runs) |"), "{q35_n}");
+    // The 1.39B's table (its logs' prefix is `model`), batch 64 of n: 4.1440 / 4.1419 / 4.1416 ms.
+    let model = &text[text.find("### model").expect("the 1.39B's table")..];
+    let n = model.lines().find(|l| l.starts_with("| n |")).expect("a row for n");
+    assert!(n.contains("| 4.142–4.144 ms ("), "{n}");
+    assert_eq!(text.matches("### ").count(), 2, "{text}");
+}
+
+/// A stand-in for gpu_bench: the step it reports takes `$STUB_MS` ms at a roofline of 1 ms, and
+/// each call appends its settings and model to `$STUB_TRACE`.
+const STUB: &str = r#"#!/usr/bin/env bash
+model=gdn; [[ " $* " == *" --hybrid-dir "* ]] && model=q35
+echo "$model $STUB_MS" >> "$STUB_TRACE"
+batches=$(echo "$*" | sed 's/.*--batches \([0-9,]*\).*/\1/')
+for b in ${batches//,/ }; do
+  if [ $model = q35 ]; then
+    echo "OURS {\"batch\":$b,\"ms\":$STUB_MS,\"roofline_ms\":1.0,\"what\":\"decode\"}"
+  else
+    tps=$(python3 -c "print(round(1000 * $b / $STUB_MS))"); roof=$((1000 * b))
+    echo "| $b | yes | $STUB_MS | $tps | $roof | 0% |"
+  fi
+done
+"#;
+
+/// The runner alternates its variants within each round, model after model, passes each its
+/// settings, names the logs as the summary reads them and summarises them: two variants, two
+/// rounds, both models, against the stand-in.
+#[test]
+fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let stub = tmp.path().join("gpu_bench");
+    std::fs::write(&stub, STUB).expect("write the stand-in");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let hybrid = tmp.path().join("q35");
+    std::fs::create_dir(&hybrid).expect("mkdir");
+    std::fs::write(hybrid.join("config.json"), "{}").expect("a checkpoint's config");
+    let trace = tmp.path().join("trace");
+    let out = tmp.path().join("out");
+    let status = Command::new("bash")
+        .arg(benches().join("ab_decode.sh"))
+        .arg(&out)
+        .arg(format!("slow=STUB_MS=2.0 {}", stub.display()))
+        .arg(format!("fast=STUB_MS=1.25 {}", stub.display()))
+        .env("ROUNDS", "2")
+        .env("BATCHES", "4,16")
+        .env("HYBRID_DIR", &hybrid)
+        .env("MODEL_DIR", tmp.path().join("gdn"))
+        .env("STUB_TRACE", &trace)
+        .status()
+        .expect("bash runs");
+    assert!(status.success());
+    let calls = std::fs::read_to_string(&trace).expect("the stand-in ran");
+    let order: Vec<&str> = calls.lines().collect();
+    assert_eq!(order, ["q35 2.0", "q35 1.25", "q35 2.0", "q35 1.25", "gdn 2.0", "gdn 1.25", "gdn 2.0", "gdn 1.25"]);
+    let summary = std::fs::read_to_string(out.join("summary.md")).expect("summary.md");
+    let q35 = &summary[summary.find("### q35").expect("q35's table")..summary.find("### gdn").expect("gdn's table")];
+    assert!(q35.contains("| slow | 2.000 ms (50.0%, 2 runs) | 2.000 ms (50.0%, 2 runs) |"), "{summary}");
+    assert!(q35.contains("| fast | 1.250 ms (80.0%, 2 runs) | 1.250 ms (80.0%, 2 runs) |"), "{summary}");
+    let gdn = &summary[summary.find("### gdn").expect("gdn's table")..];
+    assert!(gdn.contains("| batch 4 | batch 16 |"), "{summary}");
+    assert!(gdn.contains("| fast | 1.250 ms (80.0%, 2 runs) | 1.250 ms (80.0%, 2 runs) |"), "{summary}");
+    assert!(out.join("gdn-8-fast.log").exists(), "logs are named {{model}}-{{i}}-{{variant}}.log");
+}
