@@ -115,6 +115,15 @@ fn main() {
     }
 }
 
+/// Turns the batch-invariant mode off when dropped, so that a test that fails with it on leaves
+/// it off for the tests after it.
+struct BatchInvariantOff;
+impl Drop for BatchInvariantOff {
+    fn drop(&mut self) {
+        deltaserve_kernels::ops::set_batch_invariant(false);
+    }
+}
+
 const F32_TOL: f64 = 1e-4;
 const BF16: DType = DType::BF16;
 const BF16_TOL: f64 = 2e-2;
@@ -403,13 +412,7 @@ fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
 /// chunk boundaries: bit for bit with the mode on. The default mode's differences are printed.
 fn gpu_batch_invariant_mode_logits_do_not_depend_on_the_batch(dev: &Device) {
     use deltaserve_kernels::ops::{linear, set_batch_invariant};
-    struct Off;
-    impl Drop for Off {
-        fn drop(&mut self) {
-            set_batch_invariant(false);
-        }
-    }
-    let _off = Off;
+    let _off = BatchInvariantOff;
     for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
         let m = deltaserve_tests::compact_model(name, DType::BF16, dev);
         set_batch_invariant(false);

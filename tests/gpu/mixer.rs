@@ -223,6 +223,7 @@ pub(crate) fn gpu_batch_invariant_mode_decode_step_rows_do_not_depend_on_the_bat
     use deltaserve_kernels::ops::{gated_delta_step_raw, set_batch_invariant, QkLayout, RawStepInputs, StepFusion};
     let mut rng = rand::rngs::StdRng::seed_from_u64(23);
     let (n, h, hv, vd, b) = (1usize, 2usize, 8usize, 128usize, 40usize);
+    let _off = super::BatchInvariantOff;
     set_batch_invariant(true);
     for (kd, fusion) in [(128usize, StepFusion::Fused), (256, StepFusion::Fused), (256, StepFusion::Apart)] {
         let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {
@@ -269,7 +270,6 @@ pub(crate) fn gpu_batch_invariant_mode_decode_step_rows_do_not_depend_on_the_bat
         }
         println!("batch-invariant decode step K={kd} {fusion:?}: rows 0, 17, {} alone == in a batch of {b}", b - 1);
     }
-    set_batch_invariant(false);
 }
 
 pub(crate) fn gpu_chunk_boundaries_match_cpu(dev: &Device) {
