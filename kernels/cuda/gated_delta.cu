@@ -204,7 +204,7 @@ struct DecodeSmem {
 //
 // β and the decay need arithmetic on their loads, so forming them waits for those. Tiles of
 // two or four columns a lane (steps with a CTA or more for every SM) form them here, before
-// the state's loads are issued: with that wait first, batch-64 steps took 3–5% less on the
+// the state's loads are issued: with that wait first, batch-64 steps took 3–6% less on the
 // H200, and with β and the decay formed after the state's loads were issued, nothing less
 // (benches/results/h200-decode_inputs-2026-11-30/). Tiles of one column (steps of fewer CTAs
 // than SMs) issue their state's loads first, as the wait delayed batch-1 steps by ~1%, and
