@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Summarises alternating decode-step runs of gpu_bench (benches/ab_decode.sh) as markdown.
 
-Reads every `{model}-{round}-{variant}.log` in a directory: `--hybrid-dir` logs (the JSON lines
-`OURS {..."what":"decode"}`) and `--model-only` logs (the table rows `| B | yes | ms | tokens/s
-| roofline tokens/s | % |`). For each model it prints one table: a row per variant, in the order
+Reads every `{model}-{round}-{variant}.log` in a directory: the decode steps' JSON lines
+(`OURS {..."what":"decode"}`, CUDA-graph steps only), or, in a `--model-only` log of a build
+that prints none, its table rows (`| B | yes | ms | tokens/s | roofline tokens/s | % |`). For
+each model it prints one table: a row per variant, in the order
 the variants first ran, a column per batch, each cell the range over the rounds of the step's ms
 and its share of the roofline (measured in each run, so the shares compare across rounds).
 
@@ -21,18 +22,19 @@ TABLE_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*yes\s*\|\s*[\d.]+\s*\|\s*(\d+)\s*\|\
 
 def steps(text):
     """(batch, ms, share of the roofline in %) of each decode step a gpu_bench log reports."""
-    out = []
+    from_json, from_table = [], []
     for line in text.splitlines():
         if line.startswith("OURS ") and '"decode"' in line:
             d = json.loads(line[5:])
-            out.append((d["batch"], d["ms"], 100.0 * d["roofline_ms"] / d["ms"]))
+            if d.get("cuda_graph", True):
+                from_json.append((d["batch"], d["ms"], 100.0 * d["roofline_ms"] / d["ms"]))
             continue
         m = TABLE_ROW.match(line)
         if m:
             # The table prints ms rounded to 10 µs; tokens/s carry more digits.
             batch, tps, roof = int(m[1]), int(m[2]), int(m[3])
-            out.append((batch, 1000.0 * batch / tps, 100.0 * tps / roof))
-    return out
+            from_table.append((batch, 1000.0 * batch / tps, 100.0 * tps / roof))
+    return from_json or from_table
 
 
 def span(values, fmt):

@@ -32,7 +32,10 @@ fn the_decode_ab_summary_gives_a_stored_run_s_ranges() {
 }
 
 /// A stand-in for gpu_bench: the step it reports takes `$STUB_MS` ms at a roofline of 1 ms, and
-/// each call appends its settings and model to `$STUB_TRACE`.
+/// each call appends its settings and model to `$STUB_TRACE`. For the 1.39B (`--model-only`) it
+/// prints gpu_bench's table with figures wrong on purpose (9.99 ms, 1 token/s: the summary must
+/// not read them when there are JSON lines), then the JSON lines of an eager step
+/// (`$STUB_EAGER_MS`) and a CUDA-graph one at each batch, as gpu_bench does.
 const STUB: &str = r#"#!/usr/bin/env bash
 model=gdn; [[ " $* " == *" --hybrid-dir "* ]] && model=q35
 echo "$model $STUB_MS" >> "$STUB_TRACE"
@@ -41,15 +44,22 @@ for b in ${batches//,/ }; do
   if [ $model = q35 ]; then
     echo "OURS {\"batch\":$b,\"ms\":$STUB_MS,\"roofline_ms\":1.0,\"what\":\"decode\"}"
   else
-    tps=$(python3 -c "print(round(1000 * $b / $STUB_MS))"); roof=$((1000 * b))
-    echo "| $b | yes | $STUB_MS | $tps | $roof | 0% |"
+    echo "| $b | no | 9.99 | 1 | $((1000 * b)) | 0% |"
+    echo "| $b | yes | 9.99 | 1 | $((1000 * b)) | 0% |"
   fi
 done
+if [ $model = gdn ]; then
+  for b in ${batches//,/ }; do
+    echo "OURS {\"what\":\"decode\",\"batch\":$b,\"cuda_graph\":false,\"ms\":$STUB_EAGER_MS,\"roofline_ms\":1.0}"
+    echo "OURS {\"what\":\"decode\",\"batch\":$b,\"cuda_graph\":true,\"ms\":$STUB_MS,\"roofline_ms\":1.0}"
+  done
+fi
 "#;
 
 /// The runner alternates its variants within each round, model after model, passes each its
 /// settings, names the logs as the summary reads them and summarises them: two variants, two
-/// rounds, both models, against the stand-in.
+/// rounds, both models, against the stand-in. Where a log has JSON lines the summary takes the
+/// CUDA-graph steps from them, neither the table's rounded rows nor the eager steps.
 #[test]
 fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -75,6 +85,7 @@ fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
         .env("HYBRID_DIR", &hybrid)
         .env("MODEL_DIR", tmp.path().join("gdn"))
         .env("STUB_TRACE", &trace)
+        .env("STUB_EAGER_MS", "4.0")
         .status()
         .expect("bash runs");
     assert!(status.success());

@@ -116,6 +116,8 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     pool.release(slot)?;
     println!("| batch | CUDA graph | ms per step | tokens/s | roofline tokens/s | % of roofline |");
     println!("|---|---|---|---|---|---|");
+    // The same figures unrounded, one `OURS {json}` line each after the table (benches/ab_summary.py).
+    let mut figures = Vec::new();
     for &b in args.batches.as_deref().unwrap_or(&[1, 16, 64]) {
         let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
@@ -141,10 +143,15 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
             let tps = b as f64 / ms * 1e3;
             let mode = if graphs { "yes" } else { "no" };
             println!("| {b} | {mode} | {ms:.2} | {tps:.0} | {:.0} | {:.0}% |", b as f64 / roof_ms * 1e3, 100.0 * roof_ms / ms);
+            figures.push(serde_json::json!({"what": "decode", "batch": b, "cuda_graph": graphs, "ms": ms, "roofline_ms": roof_ms}));
         }
         for s in slots {
             pool.release(s)?;
         }
+    }
+    println!();
+    for f in figures {
+        println!("OURS {f}");
     }
     Ok(())
 }
