@@ -149,10 +149,13 @@ __device__ void conv_step(const T* __restrict__ x, long ldx, const float* __rest
   // access each (the loop below: eight 4-byte loads and four stores a channel, adjacent
   // threads 16 bytes apart). The same arithmetic in the same order.
   if (W == 4 && ((reinterpret_cast<uintptr_t>(st) | reinterpret_cast<uintptr_t>(weight)) & 15) == 0) {
-    const float4 s = *reinterpret_cast<const float4*>(st);
+    // The window's load and store marked streaming (evict first), as the recurrent state's in
+    // gated_delta.cu: read once and written once a step (the Qwen3.5 layout's batch-64 step
+    // ~0.2% faster on the H200).
+    const float4 s = __ldcs(reinterpret_cast<const float4*>(st));
     const float4 w = *reinterpret_cast<const float4*>(weight + (size_t)ch * 4);
     const float4 v = make_float4(s.y, s.z, s.w, xt);
-    *reinterpret_cast<float4*>(st) = v;
+    __stcs(reinterpret_cast<float4*>(st), v);
     float acc = 0.0f;
     acc += w.x * v.x;
     acc += w.y * v.y;

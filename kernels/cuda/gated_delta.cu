@@ -7,31 +7,48 @@
 #include "common.cuh"
 #include "dtype.cuh"
 
+// The recurrent state's loads and stores are marked streaming (evict first): each element is read
+// once and written once a step, and a step's state (megabytes to gigabytes) only passes through
+// L2. Against plain ones on the H200, batch-64 steps took 5–6% less on the 1.39B (K = 256) and
+// ~1% less on the Qwen3.5 layout, most of it from the stores' hint
+// (benches/results/h200-state_hints-2026-11-30/).
+template <bool CS, typename X>
+__device__ __forceinline__ X ld(const X* p) {
+  if constexpr (CS) return __ldcs(p);
+  else return *p;
+}
+template <bool CS, typename X>
+__device__ __forceinline__ void st(X* p, X v) {
+  if constexpr (CS) __stcs(p, v);
+  else *p = v;
+}
+
 // CW consecutive floats at p (columns col.. of a row of width V): one 8- or 16-byte access when
-// VEC (V % 4 == 0 and aligned data), else element by element within the row.
-template <int CW, bool VEC>
+// VEC (V % 4 == 0 and aligned data), else element by element within the row; CS: p is the
+// state (ld / st).
+template <int CW, bool VEC, bool CS = false>
 __device__ __forceinline__ void load_cols(float (&d)[CW], const float* p, int col, int V) {
   if constexpr (VEC && CW == 4) {
-    const float4 x = col < V ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 x = col < V ? ld<CS>(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
   } else if constexpr (VEC && CW == 2) {
-    const float2 x = col < V ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
+    const float2 x = col < V ? ld<CS>(reinterpret_cast<const float2*>(p)) : make_float2(0.0f, 0.0f);
     d[0] = x.x, d[1] = x.y;
   } else {
 #pragma unroll
-    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? p[c] : 0.0f;
+    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? ld<CS>(p + c) : 0.0f;
   }
 }
-template <int CW, bool VEC>
+template <int CW, bool VEC, bool CS = false>
 __device__ __forceinline__ void store_cols(float* p, const float (&x)[CW], int col, int V) {
   if constexpr (VEC && CW == 4) {
-    if (col < V) *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    if (col < V) st<CS>(reinterpret_cast<float4*>(p), make_float4(x[0], x[1], x[2], x[3]));
   } else if constexpr (VEC && CW == 2) {
-    if (col < V) *reinterpret_cast<float2*>(p) = make_float2(x[0], x[1]);
+    if (col < V) st<CS>(reinterpret_cast<float2*>(p), make_float2(x[0], x[1]));
   } else {
 #pragma unroll
     for (int c = 0; c < CW; ++c)
-      if (col + c < V) p[c] = x[c];
+      if (col + c < V) st<CS>(p + c, x[c]);
   }
 }
 
@@ -48,7 +65,7 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
 #pragma unroll
     for (int r = 0; r < RMAX; ++r) {
       if (r < R && r0 + r < K) {
-        load_cols<CW, VEC>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
+        load_cols<CW, VEC, true>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
       } else {
 #pragma unroll
         for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
@@ -61,14 +78,14 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
   for (int r = 0; r < RMAX; ++r) {
     const float* row = S + (size_t)min(r0 + r, K - 1) * V;
     if constexpr (VEC && CW == 4) {
-      const float4 x = *reinterpret_cast<const float4*>(row + vc);
+      const float4 x = ld<true>(reinterpret_cast<const float4*>(row + vc));
       s[r][0] = x.x, s[r][1] = x.y, s[r][2] = x.z, s[r][3] = x.w;
     } else if constexpr (VEC && CW == 2) {
-      const float2 x = *reinterpret_cast<const float2*>(row + vc);
+      const float2 x = ld<true>(reinterpret_cast<const float2*>(row + vc));
       s[r][0] = x.x, s[r][1] = x.y;
     } else {
 #pragma unroll
-      for (int c = 0; c < CW; ++c) s[r][c] = row[min(col + c, V - 1)];
+      for (int c = 0; c < CW; ++c) s[r][c] = ld<true>(row + min(col + c, V - 1));
     }
   }
 #pragma unroll
@@ -333,7 +350,7 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
   }
 #pragma unroll
   for (int r = 0; r < RMAX; ++r)
-    if (r < R && r0 + r < K) store_cols<CW, VEC>(S + (size_t)(r0 + r) * V + col, s[r], col, V);
+    if (r < R && r0 + r < K) store_cols<CW, VEC, true>(S + (size_t)(r0 + r) * V + col, s[r], col, V);
 }
 
 // gdr_decode_f32_w{NW}_r{RMAX}_c{CW}_b{MINB}_vec (8/16-byte accesses) and _scalar (element by

@@ -33,6 +33,19 @@ struct Key {
     /// The smallest alignment (bytes, up to 16) of the three matrices' first elements and of
     /// x's row stride.
     align: u64,
+    /// The output's type and the split-K reduction schemes allowed.
+    variant: LtVariant,
+}
+
+/// How a GEMM's output is produced: its type, and which split-K reduction schemes the heuristic
+/// may offer (`cublasLtReductionScheme_t` bits; `None`: any). The engine runs the default;
+/// `gpu_bench --gemm-algos` times the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LtVariant {
+    /// f32 output (the operands' type otherwise).
+    pub out_f32: bool,
+    /// `CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK`.
+    pub reduction_mask: Option<u32>,
 }
 
 /// GEMMs run through cublasLt and those handed back to candle (no algorithm, or refused), since
@@ -100,7 +113,7 @@ impl Drop for Descs {
 
 /// Row-major `y [M, N] = x [M, K] · w [N, K]ᵀ` is column-major `yᵀ = op(w)ᵀ · x`: A is `w`'s
 /// buffer read transposed, B is `x`'s with leading dimension `lda`.
-fn descs(ty: sys::cudaDataType, n: usize, k: usize, m: usize, lda: usize) -> std::result::Result<Descs, lt::CublasError> {
+fn descs(ty: sys::cudaDataType, out_f32: bool, n: usize, k: usize, m: usize, lda: usize) -> std::result::Result<Descs, lt::CublasError> {
     let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
     let mut d = Descs { desc, layouts: Vec::with_capacity(3) };
     let trans: i32 = 1;
@@ -113,13 +126,14 @@ fn descs(ty: sys::cudaDataType, n: usize, k: usize, m: usize, lda: usize) -> std
             std::mem::size_of::<i32>(),
         )?;
     }
-    for (rows, cols, ld) in [(k, n, k), (k, m, lda), (n, m, n)] {
-        d.layouts.push(lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64)?);
+    let out_ty = if out_f32 { sys::cudaDataType::CUDA_R_32F } else { ty };
+    for (t, rows, cols, ld) in [(ty, k, n, k), (ty, k, m, lda), (out_ty, n, m, n)] {
+        d.layouts.push(lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)?);
     }
     Ok(d)
 }
 
-/// An algorithm's configuration as `id/tile/stages/split-K`, for benchmark logs.
+/// An algorithm's configuration as `id/tile/stages/split-K/reduction`, for benchmark logs.
 fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
     use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
     // Each attribute read here is a 32-bit integer (cublasLt checks the size).
@@ -132,11 +146,12 @@ fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
     };
     let show = |attr: A| get(attr).map_or_else(|| "?".to_string(), |v| v.to_string());
     format!(
-        "id {} tile {} stages {} splitK {}",
+        "id {} tile {} stages {} splitK {} reduction {}",
         show(A::CUBLASLT_ALGO_CONFIG_ID),
         show(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
         show(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
-        show(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
+        show(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+        show(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)
     )
 }
 
@@ -147,7 +162,7 @@ fn choose(lt_: &Lt, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatm
 
 /// Up to `count` algorithms for `key`, in the heuristic's order.
 fn candidates(lt_: &Lt, key: Key, ty: sys::cudaDataType, count: usize) -> Vec<sys::cublasLtMatmulAlgo_t> {
-    let Ok(d) = descs(ty, key.n, key.k, key.bucket, key.lda) else { return Vec::new() };
+    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, key.bucket, key.lda) else { return Vec::new() };
     let Ok(pref) = lt::create_matmul_pref() else { return Vec::new() };
     let ws = WORKSPACE_BYTES;
     // SAFETY: a plain C struct for which all-zero bytes are a valid value.
@@ -172,7 +187,16 @@ fn candidates(lt_: &Lt, key: Key, ty: sys::cudaDataType, count: usize) -> Vec<sy
         ] {
             set_align = set_align.and(lt::set_matmul_pref_attribute(pref, attr, (&align as *const u32).cast(), 4));
         }
-        let r = set.and(set_align).and_then(|_| {
+        let set_mask = match key.variant.reduction_mask {
+            Some(mask) => lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                (&mask as *const u32).cast(),
+                4,
+            ),
+            None => Ok(()),
+        };
+        let r = set.and(set_align).and(set_mask).and_then(|_| {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 lt_.handle,
                 d.desc,
@@ -199,30 +223,34 @@ fn candidates(lt_: &Lt, key: Key, ty: sys::cudaDataType, count: usize) -> Vec<sy
 /// where it lies when its rows are contiguous (`w` contiguous). `None` where this path does
 /// not apply or found no algorithm: the caller runs candle's GEMM.
 pub fn linear_lt(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    Ok(dispatch(x, w, None)?.map(|(y, _)| y))
+    Ok(dispatch(x, w, None, LtVariant::default())?.map(|(y, _)| y))
 }
 
 /// [`linear_lt`] with the heuristic's `pick`-th algorithm (0 is the one [`linear_lt`] runs),
 /// for benchmarks that time the alternatives: the product and the algorithm's configuration
 /// (`id/tile/stages/split-K`); `None` also where the heuristic offers fewer.
-pub fn linear_lt_pick(x: &Tensor, w: &Tensor, pick: usize) -> Result<Option<(Tensor, String)>> {
-    Ok(dispatch(x, w, Some(pick))?.map(|(y, algo)| (y, algo.map(|a| describe(&a)).unwrap_or_default())))
+pub fn linear_lt_pick(x: &Tensor, w: &Tensor, pick: usize, variant: LtVariant) -> Result<Option<(Tensor, String)>> {
+    Ok(dispatch(x, w, Some(pick), variant)?.map(|(y, algo)| (y, algo.map(|a| describe(&a)).unwrap_or_default())))
 }
 
 /// The product and, for a pick, the algorithm that ran.
 type Ran = (Tensor, Option<sys::cublasLtMatmulAlgo_t>);
 
-fn dispatch(x: &Tensor, w: &Tensor, pick: Option<usize>) -> Result<Option<Ran>> {
-    match (x.dtype(), w.dtype()) {
-        (DType::BF16, DType::BF16) => typed::<half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF, pick),
-        (DType::F16, DType::F16) => typed::<half::f16>(x, w, sys::cudaDataType::CUDA_R_16F, pick),
+fn dispatch(x: &Tensor, w: &Tensor, pick: Option<usize>, variant: LtVariant) -> Result<Option<Ran>> {
+    match (x.dtype(), w.dtype(), variant.out_f32) {
+        (DType::BF16, DType::BF16, false) => typed::<half::bf16, half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF, pick, variant),
+        (DType::F16, DType::F16, false) => typed::<half::f16, half::f16>(x, w, sys::cudaDataType::CUDA_R_16F, pick, variant),
+        (DType::BF16, DType::BF16, true) => typed::<half::bf16, f32>(x, w, sys::cudaDataType::CUDA_R_16BF, pick, variant),
+        (DType::F16, DType::F16, true) => typed::<half::f16, f32>(x, w, sys::cudaDataType::CUDA_R_16F, pick, variant),
         _ => Ok(None),
     }
 }
 
-fn typed<T>(x: &Tensor, w: &Tensor, ty: sys::cudaDataType, pick: Option<usize>) -> Result<Option<Ran>>
+/// Operands `T`, output `O` (`T`, or f32 for [`LtVariant::out_f32`]).
+fn typed<T, O>(x: &Tensor, w: &Tensor, ty: sys::cudaDataType, pick: Option<usize>, variant: LtVariant) -> Result<Option<Ran>>
 where
     T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+    O: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
 {
     use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
     let (Ok((m, k)), Ok((n, wk))) = (x.dims2(), w.dims2()) else { return Ok(None) };
@@ -234,7 +262,7 @@ where
     let lda = xs[0];
     let (xp, wp) = (first_element_address::<T>(x)?, first_element_address::<T>(w)?);
     // SAFETY: the GEMM writes every element (beta = 0) before anything reads it.
-    let mut out = unsafe { dev.alloc::<T>(m * n) }?;
+    let mut out = unsafe { dev.alloc::<O>(m * n) }?;
     let yp = {
         let stream = dev.cuda_stream();
         let (p, _sync) = out.device_ptr_mut(&stream);
@@ -242,7 +270,7 @@ where
     };
     let size = std::mem::size_of::<T>() as u64;
     let align = [xp, wp, yp, lda as u64 * size].iter().map(|&a| 1u64 << a.trailing_zeros().min(4)).min().unwrap_or(2);
-    let key = Key { dtype: x.dtype(), n, k, bucket: bucket(m), lda, align };
+    let key = Key { dtype: x.dtype(), n, k, bucket: bucket(m), lda, align, variant };
     // The counters count the engine's calls, not a benchmark's picks.
     let counter = |c: &AtomicU64| {
         if pick.is_none() {
@@ -303,7 +331,7 @@ fn run(
         }
     };
     let Some(algo) = algo else { return Ok(None) };
-    let Ok(d) = descs(ty, key.n, key.k, m, key.lda) else { return Ok(None) };
+    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, m, key.lda) else { return Ok(None) };
     let (alpha, beta) = (1f32, 0f32);
     let (wsp, _sync) = state.workspace.device_ptr_mut(&stream);
     // SAFETY: the pointers address live buffers of the sizes the layouts describe (the caller

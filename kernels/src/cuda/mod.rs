@@ -591,7 +591,7 @@ pub use conv::{conv_prefill, conv_step};
 pub(crate) use copy::copy_many;
 pub use copy::{embedding_f32, to_f32, to_f32_into};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
-pub use gemm::{linear_lt, linear_lt_counts, linear_lt_pick};
+pub use gemm::{linear_lt, linear_lt_counts, linear_lt_pick, LtVariant};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, add_norm_gemv_f32_into, gated_norm_gemv, ConvFold};

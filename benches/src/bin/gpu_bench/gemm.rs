@@ -155,33 +155,47 @@ const DECODE_SHAPES: [(&str, &str, usize, usize); 10] = [
     ("Qwen3.5", "down_proj", 2048, 6144),
 ];
 
-/// One `ALGO {json}` line per decode shape, row count and algorithm the heuristic offers
-/// (`linear_lt_pick`): µs a GEMM and W's TB/s, timed as CUDA graphs of 24 GEMMs over copies
-/// of W that overflow L2 (so W streams from memory, as in a decode step).
+/// One `ALGO {json}` line per decode shape, row count, output variant and algorithm the
+/// heuristic offers (`linear_lt_pick`): µs a GEMM and W's TB/s, timed as CUDA graphs of 24 GEMMs
+/// over copies of W that overflow L2 (so W streams from memory, as in a decode step). The
+/// 2,048-row projections (split-K at these rows) are also tried with an f32 output and with
+/// their split-K reduced in place (no reduce launch).
 pub(super) fn algo_table(dev: &Device) -> anyhow::Result<()> {
-    use deltaserve_kernels::cuda::{graph, linear_lt_pick};
+    use deltaserve_kernels::cuda::{graph, linear_lt_pick, LtVariant};
     let Device::Cuda(cuda) = dev else { anyhow::bail!("algo_table needs a CUDA device") };
     const CALLS: usize = 24;
+    // cublasLtReductionScheme_t: INPLACE 1, COMPUTE_TYPE 2, OUTPUT_TYPE 4.
+    let variants = [
+        ("bf16", LtVariant::default()),
+        ("f32", LtVariant { out_f32: true, reduction_mask: None }),
+        ("f32 inplace", LtVariant { out_f32: true, reduction_mask: Some(1) }),
+        ("bf16 inplace", LtVariant { out_f32: false, reduction_mask: Some(1) }),
+    ];
     for (model, name, n, k) in DECODE_SHAPES {
         let bytes = n * k * 2;
         let copies = (256usize << 20).div_ceil(bytes).max(2);
         let ws = (0..copies)
             .map(|_| Tensor::randn(0f32, 0.02, (n, k), dev).and_then(|w| w.to_dtype(DType::BF16)))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        for m in [9usize, 16, 32, 64] {
+        for m in [16usize, 64] {
             let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
-            for pick in 0..16 {
-                let Some((_, config)) = linear_lt_pick(&x, &ws[0], pick)? else { break };
-                let g = graph::capture(cuda, || -> anyhow::Result<()> {
-                    for i in 0..CALLS {
-                        linear_lt_pick(&x, &ws[i % copies], pick)?;
-                    }
-                    Ok(())
-                })?;
-                let Some(g) = g else { continue };
-                let us = super::timing::median_gpu_ms(dev, 9, super::timing::Timing::IdleGpu, || Ok(g.launch()?))? * 1e3 / CALLS as f64;
-                let line = serde_json::json!({"model": model, "name": name, "m": m, "n": n, "k": k, "pick": pick, "algo": config, "us": us, "tbs": bytes as f64 / us / 1e6});
-                println!("ALGO {line}");
+            for (label, variant) in variants {
+                if variant != LtVariant::default() && n != 2048 {
+                    continue;
+                }
+                for pick in 0..8 {
+                    let Some((_, config)) = linear_lt_pick(&x, &ws[0], pick, variant)? else { break };
+                    let g = graph::capture(cuda, || -> anyhow::Result<()> {
+                        for i in 0..CALLS {
+                            linear_lt_pick(&x, &ws[i % copies], pick, variant)?;
+                        }
+                        Ok(())
+                    })?;
+                    let Some(g) = g else { continue };
+                    let us = super::timing::median_gpu_ms(dev, 9, super::timing::Timing::IdleGpu, || Ok(g.launch()?))? * 1e3 / CALLS as f64;
+                    let line = serde_json::json!({"model": model, "name": name, "m": m, "n": n, "k": k, "variant": label, "pick": pick, "algo": config, "us": us, "tbs": bytes as f64 / us / 1e6});
+                    println!("ALGO {line}");
+                }
             }
         }
     }

@@ -90,8 +90,9 @@ struct Args {
     /// Only the first GEMM at new row counts against the same call repeated (host ms).
     #[arg(long)]
     new_shapes: bool,
-    /// Only the decode step's cublasLt projections (9–64 rows, the 1.39B's and Qwen3.5's
-    /// shapes): each of the heuristic's algorithms timed, W streamed from memory.
+    /// Only the decode step's cublasLt projections (16 and 64 rows, the 1.39B's and Qwen3.5's
+    /// shapes): each of the heuristic's first 8 algorithms timed, W streamed from memory; the
+    /// 2,048-row ones also with an f32 output and in-place split-K.
     #[arg(long)]
     gemm_algos: bool,
     /// Only the decode-step fused projection tables (SwiGLU and down projection, norms and the
