@@ -19,7 +19,11 @@ pub(super) fn copy_bw(dev: &Device) -> anyhow::Result<f64> {
     let (ranges, per) = (64usize, 4usize << 20);
     let bytes = 2.0 * (ranges * per * 4) as f64;
     let mut bufs = (0..ranges).map(|_| SlotBuffer::zeros_on(2, per, dev)).collect::<Result<Vec<_>, _>>()?;
-    let kernel_ms = median_gpu_ms(dev, 10, Timing::IdleGpu, || {
+    // Timed with the GPU busy when the launch arrives (DoBench), so that the host's time to issue
+    // it is not counted: from an idle GPU the copy measured ~1% slower than the kernel itself
+    // (benches/results/h200-state_hints-2026-11-30/: 3,921 against 3,955–3,962 GB/s), and the
+    // roofline with it.
+    let kernel_ms = median_gpu_ms(dev, 10, Timing::DoBench, || {
         let mut refs: Vec<&mut SlotBuffer> = bufs.iter_mut().collect();
         SlotBuffer::copy_slot_all(&mut refs, 0, 1)?;
         Ok(())
