@@ -48,11 +48,13 @@ pub enum StepFusion {
     Apart,
 }
 
-/// Most rows [`StepFusion::Auto`] fuses. The fused step saves a launch a layer but adds a
-/// barrier and a normalisation pass to each of its CTAs, so it pays while the step is a few
-/// waves of CTAs (H100, 1.39B model, graph steps: batch 1 1.84 → 1.81 ms, batch 16 3.27 → 3.23
-/// ms) and not at batch 64 (5.84 → 5.97 ms); sizes in between were not measured.
-pub const FUSED_STEP_MAX_BATCH: usize = 16;
+/// Most rows [`StepFusion::Auto`] fuses. The fused step saves two launches a layer (the prep
+/// kernel and v's copy) but adds a barrier and a normalisation pass to each of its CTAs. On the
+/// H100 it paid at batch 1–16 and lost at 64 (1.39B model: 5.84 → 5.97 ms). On the H200, with
+/// the state's loads and stores streaming, the 1.39B's batch-64 step took 3.74–3.78 ms fused
+/// against 3.90–3.93 apart, and batch 16 2.02–2.04 against 2.12–2.14 (fused only up to 8
+/// rows); batches past 64 were not measured (benches/results/h200-state_hints-2026-11-30/).
+pub const FUSED_STEP_MAX_BATCH: usize = 64;
 
 /// Widest value head [`StepFusion::Auto`] fuses at every batch size. The fused step's extra
 /// cost is each CTA normalising its head's q and k again; a value head this narrow is one CTA
