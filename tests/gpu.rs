@@ -44,6 +44,12 @@ const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
     ("gpu_gemm_matches_cpu", gemm::gpu_gemm_matches_cpu),
     #[cfg(feature = "cuda")]
+    ("gpu_gemm_f32_output_is_the_unrounded_product", gemm::gpu_gemm_f32_output_is_the_unrounded_product),
+    #[cfg(feature = "cuda")]
+    ("gpu_split_projection_slices_sum_to_the_product", gemm::gpu_split_projection_slices_sum_to_the_product),
+    #[cfg(feature = "cuda")]
+    ("gpu_split_projections_leave_a_models_logits", gemm::gpu_split_projections_leave_a_models_logits),
+    #[cfg(feature = "cuda")]
     ("gpu_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_norm_folded_into_gemv_equals_two_kernels),
     #[cfg(feature = "cuda")]
     ("gpu_gated_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_gated_norm_folded_into_gemv_equals_two_kernels),

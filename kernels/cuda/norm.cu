@@ -44,9 +44,15 @@ GATED_NORMS(__half, f16)
 // rounded to T. h, r [rows, D] f32; delta, x [rows, D] T; w [D] f32. Each thread keeps its first
 // PER elements of r (i = tid, tid + 256, ...) in registers while the block sums; any beyond
 // (D > 256·PER) it reads back.
-template <typename T, int PER, bool PRELOAD_W>
-__device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ w,
-                             float* __restrict__ r, T* __restrict__ x, int D, float eps) {
+//
+// PARTS: delta is instead `parts` (at most PARTS_MAX) f32 slices [parts][rows][D] (`slice`
+// elements apart) of a split-K GEMM, summed here in slice order and rounded to T as the GEMM's
+// reduce would have stored them.
+#define PARTS_MAX 8
+template <typename T, int PER, bool PRELOAD_W, bool PARTS>
+__device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ pd,
+                             int parts, size_t slice, const float* __restrict__ w, float* __restrict__ r,
+                             T* __restrict__ x, int D, float eps) {
   __shared__ float part[8];
   const size_t row = blockIdx.x;
   const float* hr = h + row * D;
@@ -58,18 +64,44 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
   // issued before any is used, at indices clamped into the row rather than behind branches (a
   // load behind a branch waits for the use of the one before it); any further ones after.
   T draw[PER];
+  float psum[PARTS ? PER : 1];
 #pragma unroll
   for (int e = 0; e < PER; ++e) {
     const int i = min(threadIdx.x + e * stride, D - 1);
     if (PRELOAD_W) wk[e] = w[i];
     kept[e] = hr[i];
-    if (delta) draw[e] = delta[row * D + i];
+    if constexpr (PARTS) {
+      psum[e] = pd[row * D + i];
+    } else {
+      if (delta) draw[e] = delta[row * D + i];
+    }
+  }
+  if constexpr (PARTS) {
+    // Every slice's loads issued before the first add (one round trip to memory, not one a
+    // slice), then added in slice order.
+    float more[PER][PARTS_MAX - 1];
+#pragma unroll
+    for (int k = 1; k < PARTS_MAX; ++k) {
+#pragma unroll
+      for (int e = 0; e < PER; ++e)
+        if (k < parts) more[e][k - 1] = pd[k * slice + row * D + min(threadIdx.x + e * stride, D - 1)];
+    }
+#pragma unroll
+    for (int k = 1; k < PARTS_MAX; ++k) {
+#pragma unroll
+      for (int e = 0; e < PER; ++e)
+        if (k < parts) psum[e] += more[e][k - 1];
+    }
   }
 #pragma unroll
   for (int e = 0; e < PER; ++e) {
     const int i = threadIdx.x + e * stride;
     if (i < D) {
-      kept[e] += delta ? to_f32(draw[e]) : 0.0f;
+      if constexpr (PARTS) {
+        kept[e] += to_f32(from_f32<T>(psum[e]));
+      } else {
+        kept[e] += delta ? to_f32(draw[e]) : 0.0f;
+      }
       rr[i] = kept[e];
       ss += kept[e] * kept[e];
     } else {
@@ -78,7 +110,15 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
     }
   }
   for (int i = threadIdx.x + PER * stride; i < D; i += stride) {
-    const float v = hr[i] + (delta ? to_f32(delta[row * D + i]) : 0.0f);
+    float d = 0.0f;
+    if constexpr (PARTS) {
+      float sum = pd[row * D + i];
+      for (int k = 1; k < parts; ++k) sum += pd[k * slice + row * D + i];
+      d = to_f32(from_f32<T>(sum));
+    } else {
+      d = delta ? to_f32(delta[row * D + i]) : 0.0f;
+    }
+    const float v = hr[i] + d;
     rr[i] = v;
     ss += v * v;
   }
@@ -100,15 +140,26 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
 // add_rms_norm_{dtype}: the norm weight loaded with r, before the block's sum (a decode step's
 // few rows: one round trip to memory fewer); _lean: after it (prefill's many rows: fewer
 // registers). The same results.
+// add_rms_norm_parts_{dtype}[_lean]: delta as a split-K GEMM's f32 slices (PARTS above).
 #define ADD_RMS_NORM(T, NAME)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME(const float* h, const T* delta, const float* w, \
                                                                         float* r, T* x, int D, float eps) { pdl_entry();         \
-    add_rms_norm<T, 16, true>(h, delta, w, r, x, D, eps);                                                              \
+    add_rms_norm<T, 16, true, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                      \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME##_lean(const float* h, const T* delta,       \
                                                                               const float* w, float* r, T* x, int D,  \
                                                                               float eps) { pdl_entry();                            \
-    add_rms_norm<T, 16, false>(h, delta, w, r, x, D, eps);                                                             \
+    add_rms_norm<T, 16, false, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                     \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(256) add_rms_norm_parts_##NAME(                                      \
+      const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps) {     \
+    pdl_entry();                                                                                                   \
+    add_rms_norm<T, 8, true, true>(h, nullptr, parts, S, (size_t)slice, w, r, x, D, eps);                         \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(256) add_rms_norm_parts_##NAME##_lean(                               \
+      const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps) {     \
+    pdl_entry();                                                                                                   \
+    add_rms_norm<T, 8, false, true>(h, nullptr, parts, S, (size_t)slice, w, r, x, D, eps);                        \
   }
 ADD_RMS_NORM(float, f32)
 ADD_RMS_NORM(__nv_bfloat16, bf16)

@@ -51,3 +51,167 @@ pub fn gpu_gemm_matches_cpu(dev: &Device) {
         }
     }
 }
+
+/// The LM head's GEMM with f32 output (`ops::linear_f32`, and `linear_f32_into` a given buffer:
+/// a decode step's logits from 4 rows): the f32 product of the rounded inputs to f32's
+/// accumulation error, far inside the bf16 rounding the widened product carries, the same bits
+/// both ways; and none below the GEMM's rows, where the caller widens the GEMV's product.
+pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
+    use deltaserve_kernels::ops::{linear_f32, linear_f32_into};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+    for (m, n, k) in [(4usize, 4096usize, 2048usize), (64, 32000, 2048), (70, 1000, 512)] {
+        for dtype in [DType::BF16, DType::F16] {
+            let what = format!("{dtype:?} m={m} n={n} k={k}");
+            let xs: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let ws: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+            let x = Tensor::from_vec(xs, (m, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+            let w = Tensor::from_vec(ws, (n, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+            let (xg, wg) = (x.to_device(dev).unwrap(), w.to_device(dev).unwrap());
+            let y = linear_f32(&xg, &wg).unwrap().unwrap_or_else(|| panic!("{what}: no f32 GEMM"));
+            assert!(y.dtype() == DType::F32 && y.dims() == [m, n], "{what}: {:?} {:?}", y.dtype(), y.dims());
+            let out = Tensor::zeros((m, n), DType::F32, dev).unwrap();
+            assert!(linear_f32_into(&xg, &wg, &out).unwrap(), "{what}: into refused");
+            assert!(values(&out) == values(&y), "{what}: into and new differ");
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = values(&f(&x).matmul(&f(&w).t().unwrap()).unwrap());
+            let got = values(&y);
+            let abs_sum = 0.05 * k as f32;
+            let (mut unrounded, mut worst) = (0usize, 0f32);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let tol = 1e-5 * abs_sum;
+                assert!((g - w).abs() <= tol, "{what}: element {i}: {g} against {w} (tolerance {tol})");
+                worst = worst.max((g - w).abs());
+                unrounded +=
+                    usize::from(*g != f(&Tensor::new(*g, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()).to_scalar::<f32>().unwrap());
+            }
+            println!("{what}: worst abs err {worst:.2e}; {unrounded} of {} not representable in {dtype:?}", got.len());
+            assert!(unrounded > got.len() / 2, "{what}: the output looks rounded to {dtype:?}");
+        }
+    }
+    let x = Tensor::randn(0f32, 1.0, (2, 2048), dev).unwrap().to_dtype(DType::BF16).unwrap();
+    let w = Tensor::randn(0f32, 0.02, (4096, 2048), dev).unwrap().to_dtype(DType::BF16).unwrap();
+    assert!(linear_f32(&x, &w).unwrap().is_none(), "two rows: the GEMV's rows, not the GEMM's");
+}
+
+/// A decode step's split-K projections as unsummed slices (`ops::linear_parts`, the engine's
+/// default from 4 rows where cuBLAS splits K) sum to the product, and the residual norm that
+/// sums them as it reads them (`ops::add_rms_norm_parts`) gives the bits of the norm of their
+/// sum: the default split, a forced one, none, and the norm's many-row variant.
+pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
+    use deltaserve_kernels::cuda::set_split_parts;
+    use deltaserve_kernels::ops::{add_rms_norm, add_rms_norm_parts, linear_parts, sum_parts};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    // (M, N, K, forced slices: None for the default algorithm's split)
+    let cases = [
+        (64usize, 2048usize, 6144usize, None),
+        (64, 2048, 4096, None),
+        (16, 2048, 3072, None),
+        (64, 2048, 5632, None),
+        (8, 2048, 2048, Some(4usize)),
+        (300, 1024, 3072, Some(3)),
+    ];
+    let mut split = 0;
+    for (m, n, k, forced) in cases {
+        set_split_parts(forced);
+        for dtype in [DType::BF16, DType::F16] {
+            let what = format!("{dtype:?} m={m} n={n} k={k} forced {forced:?}");
+            let xs: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let ws: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+            let x = Tensor::from_vec(xs, (m, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+            let w = Tensor::from_vec(ws, (n, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+            let (xg, wg) = (x.to_device(dev).unwrap(), w.to_device(dev).unwrap());
+            let Some(parts) = linear_parts(&xg, &wg).unwrap() else {
+                assert!(forced.is_none(), "{what}: a forced split ran no slices");
+                println!("{what}: the default algorithm does not split K");
+                continue;
+            };
+            split += 1;
+            let s = parts.dim(0).unwrap();
+            assert!(s >= 2 && k % s == 0 && parts.dims() == [s, m, n] && parts.dtype() == DType::F32, "{what}: {:?}", parts.dims());
+            if let Some(f) = forced {
+                assert_eq!(s, f, "{what}: the forced count");
+            }
+            let sum = values(&sum_parts(&parts, dtype).unwrap());
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = values(&f(&x).matmul(&f(&w).t().unwrap()).unwrap());
+            let (unit, abs_sum) = (if dtype == DType::BF16 { 2f32.powi(-8) } else { 2f32.powi(-11) }, 0.05 * k as f32);
+            for (i, (g, w)) in sum.iter().zip(&want).enumerate() {
+                let tol = unit * w.abs() + 1e-6 * abs_sum;
+                assert!((g - w).abs() <= tol, "{what}: element {i}: {g} against {w} (tolerance {tol})");
+            }
+            // The norm that sums the slices: the bits of the norm of their rounded sum.
+            let h = Tensor::randn(0f32, 1.0, (m, n), dev).unwrap();
+            let nw = Tensor::randn(1f32, 0.1, n, dev).unwrap();
+            let (r, xn) = add_rms_norm_parts(&h, &parts, &nw, 1e-6, dtype).unwrap();
+            let (r2, xn2) = add_rms_norm(&h, Some(&sum_parts(&parts, dtype).unwrap()), &nw, 1e-6, dtype).unwrap();
+            assert!(values(&r) == values(&r2), "{what}: the residual differs from the summed slices' norm");
+            assert!(values(&xn) == values(&xn2), "{what}: the norm differs from the summed slices' norm");
+            println!("{what}: {s} slices");
+        }
+    }
+    set_split_parts(Some(0));
+    let x = Tensor::randn(0f32, 1.0, (64, 6144), dev).unwrap().to_dtype(DType::BF16).unwrap();
+    let w = Tensor::randn(0f32, 0.02, (2048, 6144), dev).unwrap().to_dtype(DType::BF16).unwrap();
+    assert!(linear_parts(&x, &w).unwrap().is_none(), "set_split_parts(Some(0)) still split");
+    set_split_parts(None);
+    // Qwen3.5's down projection at 64 rows is split by cuBLAS's heuristic on the H100 and H200.
+    assert!(split >= 4, "only {split} cases ran as slices");
+}
+
+/// A random bf16 model of the 1.39B's layer shapes (two layers), prefilled and decoded at 16
+/// sequences three ways: with the split projections' slices summed by the norms (the default),
+/// with every projection reduced by its GEMM (`set_split_parts(Some(0))`), and in f32 (no
+/// cuBLAS split: the reference). The slices ran only in the first; each bf16 run repeats to the
+/// bit; and the slices' logits are as close to f32's as the reduced GEMMs' are.
+pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
+    use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
+    use deltaserve_kernels::cuda::{set_split_parts, split_parts_count};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"], "hidden_size": 2048,
+        "num_hidden_layers": 2, "num_heads": 6, "head_dim": 256, "expand_v": 2, "vocab_size": 4096, "hidden_ratio": 4,
+        "conv_size": 4, "use_gate": true, "use_short_conv": true, "norm_eps": 1e-6, "fuse_norm": true,
+        "tie_word_embeddings": false
+    });
+    deltaserve_engine::synth::write_random_checkpoint(&cfg, dir.path(), DType::BF16, 7, None).unwrap();
+    let c = deltaserve_engine::read_config(dir.path()).unwrap();
+    let ckpt = deltaserve_engine::weights::Checkpoint::open(dir.path()).unwrap();
+    let bf16 = CausalLm::load(&c, &ckpt, DType::BF16, dev, false).unwrap();
+    let f32 = CausalLm::load(&c, &ckpt, DType::F32, dev, false).unwrap();
+    let run = |model: &CausalLm, parts: Option<usize>| -> (Vec<f32>, u64) {
+        set_split_parts(parts);
+        let before = split_parts_count();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut pool = model.new_pool(16).unwrap();
+        let slots: Vec<_> = (0..16).map(|_| pool.allocate().unwrap()).collect();
+        for &s in &slots {
+            let prompt: Vec<u32> = (0..rng.random_range(5..40)).map(|_| rng.random_range(0..4096)).collect();
+            model.prefill(&mut pool, s, &prompt, Logits::Last, PrefillAlgo::Chunked).unwrap();
+        }
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let batch: Vec<_> = slots.iter().map(|&s| (s, rng.random_range(0..4096u32))).collect();
+            out.extend(values(&model.decode(&mut pool, &batch).unwrap()));
+        }
+        (out, split_parts_count() - before)
+    };
+    let (sliced, ran) = run(&bf16, None);
+    let (again, _) = run(&bf16, None);
+    let (reduced, ran_off) = run(&bf16, Some(0));
+    let (reduced_again, _) = run(&bf16, Some(0));
+    let (truth, _) = run(&f32, None);
+    set_split_parts(None);
+    assert!(ran > 0, "no projection ran as slices at 16 rows");
+    assert_eq!(ran_off, 0, "slices ran with the split turned off");
+    assert!(sliced == again && reduced == reduced_again, "a bf16 run did not repeat to the bit");
+    let (e_sliced, e_reduced, apart) = (
+        deltaserve_tests::rel_err(&sliced, &truth),
+        deltaserve_tests::rel_err(&reduced, &truth),
+        deltaserve_tests::rel_err(&sliced, &reduced),
+    );
+    println!(
+        "{ran} GEMMs as slices; three decode steps' logits against f32: slices {e_sliced:.2e}, reduced GEMMs {e_reduced:.2e}; apart {apart:.2e}"
+    );
+    assert!(e_sliced <= 1.25 * e_reduced, "slices {e_sliced:.3e} against f32, reduced GEMMs {e_reduced:.3e}");
+    assert!(apart <= 1.5 * e_reduced, "slices against reduced GEMMs {apart:.3e}: more than bf16's own error {e_reduced:.3e}");
+}

@@ -6,7 +6,7 @@
 //! keeping it cuts bf16 logit error by about a third on the fixtures), so `fuse_norm` changes
 //! nothing here.
 
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 
 use super::attention::Attention;
 use super::batch::Pass;
@@ -16,7 +16,7 @@ use super::gated_deltanet::GatedDeltaNet;
 use super::gated_deltaproduct::GatedDeltaProduct;
 use super::mlp::Mlp;
 use super::moe::SparseMoe;
-use super::norm::{NormedInput, Residual, RmsNorm, SubInput};
+use super::norm::{Delta, NormedInput, Residual, RmsNorm, SubInput};
 use crate::cache::CacheSpec;
 use crate::error::{EngineError, Result};
 use crate::state::{KvPlan, LayerCache};
@@ -48,7 +48,7 @@ impl TokenMixer {
 
     /// `x` `[N, D]` (compute dtype) → `[N, D]`, reading and updating the slots' caches; `kv`
     /// says where each sequence sits in the KV cache.
-    pub fn forward(&self, x: &SubInput<'_>, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Delta> {
         if let Self::Attention(m) = self {
             return m.forward(x, cache.kv_mut()?, kv);
         }
@@ -73,10 +73,10 @@ pub enum ChannelMixer {
 
 impl ChannelMixer {
     /// `x` `[N, D]` → `[N, D]`.
-    pub fn forward(&self, x: &SubInput<'_>) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>) -> Result<Delta> {
         match self {
             Self::Mlp(m) => m.forward(x),
-            Self::Moe(m) => m.forward(x),
+            Self::Moe(m) => Ok(Delta::Rows(m.forward(x)?)),
         }
     }
 }
@@ -143,9 +143,9 @@ impl Block {
     }
 
     /// A sub-block's output: this rank's partial summed over the group when split.
-    fn reduce(&self, partial: Tensor) -> Result<Tensor> {
+    fn reduce(&self, partial: Delta) -> Result<Delta> {
         match &self.tp {
-            Some(link) => link.sum(&partial),
+            Some(link) => Ok(Delta::Rows(link.sum(&partial.into_rows()?)?)),
             None => Ok(partial),
         }
     }
@@ -156,10 +156,10 @@ impl Block {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
         if self.placement == NormPlacement::Post {
             let h = res.sum()?;
-            let a = self.reduce(self.attn.forward(&SubInput::Formed(h.to_dtype(act)?), cache, pass, kv)?)?;
+            let a = self.reduce(self.attn.forward(&SubInput::Formed(h.to_dtype(act)?), cache, pass, kv)?)?.into_rows()?;
             let r = (h + self.attn_norm.forward(&a)?)?;
-            let m = self.reduce(self.mlp.forward(&SubInput::Formed(r.to_dtype(act)?))?)?;
-            return Ok(Residual { delta: Some(self.mlp_norm.forward(&m)?), h: r });
+            let m = self.reduce(self.mlp.forward(&SubInput::Formed(r.to_dtype(act)?))?)?.into_rows()?;
+            return Ok(Residual { delta: Some(Delta::Rows(self.mlp_norm.forward(&m)?)), h: r });
         }
         // Each norm is formed by the projection that first reads it (inside its GEMV kernel in a
         // decode step).

@@ -217,13 +217,9 @@ impl CausalLm {
         Ok(ops::embedding_f32(&self.embeddings, ids)?)
     }
 
+    /// The final norm and the LM head: f32 logits.
     fn head(&self, res: &Residual) -> Result<Tensor> {
-        Ok(ops::to_f32(&self.head_logits(res)?)?)
-    }
-
-    /// The final norm and the LM head, in the compute dtype.
-    fn head_logits(&self, res: &Residual) -> Result<Tensor> {
-        NormedInput::new(res, &self.norm, self.dtype).project(&self.lm_head)
+        NormedInput::new(res, &self.norm, self.dtype).project_f32(&self.lm_head)
     }
 
     /// The blocks over the fp32 embeddings `h`.

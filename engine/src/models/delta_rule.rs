@@ -9,7 +9,7 @@ use deltaserve_kernels::StepSlots;
 
 use super::batch::{Packed, Pass};
 use super::linear::{FusedInput, FusedOutput};
-use super::norm::SubInput;
+use super::norm::{Delta, SubInput};
 use super::output_head::OutputHead;
 use super::short_conv::ShortConv;
 use crate::error::Result;
@@ -36,7 +36,7 @@ pub(crate) trait DeltaRule {
 }
 
 /// `x` `[N, D]` through `m` for `pass` → `[N, D]`, reading and updating the slots' states.
-pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerState, pass: &Pass<'_>) -> Result<Tensor> {
+pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerState, pass: &Pass<'_>) -> Result<Delta> {
     let act = x.dtype();
     let (y, o) = match pass {
         Pass::Decode { slots, .. } => {

@@ -5,6 +5,7 @@
 use candle_core::{Device, Tensor};
 use candle_nn::Linear;
 
+use super::norm::Delta;
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -26,6 +27,18 @@ pub fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
         Some(b) => y.broadcast_add(b)?,
         None => y,
     })
+}
+
+/// [`project`] for a sub-block's last projection, whose output the next norm adds to the
+/// residual stream: where the GPU's GEMM splits K, its f32 slices unsummed ([`Delta::Parts`]:
+/// the norm sums them, so the GEMM's reduce launch does not run); else the rows.
+pub fn project_delta(l: &Linear, x: &Tensor) -> Result<Delta> {
+    if l.bias().is_none() {
+        if let Some(parts) = deltaserve_kernels::ops::linear_parts(x, l.weight())? {
+            return Ok(Delta::Parts { parts, act: x.dtype() });
+        }
+    }
+    Ok(Delta::Rows(project(l, x)?))
 }
 
 /// Rows a fused projection's weight is padded to a multiple of on a GPU.

@@ -1,11 +1,10 @@
 //! The channel mixer: fla's `GatedMLP` with `swish`, `down_proj(silu(gate_proj x) · up_proj x)`
 //! (model-spec.md §1.3 "Block", §1.5 for the legacy fused layout).
 
-use candle_core::Tensor;
 use candle_nn::Linear;
 
-use super::linear::{linear, project, FusedInput};
-use super::norm::SubInput;
+use super::linear::{linear, project_delta, FusedInput};
+use super::norm::{Delta, SubInput};
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -56,13 +55,13 @@ impl Mlp {
     }
 
     /// `x` `[N, D]` → `[N, D]`; the same for prefill and decode (no per-sequence state).
-    pub fn forward(&self, x: &SubInput<'_>) -> Result<Tensor> {
+    pub fn forward(&self, x: &SubInput<'_>) -> Result<Delta> {
         let y = self.gate_up.forward_input(x)?;
         let (gate, up) = (y.part(GATE)?, y.part(UP)?);
         // A decode step's few rows: SwiGLU formed inside the down projection's kernel.
         if let Some(out) = deltaserve_kernels::ops::small_batch_swiglu_linear(&gate, &up, self.down_proj.weight())? {
-            return Ok(out);
+            return Ok(Delta::Rows(out));
         }
-        project(&self.down_proj, &deltaserve_kernels::ops::swiglu(&gate, &up)?)
+        project_delta(&self.down_proj, &deltaserve_kernels::ops::swiglu(&gate, &up)?)
     }
 }

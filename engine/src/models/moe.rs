@@ -147,7 +147,7 @@ impl SparseMoe {
         let x = x.x()?;
         let logits = project(&self.router, x)?;
         let shared = match &self.shared {
-            Some((mlp, gate)) => Some((mlp.forward(&SubInput::Formed(x.clone()))?, project(gate, x)?)),
+            Some((mlp, gate)) => Some((mlp.forward(&SubInput::Formed(x.clone()))?.into_rows()?, project(gate, x)?)),
             None => None,
         };
         let experts = ExpertWeights { gate_up: &self.experts.gate_up, down: &self.experts.down, first: self.experts.first };

@@ -38,9 +38,40 @@ impl RmsNorm {
 
     /// Completes the residual stream (`r = h + delta`, fp32) and normalises it into the compute
     /// dtype `act`: returns `(r, norm(r) as act)`. One fused kernel on a GPU (for contiguous
-    /// inputs, as the blocks' are).
+    /// inputs, as the blocks' are), which also sums a split projection's slices.
     pub fn add_forward(&self, res: &Residual, act: DType) -> Result<(Tensor, Tensor)> {
-        Ok(ops::add_rms_norm(&res.h, res.delta.as_ref(), &self.weight, self.eps, act)?)
+        Ok(match &res.delta {
+            Some(Delta::Parts { parts, act: rounded }) if *rounded == act => {
+                ops::add_rms_norm_parts(&res.h, parts, &self.weight, self.eps, act)?
+            }
+            Some(d) => ops::add_rms_norm(&res.h, Some(&d.clone().into_rows()?), &self.weight, self.eps, act)?,
+            None => ops::add_rms_norm(&res.h, None, &self.weight, self.eps, act)?,
+        })
+    }
+}
+
+/// A sub-block's output `[N, D]`, to be added to the residual stream.
+#[derive(Debug, Clone)]
+pub enum Delta {
+    /// The rows themselves, in the compute dtype.
+    Rows(Tensor),
+    /// A split-K projection's f32 slices `[S, N, D]` ([`ops::linear_parts`]), whose sum rounded
+    /// to `act` is the rows: the next norm sums them as it reads them (one launch fewer).
+    Parts {
+        /// `[S, N, D]` f32.
+        parts: Tensor,
+        /// The compute dtype the sum is rounded to.
+        act: DType,
+    },
+}
+
+impl Delta {
+    /// The rows `[N, D]` (a split projection's slices summed and rounded).
+    pub fn into_rows(self) -> Result<Tensor> {
+        match self {
+            Self::Rows(t) => Ok(t),
+            Self::Parts { parts, act } => Ok(ops::sum_parts(&parts, act)?),
+        }
     }
 }
 
@@ -50,21 +81,26 @@ pub struct Residual {
     /// The stream so far, f32.
     pub h: Tensor,
     /// The last sub-block's output, to be added.
-    pub delta: Option<Tensor>,
+    pub delta: Option<Delta>,
 }
 
 impl Residual {
     /// `h + delta` in fp32.
     pub fn sum(&self) -> Result<Tensor> {
         Ok(match &self.delta {
-            Some(d) => (d.to_dtype(DType::F32)? + &self.h)?,
+            Some(d) => (d.clone().into_rows()?.to_dtype(DType::F32)? + &self.h)?,
             None => self.h.clone(),
         })
     }
 
+    /// `delta` as rows, if any (a split projection's slices summed).
+    fn delta_rows(&self) -> Result<Option<Tensor>> {
+        self.delta.clone().map(Delta::into_rows).transpose()
+    }
+
     /// The same rows of `h` and `delta`, picked by `f`.
     pub fn rows(&self, f: impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<Self> {
-        Ok(Self { h: f(&self.h)?, delta: self.delta.as_ref().map(&f).transpose()? })
+        Ok(Self { h: f(&self.h)?, delta: self.delta_rows()?.as_ref().map(&f).transpose()?.map(Delta::Rows) })
     }
 }
 
@@ -143,9 +179,8 @@ impl<'a> NormedInput<'a> {
     /// `x Wᵀ` (and `l`'s bias): through the fused norm + GEMV kernel while nothing has formed
     /// the norm yet and the rows are a decode step's, else through [`super::linear::project`].
     pub fn project(&self, l: &Linear) -> Result<Tensor> {
-        if self.r.get().is_none() && l.bias().is_none() && l.weight().dtype() == self.act {
-            let (h, delta) = (&self.res.h, self.res.delta.as_ref());
-            if let Some((r, y)) = ops::small_batch_add_norm_linear(h, delta, &self.norm.weight, self.norm.eps, l.weight())? {
+        if let Some(delta) = self.fusable_delta(l) {
+            if let Some((r, y)) = ops::small_batch_add_norm_linear(&self.res.h, delta, &self.norm.weight, self.norm.eps, l.weight())? {
                 let _ = self.r.set(r);
                 return Ok(y);
             }
@@ -153,16 +188,29 @@ impl<'a> NormedInput<'a> {
         super::linear::project(l, self.x()?)
     }
 
-    /// [`Self::project`] widened to f32 into `out` (a decode step's logits in a CUDA graph's
-    /// fixed buffer) by the fused norm + GEMV kernel itself, the bits of the projection then
-    /// [`ops::to_f32_into`]; false where that kernel does not apply (nothing written).
+    /// [`Self::project`] in f32 (the logits): where the GPU runs `l` as a GEMM, its f32
+    /// accumulators as they are ([`ops::linear_f32`]); else the projection widened, whose bits
+    /// the fused norm + GEMV kernel's f32 output also has.
+    pub fn project_f32(&self, l: &Linear) -> Result<Tensor> {
+        if l.bias().is_none() && self.res.h.dim(0)? > ops::ADD_NORM_LINEAR_MAX_ROWS {
+            if let Some(y) = ops::linear_f32(self.x()?, l.weight())? {
+                return Ok(y);
+            }
+        }
+        Ok(ops::to_f32(&self.project(l)?)?)
+    }
+
+    /// [`Self::project_f32`] written into `out` (a decode step's logits in a CUDA graph's fixed
+    /// buffer) by the projection's own kernel: the fused norm + GEMV kernel for a few rows, the
+    /// GEMM from more; false where neither applies (nothing written).
     #[cfg(feature = "cuda")]
     pub fn project_f32_into(&self, l: &Linear, out: &Tensor) -> Result<bool> {
-        if self.r.get().is_some() || l.bias().is_some() || l.weight().dtype() != self.act {
-            return Ok(false);
+        if l.bias().is_none() && self.res.h.dim(0)? > ops::ADD_NORM_LINEAR_MAX_ROWS {
+            return Ok(ops::linear_f32_into(self.x()?, l.weight(), out)?);
         }
-        let (h, delta) = (&self.res.h, self.res.delta.as_ref());
-        let Some(r) = ops::small_batch_add_norm_linear_f32_into(h, delta, &self.norm.weight, self.norm.eps, l.weight(), out)? else {
+        let Some(delta) = self.fusable_delta(l) else { return Ok(false) };
+        let Some(r) = ops::small_batch_add_norm_linear_f32_into(&self.res.h, delta, &self.norm.weight, self.norm.eps, l.weight(), out)?
+        else {
             return Ok(false);
         };
         let _ = self.r.set(r);
@@ -173,15 +221,29 @@ impl<'a> NormedInput<'a> {
     /// short conv on the first columns ([`ops::small_batch_add_norm_conv_linear`]): `(y, conv
     /// output)`, or `None` where that kernel does not apply (nothing run, `conv` unused).
     pub fn project_conv(&self, l: &Linear, conv: ops::ConvStepFold<'_, '_>) -> Result<Option<(Tensor, Tensor)>> {
-        if self.r.get().is_some() || l.bias().is_some() || l.weight().dtype() != self.act {
-            return Ok(None);
-        }
-        let (h, delta) = (&self.res.h, self.res.delta.as_ref());
-        let Some((r, y, c)) = ops::small_batch_add_norm_conv_linear(h, delta, &self.norm.weight, self.norm.eps, l.weight(), conv)? else {
+        let Some(delta) = self.fusable_delta(l) else { return Ok(None) };
+        let Some((r, y, c)) =
+            ops::small_batch_add_norm_conv_linear(&self.res.h, delta, &self.norm.weight, self.norm.eps, l.weight(), conv)?
+        else {
             return Ok(None);
         };
         let _ = self.r.set(r);
         Ok(Some((y, c)))
+    }
+
+    /// `delta` for a kernel that forms the norm inside `l`'s projection: while nothing has
+    /// formed it yet, `l` has no bias and its weight is in the compute dtype, and `delta` is
+    /// rows (`Some(None)`: no delta). A split projection's slices come only from rows the
+    /// fused kernels do not take.
+    fn fusable_delta(&self, l: &Linear) -> Option<Option<&Tensor>> {
+        if self.r.get().is_some() || l.bias().is_some() || l.weight().dtype() != self.act {
+            return None;
+        }
+        match &self.res.delta {
+            None => Some(None),
+            Some(Delta::Rows(d)) => Some(Some(d)),
+            Some(Delta::Parts { .. }) => None,
+        }
     }
 
     /// The residual stream `h + delta` (f32).

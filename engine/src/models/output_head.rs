@@ -5,7 +5,8 @@ use candle_core::{DType, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::{ops, GateActivation};
 
-use super::linear::{linear, project, FusedOutput};
+use super::linear::{linear, project_delta, FusedOutput};
+use super::norm::Delta;
 use crate::error::Result;
 use crate::weights::Weights;
 
@@ -100,7 +101,7 @@ impl OutputHead {
 
     /// `o` `[N, HV, Vd]` f32 → `[N, D]` in `dtype`, gated by part `g_part` of the fused input
     /// projection `y` (`g_proj`'s output) when the layer has an output gate.
-    pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Tensor> {
+    pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Delta> {
         let n = o.dim(0)?;
         // The gate `[N, HV·Vd]` as it sits in the fused projection: the GPU norm reads it in
         // place and writes `dtype` directly (no f32 copy of z, no cast of the output).
@@ -108,10 +109,10 @@ impl OutputHead {
         // A decode step's few rows: the norm formed inside o_proj's GEMV kernel.
         if self.o_proj.bias().is_none() && self.o_proj.weight().dtype() == dtype && o.rank() == 3 {
             if let Some(out) = ops::small_batch_gated_norm_linear(o, z.as_ref(), &self.o_norm, self.eps, self.act, self.o_proj.weight())? {
-                return Ok(out);
+                return Ok(Delta::Rows(out));
             }
         }
         let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act, dtype)?;
-        project(&self.o_proj, &y.reshape((n, self.num_v_heads * self.head_v_dim))?)
+        project_delta(&self.o_proj, &y.reshape((n, self.num_v_heads * self.head_v_dim))?)
     }
 }

@@ -8,7 +8,7 @@
 //! row count in it: a bounded set of kernels, each loaded once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
@@ -35,6 +35,8 @@ struct Key {
     align: u64,
     /// The output's type and the split-K reduction schemes allowed.
     variant: LtVariant,
+    /// K's slices run as a strided batch ([`linear_lt_parts`]); 1 for one GEMM.
+    parts: usize,
 }
 
 /// How a GEMM's output is produced: its type, and which split-K reduction schemes the heuristic
@@ -65,6 +67,8 @@ struct Lt {
     algos: HashMap<Key, Option<sys::cublasLtMatmulAlgo_t>>,
     /// The heuristic's n-th algorithm for `key`, for [`linear_lt_pick`].
     picked: HashMap<(Key, usize), Option<sys::cublasLtMatmulAlgo_t>>,
+    /// How many slices of K the default algorithm for `key` sums (1: no split-K).
+    splits: HashMap<Key, usize>,
 }
 
 // SAFETY: the handle is only used under its stream's lock, by one thread at a time.
@@ -112,8 +116,18 @@ impl Drop for Descs {
 }
 
 /// Row-major `y [M, N] = x [M, K] · w [N, K]ᵀ` is column-major `yᵀ = op(w)ᵀ · x`: A is `w`'s
-/// buffer read transposed, B is `x`'s with leading dimension `lda`.
-fn descs(ty: sys::cudaDataType, out_f32: bool, n: usize, k: usize, m: usize, lda: usize) -> std::result::Result<Descs, lt::CublasError> {
+/// buffer read transposed, B is `x`'s with leading dimension `lda`. With `parts` > 1, K's
+/// `parts` equal slices run as a strided batch: slice `s` reads columns `s·K/parts..` of `w`
+/// and `x` and writes output `s` of `[parts, M, N]`.
+fn descs(
+    ty: sys::cudaDataType,
+    out_f32: bool,
+    n: usize,
+    k: usize,
+    m: usize,
+    lda: usize,
+    parts: usize,
+) -> std::result::Result<Descs, lt::CublasError> {
     let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
     let mut d = Descs { desc, layouts: Vec::with_capacity(3) };
     let trans: i32 = 1;
@@ -127,8 +141,19 @@ fn descs(ty: sys::cudaDataType, out_f32: bool, n: usize, k: usize, m: usize, lda
         )?;
     }
     let out_ty = if out_f32 { sys::cudaDataType::CUDA_R_32F } else { ty };
-    for (t, rows, cols, ld) in [(ty, k, n, k), (ty, k, m, lda), (out_ty, n, m, n)] {
-        d.layouts.push(lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)?);
+    let slice = k / parts;
+    for (t, rows, cols, ld, offset) in [(ty, slice, n, k, slice), (ty, slice, m, lda, slice), (out_ty, n, m, n, n * m)] {
+        let layout = lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64)?;
+        d.layouts.push(layout);
+        if parts > 1 {
+            let (count, offset) = (parts as i32, offset as i64);
+            use sys::cublasLtMatrixLayoutAttribute_t as L;
+            // SAFETY: BATCH_COUNT is an i32 and STRIDED_BATCH_OFFSET an i64, as cublasLt expects.
+            unsafe {
+                lt::set_matrix_layout_attribute(layout, L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, (&count as *const i32).cast(), 4)?;
+                lt::set_matrix_layout_attribute(layout, L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, (&offset as *const i64).cast(), 8)?;
+            }
+        }
     }
     Ok(d)
 }
@@ -162,7 +187,7 @@ fn choose(lt_: &Lt, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatm
 
 /// Up to `count` algorithms for `key`, in the heuristic's order.
 fn candidates(lt_: &Lt, key: Key, ty: sys::cudaDataType, count: usize) -> Vec<sys::cublasLtMatmulAlgo_t> {
-    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, key.bucket, key.lda) else { return Vec::new() };
+    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, key.bucket, key.lda, key.parts) else { return Vec::new() };
     let Ok(pref) = lt::create_matmul_pref() else { return Vec::new() };
     let ws = WORKSPACE_BYTES;
     // SAFETY: a plain C struct for which all-zero bytes are a valid value.
@@ -223,34 +248,136 @@ fn candidates(lt_: &Lt, key: Key, ty: sys::cudaDataType, count: usize) -> Vec<sy
 /// where it lies when its rows are contiguous (`w` contiguous). `None` where this path does
 /// not apply or found no algorithm: the caller runs candle's GEMM.
 pub fn linear_lt(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    Ok(dispatch(x, w, None, LtVariant::default())?.map(|(y, _)| y))
+    Ok(dispatch(x, w, None, LtVariant::default(), false, None)?.map(|(y, _)| y))
 }
 
 /// [`linear_lt`] with the heuristic's `pick`-th algorithm (0 is the one [`linear_lt`] runs),
 /// for benchmarks that time the alternatives: the product and the algorithm's configuration
 /// (`id/tile/stages/split-K`); `None` also where the heuristic offers fewer.
 pub fn linear_lt_pick(x: &Tensor, w: &Tensor, pick: usize, variant: LtVariant) -> Result<Option<(Tensor, String)>> {
-    Ok(dispatch(x, w, Some(pick), variant)?.map(|(y, algo)| (y, algo.map(|a| describe(&a)).unwrap_or_default())))
+    Ok(dispatch(x, w, Some(pick), variant, false, None)?.map(|(y, algo)| (y, algo.map(|a| describe(&a)).unwrap_or_default())))
+}
+
+/// `x [M, K] · w [N, K]ᵀ` as the f32 partial products of `S` equal slices of K, `[S, M, N]`,
+/// whose sum is the product: where [`linear_lt`]'s algorithm splits K, the same split run as a
+/// strided batch with its reduce left to the reader (the residual norm that adds a block's
+/// output sums them, so the GEMM's reduce launch does not run). `S` is [`auto_parts`]'s count,
+/// moved to a divisor of K whose slices stay 16-byte aligned, or as [`set_split_parts`] says. `None` where K is not split or this path does not apply: the
+/// caller runs [`linear_lt`].
+pub fn linear_lt_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    Ok(dispatch(x, w, None, LtVariant { out_f32: true, reduction_mask: None }, true, None)?.map(|(y, _)| y))
+}
+
+/// [`linear_lt`] with the GEMM's f32 accumulators stored as they are (a new `[M, N]` f32
+/// tensor), not rounded to the operands' type.
+pub fn linear_lt_f32(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    Ok(dispatch(x, w, None, LtVariant { out_f32: true, reduction_mask: None }, false, None)?.map(|(y, _)| y))
+}
+
+/// `x [M, K] · w [N, K]ᵀ` written into `out` `[M, N]` f32 (contiguous): the GEMM's f32
+/// accumulators stored as they are, not rounded to the operands' type (a decode step's logits
+/// straight into a CUDA graph's buffer, where the bf16 product and a widening launch were two
+/// passes). False (nothing written) where this path does not apply.
+pub fn linear_lt_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
+    Ok(dispatch(x, w, None, LtVariant { out_f32: true, reduction_mask: None }, false, Some(out))?.is_some())
+}
+
+/// [`set_split_parts`]'s setting: `UNSET` until set (then `DELTASERVE_SPLIT_PARTS` rules), `AUTO`
+/// for [`auto_parts`], `CUBLAS` for the default algorithm's own split, else the slice count (0:
+/// never).
+static SPLIT_PARTS: AtomicUsize = AtomicUsize::new(UNSET);
+const UNSET: usize = usize::MAX;
+const AUTO: usize = usize::MAX - 1;
+const CUBLAS: usize = usize::MAX - 2;
+/// GEMMs [`linear_lt_parts`] ran as slices, since start.
+static SPLIT_RAN: AtomicU64 = AtomicU64::new(0);
+
+/// How [`linear_lt_parts`] splits K for this process: `None` as [`auto_parts`] says, `Some(0)`
+/// never (every projection reduced by its GEMM), `Some(s)` in `s` slices where K allows. Unset,
+/// `DELTASERVE_SPLIT_PARTS` says: `0`, a count, `cublas` (the default algorithm's own split, for
+/// comparisons), or absent for `None`.
+pub fn set_split_parts(parts: Option<usize>) {
+    SPLIT_PARTS.store(parts.map_or(AUTO, |s| s.min(8)), Ordering::Relaxed);
+}
+
+/// GEMMs run as unsummed slices by [`linear_lt_parts`] since start.
+pub fn split_parts_count() -> u64 {
+    SPLIT_RAN.load(Ordering::Relaxed)
+}
+
+/// The setting, read from the environment on first use if nothing set it.
+fn split_setting() -> usize {
+    let v = SPLIT_PARTS.load(Ordering::Relaxed);
+    if v != UNSET {
+        return v;
+    }
+    let env = std::env::var("DELTASERVE_SPLIT_PARTS").ok();
+    let v = match env.as_deref() {
+        Some("cublas") => CUBLAS,
+        Some(n) => n.parse::<usize>().map_or(AUTO, |s| s.min(8)),
+        None => AUTO,
+    };
+    let _ = SPLIT_PARTS.compare_exchange(UNSET, v, Ordering::Relaxed, Ordering::Relaxed);
+    v
+}
+
+/// Rows up to which a GEMM is a decode step's (or a short pass's), whose few output tiles leave
+/// most SMs idle unless K is split.
+const DECODE_ROWS: usize = 64;
+
+/// The slices for a GEMM of `m` rows whose default algorithm splits K `split` ways: at least 4
+/// up to [`DECODE_ROWS`] rows, else `split`. Four slices timed within 2% of the best count for
+/// each 2,048-row projection of the 1.39B and Qwen3.5 at 16 and 64 rows on the H200, and
+/// faster than the default algorithm's split where that was 1–3
+/// (`benches/results/h200-split_parts-2026-11-30/`).
+fn auto_parts(split: usize, m: usize) -> usize {
+    if m <= DECODE_ROWS {
+        split.max(4)
+    } else {
+        split
+    }
+}
+
+/// The slice count nearest `split` (up to 8, larger first) that divides `k` into slices of a
+/// multiple of 8 elements (16 bytes of bf16, as cublasLt's fast kernels want), or 1.
+fn parts_near(split: usize, k: usize) -> usize {
+    let fits = |s: usize| s >= 2 && k.is_multiple_of(s) && (k / s).is_multiple_of(8);
+    if split < 2 {
+        return 1;
+    }
+    (split..=8).chain((2..split).rev()).find(|&s| fits(s)).unwrap_or(1)
 }
 
 /// The product and, for a pick, the algorithm that ran.
 type Ran = (Tensor, Option<sys::cublasLtMatmulAlgo_t>);
 
-fn dispatch(x: &Tensor, w: &Tensor, pick: Option<usize>, variant: LtVariant) -> Result<Option<Ran>> {
+fn dispatch(x: &Tensor, w: &Tensor, pick: Option<usize>, variant: LtVariant, parts: bool, into: Option<&Tensor>) -> Result<Option<Ran>> {
     match (x.dtype(), w.dtype(), variant.out_f32) {
-        (DType::BF16, DType::BF16, false) => typed::<half::bf16, half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF, pick, variant),
-        (DType::F16, DType::F16, false) => typed::<half::f16, half::f16>(x, w, sys::cudaDataType::CUDA_R_16F, pick, variant),
-        (DType::BF16, DType::BF16, true) => typed::<half::bf16, f32>(x, w, sys::cudaDataType::CUDA_R_16BF, pick, variant),
-        (DType::F16, DType::F16, true) => typed::<half::f16, f32>(x, w, sys::cudaDataType::CUDA_R_16F, pick, variant),
+        (DType::BF16, DType::BF16, false) => {
+            typed::<half::bf16, half::bf16>(x, w, sys::cudaDataType::CUDA_R_16BF, pick, variant, parts, into)
+        }
+        (DType::F16, DType::F16, false) => typed::<half::f16, half::f16>(x, w, sys::cudaDataType::CUDA_R_16F, pick, variant, parts, into),
+        (DType::BF16, DType::BF16, true) => typed::<half::bf16, f32>(x, w, sys::cudaDataType::CUDA_R_16BF, pick, variant, parts, into),
+        (DType::F16, DType::F16, true) => typed::<half::f16, f32>(x, w, sys::cudaDataType::CUDA_R_16F, pick, variant, parts, into),
         _ => Ok(None),
     }
 }
 
-/// Operands `T`, output `O` (`T`, or f32 for [`LtVariant::out_f32`]).
-fn typed<T, O>(x: &Tensor, w: &Tensor, ty: sys::cudaDataType, pick: Option<usize>, variant: LtVariant) -> Result<Option<Ran>>
+/// Operands `T`, output `O` (`T`, or f32 for [`LtVariant::out_f32`]); with `parts`, K's slices
+/// as a strided batch of f32 outputs ([`linear_lt_parts`]); written `into` a given `[M, N]`
+/// contiguous tensor of `O`, or a new one.
+fn typed<T, O>(
+    x: &Tensor,
+    w: &Tensor,
+    ty: sys::cudaDataType,
+    pick: Option<usize>,
+    variant: LtVariant,
+    parts: bool,
+    into: Option<&Tensor>,
+) -> Result<Option<Ran>>
 where
     T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
-    O: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+    O: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr + candle_core::WithDType,
 {
     use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
     let (Ok((m, k)), Ok((n, wk))) = (x.dims2(), w.dims2()) else { return Ok(None) };
@@ -261,16 +388,45 @@ where
     let candle_core::Device::Cuda(dev) = x.device() else { return Ok(None) };
     let lda = xs[0];
     let (xp, wp) = (first_element_address::<T>(x)?, first_element_address::<T>(w)?);
-    // SAFETY: the GEMM writes every element (beta = 0) before anything reads it.
-    let mut out = unsafe { dev.alloc::<O>(m * n) }?;
-    let yp = {
-        let stream = dev.cuda_stream();
-        let (p, _sync) = out.device_ptr_mut(&stream);
-        p
-    };
     let size = std::mem::size_of::<T>() as u64;
-    let align = [xp, wp, yp, lda as u64 * size].iter().map(|&a| 1u64 << a.trailing_zeros().min(4)).min().unwrap_or(2);
-    let key = Key { dtype: x.dtype(), n, k, bucket: bucket(m), lda, align, variant };
+    let align_of = |addrs: &[u64]| addrs.iter().map(|&a| 1u64 << a.trailing_zeros().min(4)).min().unwrap_or(2);
+    let mut key = Key { dtype: x.dtype(), n, k, bucket: bucket(m), lda, align: align_of(&[xp, wp, lda as u64 * size]), variant, parts: 1 };
+    if parts {
+        // Each output of the batch starts 16-byte aligned.
+        if !(m * n).is_multiple_of(4) {
+            return Ok(None);
+        }
+        let setting = split_setting();
+        let s = if setting == AUTO || setting == CUBLAS {
+            let split = lt_of(dev)?.lock().unwrap_or_else(|p| p.into_inner()).split(Key { variant: LtVariant::default(), ..key }, ty);
+            parts_near(if setting == AUTO { auto_parts(split, m) } else { split }, k)
+        } else {
+            parts_near(setting, k)
+        };
+        if s < 2 {
+            return Ok(None);
+        }
+        key.parts = s;
+    }
+    let (mut out, yp) = match into {
+        Some(t) => {
+            if t.dims() != [m, n] || !t.is_contiguous() || t.dtype() != O::DTYPE || key.parts > 1 {
+                return Ok(None);
+            }
+            (None, first_element_address::<O>(t)?)
+        }
+        None => {
+            // SAFETY: the GEMM writes every element (beta = 0) before anything reads it.
+            let mut out = unsafe { dev.alloc::<O>(key.parts * m * n) }?;
+            let p = {
+                let stream = dev.cuda_stream();
+                let (p, _sync) = out.device_ptr_mut(&stream);
+                p
+            };
+            (Some(out), p)
+        }
+    };
+    key.align = key.align.min(align_of(&[yp]));
     // The counters count the engine's calls, not a benchmark's picks.
     let counter = |c: &AtomicU64| {
         if pick.is_none() {
@@ -282,7 +438,76 @@ where
         return Ok(None);
     };
     counter(&RAN);
-    Ok(Some((wrap(dev, out, (m, n)), pick.map(|_| algo))))
+    if key.parts > 1 {
+        SPLIT_RAN.fetch_add(1, Ordering::Relaxed);
+    }
+    let y = match (out.take(), into) {
+        (Some(out), _) if key.parts > 1 => wrap(dev, out, (key.parts, m, n)),
+        (Some(out), _) => wrap(dev, out, (m, n)),
+        (None, Some(t)) => t.clone(),
+        (None, None) => unreachable!("an output is allocated unless given"),
+    };
+    Ok(Some((y, pick.map(|_| algo))))
+}
+
+/// This device stream's cublasLt state, made on first use.
+fn lt_of(dev: &CudaDevice) -> Result<Arc<Mutex<Lt>>> {
+    let stream = dev.cuda_stream();
+    let id = stream.cu_stream() as usize;
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    Ok(match reg.entry(id) {
+        std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let handle = lt::create_handle()
+                .map_err(|e| crate::KernelError::Unsupported { op: "linear_lt", what: format!("cublasLtCreate: {e}") })?;
+            // SAFETY: a workspace is scratch for cublasLt; nothing reads it before a GEMM writes it.
+            let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.w()?;
+            let lt_ = Lt { handle, workspace, algos: HashMap::new(), picked: HashMap::new(), splits: HashMap::new() };
+            e.insert(Arc::new(Mutex::new(lt_))).clone()
+        }
+    })
+}
+
+impl Lt {
+    /// The default algorithm for `key`, chosen on first use.
+    fn default_algo(&mut self, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatmulAlgo_t> {
+        if let Some(a) = self.algos.get(&key) {
+            return *a;
+        }
+        let a = choose(self, key, ty);
+        self.algos.insert(key, a);
+        a
+    }
+
+    /// How many slices of K the default algorithm for `key` sums (1 where it does not split).
+    fn split(&mut self, key: Key, ty: sys::cudaDataType) -> usize {
+        if let Some(&s) = self.splits.get(&key) {
+            return s;
+        }
+        let s = self.default_algo(key, ty).map_or(1, |a| split_of(&a));
+        self.splits.insert(key, s);
+        s
+    }
+}
+
+/// An algorithm's split-K slice count (1 where it does not split, or cublasLt does not say).
+fn split_of(algo: &sys::cublasLtMatmulAlgo_t) -> usize {
+    let (mut v, mut written) = (0u32, 0usize);
+    // SAFETY: `v` holds the 4 bytes of the 32-bit attribute.
+    let r = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            (&mut v as *mut u32).cast(),
+            4,
+            &mut written,
+        )
+    };
+    if r == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        (v as usize).max(1)
+    } else {
+        1
+    }
 }
 
 /// Queues the GEMM with `key`'s algorithm (chosen on first use), or the heuristic's `pick`-th;
@@ -298,20 +523,7 @@ fn run(
 ) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
     let stream = dev.cuda_stream();
-    let id = stream.cu_stream() as usize;
-    let entry = {
-        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        match reg.entry(id) {
-            std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let handle = lt::create_handle()
-                    .map_err(|e| crate::KernelError::Unsupported { op: "linear_lt", what: format!("cublasLtCreate: {e}") })?;
-                // SAFETY: a workspace is scratch for cublasLt; nothing reads it before a GEMM writes it.
-                let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.w()?;
-                e.insert(Arc::new(Mutex::new(Lt { handle, workspace, algos: HashMap::new(), picked: HashMap::new() }))).clone()
-            }
-        }
-    };
+    let entry = lt_of(dev)?;
     let mut guard = entry.lock().unwrap_or_else(|p| p.into_inner());
     let state = &mut *guard;
     let algo = match (pick, state.algos.get(&key)) {
@@ -323,15 +535,10 @@ fn run(
                 a
             }
         },
-        (None, Some(a)) => *a,
-        (None, None) => {
-            let a = choose(state, key, ty);
-            state.algos.insert(key, a);
-            a
-        }
+        (None, _) => state.default_algo(key, ty),
     };
     let Some(algo) = algo else { return Ok(None) };
-    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, m, key.lda) else { return Ok(None) };
+    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, m, key.lda, key.parts) else { return Ok(None) };
     let (alpha, beta) = (1f32, 0f32);
     let (wsp, _sync) = state.workspace.device_ptr_mut(&stream);
     // SAFETY: the pointers address live buffers of the sizes the layouts describe (the caller

@@ -591,10 +591,13 @@ pub use conv::{conv_prefill, conv_step};
 pub(crate) use copy::copy_many;
 pub use copy::{embedding_f32, to_f32, to_f32_into};
 pub use decode::{gated_delta_step, gated_delta_step_raw};
-pub use gemm::{linear_lt, linear_lt_counts, linear_lt_pick, LtVariant};
+pub use gemm::{
+    linear_lt, linear_lt_counts, linear_lt_f32, linear_lt_f32_into, linear_lt_parts, linear_lt_pick, set_split_parts, split_parts_count,
+    LtVariant,
+};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, add_norm_gemv_f32_into, gated_norm_gemv, ConvFold};
 pub use prefill::gated_delta_chunk_tc;
-pub use rows::{add_rms_norm, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
+pub use rows::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;

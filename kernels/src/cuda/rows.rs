@@ -151,6 +151,43 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
     Ok(Some((wrap(&dev, r, (rows, d)), x)))
 }
 
+/// [`add_rms_norm`] with `delta` as a split-K GEMM's f32 slices `parts` `[S, N, D]`, summed in
+/// slice order and rounded to `dtype` by the same launch. `None` when the inputs' layouts or
+/// dtypes are not the kernel's.
+pub fn add_rms_norm_parts(h: &Tensor, parts: &Tensor, weight: &Tensor, eps: f32, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
+    let dev = cuda_dev(h, "add_rms_norm_parts")?;
+    let (rows, d) = h.dims2()?;
+    let name = match dtype {
+        DType::F32 => "add_rms_norm_parts_f32",
+        DType::BF16 => "add_rms_norm_parts_bf16",
+        DType::F16 => "add_rms_norm_parts_f16",
+        _ => return Ok(None),
+    };
+    let s = parts.dim(0)?;
+    // The kernel sums at most 8 slices (`PARTS_MAX`).
+    let fits = parts.is_contiguous() && parts.dims() == [s, rows, d] && parts.dtype() == DType::F32 && (1..=8).contains(&s);
+    if h.dtype() != DType::F32 || !h.is_contiguous() || !fits {
+        return Ok(None);
+    }
+    let w = f32c(weight)?;
+    let x = alloc_rows(&dev, dtype, rows, d)?;
+    // SAFETY: the kernel writes every element of r.
+    let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
+    let lean = if rows > LATENCY_ROWS { "_lean" } else { "" };
+    let f = dev.get_or_load_custom_func(&format!("{name}{lean}"), "norm", ptx::NORM)?;
+    let cfg = grid(rows, 1, 1, 256, 0);
+    let (di, si, slice) = (d as i32, s as i32, (rows * d) as i64);
+    let (x_ptr, parts_ptr) = (first_element_address_any(&x)?, first_element_address_any(parts)?);
+    with_view!(h, hv, {
+        with_view!(w, wv, {
+            let mut l = f.builder();
+            l.arg(&hv).arg(&parts_ptr).arg(&si).arg(&slice).arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
+            unsafe { l.launch(cfg) }.w()?;
+        })
+    });
+    Ok(Some((wrap(&dev, r, (rows, d)), x)))
+}
+
 /// SwiGLU `silu(gate) · up` for `gate`, `up` `[N, I]` (column slices of a fused projection are
 /// read in place), in fp32 rounded once to their dtype. Returns `[N, I]` contiguous.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {

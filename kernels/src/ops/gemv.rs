@@ -122,6 +122,56 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     Ok(y.reshape(out_dims)?)
 }
 
+/// `x Wᵀ` for `x` `[M, K]` as the f32 partial products of `S` slices of K, `[S, M, N]`, whose
+/// sum is the product: on the GPU, where [`linear`] would run a GEMM that splits K (a decode
+/// step's 2,048-wide projections from 4 rows on), the same split without its reduce launch, for
+/// a reader that sums the slices as it reads them ([`add_rms_norm_parts`](super::add_rms_norm_parts)).
+/// `None` where [`linear`] runs something else (the CPU, the GEMV kernels' rows, the
+/// batch-invariant mode, a GEMM that does not split K): the caller runs [`linear`].
+pub fn linear_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 {
+        if batch_invariant() || (!small_batch_gemv_off() && x.dim(0)? <= small_batch_linear_max_rows()) {
+            return Ok(None);
+        }
+        return crate::cuda::linear_lt_parts(x, w);
+    }
+    let _ = (x, w);
+    Ok(None)
+}
+
+/// `x Wᵀ` in f32 written into `out` `[M, N]` (contiguous f32; a decode step's logits in a CUDA
+/// graph's buffer): on the GPU, where [`linear`] would run a GEMM (past the GEMV kernels' rows,
+/// bf16/f16, not the batch-invariant mode), the GEMM's f32 accumulators stored as they are,
+/// not rounded to `x`'s dtype first; one pass where the product and [`to_f32_into`] were two.
+/// False (nothing written) elsewhere, or when `DELTASERVE_HEAD_GEMM_F32=0` turns it off (for
+/// comparisons): the caller runs the two.
+pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 {
+        if head_gemm_f32_off() || batch_invariant() || (!small_batch_gemv_off() && x.dim(0)? <= small_batch_linear_max_rows()) {
+            return Ok(false);
+        }
+        return crate::cuda::linear_lt_f32_into(x, w, out);
+    }
+    let _ = (x, w, out);
+    Ok(false)
+}
+
+/// [`linear`] in f32 where [`linear_f32_into`] applies (its f32 accumulators, in a new tensor);
+/// `None` elsewhere: the caller widens [`linear`]'s product.
+pub fn linear_f32(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 {
+        if head_gemm_f32_off() || batch_invariant() || (!small_batch_gemv_off() && x.dim(0)? <= small_batch_linear_max_rows()) {
+            return Ok(None);
+        }
+        return crate::cuda::linear_lt_f32(x, w);
+    }
+    let _ = (x, w);
+    Ok(None)
+}
+
 /// Runs `f` on a contiguous f32 CPU tensor's values where they lie (weights are not copied).
 fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
@@ -349,6 +399,13 @@ fn small_batch_linear_max_rows() -> usize {
 fn small_batch_gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0"))
+}
+
+/// `DELTASERVE_HEAD_GEMM_F32=0`: [`linear_f32_into`] stands aside (for comparisons).
+#[cfg(feature = "cuda")]
+fn head_gemm_f32_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_HEAD_GEMM_F32").is_ok_and(|v| v == "0"))
 }
 
 /// `DELTASERVE_HEAD_F32=0`: a decode step's logits are cast to f32 by a launch of their own

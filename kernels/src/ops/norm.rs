@@ -59,3 +59,37 @@ pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f3
     let x = candle_nn::ops::rms_norm(&r, weight, eps)?.to_dtype(dtype)?;
     Ok((r, x))
 }
+
+/// [`add_rms_norm`] with `delta` given as f32 partial sums `parts` `[S, N, D]` (a split-K GEMM's
+/// slices, [`linear_parts`](super::linear_parts)): `delta` is their sum in slice order, rounded
+/// to `dtype` as the GEMM's reduce would store it. One kernel on the GPU for contiguous inputs;
+/// candle's ops otherwise.
+pub fn add_rms_norm_parts(h: &Tensor, parts: &Tensor, weight: &Tensor, eps: f32, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let (rows, d) = h.dims2()?;
+    if parts.rank() != 3 || parts.dims()[1..] != [rows, d] {
+        return Err(KernelError::Shape {
+            op: "add_rms_norm_parts",
+            input: "parts",
+            expected: format!("[S, {rows}, {d}]"),
+            actual: parts.dims().to_vec(),
+        });
+    }
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() {
+        if let Some(out) = crate::cuda::add_rms_norm_parts(h, parts, weight, eps, dtype)? {
+            return Ok(out);
+        }
+    }
+    let delta = sum_parts(parts, dtype)?;
+    add_rms_norm(h, Some(&delta), weight, eps, dtype)
+}
+
+/// The sum of `parts` `[S, N, D]` over S in slice order (f32), rounded to `dtype`.
+pub fn sum_parts(parts: &Tensor, dtype: DType) -> Result<Tensor> {
+    let parts = parts.to_dtype(DType::F32)?;
+    let mut sum = parts.get(0)?;
+    for s in 1..parts.dim(0)? {
+        sum = (sum + parts.get(s)?)?;
+    }
+    Ok(sum.to_dtype(dtype)?)
+}

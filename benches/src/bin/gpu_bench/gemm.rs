@@ -197,6 +197,26 @@ pub(super) fn algo_table(dev: &Device) -> anyhow::Result<()> {
                     println!("ALGO {line}");
                 }
             }
+            if n == 2048 {
+                // The split as unsummed f32 slices (`linear_lt_parts`: no reduce launch; the
+                // residual norm sums them): the GEMM alone, at the default split and forced ones.
+                for forced in [None, Some(2), Some(4), Some(8)] {
+                    deltaserve_kernels::cuda::set_split_parts(forced);
+                    let Some(p) = deltaserve_kernels::cuda::linear_lt_parts(&x, &ws[0])? else { continue };
+                    let g = graph::capture(cuda, || -> anyhow::Result<()> {
+                        for i in 0..CALLS {
+                            deltaserve_kernels::cuda::linear_lt_parts(&x, &ws[i % copies])?;
+                        }
+                        Ok(())
+                    })?;
+                    let Some(g) = g else { continue };
+                    let us = super::timing::median_gpu_ms(dev, 9, super::timing::Timing::IdleGpu, || Ok(g.launch()?))? * 1e3 / CALLS as f64;
+                    let label = format!("parts {} ({})", p.dim(0)?, forced.map_or("default".to_string(), |f| format!("asked {f}")));
+                    let line = serde_json::json!({"model": model, "name": name, "m": m, "n": n, "k": k, "variant": label, "pick": 0, "algo": "", "us": us, "tbs": bytes as f64 / us / 1e6});
+                    println!("ALGO {line}");
+                }
+                deltaserve_kernels::cuda::set_split_parts(None);
+            }
         }
     }
     Ok(())
