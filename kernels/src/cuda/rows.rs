@@ -120,52 +120,41 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
 /// `[N, D]` in `dtype` (or none) and `weight` `[D]`. Returns `(r, x)`, or `None` when the inputs'
 /// layouts or dtypes are not the kernel's (the caller then runs the same math in tensor ops).
 pub fn add_rms_norm(h: &Tensor, delta: Option<&Tensor>, weight: &Tensor, eps: f32, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
-    let dev = cuda_dev(h, "add_rms_norm")?;
-    let (rows, d) = h.dims2()?;
-    let name = match dtype {
-        DType::F32 => "add_rms_norm_f32",
-        DType::BF16 => "add_rms_norm_bf16",
-        DType::F16 => "add_rms_norm_f16",
-        _ => return Ok(None),
-    };
-    let fits = |t: &Tensor| t.is_contiguous() && t.dims() == [rows, d] && t.dtype() == dtype;
-    if h.dtype() != DType::F32 || !h.is_contiguous() || !delta.is_none_or(fits) {
-        return Ok(None);
-    }
-    let w = f32c(weight)?;
-    let x = alloc_rows(&dev, dtype, rows, d)?;
-    // SAFETY: the kernel writes every element of r.
-    let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
-    let lean = if rows > LATENCY_ROWS { "_lean" } else { "" };
-    let f = dev.get_or_load_custom_func(&format!("{name}{lean}"), "norm", ptx::NORM)?;
-    let cfg = grid(rows, 1, 1, 256, 0);
-    let di = d as i32;
-    let (x_ptr, delta_ptr) = (first_element_address_any(&x)?, delta.map(first_element_address_any).transpose()?.unwrap_or(0));
-    with_view!(h, hv, {
-        with_view!(w, wv, {
-            let mut l = f.builder();
-            l.arg(&hv).arg(&delta_ptr).arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
-            unsafe { l.launch(cfg) }.w()?;
-        })
-    });
-    Ok(Some((wrap(&dev, r, (rows, d)), x)))
+    add_norm(h, NormDelta::Rows(delta), weight, eps, dtype)
 }
 
 /// [`add_rms_norm`] with `delta` as a split-K GEMM's f32 slices `parts` `[S, N, D]`, summed in
 /// slice order and rounded to `dtype` by the same launch. `None` when the inputs' layouts or
 /// dtypes are not the kernel's.
 pub fn add_rms_norm_parts(h: &Tensor, parts: &Tensor, weight: &Tensor, eps: f32, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
-    let dev = cuda_dev(h, "add_rms_norm_parts")?;
+    add_norm(h, NormDelta::Parts(parts), weight, eps, dtype)
+}
+
+/// What the add + norm adds to `h`.
+#[derive(Clone, Copy)]
+enum NormDelta<'a> {
+    /// `[N, D]` in the output dtype, or nothing.
+    Rows(Option<&'a Tensor>),
+    /// `[S, N, D]` f32 slices (at most 8: the kernel's `PARTS_MAX`).
+    Parts(&'a Tensor),
+}
+
+fn add_norm(h: &Tensor, delta: NormDelta<'_>, weight: &Tensor, eps: f32, dtype: DType) -> Result<Option<(Tensor, Tensor)>> {
+    let dev = cuda_dev(h, "add_rms_norm")?;
     let (rows, d) = h.dims2()?;
-    let name = match dtype {
-        DType::F32 => "add_rms_norm_parts_f32",
-        DType::BF16 => "add_rms_norm_parts_bf16",
-        DType::F16 => "add_rms_norm_parts_f16",
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
         _ => return Ok(None),
     };
-    let s = parts.dim(0)?;
-    // The kernel sums at most 8 slices (`PARTS_MAX`).
-    let fits = parts.is_contiguous() && parts.dims() == [s, rows, d] && parts.dtype() == DType::F32 && (1..=8).contains(&s);
+    let (kind, fits, s) = match delta {
+        NormDelta::Rows(t) => ("", t.is_none_or(|t| t.is_contiguous() && t.dims() == [rows, d] && t.dtype() == dtype), 0),
+        NormDelta::Parts(p) => {
+            let s = p.dim(0)?;
+            ("parts_", p.is_contiguous() && p.dims() == [s, rows, d] && p.dtype() == DType::F32 && (1..=8).contains(&s), s)
+        }
+    };
     if h.dtype() != DType::F32 || !h.is_contiguous() || !fits {
         return Ok(None);
     }
@@ -174,14 +163,22 @@ pub fn add_rms_norm_parts(h: &Tensor, parts: &Tensor, weight: &Tensor, eps: f32,
     // SAFETY: the kernel writes every element of r.
     let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
     let lean = if rows > LATENCY_ROWS { "_lean" } else { "" };
-    let f = dev.get_or_load_custom_func(&format!("{name}{lean}"), "norm", ptx::NORM)?;
+    let f = dev.get_or_load_custom_func(&format!("add_rms_norm_{kind}{suffix}{lean}"), "norm", ptx::NORM)?;
     let cfg = grid(rows, 1, 1, 256, 0);
     let (di, si, slice) = (d as i32, s as i32, (rows * d) as i64);
-    let (x_ptr, parts_ptr) = (first_element_address_any(&x)?, first_element_address_any(parts)?);
+    let delta_ptr = match delta {
+        NormDelta::Rows(t) => t.map(first_element_address_any).transpose()?.unwrap_or(0),
+        NormDelta::Parts(p) => first_element_address_any(p)?,
+    };
+    let x_ptr = first_element_address_any(&x)?;
     with_view!(h, hv, {
         with_view!(w, wv, {
             let mut l = f.builder();
-            l.arg(&hv).arg(&parts_ptr).arg(&si).arg(&slice).arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
+            l.arg(&hv).arg(&delta_ptr);
+            if let NormDelta::Parts(_) = delta {
+                l.arg(&si).arg(&slice);
+            }
+            l.arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
             unsafe { l.launch(cfg) }.w()?;
         })
     });

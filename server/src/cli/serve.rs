@@ -48,10 +48,10 @@ pub struct ServeArgs {
     #[arg(long, env = "DELTASERVE_MAX_NUM_BATCHED_TOKENS")]
     max_num_batched_tokens: Option<usize>,
     /// While more streams decode than there are prompts longer than one step's budget, those
-    /// prompts advance by at most this many tokens a step, all of them together [default: half
-    /// the step budget]; shorter prompts still take the rest of the budget. Smaller keeps the
-    /// streams' inter-token latency nearer their bare step's and makes long prompts wait longer
-    /// (docs/serving.md). 0 turns the cap off.
+    /// prompts advance by at most this many tokens a step, all of them together [default: 128 on
+    /// a GPU, half the step budget on the CPU]; shorter prompts still take the rest of the
+    /// budget. Smaller keeps the streams' inter-token latency nearer their bare step's and makes
+    /// long prompts wait longer (docs/serving.md). 0 turns the cap off.
     #[arg(long, env = "DELTASERVE_LONG_PREFILL_CHUNK")]
     long_prefill_chunk: Option<usize>,
     /// Require `Authorization: Bearer KEY` on /v1 and tokenize routes.
@@ -323,16 +323,24 @@ fn step_budget(args: &ServeArgs) -> usize {
     args.max_num_batched_tokens.unwrap_or(if gpu { GPU_STEP_BUDGET } else { CPU_STEP_BUDGET })
 }
 
+/// The long prompts' tokens a step on a GPU unless `--long-prefill-chunk` says otherwise. On an
+/// H200 with 32 streams of the 1.39B under 4,096-token prompts at 2 a second, 128 (about half the
+/// streams' step) kept their ITL p99 at 1.7–1.9× the bare step in eight runs (2.1× once, on a
+/// noisier host), 256 at 2.0×, 512 at 2.6–2.9×, while those prompts' TTFT p99 was 147–176 ms
+/// against 60–82 at 512
+/// (`benches/results/h200-long_prefill_chunk-2026-11-29/`, `h200-split_parts-2026-11-30/`).
+const GPU_LONG_PREFILL_CHUNK: usize = 128;
+
 /// The long prompts' tokens a step while streams outnumber them: `--long-prefill-chunk` (0: the
-/// whole budget), or half the budget in whole chunks. On an H200 with 32 streams under 4,096-token
-/// prompts, half of 1024 keeps the streams' ITL p99 near the 512 budget's (2.6–2.9× the bare step
-/// on a noisy host, against 2.4× on another), and 128 brings it to 1.7–1.8× while those prompts
-/// wait 2–3× longer for their first token.
+/// whole budget), else [`GPU_LONG_PREFILL_CHUNK`] on a GPU and half the budget in whole chunks on
+/// the CPU; never past the budget.
 fn long_prefill_chunk(args: &ServeArgs) -> usize {
     let budget = step_budget(args);
+    let gpu = args.model.device.starts_with("cuda");
     match args.long_prefill_chunk {
         Some(0) => budget,
         Some(chunk) => chunk.min(budget),
+        None if gpu => GPU_LONG_PREFILL_CHUNK.min(budget),
         None => (budget / 2 / PREFILL_CHUNK * PREFILL_CHUNK).max(PREFILL_CHUNK),
     }
 }
@@ -536,7 +544,8 @@ mod tests {
         assert_eq!(step_budget(&parsed(&["--device", "cuda:1"])), 1024, "a GPU's");
         assert_eq!(step_budget(&parsed(&["--device", "cuda", "--max-num-batched-tokens", "256"])), 256, "given");
         assert_eq!(long_prefill_chunk(&parsed(&[])), 256, "half the CPU's budget");
-        assert_eq!(long_prefill_chunk(&parsed(&["--device", "cuda"])), 512, "half a GPU's");
+        assert_eq!(long_prefill_chunk(&parsed(&["--device", "cuda"])), 128, "a GPU's");
+        assert_eq!(long_prefill_chunk(&parsed(&["--device", "cuda", "--max-num-batched-tokens", "64"])), 64, "at most the budget");
         assert_eq!(long_prefill_chunk(&parsed(&["--max-num-batched-tokens", "2048"])), 1024, "half of what is given");
         assert_eq!(long_prefill_chunk(&parsed(&["--max-num-batched-tokens", "100"])), 64, "whole chunks, at least one");
         assert_eq!(long_prefill_chunk(&parsed(&["--long-prefill-chunk", "128"])), 128, "given");
