@@ -52,6 +52,25 @@ pub fn gpu_gemm_matches_cpu(dev: &Device) {
     }
 }
 
+/// Random operands of `x [M, K] · w [N, K]ᵀ` rounded to a dtype, on the GPU, and their product
+/// in f32 on the CPU.
+struct Operands {
+    xg: Tensor,
+    wg: Tensor,
+    want: Vec<f32>,
+}
+
+/// `x` uniform in ±1 and `w` in ±0.05, rounded to `dtype`.
+fn operands(rng: &mut impl Rng, (m, n, k): (usize, usize, usize), dtype: DType, dev: &Device) -> Operands {
+    let xs: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let ws: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+    let x = Tensor::from_vec(xs, (m, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+    let w = Tensor::from_vec(ws, (n, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let want = values(&f(&x).matmul(&f(&w).t().unwrap()).unwrap());
+    Operands { xg: x.to_device(dev).unwrap(), wg: w.to_device(dev).unwrap(), want }
+}
+
 /// The LM head's GEMM with f32 output (`ops::linear_f32`, and `linear_f32_into` a given buffer:
 /// a decode step's logits from 4 rows): the f32 product of the rounded inputs to f32's
 /// accumulation error, far inside the bf16 rounding the widened product carries, the same bits
@@ -62,18 +81,13 @@ pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
     for (m, n, k) in [(4usize, 4096usize, 2048usize), (64, 32000, 2048), (70, 1000, 512)] {
         for dtype in [DType::BF16, DType::F16] {
             let what = format!("{dtype:?} m={m} n={n} k={k}");
-            let xs: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let ws: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.05f32..0.05)).collect();
-            let x = Tensor::from_vec(xs, (m, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let w = Tensor::from_vec(ws, (n, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let (xg, wg) = (x.to_device(dev).unwrap(), w.to_device(dev).unwrap());
+            let Operands { xg, wg, want } = operands(&mut rng, (m, n, k), dtype, dev);
             let y = linear_f32(&xg, &wg).unwrap().unwrap_or_else(|| panic!("{what}: no f32 GEMM"));
             assert!(y.dtype() == DType::F32 && y.dims() == [m, n], "{what}: {:?} {:?}", y.dtype(), y.dims());
             let out = Tensor::zeros((m, n), DType::F32, dev).unwrap();
             assert!(linear_f32_into(&xg, &wg, &out).unwrap(), "{what}: into refused");
             assert!(values(&out) == values(&y), "{what}: into and new differ");
             let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-            let want = values(&f(&x).matmul(&f(&w).t().unwrap()).unwrap());
             let got = values(&y);
             let abs_sum = 0.05 * k as f32;
             let (mut unrounded, mut worst) = (0usize, 0f32);
@@ -115,11 +129,7 @@ pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
         set_split_parts(forced);
         for dtype in [DType::BF16, DType::F16] {
             let what = format!("{dtype:?} m={m} n={n} k={k} forced {forced:?}");
-            let xs: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let ws: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.05f32..0.05)).collect();
-            let x = Tensor::from_vec(xs, (m, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let w = Tensor::from_vec(ws, (n, k), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-            let (xg, wg) = (x.to_device(dev).unwrap(), w.to_device(dev).unwrap());
+            let Operands { xg, wg, want } = operands(&mut rng, (m, n, k), dtype, dev);
             let Some(parts) = linear_parts(&xg, &wg).unwrap() else {
                 assert!(forced.is_none(), "{what}: a forced split ran no slices");
                 println!("{what}: the default algorithm does not split K");
@@ -132,8 +142,6 @@ pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
                 assert_eq!(s, f, "{what}: the forced count");
             }
             let sum = values(&sum_parts(&parts, dtype).unwrap());
-            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-            let want = values(&f(&x).matmul(&f(&w).t().unwrap()).unwrap());
             let (unit, abs_sum) = (if dtype == DType::BF16 { 2f32.powi(-8) } else { 2f32.powi(-11) }, 0.05 * k as f32);
             for (i, (g, w)) in sum.iter().zip(&want).enumerate() {
                 let tol = unit * w.abs() + 1e-6 * abs_sum;
