@@ -39,6 +39,9 @@ struct Key {
     parts: usize,
 }
 
+/// An f32 output, any split-K reduction.
+const F32_OUT: LtVariant = LtVariant { out_f32: true, reduction_mask: None };
+
 /// How a GEMM's output is produced: its type, and which split-K reduction schemes the heuristic
 /// may offer (`cublasLtReductionScheme_t` bits; `None`: any). The engine runs the default;
 /// `gpu_bench --gemm-algos` times the others.
@@ -265,13 +268,13 @@ pub fn linear_lt_pick(x: &Tensor, w: &Tensor, pick: usize, variant: LtVariant) -
 /// moved to a divisor of K whose slices stay 16-byte aligned, or as [`set_split_parts`] says. `None` where K is not split or this path does not apply: the
 /// caller runs [`linear_lt`].
 pub fn linear_lt_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    Ok(dispatch(x, w, None, LtVariant { out_f32: true, reduction_mask: None }, true, None)?.map(|(y, _)| y))
+    Ok(dispatch(x, w, None, F32_OUT, true, None)?.map(|(y, _)| y))
 }
 
 /// [`linear_lt`] with the GEMM's f32 accumulators stored as they are (a new `[M, N]` f32
 /// tensor), not rounded to the operands' type.
 pub fn linear_lt_f32(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    Ok(dispatch(x, w, None, LtVariant { out_f32: true, reduction_mask: None }, false, None)?.map(|(y, _)| y))
+    Ok(dispatch(x, w, None, F32_OUT, false, None)?.map(|(y, _)| y))
 }
 
 /// `x [M, K] · w [N, K]ᵀ` written into `out` `[M, N]` f32 (contiguous): the GEMM's f32
@@ -279,7 +282,7 @@ pub fn linear_lt_f32(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 /// straight into a CUDA graph's buffer, where the bf16 product and a widening launch were two
 /// passes). False (nothing written) where this path does not apply.
 pub fn linear_lt_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
-    Ok(dispatch(x, w, None, LtVariant { out_f32: true, reduction_mask: None }, false, Some(out))?.is_some())
+    Ok(dispatch(x, w, None, F32_OUT, false, Some(out))?.is_some())
 }
 
 /// [`set_split_parts`]'s setting: `UNSET` until set (then `DELTASERVE_SPLIT_PARTS` rules), `AUTO`

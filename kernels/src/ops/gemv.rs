@@ -130,10 +130,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// batch-invariant mode, a GEMM that does not split K): the caller runs [`linear`].
 pub fn linear_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 {
-        if batch_invariant() || (!small_batch_gemv_off() && x.dim(0)? <= small_batch_linear_max_rows()) {
-            return Ok(None);
-        }
+    if gpu_gemm(x, w)? {
         return crate::cuda::linear_lt_parts(x, w);
     }
     let _ = (x, w);
@@ -148,10 +145,7 @@ pub fn linear_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 /// comparisons): the caller runs the two.
 pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 {
-        if head_gemm_f32_off() || batch_invariant() || (!small_batch_gemv_off() && x.dim(0)? <= small_batch_linear_max_rows()) {
-            return Ok(false);
-        }
+    if !head_gemm_f32_off() && gpu_gemm(x, w)? {
         return crate::cuda::linear_lt_f32_into(x, w, out);
     }
     let _ = (x, w, out);
@@ -162,10 +156,7 @@ pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
 /// `None` elsewhere: the caller widens [`linear`]'s product.
 pub fn linear_f32(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 {
-        if head_gemm_f32_off() || batch_invariant() || (!small_batch_gemv_off() && x.dim(0)? <= small_batch_linear_max_rows()) {
-            return Ok(None);
-        }
+    if !head_gemm_f32_off() && gpu_gemm(x, w)? {
         return crate::cuda::linear_lt_f32(x, w);
     }
     let _ = (x, w);
@@ -399,6 +390,14 @@ fn small_batch_linear_max_rows() -> usize {
 fn small_batch_gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0"))
+}
+
+/// Whether [`linear`] runs `x` `[M, K]` through a GEMM on the GPU: both operands there, past the
+/// GEMV kernels' rows, not the batch-invariant mode.
+#[cfg(feature = "cuda")]
+fn gpu_gemm(x: &Tensor, w: &Tensor) -> Result<bool> {
+    let on_gpu = x.device().is_cuda() && w.device().is_cuda() && x.rank() == 2 && !batch_invariant();
+    Ok(on_gpu && (small_batch_gemv_off() || x.dim(0)? > small_batch_linear_max_rows()))
 }
 
 /// `DELTASERVE_HEAD_GEMM_F32=0`: [`linear_f32_into`] stands aside (for comparisons).
