@@ -14,7 +14,16 @@ fn build_ptx() {
     let out_dir = std::env::var("OUT_DIR").unwrap_or_else(|_| panic!("cargo sets OUT_DIR for build scripts"));
     let built = cudaforge::KernelBuilder::new()
         .source_dir("cuda")
-        .watch(["cuda/common.cuh", "cuda/dtype.cuh", "cuda/tc_common.cuh", "cuda/gemv.cuh", "cuda/norm.cuh", "cuda/attention.cuh"])
+        .watch([
+            "cuda/common.cuh",
+            "cuda/dtype.cuh",
+            "cuda/tc_common.cuh",
+            "cuda/gemv.cuh",
+            "cuda/norm.cuh",
+            "cuda/attention.cuh",
+            "cuda/state_io.cuh",
+            "cuda/chunk_mma.cuh",
+        ])
         .arg("-O3")
         .arg("-lineinfo")
         .arg("-std=c++17")

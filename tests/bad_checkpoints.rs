@@ -223,3 +223,14 @@ fn offline_hub_miss_names_repo_and_cache() {
         format!("`some-org/some-model@v2` is not in the Hugging Face cache at {} and HF_HUB_OFFLINE is set; download it first or unset HF_HUB_OFFLINE", cache.display())
     );
 }
+
+#[test]
+fn state_dtypes_the_device_cannot_keep_are_refused() {
+    // bf16 states are a GPU option; f16 states no kernel takes.
+    let dir = compact_dir().join("gdn");
+    for dtype in [candle_core::DType::BF16, candle_core::DType::F16] {
+        let opts = LoadOptions { state_dtype: dtype, ..LoadOptions::cpu(dir.to_str().unwrap()) };
+        let e = Engine::load(&opts).unwrap_err().to_string();
+        assert_eq!(e, format!("invalid `state_dtype`: expected f32, or bf16 on a GPU, got {dtype:?} on the CPU"));
+    }
+}

@@ -34,6 +34,8 @@ mod ops;
 mod prefill_graph;
 #[path = "gpu/sampling.rs"]
 mod sampling;
+#[path = "gpu/state_dtype.rs"]
+mod state_dtype;
 #[cfg(feature = "nccl")]
 #[path = "gpu/tensor_parallel.rs"]
 mod tensor_parallel;
@@ -67,6 +69,7 @@ const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
     ("gpu_small_batch_linear_matches_cpu", ops::gpu_small_batch_linear_matches_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),
+    ("gpu_bf16_states_follow_the_goldens", state_dtype::gpu_bf16_states_follow_the_goldens),
     ("gpu_packed_prefill_equals_prefilling_each_alone", mixer::gpu_packed_prefill_equals_prefilling_each_alone),
     ("gpu_decode_in_any_slot_order_equals_each_alone", mixer::gpu_decode_in_any_slot_order_equals_each_alone),
     ("gpu_raw_decode_step_equals_prepare_then_step", mixer::gpu_raw_decode_step_equals_prepare_then_step),
@@ -151,6 +154,17 @@ fn moe_bf16_bounds(goldens: &std::path::Path) -> Option<Vec<f64>> {
     let worst = errs.iter().filter_map(serde_json::Value::as_f64).fold(0.0, f64::max);
     Some(vec![(1.5 * worst).max(BF16_TOL); errs.len()])
 }
+/// The bound on a bf16 model's last logits against the f32 goldens for case `case` of fixture
+/// `name`: the MoE fixtures' [`moe_bf16_bounds`], OLMo-Hybrid's [`BF16_POST_NORM_TOL`], else
+/// [`BF16_TOL`].
+fn bf16_bound(name: &str, goldens: &std::path::Path, case: usize) -> f64 {
+    match moe_bf16_bounds(goldens) {
+        Some(b) => b[case],
+        None if name.contains("olmo_hybrid") => BF16_POST_NORM_TOL,
+        None => BF16_TOL,
+    }
+}
+
 /// bf16 models with `--mixer-precision bf16` (every mixer matmul operand a single bf16, as fla
 /// computes): opt-in, measured up to 3.8e-2 on the fixtures, so it does not meet `BF16_TOL`.
 const BF16_MIXER_TOL: f64 = 5e-2;
@@ -185,6 +199,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
             let opts = LoadOptions {
                 model: dir.to_string_lossy().into(),
                 dtype,
+                state_dtype: DType::F32,
                 device: deltaserve_engine::parse_device(device).unwrap(),
                 check_weights: false,
                 prefill_algo,
@@ -219,11 +234,7 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
                 "{name} case{i}: GPU f32 vs CPU {e_cpu:.2e}, vs fla {e_gold:.2e}; GPU bf16 vs fla {e_bf16:.2e}, with the bf16 mixer {e_fast:.2e}"
             );
             assert!(e_cpu <= F32_TOL && e_gold <= F32_TOL, "{name} case{i}: f32 {e_cpu:.3e} / {e_gold:.3e}");
-            let bf16_tol = match moe_bf16_bounds(&goldens) {
-                Some(b) => b[i],
-                None if name.contains("olmo_hybrid") => BF16_POST_NORM_TOL,
-                None => BF16_TOL,
-            };
+            let bf16_tol = bf16_bound(&name, &goldens, i);
             assert!(e_bf16 <= bf16_tol, "{name} case{i}: bf16 {e_bf16:.3e} (bound {bf16_tol:.3e})");
             assert!(e_fast <= BF16_MIXER_TOL.max(bf16_tol), "{name} case{i}: bf16 with the bf16 mixer {e_fast:.3e}");
             pf.release(sf).unwrap();
@@ -250,10 +261,13 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
 /// other summation orders for them (seen: up to 1.6e-5).
 fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
     for (name, dir, _, _) in model_fixtures("gpu_packed_model_prefill_equals_each_alone") {
-        for (dtype, tol) in [(DType::F32, F32_TOL), (BF16, 1e-2)] {
+        // bf16 states: the same bound as bf16 models with f32 states (a state is rounded where the
+        // sequence's own pass leaves it, whatever the packing).
+        for (dtype, state_dtype, tol) in [(DType::F32, DType::F32, F32_TOL), (BF16, DType::F32, 1e-2), (BF16, BF16, 1e-2)] {
             let opts = LoadOptions {
                 model: dir.to_string_lossy().into(),
                 dtype,
+                state_dtype,
                 device: deltaserve_engine::parse_device("cuda").unwrap(),
                 check_weights: false,
                 prefill_algo: PrefillAlgo::Chunked,
@@ -266,8 +280,8 @@ fn gpu_packed_model_prefill_equals_each_alone(_dev: &Device) {
             };
             let engine = Engine::load(&opts).unwrap();
             let e = packed_model_prefill_error(engine.model(), 23);
-            println!("{name} {dtype:?}: packed model prefill vs alone, worst rel err {e:.2e}");
-            assert!(e <= tol, "{name} {dtype:?}: {e:.3e}");
+            println!("{name} {dtype:?} (states {state_dtype:?}): packed model prefill vs alone, worst rel err {e:.2e}");
+            assert!(e <= tol, "{name} {dtype:?} (states {state_dtype:?}): {e:.3e}");
         }
     }
 }
@@ -343,9 +357,10 @@ fn gpu_pruning_calibration_matches_the_cpu(dev: &Device) {
 /// kernel takes by value).
 fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
     for (name, dir, _, _) in model_fixtures("gpu_decode_graphs_equal_eager_decode") {
-        for dtype in [DType::F32, BF16] {
+        for (dtype, state_dtype) in [(DType::F32, DType::F32), (BF16, DType::F32), (BF16, BF16)] {
             // The engine replays graphs (its default on a GPU); the model alone runs eagerly.
-            let opts = LoadOptions { dtype, device: dev.clone(), cuda_graphs: true, ..LoadOptions::cpu(dir.to_str().unwrap()) };
+            let opts =
+                LoadOptions { dtype, state_dtype, device: dev.clone(), cuda_graphs: true, ..LoadOptions::cpu(dir.to_str().unwrap()) };
             let engine = Engine::load(&opts).unwrap();
             let model = engine.model();
             let pools = 72;
@@ -379,13 +394,20 @@ fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
                 let le = values(&model.decode(&mut eager, &batch).unwrap());
                 let e = rel_err(&lg, &le);
                 worst = worst.max(e);
-                assert!(e <= 1e-6, "{name} {dtype:?} step {step} (B={b}, lent {}): logits rel err {e:.3e}", lend[step]);
+                assert!(
+                    e <= 1e-6,
+                    "{name} {dtype:?} (states {state_dtype:?}) step {step} (B={b}, lent {}): logits rel err {e:.3e}",
+                    lend[step]
+                );
                 if !lend[step] {
                     copies.push((step, got, lg));
                 }
             }
             for (step, t, v) in copies {
-                assert!(values(&t) == v, "{name} {dtype:?}: step {step}'s copied logits changed under later steps");
+                assert!(
+                    values(&t) == v,
+                    "{name} {dtype:?} (states {state_dtype:?}): step {step}'s copied logits changed under later steps"
+                );
             }
             for l in 0..model.config().common.num_hidden_layers {
                 for &s in &slots {
@@ -394,20 +416,23 @@ fn gpu_decode_graphs_equal_eager_decode(dev: &Device) {
                         rel_err(&g.recurrent_state.slot_to_vec(s.index()).unwrap(), &e.recurrent_state.slot_to_vec(s.index()).unwrap());
                     let dc = rel_err(&g.conv_state.slot_to_vec(s.index()).unwrap(), &e.conv_state.slot_to_vec(s.index()).unwrap());
                     worst = worst.max(de).max(dc);
-                    assert!(de <= 1e-6 && dc <= 1e-6, "{name} {dtype:?} layer {l} slot {s}: states {de:.3e} / {dc:.3e}");
+                    assert!(
+                        de <= 1e-6 && dc <= 1e-6,
+                        "{name} {dtype:?} (states {state_dtype:?}) layer {l} slot {s}: states {de:.3e} / {dc:.3e}"
+                    );
                 }
             }
             let captured = engine.cuda_graph_batches();
-            println!("{name} {dtype:?}: graph vs eager decode, worst rel err {worst:.2e}; captured batch sizes {captured:?}");
+            println!("{name} {dtype:?} (states {state_dtype:?}): graph vs eager decode, worst rel err {worst:.2e}; captured batch sizes {captured:?}");
             let mut sorted = captured.clone();
             sorted.sort_unstable();
-            assert_eq!(sorted, vec![1, 3, 70], "{name} {dtype:?}: every size seen twice is captured");
+            assert_eq!(sorted, vec![1, 3, 70], "{name} {dtype:?} (states {state_dtype:?}): every size seen twice is captured");
             // The graphs replayed above are the rebuilt ones: our kernels' launches overlap the
             // kernel before them.
             let overlap = engine.cuda_graph_overlap();
             for g in &overlap {
                 println!("  B={}: {} kernels, {} programmatic edges, note {:?}", g.batch, g.kernels, g.programmatic, g.note);
-                assert!(g.kernels > 0 && g.programmatic > 0 && g.note.is_none(), "{name} {dtype:?}: {g:?}");
+                assert!(g.kernels > 0 && g.programmatic > 0 && g.note.is_none(), "{name} {dtype:?} (states {state_dtype:?}): {g:?}");
             }
         }
     }
@@ -457,13 +482,19 @@ fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
     }
     let _off = Off;
     for (i, name) in deltaserve_tests::COMPACT_MODELS.iter().enumerate() {
-        for (dtype, algo, tol, invariant) in [
-            (DType::F32, PrefillAlgo::Chunked, F32_TOL, false),
-            (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL, false),
-            (BF16, PrefillAlgo::ChunkedBf16, 0.0, true),
+        // The last case keeps the states in bf16 (`--state-dtype bf16`): snapshots written inside
+        // the state pass and restored from their slots. Not bit for bit even in the
+        // batch-invariant mode: the snapshot's state is rounded to bf16 where a whole prompt's
+        // pass keeps it in f32 between chunks.
+        for (dtype, algo, tol, invariant, state_dtype) in [
+            (DType::F32, PrefillAlgo::Chunked, F32_TOL, false, DType::F32),
+            (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL, false, DType::F32),
+            (BF16, PrefillAlgo::ChunkedBf16, 0.0, true, DType::F32),
+            (BF16, PrefillAlgo::ChunkedBf16, BF16_TOL, false, BF16),
         ] {
             set_batch_invariant(invariant);
-            let m = deltaserve_tests::compact_model(name, dtype, dev);
+            let mut m = deltaserve_tests::compact_model(name, dtype, dev);
+            m.set_state_dtype(state_dtype).unwrap();
             let cases = deltaserve_tests::prefix::cached_against_whole(&m, 40 + i as u64, algo, false);
             assert_eq!(cases.len(), 8, "{name}: every prompt finds a snapshot");
             let (mut worst, mut greedy) = (0f64, 0);
@@ -471,7 +502,7 @@ fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
                 for (step, (a, b)) in cached.iter().zip(whole).enumerate() {
                     let e = rel_err(a, b);
                     worst = worst.max(e);
-                    assert!(e <= tol, "{name} {dtype:?} invariant={invariant}: {case}, step {step}: {e:.3e}");
+                    assert!(e <= tol, "{name} {dtype:?} invariant={invariant} states {state_dtype:?}: {case}, step {step}: {e:.3e}");
                     let mut sorted = b.clone();
                     sorted.sort_by(|x, y| y.total_cmp(x));
                     if dtype == DType::F32 && (sorted[0] - sorted[1]) as f64 >= GREEDY_MARGIN {
@@ -482,7 +513,7 @@ fn gpu_prefix_cache_snapshots_match_whole_prefills(dev: &Device) {
                 }
             }
             println!(
-                "  {name} {dtype:?} batch-invariant={invariant}: {} cases, worst {worst:.2e}, {greedy} greedy tokens compared",
+                "  {name} {dtype:?} batch-invariant={invariant} states {state_dtype:?}: {} cases, worst {worst:.2e}, {greedy} greedy tokens compared",
                 cases.len()
             );
         }

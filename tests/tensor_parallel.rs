@@ -49,7 +49,7 @@ fn split_run(m: &CausalLm, n: usize, ep: bool, seed: u64) -> Vec<Vec<Vec<f32>>> 
     // shared key heads' channels).
     let states = |specs: Vec<CacheSpec>| -> (usize, usize) {
         specs.iter().fold((0, 0), |(c, r), s| match s {
-            CacheSpec::Recurrent { conv_state, recurrent_state } => (c + conv_state, r + recurrent_state),
+            CacheSpec::Recurrent { conv_state, recurrent_state, .. } => (c + conv_state, r + recurrent_state),
             _ => (c, r),
         })
     };

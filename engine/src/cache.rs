@@ -12,8 +12,11 @@ pub enum CacheSpec {
     Recurrent {
         /// f32 values of the short convolution's state, `[C, W]`.
         conv_state: usize,
-        /// f32 values of the recurrent state, `[HV, K, V]`.
+        /// Values of the recurrent state, `[HV, K, V]`.
         recurrent_state: usize,
+        /// The recurrent state's element type in the pool: f32 (the reference's), or bf16 on a
+        /// GPU (`--state-dtype bf16`).
+        state_dtype: DType,
     },
     /// A softmax-attention layer: keys and values of every token so far, in the pool's paged
     /// KV cache (`[block_size, HKV, hd]` per block, keys after RoPE).
@@ -32,7 +35,9 @@ impl CacheSpec {
     /// [`Self::bytes_per_token`]).
     pub fn bytes_per_sequence(&self) -> usize {
         match *self {
-            CacheSpec::Recurrent { conv_state, recurrent_state } => (conv_state + recurrent_state) * std::mem::size_of::<f32>(),
+            CacheSpec::Recurrent { conv_state, recurrent_state, state_dtype } => {
+                conv_state * std::mem::size_of::<f32>() + recurrent_state * state_dtype.size_in_bytes()
+            }
             CacheSpec::Attention { .. } => 0,
         }
     }

@@ -46,8 +46,11 @@ pub use warmup::WarmUp;
 pub struct LoadOptions {
     /// A checkpoint directory or a Hugging Face repo id `org/name[@revision]`.
     pub model: String,
-    /// Compute dtype of weights and activations (the recurrent state is always f32).
+    /// Compute dtype of weights and activations.
     pub dtype: DType,
+    /// Element type of the recurrent states in the pool: f32 (the reference's), or bf16 on a
+    /// GPU ([`CausalLm::set_state_dtype`]).
+    pub state_dtype: DType,
     /// Where to run.
     pub device: Device,
     /// Scan every tensor for NaN/inf at load.
@@ -85,6 +88,7 @@ impl LoadOptions {
         Self {
             model: model.into(),
             dtype: DType::F32,
+            state_dtype: DType::F32,
             device: Device::Cpu,
             check_weights: false,
             prefill_algo: PrefillAlgo::Chunked,
@@ -240,6 +244,10 @@ impl Engine {
                 (models, ranks.into_iter().map(|(link, _)| Some(link)).collect())
             }
         };
+        let mut models = models;
+        for m in &mut models {
+            m.set_state_dtype(opts.state_dtype)?;
+        }
         let tokenizer = Tokenizer::from_dir(&dir, cfg.common.bos_token_id, &cfg.eos_token_ids())?;
         if tokenizer.vocab_size() > cfg.common.vocab_size {
             return Err(EngineError::Tokenizer(format!(
@@ -248,7 +256,7 @@ impl Engine {
                 cfg.common.vocab_size
             )));
         }
-        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, prefill = ?opts.prefill_algo, tensor_parallel = opts.tensor_parallel_size, "model loaded");
+        tracing::info!(model = %dir.display(), model_type = cfg.model_type(), layers = cfg.common.num_hidden_layers, dtype = ?opts.dtype, state_dtype = ?opts.state_dtype, prefill = ?opts.prefill_algo, tensor_parallel = opts.tensor_parallel_size, "model loaded");
         Ok(Self {
             ranks: ranks::Ranks::new(
                 models

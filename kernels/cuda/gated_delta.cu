@@ -1,54 +1,73 @@
-// Decode steps of the gated delta rule (model-spec.md §1.3 step 8) on fp32 state [HV, K, V]
-// per slot, K-major. GVA: value head j reads q/k head j / (HV/H). Gated DeltaProduct's n
-// householder steps per token run inside the kernel. (Prefill: chunk_prep.cu, then
-// chunk_mma.cu.)
+// Decode steps of the gated delta rule (model-spec.md §1.3 step 8) on the state [HV, K, V] per
+// slot, K-major, f32 or bf16 in memory (state_io.cuh), f32 in arithmetic. GVA: value head j
+// reads q/k head j / (HV/H). Gated DeltaProduct's n householder steps per token run inside the
+// kernel. (Prefill: chunk_prep.cu, then chunk_mma.cu.)
 #include <cstddef>
 
 #include "common.cuh"
 #include "dtype.cuh"
+#include "state_io.cuh"
 
 // The recurrent state's loads and stores are marked streaming (evict first): each element is read
 // once and written once a step, and a step's state (megabytes to gigabytes) only passes through
 // L2. Against plain ones on the H200, batch-64 steps took 5–6% less on the 1.39B (K = 256) and
 // ~1% less on the Qwen3.5 layout, most of it from the stores' hint
-// (benches/results/h200-state_hints-2026-11-30/).
-template <bool CS, typename X>
-__device__ __forceinline__ X ld(const X* p) {
-  if constexpr (CS) return __ldcs(p);
-  else return *p;
-}
-template <bool CS, typename X>
-__device__ __forceinline__ void st(X* p, X v) {
-  if constexpr (CS) __stcs(p, v);
-  else *p = v;
-}
+// (benches/results/h200-state_hints-2026-11-30/). The state is f32 or bf16 in memory (TS,
+// state_io.cuh), f32 in registers.
 
 // CW consecutive floats at p (columns col.. of a row of width V): one 8- or 16-byte access when
-// VEC (V % 4 == 0 and aligned data), else element by element within the row; CS: p is the
-// state (ld / st).
-template <int CW, bool VEC, bool CS = false>
+// VEC (V % 4 == 0 and aligned data), else element by element within the row.
+template <int CW, bool VEC>
 __device__ __forceinline__ void load_cols(float (&d)[CW], const float* p, int col, int V) {
-  if constexpr (VEC && CW == 4) {
-    const float4 x = col < V ? ld<CS>(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
-  } else if constexpr (VEC && CW == 2) {
-    const float2 x = col < V ? ld<CS>(reinterpret_cast<const float2*>(p)) : make_float2(0.0f, 0.0f);
-    d[0] = x.x, d[1] = x.y;
+  if constexpr (VEC && CW > 1) {
+    if (col < V) {
+      state_load<CW, false>(d, p);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CW; ++c) d[c] = 0.0f;
+    }
   } else {
 #pragma unroll
-    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? ld<CS>(p + c) : 0.0f;
+    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? p[c] : 0.0f;
   }
 }
-template <int CW, bool VEC, bool CS = false>
+template <int CW, bool VEC>
 __device__ __forceinline__ void store_cols(float* p, const float (&x)[CW], int col, int V) {
-  if constexpr (VEC && CW == 4) {
-    if (col < V) st<CS>(reinterpret_cast<float4*>(p), make_float4(x[0], x[1], x[2], x[3]));
-  } else if constexpr (VEC && CW == 2) {
-    if (col < V) st<CS>(reinterpret_cast<float2*>(p), make_float2(x[0], x[1]));
+  if constexpr (VEC && CW > 1) {
+    if (col < V) state_store<CW, false>(p, x);
   } else {
 #pragma unroll
     for (int c = 0; c < CW; ++c)
-      if (col + c < V) st<CS>(p + c, x[c]);
+      if (col + c < V) p[c] = x[c];
+  }
+}
+// The same for CW state elements of type TS, streaming.
+template <int CW, bool VEC, typename TS>
+__device__ __forceinline__ void load_state_cols(float (&d)[CW], const TS* p, int col, int V) {
+  if constexpr (VEC && CW > 1) {
+    if (col < V) {
+      state_load<CW, true>(d, p);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CW; ++c) d[c] = 0.0f;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < CW; ++c) {
+      float one[1] = {0.0f};
+      if (col + c < V) state_load<1, true>(one, p + c);
+      d[c] = one[0];
+    }
+  }
+}
+template <int CW, bool VEC, typename TS>
+__device__ __forceinline__ void store_state_cols(TS* p, const float (&x)[CW], int col, int V) {
+  if constexpr (VEC && CW > 1) {
+    if (col < V) state_store<CW, true>(p, x);
+  } else {
+#pragma unroll
+    for (int c = 0; c < CW; ++c)
+      if (col + c < V) state_store<1, true>(p + c, {x[c]});
   }
 }
 
@@ -65,7 +84,7 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
 #pragma unroll
     for (int r = 0; r < RMAX; ++r) {
       if (r < R && r0 + r < K) {
-        load_cols<CW, VEC, true>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
+        load_state_cols<CW, VEC>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
       } else {
 #pragma unroll
         for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
@@ -77,15 +96,15 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
 #pragma unroll
   for (int r = 0; r < RMAX; ++r) {
     const float* row = S + (size_t)min(r0 + r, K - 1) * V;
-    if constexpr (VEC && CW == 4) {
-      const float4 x = ld<true>(reinterpret_cast<const float4*>(row + vc));
-      s[r][0] = x.x, s[r][1] = x.y, s[r][2] = x.z, s[r][3] = x.w;
-    } else if constexpr (VEC && CW == 2) {
-      const float2 x = ld<true>(reinterpret_cast<const float2*>(row + vc));
-      s[r][0] = x.x, s[r][1] = x.y;
+    if constexpr (VEC && CW > 1) {
+      state_load<CW, true>(s[r], row + vc);
     } else {
 #pragma unroll
-      for (int c = 0; c < CW; ++c) s[r][c] = ld<true>(row + min(col + c, V - 1));
+      for (int c = 0; c < CW; ++c) {
+        float one[1];
+        state_load<1, true>(one, row + min(col + c, V - 1));
+        s[r][c] = one[0];
+      }
     }
   }
 #pragma unroll
@@ -95,13 +114,81 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
       if (!(r < R && r0 + r < K && col + c < V)) s[r][c] = 0.0f;
 }
 
+// A lane's cells of the state in registers, RMAX rows of CW columns: f32 values for f32 states;
+// for bf16 states their bits as they lie in memory (two a word), unpacked where read and rounded
+// where written, so that a tile takes half the registers and twice the columns fit: the step is
+// bound by the state's bytes in flight, which the registers hold. at(r, c) reads a cell, put(r,
+// x) writes row r's, load and store_row move them to and from the state.
+template <typename TS, int RMAX, int CW>
+struct StateTile;
+
+template <int RMAX, int CW>
+struct StateTile<float, RMAX, CW> {
+  float v[RMAX][CW];
+  template <bool VEC>
+  __device__ __forceinline__ void load(const float* S, int R, int r0, int K, int col, int V) {
+    load_state<RMAX, CW, VEC>(v, S, R, r0, K, col, V);
+  }
+  __device__ __forceinline__ float at(int r, int c) const { return v[r][c]; }
+  __device__ __forceinline__ void put(int r, const float (&x)[CW]) {
+#pragma unroll
+    for (int c = 0; c < CW; ++c) v[r][c] = x[c];
+  }
+  template <bool VEC>
+  __device__ __forceinline__ void store_row(float* p, int r, int col, int V) const {
+    store_state_cols<CW, VEC>(p, v[r], col, V);
+  }
+};
+
+template <int RMAX, int CW>
+struct StateTile<__nv_bfloat16, RMAX, CW> {
+  Bf16Raw<CW> b[RMAX];
+  // Every row's loads are issued at clamped addresses before any is used (no branches), then
+  // the cells past the head's K rows or V columns are zeroed.
+  template <bool VEC>
+  __device__ __forceinline__ void load(const __nv_bfloat16* S, int R, int r0, int K, int col, int V) {
+    if constexpr (VEC) {
+      const int vc = min(col, V - CW);
+#pragma unroll
+      for (int r = 0; r < RMAX; ++r) load_raw<CW, true>(b[r], S + (size_t)min(r0 + r, K - 1) * V + vc);
+#pragma unroll
+      for (int r = 0; r < RMAX; ++r)
+        if (!(r < R && r0 + r < K && col < V)) b[r] = Bf16Raw<CW>{};
+    } else {
+#pragma unroll
+      for (int r = 0; r < RMAX; ++r) {
+        float x[CW];
+#pragma unroll
+        for (int c = 0; c < CW; ++c) {
+          float one[1] = {0.0f};
+          if (r < R && r0 + r < K && col + c < V) state_load<1, true>(one, S + (size_t)(r0 + r) * V + col + c);
+          x[c] = one[0];
+        }
+        pack(b[r], x);
+      }
+    }
+  }
+  __device__ __forceinline__ float at(int r, int c) const { return raw_at(b[r], c); }
+  __device__ __forceinline__ void put(int r, const float (&x)[CW]) { pack(b[r], x); }
+  template <bool VEC>
+  __device__ __forceinline__ void store_row(__nv_bfloat16* p, int r, int col, int V) const {
+    if constexpr (VEC) {
+      if (col < V) store_raw<CW, true>(p, b[r]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < CW; ++c)
+        if (col + c < V) state_store<1, true>(p + c, {at(r, c)});
+    }
+  }
+};
+
 // The step's products and sums are spelled as explicit fma / rounded multiplies: left to the
 // compiler, their contraction into fma varied with the columns a lane (CW), so a sequence's
 // state took other bits in a batch large enough for four columns a lane than alone.
 //
 // This warp's partial Σ_r s[r] · x[r0 + r] over its state rows, into red[warp][·][lane].
-template <int NW, int RMAX, int CW>
-__device__ __forceinline__ void rows_dot(float (*red)[CW][32], const float (&s)[RMAX][CW], const float* x, int R, int r0,
+template <int NW, int RMAX, int CW, typename Tile>
+__device__ __forceinline__ void rows_dot(float (*red)[CW][32], const Tile& s, const float* x, int R, int r0,
                                          int K, int warp, int lane) {
   float acc[CW] = {};
 #pragma unroll
@@ -109,7 +196,7 @@ __device__ __forceinline__ void rows_dot(float (*red)[CW][32], const float (&s)[
     if (r < R && r0 + r < K) {
       const float xr = x[r0 + r];
 #pragma unroll
-      for (int c = 0; c < CW; ++c) acc[c] = __fmaf_rn(s[r][c], xr, acc[c]);
+      for (int c = 0; c < CW; ++c) acc[c] = __fmaf_rn(s.at(r, c), xr, acc[c]);
     }
 #pragma unroll
   for (int c = 0; c < CW; ++c) red[warp][c][lane] = acc[c];
@@ -275,8 +362,8 @@ __device__ __forceinline__ void park_inputs(DecodeSmem<NW, CW>& sm, const TileIn
 }
 
 // Value tile `tile` of head hv of sequence b.
-template <int NW, int RMAX, int CW, bool VEC, typename In>
-__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, float* __restrict__ states,
+template <int NW, int RMAX, int CW, bool VEC, typename TS, typename In>
+__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, TS* __restrict__ states,
                            const SlotList& slots, const int* __restrict__ more_slots, float* __restrict__ o, int H, int HV,
                            int K, int V, int n, float scale) {
   float* kk = sm.kk;
@@ -287,14 +374,14 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
   const int col = (tile * 32 + lane) * CW;
   const int hk = hv / (HV / H);
   const int R = (K + NW - 1) / NW, r0 = warp * R;
-  float* S = states + ((size_t)slot_of(slots, more_slots, b) * HV + hv) * K * V;
-  float s[RMAX][CW];
+  TS* S = states + ((size_t)slot_of(slots, more_slots, b) * HV + hv) * K * V;
+  StateTile<TS, RMAX, CW> s;
   if constexpr (CW > 1) {
     const TileInputs<CW> first = tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n);
-    load_state<RMAX, CW, VEC>(s, S, R, r0, K, col, V);
+    s.template load<VEC>(S, R, r0, K, col, V);
     park_inputs(sm, first, in, hv, b, H, HV, K, n);
   } else {
-    load_state<RMAX, CW, VEC>(s, S, R, r0, K, col, V);
+    s.template load<VEC>(S, R, r0, K, col, V);
     park_inputs(sm, tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n), in, hv, b, H, HV, K, n);
   }
   float out[CW] = {};
@@ -339,8 +426,10 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
     for (int r = 0; r < RMAX; ++r)
       if (r < R && r0 + r < K) {
         const float kr = kk[r0 + r];
+        float x[CW];
 #pragma unroll
-        for (int c = 0; c < CW; ++c) s[r][c] = __fmaf_rn(kr, u[c], __fmul_rn(d, s[r][c]));
+        for (int c = 0; c < CW; ++c) x[c] = __fmaf_rn(kr, u[c], __fmul_rn(d, s.at(r, c)));
+        s.put(r, x);
       }
   }
   if (warp == 0) {
@@ -350,21 +439,24 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
   }
 #pragma unroll
   for (int r = 0; r < RMAX; ++r)
-    if (r < R && r0 + r < K) store_cols<CW, VEC, true>(S + (size_t)(r0 + r) * V + col, s[r], col, V);
+    if (r < R && r0 + r < K) s.template store_row<VEC>(S + (size_t)(r0 + r) * V + col, r, col, V);
 }
 
 // gdr_decode_f32_w{NW}_r{RMAX}_c{CW}_b{MINB}_vec (8/16-byte accesses) and _scalar (element by
 // element): NW warps, up to RMAX state rows a warp, CW columns a lane, at least MINB blocks an
 // SM (which caps the registers a thread at 65536 / (32·NW·MINB)). Grid (ceil(V/(32·CW)), HV,
-// B), one value tile of one head of one sequence a CTA.
-#define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX)                                                                    \
-  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) gdr_decode_f32_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX( \
-      const float* q, const float* k, const float* v, const float* beta, const float* g, float* states,                \
-      SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) { pdl_entry();              \
-    __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
-    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states,     \
-                                slots, more_slots, o, H, HV, K, V, n, scale);                                          \
+// B), one value tile of one head of one sequence a CTA. `_sbf16` after the name: bf16 states.
+#define DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN)                                                         \
+  extern "C" __global__ void __launch_bounds__(NW * 32, MINB)                                                        \
+      gdr_decode_f32_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX##SN(                                                 \
+          const float* q, const float* k, const float* v, const float* beta, const float* g, TS* states,             \
+          SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {        \
+    pdl_entry();                                                                                                     \
+    __shared__ DecodeSmem<NW, CW> sm;                                                                                \
+    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states,   \
+                                slots, more_slots, o, H, HV, K, V, n, scale);                                        \
   }
+#define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, )
 // decode.rs's RawArgs has the same fields at the same offsets.
 static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, a_log) == 72 && offsetof(Raw, HV) == 92,
               "struct Raw must match RawArgs in decode.rs");
@@ -372,19 +464,25 @@ static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, 
 // gdr_decode_raw_w{NW}_r{RMAX}_c{CW}_b{MINB}_{vec,scalar}: the same step on Raw inputs, passed
 // as one __grid_constant__ struct: its fields are read from the parameter bank where used, so
 // they hold no registers next to the state's (as locals they spilled under the register cap).
-#define DECODE_RAW_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX)                                                                \
-  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) gdr_decode_raw_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX( \
-      const __grid_constant__ Raw in, float* states, SlotList slots, const int* more_slots, float* o, int K, int V,    \
-      int n, float scale) { pdl_entry();                                                                                            \
-    __shared__ DecodeSmem<NW, CW> sm;                                                                                  \
+#define DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN)                                                     \
+  extern "C" __global__ void __launch_bounds__(NW * 32, MINB)                                                        \
+      gdr_decode_raw_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX##SN(const __grid_constant__ Raw in, TS* states,      \
+                                                                     SlotList slots, const int* more_slots, float* o, \
+                                                                     int K, int V, int n, float scale) {             \
+    pdl_entry();                                                                                                     \
+    __shared__ DecodeSmem<NW, CW> sm;                                                                                \
     gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slots, more_slots, o, in.H, in.HV, \
-                                K, V, n, scale);                                                                       \
+                                K, V, n, scale);                                                                     \
   }
-#define DECODE_ENTRIES(NW, RM, CW, MINB)            \
-  DECODE_ENTRY(NW, RM, CW, MINB, true, vec)         \
-  DECODE_ENTRY(NW, RM, CW, MINB, false, scalar)     \
-  DECODE_RAW_ENTRY(NW, RM, CW, MINB, true, vec)     \
-  DECODE_RAW_ENTRY(NW, RM, CW, MINB, false, scalar)
+#define DECODE_RAW_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, )
+#define DECODE_ENTRIES_T(NW, RM, CW, MINB, TS, SN)              \
+  DECODE_ENTRY_T(NW, RM, CW, MINB, true, vec, TS, SN)            \
+  DECODE_ENTRY_T(NW, RM, CW, MINB, false, scalar, TS, SN)        \
+  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, true, vec, TS, SN)        \
+  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, false, scalar, TS, SN)
+#define DECODE_ENTRIES(NW, RM, CW, MINB)          \
+  DECODE_ENTRIES_T(NW, RM, CW, MINB, float, )     \
+  DECODE_ENTRIES_T(NW, RM, CW, MINB, __nv_bfloat16, _sbf16)
 // The shapes decode.rs picks by K (vec and scalar, prepared and raw inputs), each with 4, 2 or
 // 1 columns a lane: fewer columns give small batches more CTAs (B·HV·V/(32·CW)) to spread over
 // the SMs.
@@ -399,7 +497,11 @@ DECODE_SHAPE(32, 8, 1)
 // K > 128 at larger batches: half-size blocks, two an SM, so that one block's loads overlap the
 // other's reductions and stores (decode.rs's WIDE_K_MANY).
 DECODE_ENTRIES(16, 16, 2, 2)
-// Alternatives for K ≤ 128 that the benchmark can pick (DELTASERVE_DECODE_KERNEL).
+// bf16 states at K > 128 and many CTAs take four columns a lane where f32 ones take two
+// (decode.rs's DecodeShape::for_states): the same registers for the tile, the same bytes in
+// flight. (Eight where f32 takes four spilled registers, and was slower.)
+DECODE_ENTRIES_T(16, 16, 4, 2, __nv_bfloat16, _sbf16)
+// Alternatives for K ≤ 128 that the benchmark can pick (DELTASERVE_DECODE_KERNEL), f32 states.
 DECODE_ENTRY(8, 16, 4, 2, true, vec)
 DECODE_ENTRY(16, 8, 4, 1, true, vec)
 DECODE_ENTRY(8, 16, 4, 1, true, vec)

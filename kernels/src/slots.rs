@@ -329,13 +329,16 @@ impl SlotBuffer {
     }
 }
 
-/// Slots in host memory that a [`SlotBuffer`]'s f32 slots are copied out to and back from (the
-/// prefix cache's second tier). Page-locked on a GPU, where the copies are queued on the
-/// device's one stream, ordered with every kernel and copy before and after them, so nothing
-/// waits; a plain vector for a CPU buffer.
+/// Slots in host memory that a [`SlotBuffer`]'s slots (f32, or 16-bit on a GPU) are copied out
+/// to and back from (the prefix cache's second tier). Page-locked on a GPU, where the copies are
+/// queued on the device's one stream, ordered with every kernel and copy before and after them,
+/// so nothing waits; a plain vector for a CPU buffer.
 #[derive(Debug)]
 pub struct HostSlots {
     per_slot: usize,
+    /// 32-bit words a slot: `per_slot` f32 values, or half as many words of 16-bit values.
+    words: usize,
+    dtype: DType,
     slots: usize,
     store: HostStore,
 }
@@ -351,21 +354,16 @@ impl HostSlots {
     /// `slots` zeroed host slots shaped like `buf`'s (f32) slots, page-locked when `buf` is on
     /// a GPU.
     pub fn for_buffer(buf: &SlotBuffer, slots: usize) -> Result<Self> {
-        if buf.dtype() != DType::F32 {
-            return Err(KernelError::Shape {
-                op: "HostSlots",
-                input: "slots",
-                expected: "f32 slots".into(),
-                actual: vec![buf.dtype().size_in_bytes()],
-            });
-        }
-        let len = slots * buf.per_slot;
+        // Host buffers are f32; GPU ones f32 or 16-bit (an even `per_slot`), copied as words.
+        let dtype = buf.dtype();
+        let words = if dtype == DType::F32 { buf.per_slot } else { buf.per_slot / 2 };
+        let len = slots * words;
         let store = match &buf.store {
             Store::Host(_) => HostStore::Vec(vec![0.0; len]),
             #[cfg(feature = "cuda")]
             Store::Cuda(d) => HostStore::Pinned(crate::cuda::PinnedSlots::zeros(d, len)?),
         };
-        Ok(Self { per_slot: buf.per_slot, slots, store })
+        Ok(Self { per_slot: buf.per_slot, words, dtype, slots, store })
     }
 
     /// Number of slots.
@@ -378,12 +376,12 @@ impl HostSlots {
         if slot >= self.slots {
             return Err(KernelError::Slot { slot, slots: self.slots });
         }
-        if buf.per_slot != self.per_slot {
+        if buf.per_slot != self.per_slot || buf.dtype() != self.dtype {
             return Err(KernelError::Shape {
                 op: "HostSlots",
                 input: "slot size",
-                expected: format!("{} values", self.per_slot),
-                actual: vec![buf.per_slot],
+                expected: format!("{} values of {:?}", self.per_slot, self.dtype),
+                actual: vec![buf.per_slot, buf.dtype().size_in_bytes()],
             });
         }
         Ok(())
@@ -392,7 +390,7 @@ impl HostSlots {
     /// Copies `buf`'s slot `src` into host slot `dst`.
     pub fn save(&mut self, buf: &SlotBuffer, src: usize, dst: usize) -> Result<()> {
         self.check(dst, buf, src)?;
-        let p = self.per_slot;
+        let p = self.words;
         match (&mut self.store, &buf.store) {
             (HostStore::Vec(v), Store::Host(b)) => v[dst * p..(dst + 1) * p].copy_from_slice(&b[src * p..(src + 1) * p]),
             #[cfg(feature = "cuda")]
@@ -406,7 +404,7 @@ impl HostSlots {
     /// Copies host slot `src` into `buf`'s slot `dst`.
     pub fn load(&self, buf: &mut SlotBuffer, src: usize, dst: usize) -> Result<()> {
         self.check(src, buf, dst)?;
-        let p = self.per_slot;
+        let p = self.words;
         match (&self.store, &mut buf.store) {
             (HostStore::Vec(v), Store::Host(b)) => b[dst * p..(dst + 1) * p].copy_from_slice(&v[src * p..(src + 1) * p]),
             #[cfg(feature = "cuda")]

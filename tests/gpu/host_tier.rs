@@ -20,9 +20,10 @@ fn states(pool: &StatePool, slot: SlotId) -> Vec<f32> {
 }
 
 pub fn gpu_host_tier_round_trips_snapshots_exactly(dev: &Device) {
-    for name in ["gdn", "gdp"] {
+    // gdp with its states in bf16 (`--state-dtype bf16`): their bits, two a word, round trip.
+    for (name, state_dtype) in [("gdn", DType::F32), ("gdp", DType::F32), ("gdp", DType::BF16)] {
         let dir = compact_dir().join(name);
-        let opts = LoadOptions { dtype: DType::F32, device: dev.clone(), ..LoadOptions::cpu(dir.to_str().unwrap()) };
+        let opts = LoadOptions { dtype: DType::F32, state_dtype, device: dev.clone(), ..LoadOptions::cpu(dir.to_str().unwrap()) };
         let engine = Engine::load(&opts).unwrap();
         let vocab = engine.model().config().common.vocab_size as u32;
         let prompt: Vec<u32> = (0..100u32).map(|i| (i * 31 + 7) % vocab).collect();
@@ -57,6 +58,6 @@ pub fn gpu_host_tier_round_trips_snapshots_exactly(dev: &Device) {
             values(&engine.decode(&mut pool, &[(from_device, 5)]).unwrap()),
         );
         assert_eq!(dh, dd, "{name}: a decode step after it");
-        println!("{name}: host round trip of {} state values exact", sh.len());
+        println!("{name} ({state_dtype:?} states): host round trip of {} state values exact", sh.len());
     }
 }

@@ -69,6 +69,7 @@ fn main() -> anyhow::Result<()> {
     let engine = Engine::load(&LoadOptions {
         model: args.model.clone(),
         dtype,
+        state_dtype: deltaserve_engine::DType::F32,
         device: parse_device(&args.device)?,
         check_weights: false,
         prefill_algo: if dtype == deltaserve_engine::DType::F32 { PrefillAlgo::Chunked } else { PrefillAlgo::ChunkedBf16 },

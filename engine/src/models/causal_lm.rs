@@ -58,6 +58,8 @@ pub struct CausalLm {
     pub(crate) lm_head: Linear,
     dtype: DType,
     device: Device,
+    /// The recurrent states' element type in this model's pools.
+    state_dtype: DType,
 }
 
 impl CausalLm {
@@ -146,6 +148,7 @@ impl CausalLm {
             lm_head: Linear::new(lm_head, None),
             dtype,
             device: device.clone(),
+            state_dtype: DType::F32,
         })
     }
 
@@ -184,7 +187,35 @@ impl CausalLm {
 
     /// What one sequence keeps in each layer's cache, in layer order (the pool is built from it).
     pub fn cache_specs(&self) -> Vec<CacheSpec> {
-        self.layers.iter().map(|b| b.attn.cache()).collect()
+        let with_state_dtype = |spec| match spec {
+            CacheSpec::Recurrent { conv_state, recurrent_state, .. } => {
+                CacheSpec::Recurrent { conv_state, recurrent_state, state_dtype: self.state_dtype }
+            }
+            other => other,
+        };
+        self.layers.iter().map(|b| with_state_dtype(b.attn.cache())).collect()
+    }
+
+    /// Keeps the recurrent states of this model's pools as `dtype`: f32, or bf16 on a GPU
+    /// (half the memory and the bytes a decode step moves; each state stored rounded to bf16
+    /// after every token). Checked here, not when a pool is made.
+    pub fn set_state_dtype(&mut self, dtype: DType) -> Result<()> {
+        let fits = dtype == DType::F32 || (dtype == DType::BF16 && self.device.is_cuda());
+        if !fits {
+            let on = if self.device.is_cuda() { "the GPU" } else { "the CPU" };
+            return Err(EngineError::Invalid {
+                field: "state_dtype",
+                expected: "f32, or bf16 on a GPU".into(),
+                actual: format!("{dtype:?} on {on}"),
+            });
+        }
+        self.state_dtype = dtype;
+        Ok(())
+    }
+
+    /// The recurrent states' element type in this model's pools.
+    pub fn state_dtype(&self) -> DType {
+        self.state_dtype
     }
 
     /// A state pool of `slots` sequences for this model, on its device; hybrids get KV blocks

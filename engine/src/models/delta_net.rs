@@ -124,7 +124,11 @@ impl DeltaNet {
 
     /// One sequence's cache: the conv state and the `[H, K, V]` recurrent state.
     pub fn cache(&self) -> CacheSpec {
-        CacheSpec::Recurrent { conv_state: self.conv.state_len(), recurrent_state: self.num_heads * self.head_k_dim * self.head_v_dim }
+        CacheSpec::Recurrent {
+            conv_state: self.conv.state_len(),
+            recurrent_state: self.num_heads * self.head_k_dim * self.head_v_dim,
+            state_dtype: DType::F32,
+        }
     }
 
     /// Steps 3–7 on the conv output `c` `[N, 2·H·K + H·V]` f32: activated and normalised q, k

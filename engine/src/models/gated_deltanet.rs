@@ -228,7 +228,11 @@ impl GatedDeltaNet {
 
     /// One sequence's cache: the conv state and the `[HV, K, Vd]` recurrent state.
     pub fn cache(&self) -> CacheSpec {
-        CacheSpec::Recurrent { conv_state: self.conv.state_len(), recurrent_state: self.num_v_heads * self.head_k_dim * self.head_v_dim }
+        CacheSpec::Recurrent {
+            conv_state: self.conv.state_len(),
+            recurrent_state: self.num_v_heads * self.head_k_dim * self.head_v_dim,
+            state_dtype: DType::F32,
+        }
     }
 
     /// Where q and k sit in the conv output.

@@ -188,7 +188,11 @@ impl GatedDeltaProduct {
 
     /// One sequence's cache: the conv state and the `[H, K, Vd]` recurrent state.
     pub fn cache(&self) -> CacheSpec {
-        CacheSpec::Recurrent { conv_state: self.conv.state_len(), recurrent_state: self.num_heads * self.head_k_dim * self.head_v_dim }
+        CacheSpec::Recurrent {
+            conv_state: self.conv.state_len(),
+            recurrent_state: self.num_heads * self.head_k_dim * self.head_v_dim,
+            state_dtype: DType::F32,
+        }
     }
 
     /// Where q and the n·H k heads (step-major) sit in the conv output.

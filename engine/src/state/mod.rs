@@ -5,7 +5,7 @@
 //! - `conv_state` `[C, W]` f32: the last W pre-conv inputs of the concatenated `[q | k | v]`
 //!   projections, oldest first (model-spec.md §3.2, W not W−1). Kept in f32 on the CPU: the
 //!   values are exact copies of the activation-dtype projections.
-//! - `recurrent_state` `[HV, K, V]` fp32, K-major, for both architectures: the rank-1 write
+//! - `recurrent_state` `[HV, K, V]` fp32 (bf16 on a GPU when asked), K-major: the rank-1 write
 //!   and the read-out then stream contiguous V-rows. fla stores GDN's state V-first
 //!   (`state_v_first`); that only matters for cache interchange, which we do not do.
 //!
@@ -52,7 +52,7 @@ impl std::fmt::Display for SlotId {
 pub struct LayerState {
     /// `[slots, C, W]` f32, C = H·K + n·(H·K + HV·Vd).
     pub conv_state: SlotBuffer,
-    /// `[slots, HV, K, V]` fp32.
+    /// `[slots, HV, K, V]`, f32 (or bf16 on a GPU: [`CacheSpec::Recurrent`]'s `state_dtype`).
     pub recurrent_state: SlotBuffer,
 }
 
@@ -239,9 +239,9 @@ impl StatePool {
         specs
             .iter()
             .map(|s| match *s {
-                CacheSpec::Recurrent { conv_state, recurrent_state } => Ok(LayerCache::Recurrent(LayerState {
+                CacheSpec::Recurrent { conv_state, recurrent_state, state_dtype } => Ok(LayerCache::Recurrent(LayerState {
                     conv_state: zeros(size.slots + size.snapshots, conv_state, DType::F32)?,
-                    recurrent_state: zeros(size.slots + size.snapshots, recurrent_state, DType::F32)?,
+                    recurrent_state: zeros(size.slots + size.snapshots, recurrent_state, state_dtype)?,
                 })),
                 CacheSpec::Attention { kv_heads, head_dim, dtype } => {
                     let per_block = size.block_size * kv_heads * head_dim;

@@ -3,8 +3,10 @@
 use super::*;
 
 fn hybrid_pool(slots: usize, blocks: usize) -> StatePool {
-    let specs =
-        [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 }, CacheSpec::Attention { kv_heads: 1, head_dim: 2, dtype: DType::F32 }];
+    let specs = [
+        CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8, state_dtype: DType::F32 },
+        CacheSpec::Attention { kv_heads: 1, head_dim: 2, dtype: DType::F32 },
+    ];
     StatePool::new_on(&specs, PoolSize { slots, snapshots: 2, kv_blocks: blocks, block_size: 4, max_seq_len: 64 }, &Device::Cpu).unwrap()
 }
 
@@ -60,7 +62,7 @@ fn a_sequence_holds_at_most_max_seq_len_tokens() {
 
 #[test]
 fn recurrent_models_need_no_blocks() {
-    let mut p = StatePool::new(&[CacheSpec::Recurrent { conv_state: 2, recurrent_state: 2 }], 1);
+    let mut p = StatePool::new(&[CacheSpec::Recurrent { conv_state: 2, recurrent_state: 2, state_dtype: DType::F32 }], 1);
     let s = p.allocate().unwrap();
     assert!(p.reserve(s, 1 << 20).unwrap());
     assert!(p.plan(&[s.index()], &[1000]).unwrap().tables.is_empty());
@@ -112,7 +114,7 @@ fn snapshots_share_full_blocks_and_copy_a_partial_last_one_on_restore() {
 
 #[test]
 fn a_snapshot_spilled_to_the_host_tier_restores_its_states_and_frees_its_slot() {
-    let specs = [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8 }];
+    let specs = [CacheSpec::Recurrent { conv_state: 4, recurrent_state: 8, state_dtype: DType::F32 }];
     let size = PoolSize { slots: 2, snapshots: 1, kv_blocks: 0, block_size: 4, max_seq_len: 64 };
     let mut p = StatePool::new_on(&specs, size, &Device::Cpu).unwrap();
     p.add_host_tier(1).unwrap();

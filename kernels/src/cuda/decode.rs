@@ -131,6 +131,20 @@ impl DecodeShape {
         Self { cols, ..self }
     }
 
+    /// The shape for states of `bf16` bits: [`Self::WIDE_K_MANY`] takes four columns a lane
+    /// instead of two (V a multiple of four). A bf16 tile holds its cells' bits, two a register,
+    /// so the same registers carry the same bytes in flight, which bound the step (H200, the
+    /// 1.39B at batch 64: the step kernel 108 µs with f32 states, 93 µs with bf16 ones at two
+    /// columns, 76–78 µs at four). Four where f32 takes four would be eight, whose registers
+    /// spill (slower on the Qwen3.5 layout: 3.76 against 3.21 ms at batch 64;
+    /// `benches/results/h200-state_dtype-2026-11-30/`).
+    fn for_states(self, bf16: bool, v: usize) -> Self {
+        if bf16 && self == Self::WIDE_K_MANY && v.is_multiple_of(4) {
+            return Self { cols: 4, ..self };
+        }
+        self
+    }
+
     fn name(&self) -> String {
         format!("w{}_r{}_c{}_b{}", self.warps, self.rows, self.cols, self.min_blocks)
     }
@@ -147,8 +161,9 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
     // an aligned buffer); element by element otherwise.
     let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
     let access = if v.is_multiple_of(4) && aligned { "vec" } else { "scalar" };
-    let (shape, cfg) = step_kernel(&dev, k, b, hv, v)?;
-    let f = dev.get_or_load_custom_func(&format!("gdr_decode_f32_{}_{access}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
+    let (words, sfx) = states.recurrent_words("gated_delta_step")?;
+    let (shape, cfg) = step_kernel(&dev, k, b, hv, v, !sfx.is_empty())?;
+    let f = dev.get_or_load_custom_func(&format!("gdr_decode_f32_{}_{access}{sfx}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
@@ -157,17 +172,17 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
         let mut l = f.builder();
         l.arg(&qv).arg(&kv).arg(&vv).arg(&bv);
         push_gate(&mut l, &gp);
-        launch_with_state(l, states.state_words("gated_delta_step")?, &sl, &mut o, &ints, &x.scale, cfg)?;
+        launch_with_state(l, words, &sl, &mut o, &ints, &x.scale, cfg)?;
     });
     Ok(wrap(&dev, o, (b, hv, v)))
 }
 
 /// The step kernel's shape for key dim `k` and `b` rows of `hv` heads of width `v` (by K and
-/// batch, or as `DELTASERVE_DECODE_KERNEL` says), and its grid.
-fn step_kernel(dev: &CudaDevice, k: usize, b: usize, hv: usize, v: usize) -> Result<(DecodeShape, LaunchConfig)> {
+/// batch and the states' type, or as `DELTASERVE_DECODE_KERNEL` says), and its grid.
+fn step_kernel(dev: &CudaDevice, k: usize, b: usize, hv: usize, v: usize, bf16: bool) -> Result<(DecodeShape, LaunchConfig)> {
     let shape = match DecodeShape::wanted().filter(|w| w.warps * w.rows >= k) {
         Some(w) => w,
-        None => DecodeShape::pick(k, b * hv, v, sm_count(dev)?),
+        None => DecodeShape::pick(k, b * hv, v, sm_count(dev)?).for_states(bf16, v),
     };
     Ok((shape, grid(v.div_ceil(32 * shape.cols), hv, b, 32 * shape.warps as u32, 0)))
 }
@@ -240,8 +255,9 @@ pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slo
     // 16-byte state and value accesses when every v row starts 16-byte aligned.
     let aligned = conv.vectorisable(4, v) && x.v_offset.is_multiple_of(4);
     let access = if aligned { "vec" } else { "scalar" };
-    let (shape, cfg) = step_kernel(&dev, k, b, hv, v)?;
-    let f = dev.get_or_load_custom_func(&format!("gdr_decode_raw_{}_{access}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
+    let (words, sfx) = states.recurrent_words("gated_delta_step_raw")?;
+    let (shape, cfg) = step_kernel(&dev, k, b, hv, v, !sfx.is_empty())?;
+    let f = dev.get_or_load_custom_func(&format!("gdr_decode_raw_{}_{access}{sfx}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
@@ -276,6 +292,6 @@ pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slo
     let ints = [k as i32, v as i32, n as i32];
     let mut l = f.builder();
     l.arg(&args);
-    launch_with_state(l, states.state_words("gated_delta_step")?, &sl, &mut o, &ints, &x.scale, cfg)?;
+    launch_with_state(l, words, &sl, &mut o, &ints, &x.scale, cfg)?;
     Ok(wrap(&dev, o, (b, hv, v)))
 }

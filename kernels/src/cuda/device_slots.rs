@@ -69,6 +69,19 @@ impl DeviceSlots {
         Ok(&mut self.data)
     }
 
+    /// The f32 or bf16 values of a recurrent state, and the name suffix of the kernels that take
+    /// states of that type (`""` for f32, `"_sbf16"`).
+    pub(super) fn recurrent_words(&mut self, op: &'static str) -> Result<(&mut CudaSlice<f32>, &'static str)> {
+        let suffix = match self.dtype {
+            DType::F32 => "",
+            DType::BF16 => "_sbf16",
+            _ => {
+                return Err(KernelError::Unsupported { op, what: format!("{:?} recurrent states (f32 or bf16)", self.dtype) });
+            }
+        };
+        Ok((&mut self.data, suffix))
+    }
+
     /// Values per 32-bit word.
     pub(super) fn per_word(&self) -> usize {
         if self.dtype == DType::F32 {
@@ -179,7 +192,7 @@ impl std::fmt::Debug for PinnedSlots {
 }
 
 impl PinnedSlots {
-    /// `len` zeroed, page-locked f32 values.
+    /// `len` zeroed, page-locked 32-bit words (f32 values, or pairs of 16-bit ones).
     pub fn zeros(slots: &DeviceSlots, len: usize) -> Result<Self> {
         let ctx = slots.dev.cuda_stream().context().clone();
         // SAFETY: zeroed right below, before any use.
@@ -199,7 +212,8 @@ impl Drop for PinnedSlots {
 }
 
 impl DeviceSlots {
-    /// Queues a copy of `len` f32 values at `offset` into `host` at `host_offset`.
+    /// Queues a copy of `len` 32-bit words at `offset` (f32 values, or pairs of 16-bit ones) into
+    /// `host` at `host_offset`.
     pub fn to_pinned(&self, offset: usize, len: usize, host: &mut PinnedSlots, host_offset: usize) -> Result<()> {
         self.pinned_range(offset, len, host, host_offset)?;
         let stream = self.dev.cuda_stream();
@@ -212,7 +226,7 @@ impl DeviceSlots {
         Ok(())
     }
 
-    /// Queues a copy of `len` f32 values of `host` at `host_offset` to `offset`.
+    /// Queues a copy of `len` 32-bit words of `host` at `host_offset` to `offset`.
     pub fn from_pinned(&mut self, offset: usize, len: usize, host: &PinnedSlots, host_offset: usize) -> Result<()> {
         self.pinned_range(offset, len, host, host_offset)?;
         let stream = self.dev.cuda_stream();
@@ -225,11 +239,11 @@ impl DeviceSlots {
     }
 
     pub(super) fn pinned_range(&self, offset: usize, len: usize, host: &PinnedSlots, host_offset: usize) -> Result<()> {
-        if self.dtype != DType::F32 || offset + len > self.data.len() || host_offset + len > host.len {
+        if offset + len > self.data.len() || host_offset + len > host.len {
             return Err(KernelError::Shape {
                 op: "PinnedSlots",
                 input: "copy",
-                expected: format!("f32 ranges inside {} device and {} host values", self.data.len(), host.len),
+                expected: format!("ranges inside {} device and {} host words", self.data.len(), host.len),
                 actual: vec![offset, host_offset, len],
             });
         }

@@ -211,10 +211,11 @@ pub fn gated_delta_chunk_tc(
     let pick = if lo { TilePick::Waves } else { TilePick::Cover };
     let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo, false), v, slots.len() * hv, sms, pick);
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
+    let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
     let name = match (lo, db) {
-        (true, _) => format!("chunk_split_state_k{kt}_bv{bv}"),
-        (false, true) => format!("chunk_mma_state_db_k{kt}_bv{bv}"),
-        (false, false) => format!("chunk_mma_state_k{kt}_bv{bv}"),
+        (true, _) => format!("chunk_split_state_k{kt}_bv{bv}{sfx}"),
+        (false, true) => format!("chunk_mma_state_db_k{kt}_bv{bv}{sfx}"),
+        (false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
     };
     let state = dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?;
     let state_smem = mma_state_smem(k, bv, lo, db);
@@ -280,13 +281,7 @@ pub fn gated_delta_chunk_tc(
                                     l.arg(&qv).arg(&kv).arg(&vv_).arg(&ldv).arg(&u).arg(&p);
                                 }
                             }
-                            l.arg(&gc)
-                                .arg(states.state_words("gated_delta_prefill")?)
-                                .arg(&cu)
-                                .arg(&sl)
-                                .arg(&snap_d)
-                                .arg(&has_snap)
-                                .arg(&mut o);
+                            l.arg(&gc).arg(&mut *words).arg(&cu).arg(&sl).arg(&snap_d).arg(&has_snap).arg(&mut o);
                             for i in &ints {
                                 l.arg(i);
                             }

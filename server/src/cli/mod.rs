@@ -48,9 +48,15 @@ pub struct ModelArgs {
     /// Checkpoint directory or Hugging Face repo id `org/name[@revision]` (default: the bundled demo model).
     #[arg(long, env = "DELTASERVE_MODEL")]
     pub model: Option<String>,
-    /// Compute dtype: f32, bf16 or f16 (the recurrent state is always f32).
+    /// Compute dtype: f32, bf16 or f16.
     #[arg(long, env = "DELTASERVE_DTYPE", default_value = "f32")]
     pub dtype: String,
+    /// Element type of the recurrent states in the pool: f32 (the reference's precision), or
+    /// bf16 on a GPU: half the state memory (twice the sequences in the same budget) and half
+    /// the state bytes a decode step moves, each state rounded to bf16 after every token (vLLM's
+    /// and SGLang's `--mamba-ssm-cache-dtype bfloat16`; accuracy in docs/gpu.md).
+    #[arg(long, env = "DELTASERVE_STATE_DTYPE", default_value = "f32")]
+    pub state_dtype: String,
     /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, env = "DELTASERVE_DEVICE", default_value = "cpu")]
     pub device: String,
@@ -144,6 +150,14 @@ pub fn prefill_algo(p: MixerPrecision, dtype: deltaserve_engine::DType) -> Prefi
     }
 }
 
+/// `--state-dtype`: f32 or bf16 (the element types the state kernels take).
+fn parse_state_dtype(s: &str) -> anyhow::Result<deltaserve_engine::DType> {
+    match parse_dtype(s)? {
+        d @ (deltaserve_engine::DType::F32 | deltaserve_engine::DType::BF16) => Ok(d),
+        _ => anyhow::bail!("invalid `--state-dtype`: expected f32 or bf16, got {s}"),
+    }
+}
+
 impl ModelArgs {
     /// Loads the engine these options describe.
     pub fn load(&self) -> anyhow::Result<Engine> {
@@ -152,6 +166,7 @@ impl ModelArgs {
         let opts = LoadOptions {
             model: self.model.clone().unwrap_or_else(default_model),
             dtype,
+            state_dtype: parse_state_dtype(&self.state_dtype)?,
             device,
             check_weights: self.check_weights,
             prefill_algo: prefill_algo(self.mixer_precision, dtype),
@@ -170,6 +185,13 @@ impl ModelArgs {
 mod tests {
     use super::*;
     use deltaserve_engine::DType;
+
+    #[test]
+    fn state_dtypes_are_f32_or_bf16() {
+        assert_eq!(parse_state_dtype("bf16").unwrap(), DType::BF16);
+        assert_eq!(parse_state_dtype("float32").unwrap(), DType::F32);
+        assert_eq!(parse_state_dtype("f16").unwrap_err().to_string(), "invalid `--state-dtype`: expected f32 or bf16, got f16");
+    }
 
     #[test]
     fn the_mixer_precision_follows_the_compute_dtype_unless_given() {

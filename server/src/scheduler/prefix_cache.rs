@@ -371,7 +371,7 @@ mod tests {
     use deltaserve_engine::Device;
 
     fn pool(snapshots: usize) -> StatePool {
-        let specs = [CacheSpec::Recurrent { conv_state: 2, recurrent_state: 2 }];
+        let specs = [CacheSpec::Recurrent { conv_state: 2, recurrent_state: 2, state_dtype: deltaserve_engine::DType::F32 }];
         let size = PoolSize { slots: 1, snapshots, kv_blocks: 0, block_size: 16, max_seq_len: 0 };
         StatePool::new_on(&specs, size, &Device::Cpu).unwrap()
     }

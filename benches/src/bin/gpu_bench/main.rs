@@ -134,6 +134,10 @@ struct Args {
     /// Whole-model table: CUDA graphs only, no eager decode rows.
     #[arg(long)]
     graphs_only: bool,
+    /// Whole-model and hybrid tables: the recurrent states' element type in the pool, f32 or
+    /// bf16 (`serve --state-dtype`); the roofline counts the states' bytes in it.
+    #[arg(long, default_value = "f32")]
+    state_dtype: String,
     /// fla's times at the mixer tables' shapes, measured in this run by `benches/fla_mixer.py`
     /// (`benches/mixer_vs_fla.sh`): the "vs fla" columns are computed from them.
     #[arg(long)]

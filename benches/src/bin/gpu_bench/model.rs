@@ -25,10 +25,12 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     }
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
-    let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
+    let mut model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
+    model.set_state_dtype(deltaserve_engine::parse_dtype(&args.state_dtype)?)?;
     let params: usize = ckpt.names().iter().filter_map(|n| ckpt.shape(n)).map(|s| s.iter().product::<usize>()).sum();
     let weight_bytes = params as f64 * 2.0;
-    let state_bytes = cfg.state_bytes_per_sequence() as f64;
+    // Conv states f32, recurrent states as `--state-dtype` keeps them.
+    let state_bytes = model.cache_specs().iter().map(|s| s.bytes_per_sequence()).sum::<usize>() as f64;
     println!(
         "\n## Whole model: random Gated DeltaNet, {:.2} B params, bf16 (D=2048, 21 layers, H=6, K=256, expand_v=2)\n",
         params as f64 / 1e9
@@ -176,7 +178,8 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
     let (reps, invariant_too) = (args.reps, args.batch_invariant);
     let cfg = deltaserve_engine::read_config(dir)?;
     let ckpt = deltaserve_engine::weights::Checkpoint::open(dir)?;
-    let model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
+    let mut model = CausalLm::load(&cfg, &ckpt, DType::BF16, dev, false)?;
+    model.set_state_dtype(deltaserve_engine::parse_dtype(&args.state_dtype)?)?;
     let size_of = |n: &String| ckpt.shape(n).map(|s| s.iter().product::<usize>()).unwrap_or(0);
     let params: usize = ckpt.names().iter().map(size_of).sum();
     // MoE: a step reads the routed experts its tokens chose. With k of E chosen per token, b
@@ -191,7 +194,8 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
         None => 1.0,
     };
     let weight_bytes = |b: usize| ((params - expert_params) as f64 + expert_params as f64 * touched(b)) * 2.0;
-    let state_bytes = cfg.state_bytes_per_sequence() as f64;
+    // Conv states f32, recurrent states as `--state-dtype` keeps them.
+    let state_bytes = model.cache_specs().iter().map(|s| s.bytes_per_sequence()).sum::<usize>() as f64;
     let vocab = cfg.common.vocab_size as u32;
     let (t, ctx) = (4096usize, 256usize);
     let default: &[usize] = if moe.is_some() { &[1, 16, 64] } else { &[1, 64] };
