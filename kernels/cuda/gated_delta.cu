@@ -15,59 +15,31 @@
 // (benches/results/h200-state_hints-2026-11-30/). The state is f32 or bf16 in memory (TS,
 // state_io.cuh), f32 in registers.
 
-// CW consecutive floats at p (columns col.. of a row of width V): one 8- or 16-byte access when
-// VEC (V % 4 == 0 and aligned data), else element by element within the row.
-template <int CW, bool VEC>
+// CW consecutive floats at p (columns col.. of a row of width V): one 8-, 16- or 32-byte access
+// when VEC (V % 4 == 0 and aligned data), else element by element within the row; CS: p is the
+// state (streaming accesses).
+template <int CW, bool VEC, bool CS = false>
 __device__ __forceinline__ void load_cols(float (&d)[CW], const float* p, int col, int V) {
   if constexpr (VEC && CW > 1) {
     if (col < V) {
-      state_load<CW, false>(d, p);
+      state_load<CW, CS>(d, p);
     } else {
 #pragma unroll
       for (int c = 0; c < CW; ++c) d[c] = 0.0f;
     }
   } else {
 #pragma unroll
-    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? p[c] : 0.0f;
+    for (int c = 0; c < CW; ++c) d[c] = col + c < V ? state_ld<CS>(p + c) : 0.0f;
   }
 }
-template <int CW, bool VEC>
+template <int CW, bool VEC, bool CS = false>
 __device__ __forceinline__ void store_cols(float* p, const float (&x)[CW], int col, int V) {
   if constexpr (VEC && CW > 1) {
-    if (col < V) state_store<CW, false>(p, x);
+    if (col < V) state_store<CW, CS>(p, x);
   } else {
 #pragma unroll
     for (int c = 0; c < CW; ++c)
-      if (col + c < V) p[c] = x[c];
-  }
-}
-// The same for CW state elements of type TS, streaming.
-template <int CW, bool VEC, typename TS>
-__device__ __forceinline__ void load_state_cols(float (&d)[CW], const TS* p, int col, int V) {
-  if constexpr (VEC && CW > 1) {
-    if (col < V) {
-      state_load<CW, true>(d, p);
-    } else {
-#pragma unroll
-      for (int c = 0; c < CW; ++c) d[c] = 0.0f;
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < CW; ++c) {
-      float one[1] = {0.0f};
-      if (col + c < V) state_load<1, true>(one, p + c);
-      d[c] = one[0];
-    }
-  }
-}
-template <int CW, bool VEC, typename TS>
-__device__ __forceinline__ void store_state_cols(TS* p, const float (&x)[CW], int col, int V) {
-  if constexpr (VEC && CW > 1) {
-    if (col < V) state_store<CW, true>(p, x);
-  } else {
-#pragma unroll
-    for (int c = 0; c < CW; ++c)
-      if (col + c < V) state_store<1, true>(p + c, {x[c]});
+      if (col + c < V) state_st<CS>(p + c, x[c]);
   }
 }
 
@@ -84,7 +56,7 @@ __device__ __forceinline__ void load_state(float (&s)[RMAX][CW], const float* S,
 #pragma unroll
     for (int r = 0; r < RMAX; ++r) {
       if (r < R && r0 + r < K) {
-        load_state_cols<CW, VEC>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
+        load_cols<CW, VEC, true>(s[r], S + (size_t)(r0 + r) * V + col, col, V);
       } else {
 #pragma unroll
         for (int c = 0; c < CW; ++c) s[r][c] = 0.0f;
@@ -136,7 +108,7 @@ struct StateTile<float, RMAX, CW> {
   }
   template <bool VEC>
   __device__ __forceinline__ void store_row(float* p, int r, int col, int V) const {
-    store_state_cols<CW, VEC>(p, v[r], col, V);
+    store_cols<CW, VEC, true>(p, v[r], col, V);
   }
 };
 
