@@ -221,7 +221,7 @@ impl Engine {
         let dir = hub::resolve_model(&opts.model)?;
         let cfg = read_config(&dir)?;
         let ckpt = weights::Checkpoint::open(&dir)?;
-        let (models, links) = match opts.tensor_parallel_size {
+        let (mut models, links) = match opts.tensor_parallel_size {
             0 => return Err(EngineError::Invalid { field: "tensor_parallel_size", expected: "at least 1".into(), actual: "0".into() }),
             1 => (vec![CausalLm::load(&cfg, &ckpt, opts.dtype, &opts.device, opts.check_weights)?], vec![None]),
             n => {
@@ -244,7 +244,6 @@ impl Engine {
                 (models, ranks.into_iter().map(|(link, _)| Some(link)).collect())
             }
         };
-        let mut models = models;
         for m in &mut models {
             m.set_state_dtype(opts.state_dtype)?;
         }
