@@ -56,6 +56,8 @@ const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
     ("gpu_gated_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_gated_norm_folded_into_gemv_equals_two_kernels),
     #[cfg(feature = "cuda")]
+    ("gpu_swiglu_folded_into_gate_up_equals_two_kernels", norm_gemv::gpu_swiglu_folded_into_gate_up_equals_two_kernels),
+    #[cfg(feature = "cuda")]
     ("gpu_conv_folded_into_projection_equals_two_kernels", norm_gemv::gpu_conv_folded_into_projection_equals_two_kernels),
     ("gpu_sampling_matches_cpu", sampling::gpu_sampling_matches_cpu),
     ("gpu_sampling_follows_the_distribution", sampling::gpu_sampling_follows_the_distribution),

@@ -61,11 +61,19 @@ struct SwigluRows {
   }
 };
 
-// What a warp does with its finished sums besides storing y: nothing, or
-// gemv_staged.cu's ConvFold. `prefetch` runs before a group's loads of W (its loads are in
+// Which rows of W a warp takes, and whether the kernel stores y: slot q of the 8 / splits row
+// slots of column block `by` takes GEMV_ROWS rows from first_row(by, q, slots), in order
+// (gemv_staged.cu's SwigluPairs takes them otherwise and stores no y).
+struct RowsInOrder {
+  static constexpr bool stores_y = true;
+  __device__ __forceinline__ int first_row(int by, int q, int slots) const { return (by * slots + q) * GEMV_ROWS; }
+};
+
+// What a warp does with its finished sums besides storing y: nothing, or gemv_staged.cu's
+// ConvFold or SwigluPairs. `prefetch` runs before a group's loads of W (its loads are in
 // flight under them), `finish` after the sums are complete, in every lane of the warp that
 // stores them.
-struct NoEpilogue {
+struct NoEpilogue : RowsInOrder {
   template <int NB>
   __device__ __forceinline__ void prefetch(int, int, int) const {}
   template <typename T, int NB>
@@ -98,7 +106,7 @@ __device__ void gemv(X x, const T* __restrict__ w, Y* __restrict__ y, int N, int
   const int k_end = min(K, (s + 1) * per * 256);
   int by = blockIdx.y;
   do {
-    const int n0 = (by * (8 / splits) + wib / splits) * GEMV_ROWS;
+    const int n0 = epi.first_row(by, wib / splits, 8 / splits);
     float acc[GEMV_ROWS][NB] = {};
     if (s == 0) epi.template prefetch<NB>(n0, blockIdx.x * NB, lane);
     if (n0 < N) {
@@ -150,7 +158,7 @@ __device__ void gemv(X x, const T* __restrict__ w, Y* __restrict__ y, int N, int
       __syncthreads();
     }
     if (s == 0) epi.template finish<T, NB>(acc, n0, blockIdx.x * NB, lane);
-    if (lane == 0 && s == 0) {
+    if (E::stores_y && lane == 0 && s == 0) {
 #pragma unroll
       for (int r = 0; r < GEMV_ROWS; ++r)
         if (n0 + r < N)

@@ -135,6 +135,44 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
   __syncthreads();
 }
 
+// stage_gated_norm for at most eight head rows of Vd = 32 · C (a warp a row): each lane loads
+// its C elements of o, the gate and the norm weight at once, so the prologue is one round trip
+// to L2 where gated_norm_row's groups take one each (the 1.39B's 6 heads of 512: seven). The
+// squares are summed and the outputs formed as gated_norm_row sums and forms them, so the bits
+// are the same. Warps past the rows wait at the barrier.
+template <typename T, int NB, int C>
+__device__ void stage_gated_norm_once(const float* __restrict__ o, const T* __restrict__ z, long ldz, int heads,
+                                      const float* __restrict__ nw, T* xs, float eps, int act_sigmoid) {
+  constexpr int Vd = 32 * C;
+  const int row = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (row < NB * heads) {
+    const T* zr = z ? z + (size_t)(row / heads) * ldz + (size_t)(row % heads) * Vd : nullptr;
+    const float* xr = o + (size_t)row * Vd;
+    float xv[C], wv[C];
+    T zraw[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      xv[j] = xr[lane + 32 * j];
+      wv[j] = nw[lane + 32 * j];
+      if (zr) zraw[j] = zr[lane + 32 * j];
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < C; ++j) ss += xv[j] * xv[j];
+    const float inv = rsqrtf(warp_sum(ss) / Vd + eps);
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      float v = xv[j] * inv * wv[j];
+      if (zr) {
+        const float zi = to_f32(zraw[j]);
+        v *= act_sigmoid ? ds_sigmoid(zi) : ds_silu(zi);
+      }
+      xs[(size_t)row * Vd + lane + 32 * j] = from_f32<T>(v);
+    }
+  }
+  __syncthreads();
+}
+
 // A decode step's short conv (conv.cu's conv_step at width 4, fla's) on the projection's
 // first C output rows, [q | k | v]: the lane r · NB + b of the warp that stores rows n0, n0 + 1
 // shifts y[b][n0 + r], rounded to T as the GEMV stores it, into the conv state of its slot and
@@ -142,7 +180,7 @@ __device__ void stage_gated_norm(const float* __restrict__ o, const T* __restric
 // weights are copied into shared memory (cp.async) before the warp's loads of W, so their round
 // trip hides under them without holding registers. One launch a layer fewer, and the conv's
 // input is never read back.
-struct ConvFold {
+struct ConvFold : RowsInOrder {
   const float* weight;  // [C, 4]
   float* states;        // [slots, C, 4]
   int slot;             // of this lane's row of x
@@ -195,6 +233,41 @@ struct ConvFold {
   }
 };
 
+// SwiGLU on the fused [gate | up] projection's output inside it (one row of x): a column block
+// of P = 8 / splits row slots takes gate rows P·by .. P·by + P − 1 in its first P / 2 slots and
+// the up rows I + P·by .. in the rest, so each gate value meets its up value in the block. Each
+// finished row is rounded to T as the projection would store it and put in shared memory; after
+// the block's barrier, `store` writes x = silu(gate) · up rounded to T (swiglu.cu's arithmetic:
+// the bits SwigluRows forms from the stored projection). Needs I a multiple of P and splits ≤ 4.
+struct SwigluPairs {
+  int I, P;
+  static constexpr bool stores_y = false;
+  __device__ __forceinline__ static float* vals() {
+    __shared__ float v[2][8];
+    return &v[0][0];
+  }
+  __device__ __forceinline__ int first_row(int by, int q, int) const {
+    const int half = P / 2;
+    return q < half ? P * by + GEMV_ROWS * q : I + P * by + GEMV_ROWS * (q - half);
+  }
+  template <int NB>
+  __device__ __forceinline__ void prefetch(int, int, int) const {}
+  template <typename T, int NB>
+  __device__ __forceinline__ void finish(const float (&acc)[GEMV_ROWS][NB], int n0, int, int lane) const {
+    static_assert(NB == 1, "one row of x");
+    const int up = n0 >= I, local = (up ? n0 - I : n0) % P;
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < GEMV_ROWS; ++r) vals()[up * 8 + local + r] = to_f32(from_f32<T>(acc[r][0]));
+  }
+  // After the block's barrier: x[P·by + i] for i < P.
+  template <typename T>
+  __device__ __forceinline__ void store(T* x, int by) const {
+    const int i = threadIdx.x;
+    if (i < P) x[P * by + i] = from_f32<T>(ds_silu(vals()[i]) * vals()[8 + i]);
+  }
+};
+
 // add_norm_gemv_{dtype}_b{NB}: y = norm(h + delta) Wᵀ and r = h + delta (written by the blocks
 // of column 0). gated_norm_gemv_{dtype}_b{NB}: y = gated_norm(o, z) Wᵀ, K = heads · Vd. One
 // One group of NB rows (gridDim.x = 1); dynamic shared memory NB · K elements of T.
@@ -215,7 +288,7 @@ struct ConvFold {
     stage_add_norm<T, NB>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                             \
     const int slot = slot_of(slots, more_slots, blockIdx.x * NB + (threadIdx.x & 31) % NB);                          \
     gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits,                                                  \
-                          ConvFold{cw, states, slot, cy, C, silu});                                 \
+                          ConvFold{{}, cw, states, slot, cy, C, silu});                                 \
   }                                                                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
       gated_norm_gemv_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw, float eps,    \
@@ -227,6 +300,44 @@ struct ConvFold {
 #define STAGED_GEMV_ENTRIES(T, NAME) FOR_EACH_GEMV_BATCH(STAGED_GEMV_ENTRY, T, NAME)
 STAGED_GEMV_ENTRIES(__nv_bfloat16, bf16)
 STAGED_GEMV_ENTRIES(__half, f16)
+
+// add_norm_gemv_swiglu_{dtype}_b1: x = silu(g) · u for [g | u] = norm(h + delta) Wᵀ with W the
+// fused [gate | up] projection (I rows each, N = 2I), and r = h + delta; x [1, I].
+#define SWIGLU_PAIRS_ENTRY(T, NAME)                                                                               \
+  extern "C" __global__ void __launch_bounds__(256)                                                             \
+      add_norm_gemv_swiglu_##NAME##_b1(const float* h, const T* delta, const float* nw, float eps, float* r,      \
+                                       int I, const T* w, T* x, int N, int K, int splits) {                       \
+    pdl_entry();                                                                                                \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                   \
+    stage_add_norm<T, 1>(h, delta, nw, r, xs, K, eps, blockIdx.y == 0);                                         \
+    const SwigluPairs pairs{I, 8 / splits};                                                                     \
+    gemv<T, 1>(StagedRows<T>{xs, K}, w, x, N, K, splits, pairs);                                                \
+    __syncthreads();                                                                                            \
+    pairs.store<T>(x, blockIdx.y);                                                                              \
+  }
+SWIGLU_PAIRS_ENTRY(__nv_bfloat16, bf16)
+SWIGLU_PAIRS_ENTRY(__half, f16)
+
+// gated_norm_gemv_v{Vd}_{dtype}_b{NB}: gated_norm_gemv for NB · heads ≤ 8 head rows of Vd = 128,
+// 256 or 512, its prologue stage_gated_norm_once.
+#define GATED_ONCE_ENTRY(T, NAME, NB, VD)                                                                            \
+  extern "C" __global__ void __launch_bounds__(256)                                                                \
+      gated_norm_gemv_v##VD##_##NAME##_b##NB(const float* o, const T* z, long ldz, int heads, const float* nw,        \
+                                            float eps, int act_sigmoid, const T* w, T* y, int N, int K, int splits) { \
+    pdl_entry();                                                                                                   \
+    T* xs = reinterpret_cast<T*>(gemv_stage);                                                                      \
+    stage_gated_norm_once<T, NB, (VD) / 32>(o, z, ldz, heads, nw, xs, eps, act_sigmoid);                           \
+    gemv<T, NB, (NB > 1)>(StagedRows<T>{xs, K}, w, y, N, K, splits);                                                       \
+  }
+#define GATED_ONCE_ENTRIES(T, NAME) \
+  GATED_ONCE_ENTRY(T, NAME, 1, 128) \
+  GATED_ONCE_ENTRY(T, NAME, 1, 256) \
+  GATED_ONCE_ENTRY(T, NAME, 1, 512) \
+  GATED_ONCE_ENTRY(T, NAME, 2, 128) \
+  GATED_ONCE_ENTRY(T, NAME, 2, 256) \
+  GATED_ONCE_ENTRY(T, NAME, 2, 512)
+GATED_ONCE_ENTRIES(__nv_bfloat16, bf16)
+GATED_ONCE_ENTRIES(__half, f16)
 
 // add_norm_gemv_f32y_{dtype}_b{NB}: add_norm_gemv with y stored as f32 (each value rounded to T
 // first): a decode step's final norm and LM head, the logits written where the sampler reads

@@ -1,13 +1,13 @@
 //! The norms folded into a decode step's projections (gemv_staged.cu) against the two kernels
 //! they replace: the kernels at every B they take, and the ops that pick them where they win;
-//! and the short conv folded into the input projection against the projection and the conv
-//! step.
+//! the short conv folded into the input projection against the projection and the conv step;
+//! and SwiGLU formed by the fused `[gate | up]` projection against the projection and SwiGLU.
 
 use candle_core::{DType, Device, Tensor};
-use deltaserve_kernels::cuda::{add_norm_gemv, add_norm_gemv_f32_into, gated_norm_gemv, gemv};
+use deltaserve_kernels::cuda::{add_norm_gemv, add_norm_gemv_f32_into, add_norm_gemv_swiglu, gated_norm_gemv, gemv};
 use deltaserve_kernels::ops::{
-    add_rms_norm, conv_step, gated_rms_norm, small_batch_add_norm_conv_linear, small_batch_add_norm_linear, small_batch_gated_norm_linear,
-    ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS,
+    add_rms_norm, conv_step, gated_rms_norm, small_batch_add_norm_conv_linear, small_batch_add_norm_linear, small_batch_add_norm_swiglu,
+    small_batch_gated_norm_linear, swiglu, ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS,
 };
 use deltaserve_kernels::{ConvActivation, GateActivation, SlotBuffer, StepSlots};
 use deltaserve_tests::{rel_err, values};
@@ -93,15 +93,74 @@ pub fn gpu_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
     assert!(add_norm_gemv(&wide, None, &nw_wide, eps, &w_wide).unwrap().is_none(), "8 rows of 8192 exceed the stage");
 }
 
+/// SwiGLU formed inside a one-row decode step's fused `[gate | up]` projection (with the norm
+/// before it): `(r, x)` equal the fused norm + projection followed by the SwiGLU kernel on its two
+/// halves bit for bit, bf16 and f16, with and without a delta, at the 1.39B's MLP (I = 5632: a
+/// column block of 4 gate and 4 up row pairs), at shapes whose split of K leaves 4 and 2 row
+/// slots a block, and with padding rows after the two halves (as the engine pads fused weights);
+/// a sanity bound against the CPU's f32 math. Two rows, and an `I` the block's gate rows do not
+/// divide, are declined.
+pub fn gpu_swiglu_folded_into_gate_up_equals_two_kernels(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let eps = 1e-6f32;
+    for (i, k, pad) in [(5632usize, 2048usize, 0usize), (200, 1024, 48), (128, 2048, 0)] {
+        let (w, h, delta) =
+            (uniform(&mut rng, &[2 * i + pad, k], -0.1, 0.1), uniform(&mut rng, &[2, k], -4.0, 4.0), uniform(&mut rng, &[2, k], -2.0, 2.0));
+        let nw = uniform(&mut rng, &[k], 0.5, 1.5);
+        for dtype in [DType::BF16, DType::F16] {
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let (wg, nwg) = (on(&w.to_dtype(dtype).unwrap()), on(&nw));
+            let hg = on(&h.narrow(0, 0, 1).unwrap());
+            let dg = on(&delta.narrow(0, 0, 1).unwrap().to_dtype(dtype).unwrap());
+            for dg in [Some(&dg), None] {
+                let (r, x) = add_norm_gemv_swiglu(&hg, dg, &nwg, eps, &wg, i).unwrap().expect("the kernel takes one row");
+                let (r2, y) = add_norm_gemv(&hg, dg, &nwg, eps, &wg).unwrap().unwrap();
+                let x2 = swiglu(&y.narrow(1, 0, i).unwrap(), &y.narrow(1, i, i).unwrap()).unwrap();
+                assert_eq!((x.dims(), x.dtype()), (&[1, i][..], dtype), "shape and dtype");
+                assert_eq!(values(&r), values(&r2), "{dtype:?} I={i} K={k}: r");
+                assert_eq!(values(&x), values(&x2), "{dtype:?} I={i} K={k} delta={}: against the two kernels", dg.is_some());
+                let op = small_batch_add_norm_swiglu(&hg, dg, &nwg, eps, &wg, i).unwrap().expect("the op takes one row");
+                assert_eq!(values(&op.1), values(&x), "the op's result");
+            }
+            // A sanity bound against the CPU's f32 math (the bits are pinned above).
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+            let (r, x) = add_norm_gemv_swiglu(&hg, Some(&dg), &nwg, eps, &wg, i).unwrap().unwrap();
+            let rn = f(&r);
+            let inv = (rn.sqr().unwrap().mean_all().unwrap().to_scalar::<f32>().unwrap() + eps).sqrt().recip();
+            let xn = (rn * inv as f64).unwrap().broadcast_mul(&nw.unsqueeze(0).unwrap()).unwrap();
+            let y = xn.matmul(&f(&wg).narrow(0, 0, 2 * i).unwrap().t().unwrap()).unwrap();
+            let (g, u) = (y.narrow(1, 0, i).unwrap(), y.narrow(1, i, i).unwrap());
+            let want = (g.silu().unwrap() * u).unwrap();
+            let e = rel_err(&values(&x), &values(&want));
+            println!("GPU SwiGLU folded into gate_up {dtype:?} I={i} K={k}: equal bit for bit to the two kernels; {e:.2e} from the CPU");
+            assert!(e <= 2e-2, "{dtype:?} I={i}: {e:.3e} from the CPU");
+        }
+        let two = on_dev(dev, &h);
+        let w2 = on_dev(dev, &w.to_dtype(DType::BF16).unwrap());
+        assert!(add_norm_gemv_swiglu(&two, None, &on_dev(dev, &nw), eps, &w2, i).unwrap().is_none(), "two rows are declined");
+    }
+    // I = 131 with a split of K that leaves 2 gate rows a block (N = 262, K = 2048): declined.
+    let w = on_dev(dev, &uniform(&mut rng, &[262, 2048], -0.1, 0.1).to_dtype(DType::BF16).unwrap());
+    let (h, nw) = (on_dev(dev, &uniform(&mut rng, &[1, 2048], -1.0, 1.0)), on_dev(dev, &uniform(&mut rng, &[2048], 0.5, 1.5)));
+    assert!(add_norm_gemv_swiglu(&h, None, &nw, eps, &w, 131).unwrap().is_none(), "I = 131 is not a multiple of the block's gate rows");
+}
+
+/// `t` on `dev`.
+fn on_dev(dev: &Device, t: &Tensor) -> Tensor {
+    t.to_device(dev).unwrap()
+}
+
 /// The mixer's gated output norm folded into `o_proj`: equal bit for bit to the gated norm
 /// kernel followed by the small-batch projection, for B = 1..8, bf16 and f16, swish and sigmoid
 /// gates read in place from a wider projection, and no gate, at the 1.39B model's head shape
-/// (6 heads of 512) and Qwen3.5's (32 of 128). The op takes the kernel while B · H ≤
-/// `GATED_NORM_LINEAR_MAX_HEAD_ROWS` and leaves more to the two steps.
+/// (6 heads of 512), Qwen3.5's (32 of 128), and 4 of 256 and 2 of 128 (where one or two rows
+/// take the entries whose prologue loads each head row at once, as the 1.39B's one row does).
+/// The op takes the kernel while B · H ≤ `GATED_NORM_LINEAR_MAX_HEAD_ROWS` and leaves more to
+/// the two steps.
 pub fn gpu_gated_norm_folded_into_gemv_equals_two_kernels(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(29);
     let eps = 1e-5f32;
-    for (heads, vd, n) in [(6usize, 512usize, 2048usize), (32, 128, 200)] {
+    for (heads, vd, n) in [(6usize, 512usize, 2048usize), (32, 128, 200), (4, 256, 520), (2, 128, 136)] {
         let k = heads * vd;
         let (w, o, proj) = (
             uniform(&mut rng, &[n, k], -1.0, 1.0),

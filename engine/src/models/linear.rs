@@ -132,6 +132,16 @@ impl FusedInput {
         })
     }
 
+    /// The stacked projection (padded rows included).
+    pub fn linear(&self) -> &Linear {
+        &self.weight
+    }
+
+    /// Where part `i` starts, in rows of the stacked weight.
+    pub fn offset(&self, i: usize) -> usize {
+        self.offsets[i]
+    }
+
     /// How many parts are stacked.
     pub fn parts(&self) -> usize {
         self.offsets.len() - 1

@@ -56,6 +56,14 @@ impl Mlp {
 
     /// `x` `[N, D]` → `[N, D]`; the same for prefill and decode (no per-sequence state).
     pub fn forward(&self, x: &SubInput<'_>) -> Result<Delta> {
+        // A one-row decode step: SwiGLU formed by the fused projection's kernel (gate and up rows
+        // paired in its blocks), so the down projection is a plain GEMV.
+        let i = self.down_proj.weight().dim(1)?;
+        if self.gate_up.offset(UP) == i && self.gate_up.offset(UP + 1) == 2 * i {
+            if let Some(act) = x.project_swiglu(self.gate_up.linear(), i)? {
+                return project_delta(&self.down_proj, &act);
+            }
+        }
         let y = self.gate_up.forward_input(x)?;
         let (gate, up) = (y.part(GATE)?, y.part(UP)?);
         // A decode step's few rows: SwiGLU formed inside the down projection's kernel.

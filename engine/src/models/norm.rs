@@ -145,6 +145,14 @@ impl SubInput<'_> {
             Self::Normed(n) => n.project(l),
         }
     }
+
+    /// See [`NormedInput::project_swiglu`]; `None` for a formed `x`.
+    pub fn project_swiglu(&self, l: &Linear, i: usize) -> Result<Option<Tensor>> {
+        match self {
+            Self::Formed(_) => Ok(None),
+            Self::Normed(n) => n.project_swiglu(l, i),
+        }
+    }
 }
 
 /// A pre-norm sub-block's input `norm(h + delta)` and the residual `r = h + delta` it closes,
@@ -186,6 +194,19 @@ impl<'a> NormedInput<'a> {
             }
         }
         super::linear::project(l, self.x()?)
+    }
+
+    /// SwiGLU of the fused `[gate | up]` projection `l` (`i` rows each) for a one-row decode
+    /// step, formed inside that projection's kernel with the norm
+    /// ([`ops::small_batch_add_norm_swiglu`]): `silu(g) · u` `[1, i]`, or `None` where it does not
+    /// apply (nothing run).
+    pub fn project_swiglu(&self, l: &Linear, i: usize) -> Result<Option<Tensor>> {
+        let Some(delta) = self.fusable_delta(l) else { return Ok(None) };
+        let Some((r, x)) = ops::small_batch_add_norm_swiglu(&self.res.h, delta, &self.norm.weight, self.norm.eps, l.weight(), i)? else {
+            return Ok(None);
+        };
+        let _ = self.r.set(r);
+        Ok(Some(x))
     }
 
     /// [`Self::project`] in f32 (the logits): where the GPU runs `l` as a GEMM, its f32

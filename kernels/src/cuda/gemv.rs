@@ -123,7 +123,7 @@ pub(super) fn vector_rows(w: &Tensor, k: usize) -> Result<Option<RowsArg>> {
 /// least three blocks an SM, keeping two or more 256-column steps a warp, and at most two when
 /// `b` > 4 (more rows of x already keep a warp's loads busy; on the H100, I=5632 → 2048:
 /// B=1..4 fastest at 4 slices, B=8 at 2). `DELTASERVE_GEMV_SPLITS` fixes it (for benchmarks).
-fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
+pub(super) fn k_splits(n: usize, k: usize, b: usize, sms: usize) -> usize {
     let wanted = env_count!("DELTASERVE_GEMV_SPLITS");
     if let Some(s) = wanted.filter(|s| [1, 2, 4, 8].contains(s)) {
         return s;
@@ -150,6 +150,9 @@ pub(super) enum XArgs<'a> {
     /// `(h, delta, norm weight, eps, r)`: gemv_staged.cu's residual add + RMSNorm, with a
     /// decode step's short conv on the first output rows when `conv` is given.
     AddNorm { h: u64, delta: u64, nw: u64, eps: f32, r: u64, conv: Option<ConvArgs<'a>> },
+    /// `(h, delta, norm weight, eps, r, I)`: gemv_staged.cu's residual add + RMSNorm before the
+    /// fused `[gate | up]` projection whose epilogue forms SwiGLU (`SwigluPairs`).
+    AddNormSwiglu { h: u64, delta: u64, nw: u64, eps: f32, r: u64, i: i32 },
     /// `(o, z, ldz, heads, norm weight, eps, act_sigmoid)`: gemv_staged.cu's gated RMSNorm.
     GatedNorm { o: u64, z: u64, ldz: i64, heads: i32, nw: u64, eps: f32, act_sigmoid: i32 },
 }
@@ -205,7 +208,9 @@ fn launch(
     // The staged kernels (gemv_staged.cu) form their `nb` rows of x, in x's dtype, in dynamic
     // shared memory.
     let (module, ptx, smem) = match x_args {
-        XArgs::AddNorm { .. } | XArgs::GatedNorm { .. } => ("gemv_staged", ptx::GEMV_STAGED, nb * k * x.dtype().size_in_bytes()),
+        XArgs::AddNorm { .. } | XArgs::AddNormSwiglu { .. } | XArgs::GatedNorm { .. } => {
+            ("gemv_staged", ptx::GEMV_STAGED, nb * k * x.dtype().size_in_bytes())
+        }
         XArgs::Plain { .. } | XArgs::Swiglu { .. } => ("gemv", ptx::GEMV, 0),
     };
     let dev = cuda_dev(x, "gemv")?;
@@ -232,6 +237,7 @@ fn launch(
                 &mut l
             }
         }
+        XArgs::AddNormSwiglu { h, delta, nw, eps, r, i } => l.arg(h).arg(delta).arg(nw).arg(eps).arg(r).arg(i),
         XArgs::GatedNorm { o, z, ldz, heads, nw, eps, act_sigmoid } => {
             l.arg(o).arg(z).arg(ldz).arg(heads).arg(nw).arg(eps).arg(act_sigmoid)
         }

@@ -7,8 +7,8 @@ use candle_core::{DType, Tensor};
 use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 
 use super::decode::DecodeSlots;
-use super::gemv::{accepts_rows, launch_rows, launch_rows_into, vector_rows, ConvArgs, XArgs, MAX_STAGED_BYTES};
-use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, DeviceSlots, RowsArg};
+use super::gemv::{accepts_rows, k_splits, launch_rows, launch_rows_into, vector_rows, ConvArgs, XArgs, MAX_STAGED_BYTES};
+use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, sm_count, DeviceSlots, RowsArg};
 use crate::{Result, StepSlots};
 
 /// `norm(h + delta) Wᵀ` with `r = h + delta` (fp32) for `h` `[B, K]` f32, `delta` `[B, K]` in
@@ -97,6 +97,38 @@ pub fn add_norm_gemv_conv(
     Ok(Some((staged.r, y, out)))
 }
 
+/// SwiGLU of the fused `[gate | up]` projection `w` (`I` rows each from row 0 and row `I`, any
+/// padding rows after them unread) of `norm(h + delta)`, for one row: `(r, x)` with
+/// `x = silu(g) · u` `[1, I]` in `w`'s dtype, the same bits as [`add_norm_gemv`] followed by
+/// [`super::swiglu`] on its two halves, in one launch (gemv_staged.cu's `SwigluPairs`). The
+/// projection's own output is never stored. `None` where the kernel does not apply (more rows,
+/// as [`add_norm_gemv`], or a split of K that leaves a column block fewer than two row slots, or
+/// `I` not a multiple of the block's gate rows).
+pub fn add_norm_gemv_swiglu(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+    i: usize,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if h.dim(0)? != 1 || w.dim(0)? < 2 * i || i == 0 {
+        return Ok(None);
+    }
+    let Some(staged) = AddNormStage::new(h, delta, weight, w)? else { return Ok(None) };
+    let dev = cuda_dev(h, "add_norm_gemv_swiglu")?;
+    let (n, k) = (2 * i, staged.k);
+    let splits = k_splits(n, k, 1, sm_count(&dev)?);
+    if splits > 4 || !i.is_multiple_of(8 / splits) {
+        return Ok(None);
+    }
+    let (hp, dp, nw, r) = staged.addresses(h, delta)?;
+    let args = XArgs::AddNormSwiglu { h: hp, delta: dp, nw, eps, r, i: i as i32 };
+    let x = alloc_rows(&dev, w.dtype(), 1, i)?;
+    launch_rows_into(w, &format!("add_norm_gemv_swiglu_{}_b1", staged.suffix), (1, n, k), args, &staged.wa, &x)?;
+    Ok(Some((staged.r, x)))
+}
+
 /// What [`add_norm_gemv`] and [`add_norm_gemv_conv`] check and allocate before their launch.
 struct AddNormStage {
     b: usize,
@@ -126,14 +158,18 @@ impl AddNormStage {
 
     /// The kernel's leading arguments (with the conv when `conv` is given).
     fn args<'c>(&self, h: &Tensor, delta: Option<&Tensor>, eps: f32, conv: Option<ConvArgs<'c>>) -> Result<XArgs<'c>> {
-        Ok(XArgs::AddNorm {
-            h: first_element_address_any(h)?,
-            delta: delta.map(first_element_address_any).transpose()?.unwrap_or(0),
-            nw: first_element_address_any(&self.nw)?,
-            eps,
-            r: first_element_address_any(&self.r)?,
-            conv,
-        })
+        let (h, delta, nw, r) = self.addresses(h, delta)?;
+        Ok(XArgs::AddNorm { h, delta, nw, eps, r, conv })
+    }
+
+    /// The device addresses of `h`, `delta` (0 for none), the norm's weight and `r`.
+    fn addresses(&self, h: &Tensor, delta: Option<&Tensor>) -> Result<(u64, u64, u64, u64)> {
+        Ok((
+            first_element_address_any(h)?,
+            delta.map(first_element_address_any).transpose()?.unwrap_or(0),
+            first_element_address_any(&self.nw)?,
+            first_element_address_any(&self.r)?,
+        ))
     }
 
     /// Launches the kernel (with the conv when `conv` is given); returns `y`.
@@ -172,7 +208,23 @@ pub fn gated_norm_gemv(o: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32
         eps,
         act_sigmoid: act_sigmoid as i32,
     };
-    launch_rows(w, &format!("gated_norm_gemv_{suffix}_b{b}"), (b, n, k), args, &wa).map(Some)
+    let name = match once_head_width(b, heads, vd) {
+        Some(vd) => format!("gated_norm_gemv_v{vd}_{suffix}_b{b}"),
+        None => format!("gated_norm_gemv_{suffix}_b{b}"),
+    };
+    launch_rows(w, &name, (b, n, k), args, &wa).map(Some)
+}
+
+/// The head width of gemv_staged.cu's `gated_norm_gemv_v{Vd}` entries, whose prologue loads each
+/// of its at most eight head rows in one round trip (a warp a row), when they take `b` rows of
+/// `heads` heads of `vd`: one or two rows, Vd 128, 256 or 512. The same bits as the entries with
+/// a row's groups one after another (H200, the 1.39B's `o_proj`, 6 heads of 512, a chain of
+/// launches: 6.65 against 8.98 µs; `benches/stage_probe.cu`). `DELTASERVE_GATED_NORM_ONCE=0`
+/// leaves every shape to those entries (for comparisons).
+fn once_head_width(b: usize, heads: usize, vd: usize) -> Option<usize> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("DELTASERVE_GATED_NORM_ONCE").is_ok_and(|v| v == "0"));
+    (!off && b <= 2 && b * heads <= 8 && [128, 256, 512].contains(&vd)).then_some(vd)
 }
 
 /// [`accepts_rows`] for `b` rows of `k` elements formed in `w`'s dtype, when they fit the stage.

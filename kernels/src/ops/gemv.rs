@@ -251,6 +251,31 @@ pub fn small_batch_add_norm_linear(
     Ok(None)
 }
 
+/// `silu(g) · u` for `[g | u] = norm(h + delta) wᵀ`, `w` the fused `[gate | up]` projection
+/// (`i` rows each, from row 0 and row `i`): the MLP's SwiGLU input to its down projection, for a
+/// decode step of one row on the GPU, one kernel whose `(r, x)` equal
+/// [`small_batch_add_norm_linear`] followed by [`swiglu`] bit for bit (the down projection then
+/// runs as a plain GEMV, not one forming SwiGLU per step). `None` where it does not apply, or
+/// when `DELTASERVE_SWIGLU_PAIRS=0` turns it off (for comparisons).
+pub fn small_batch_add_norm_swiglu(
+    h: &Tensor,
+    delta: Option<&Tensor>,
+    norm_weight: &Tensor,
+    eps: f32,
+    w: &Tensor,
+    i: usize,
+) -> Result<Option<(Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() && w.device().is_cuda() {
+        if small_batch_gemv_off() || fused_norm_off() || batch_invariant() || swiglu_pairs_off() || h.dim(0)? != 1 {
+            return Ok(None);
+        }
+        return crate::cuda::add_norm_gemv_swiglu(h, delta, norm_weight, eps, w, i);
+    }
+    let _ = (h, delta, norm_weight, eps, w, i);
+    Ok(None)
+}
+
 /// [`small_batch_add_norm_linear`] with `y` widened to f32 into `out` `[B, N]` (a decode step's
 /// logits, in a CUDA graph's fixed buffer): the bits of [`to_f32_into`] of its `y`, without the
 /// cast's launch. Returns `r`, or `None` (nothing written) where it does not apply, or when
@@ -368,7 +393,8 @@ pub const ADD_NORM_LINEAR_MAX_ROWS: usize = 2;
 /// µs apart, at B = 2 22.2 against 22.0; 32 heads of 128 at B = 1 23.9 against 18.1). Loading a
 /// warp's four rows of 128 together did not pay either: the Qwen3.5-layout decode step at B = 1
 /// took 2.14 ms with it against 2.08–2.11 ms without
-/// (`benches/results/h100-hybrid_attention-2026-11-27/`).
+/// (`benches/results/h100-hybrid_attention-2026-11-27/`); on the H200, in chains of launches,
+/// 7.97 µs against 7.94 apart (`benches/stage_probe.cu`).
 pub const GATED_NORM_LINEAR_MAX_HEAD_ROWS: usize = 8;
 
 /// Most rows [`small_batch_swiglu_linear`] fuses. Every warp recomputes the SwiGLU of the x
@@ -429,6 +455,14 @@ fn conv_fold_off() -> bool {
 fn embed_kernel_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_EMBED_KERNEL").is_ok_and(|v| v == "0"))
+}
+
+/// `DELTASERVE_SWIGLU_PAIRS=0`: a one-row decode step's SwiGLU is formed by its down
+/// projection's kernel (for comparisons).
+#[cfg(feature = "cuda")]
+fn swiglu_pairs_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DELTASERVE_SWIGLU_PAIRS").is_ok_and(|v| v == "0"))
 }
 
 /// `DELTASERVE_FUSED_NORM=0`: the norms run as kernels of their own before the projections (for
