@@ -1,0 +1,239 @@
+// What a chain of streaming kernels can reach: the bound a decode step of one row meets when
+// every projection is its own launch. Each kernel of the chain only reads its projection's
+// bytes of W (and reads and writes a recurrent state's bytes, or reads a KV cache's), in the
+// order of a batch-1 decode step of the 1.39B Gated DeltaNet and of the Qwen3.5 layout; no
+// arithmetic beyond folding the loaded words. The chain is captured in a CUDA graph, replayed,
+// and compared with the roofline (the same bytes at the bandwidth of a 1 GiB copy, timed here
+// as gpu_bench times it). Variants:
+//   plain       kernels one after another (no programmatic edges);
+//   pdl         each kernel launched programmatically, waiting on griddepcontrol.wait first
+//               (the engine's captured steps);
+//   pdl+early   each kernel triggers its dependents at entry and issues every load before it
+//               waits (W is no kernel's output): how much a chain can overlap at most;
+//   per layer   one kernel a layer reading all of that layer's bytes (a layer fused into one
+//               launch), programmatic as `pdl`.
+// Build and run on the device:  nvcc -O3 -arch=sm_90a chain_probe.cu -o chain_probe && ./chain_probe
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+#include <cuda_runtime.h>
+
+#define CK(x)                                                            \
+  do {                                                                   \
+    cudaError_t e_ = (x);                                                \
+    if (e_ != cudaSuccess) {                                             \
+      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(1);                                                           \
+    }                                                                    \
+  } while (0)
+
+// One launch's traffic: bytes read, bytes written.
+struct Piece {
+  size_t read, write;
+};
+
+// MODE 0: no griddepcontrol; 1: wait first; 2: trigger at entry, loads, then wait.
+// DEPTH 16-byte loads in flight a thread, at clamped addresses (no branch between them).
+template <int MODE, int DEPTH>
+__global__ void __launch_bounds__(256) piece_kernel(const uint4* __restrict__ src, size_t n_read, uint4* __restrict__ dst,
+                                                    size_t n_write, unsigned* sink) {
+  if (MODE == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  for (size_t i = first; i < n_read; i += DEPTH * stride) {
+    uint4 v[DEPTH];
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) {
+      const size_t k = i + j * stride;
+      v[j] = __ldg(src + (k < n_read ? k : i));
+    }
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (size_t k = first; k < n_write; k += stride) dst[k] = make_uint4(acc, (unsigned)k, 0, 0);
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+
+__global__ void copy_kernel(const uint4* src, uint4* dst, size_t n) {
+  for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) dst[k] = src[k];
+}
+
+static int g_sms = 0;
+
+template <int MODE, int DEPTH>
+void launch(const Piece& p, const uint4* src, uint4* dst, unsigned* sink, int per_sm, cudaStream_t s, bool pdl) {
+  const size_t n_read = p.read / 16, n_write = p.write / 16;
+  const size_t n = std::max(n_read, n_write);
+  // No more blocks than give every thread one load.
+  const size_t need = (n + 255) / 256;
+  const unsigned blocks = (unsigned)std::max<size_t>(1, std::min<size_t>((size_t)g_sms * per_sm, need));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, piece_kernel<MODE, DEPTH>, src, n_read, dst, n_write, sink));
+}
+
+// Replays a captured chain: the best of 7 means of 20 replays, ms.
+float time_graph(cudaGraphExec_t ge, cudaStream_t s) {
+  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best = 1e9f;
+  for (int r = 0; r < 7; ++r) {
+    CK(cudaEventRecord(a, s));
+    for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms / 20);
+  }
+  return best;
+}
+
+// The chain of `pieces` (each at its own addresses), captured and replayed.
+template <int MODE, int DEPTH>
+float chain_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* sink, int per_sm, bool pdl, cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  size_t ro = 0, wo = 0;
+  for (const Piece& p : pieces) {
+    launch<MODE, DEPTH>(p, (const uint4*)(rd + ro), (uint4*)(wr + wo), sink, per_sm, s, pdl);
+    ro += (p.read + 255) / 256 * 256;
+    wo += (p.write + 255) / 256 * 256;
+  }
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  const float ms = time_graph(ge, s);
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return ms;
+}
+
+struct Model {
+  std::string name;
+  std::vector<std::vector<Piece>> layers;  // each layer's launches, then the head's
+};
+
+Model gdn_1_39b() {
+  // D 2048, 21 layers, 6 heads, K 256, V 512 a head, MLP 5632, vocabulary 32,000; bf16 W, f32 state.
+  const size_t D = 2048, H = 6, K = 256, V = 512, I = 5632, VOCAB = 32000;
+  const size_t in_proj = (2 * H * K + 2 * H * V + 2 * H) * D * 2, state = H * K * V * 4;
+  Model m{"1.39B GDN, batch 1", {}};
+  for (int l = 0; l < 21; ++l)
+    m.layers.push_back({{in_proj, 0}, {state, state}, {H * V * D * 2, 0}, {2 * I * D * 2, 0}, {I * D * 2, 0}});
+  m.layers.push_back({{VOCAB * D * 2, 0}});
+  return m;
+}
+
+Model qwen35() {
+  // Qwen3.5 layout: 24 layers (3 GDN : 1 gated attention), D 2048, GDN 16 key / 32 value heads of
+  // 128, attention 8 query (+ gate) / 2 KV heads of 256 at a context of 256, MLP 6144,
+  // vocabulary 248,320.
+  const size_t D = 2048, I = 6144, VOCAB = 248320;
+  const size_t gdn_in = (2 * 16 * 128 + 2 * 32 * 128 + 2 * 32) * D * 2, state = 32 * 128 * 128 * 4;
+  const size_t out_proj = 32 * 128 * D * 2, attn_in = (8 * 256 * 2 + 2 * 2 * 256) * D * 2;
+  const size_t kv = 256 * 2 * 2 * 256 * 2, o_proj = 8 * 256 * D * 2, mlp_up = 2 * I * D * 2, mlp_down = I * D * 2;
+  Model m{"Qwen3.5 layout, batch 1", {}};
+  for (int l = 0; l < 24; ++l) {
+    if (l % 4 == 3)
+      m.layers.push_back({{attn_in, 0}, {kv, 0}, {o_proj, 0}, {mlp_up, 0}, {mlp_down, 0}});
+    else
+      m.layers.push_back({{gdn_in, 0}, {state, state}, {out_proj, 0}, {mlp_up, 0}, {mlp_down, 0}});
+  }
+  m.layers.push_back({{VOCAB * D * 2, 0}});
+  return m;
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  g_sms = prop.multiProcessorCount;
+  printf("%s, %d SMs\n", prop.name, g_sms);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned* sink;
+  CK(cudaMalloc(&sink, 16));
+
+  // The roofline's bandwidth: a 1 GiB copy (read + written), 8 blocks an SM, median of 15.
+  const size_t copy_n = (1ull << 30) / 16;
+  uint4 *csrc, *cdst;
+  CK(cudaMalloc(&csrc, copy_n * 16));
+  CK(cudaMalloc(&cdst, copy_n * 16));
+  CK(cudaMemset(csrc, 1, copy_n * 16));
+  std::vector<float> ct;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 18; ++i) {
+    CK(cudaEventRecord(a, s));
+    copy_kernel<<<g_sms * 8, 256, 0, s>>>(csrc, cdst, copy_n);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 3) ct.push_back(ms);
+  }
+  std::sort(ct.begin(), ct.end());
+  const double copy_bw = 2.0 * copy_n * 16 / (ct[ct.size() / 2] * 1e-3);
+  printf("copy bandwidth (1 GiB read + written): %.0f GB/s\n\n", copy_bw / 1e9);
+  CK(cudaFree(csrc));
+  CK(cudaFree(cdst));
+
+  for (const Model& m : {gdn_1_39b(), qwen35()}) {
+    std::vector<Piece> pieces, merged;
+    size_t bytes = 0, rsum = 0, wsum = 0, rtot = 0, wtot = 0;
+    for (const auto& layer : m.layers) {
+      Piece sum{0, 0};
+      for (const Piece& p : layer) {
+        pieces.push_back(p);
+        bytes += p.read + p.write;
+        rsum += p.read;
+        wsum += p.write;
+        rtot += (p.read + 255) / 256 * 256;
+        wtot += (p.write + 255) / 256 * 256;
+        sum.read += p.read;
+        sum.write += p.write;
+      }
+      merged.push_back(sum);
+    }
+    char *rd, *wr;
+    CK(cudaMalloc(&rd, rtot));
+    CK(cudaMalloc(&wr, std::max<size_t>(wtot, 256)));
+    CK(cudaMemset(rd, 1, rtot));
+    const double roof_ms = bytes / copy_bw * 1e3;
+    printf("## %s: %zu launches, %.1f MB; roofline %.4f ms\n\n", m.name.c_str(), pieces.size(), bytes / 1e6, roof_ms);
+    printf("| chain | blocks an SM | loads in flight a thread | ms | %% of the roofline |\n|---|---|---|---|---|\n");
+    auto row = [&](const char* name, int per_sm, int depth, float ms) {
+      printf("| %s | %d | %d | %.4f | %.1f%% |\n", name, per_sm, depth, ms, 100.0 * roof_ms / ms);
+    };
+    for (int per_sm : {2, 4, 8}) {
+      row("plain", per_sm, 8, chain_ms<0, 8>(pieces, rd, wr, sink, per_sm, false, s));
+      row("pdl", per_sm, 4, chain_ms<1, 4>(pieces, rd, wr, sink, per_sm, true, s));
+      row("pdl", per_sm, 8, chain_ms<1, 8>(pieces, rd, wr, sink, per_sm, true, s));
+      row("pdl+early", per_sm, 8, chain_ms<2, 8>(pieces, rd, wr, sink, per_sm, true, s));
+      row("per layer", per_sm, 8, chain_ms<1, 8>(merged, rd, wr, sink, per_sm, true, s));
+    }
+    // The whole step's bytes as one read (and one write): what one launch streams.
+    std::vector<Piece> one{{rsum, wsum}};
+    for (int per_sm : {4, 8}) row("one launch", per_sm, 8, chain_ms<1, 8>(one, rd, wr, sink, per_sm, true, s));
+    printf("\n");
+    CK(cudaFree(rd));
+    CK(cudaFree(wr));
+  }
+  CK(cudaGetLastError());
+  return 0;
+}
