@@ -269,7 +269,7 @@ struct SwigluPairs {
 };
 
 // add_norm_gemv_{dtype}_b{NB}: y = norm(h + delta) Wᵀ and r = h + delta (written by the blocks
-// of column 0). gated_norm_gemv_{dtype}_b{NB}: y = gated_norm(o, z) Wᵀ, K = heads · Vd. One
+// of column 0). gated_norm_gemv_{dtype}_b{NB}: y = gated_norm(o, z) Wᵀ, K = heads · Vd.
 // One group of NB rows (gridDim.x = 1); dynamic shared memory NB · K elements of T.
 #define STAGED_GEMV_ENTRY(T, NAME, NB)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256)                                                                  \
