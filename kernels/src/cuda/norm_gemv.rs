@@ -219,8 +219,8 @@ pub fn gated_norm_gemv(o: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32
 /// of its at most eight head rows in one round trip (a warp a row), when they take `b` rows of
 /// `heads` heads of `vd`: one or two rows, Vd 128, 256 or 512. The same bits as the entries with
 /// a row's groups one after another (H200, the 1.39B's `o_proj`, 6 heads of 512, a chain of
-/// launches: 6.65 against 8.98 µs; `benches/stage_probe.cu`). `DELTASERVE_GATED_NORM_ONCE=0`
-/// leaves every shape to those entries (for comparisons).
+/// launches: 6.65 against 8.98 µs; `benches/results/h200-one_row_prologues-2026-11-30/`).
+/// `DELTASERVE_GATED_NORM_ONCE=0` leaves every shape to those entries (for comparisons).
 fn once_head_width(b: usize, heads: usize, vd: usize) -> Option<usize> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("DELTASERVE_GATED_NORM_ONCE").is_ok_and(|v| v == "0"));

@@ -394,7 +394,7 @@ pub const ADD_NORM_LINEAR_MAX_ROWS: usize = 2;
 /// warp's four rows of 128 together did not pay either: the Qwen3.5-layout decode step at B = 1
 /// took 2.14 ms with it against 2.08–2.11 ms without
 /// (`benches/results/h100-hybrid_attention-2026-11-27/`); on the H200, in chains of launches,
-/// 7.97 µs against 7.94 apart (`benches/stage_probe.cu`).
+/// 7.97 µs against 7.94 apart (`benches/results/h200-one_row_prologues-2026-11-30/call4-prologues/`).
 pub const GATED_NORM_LINEAR_MAX_HEAD_ROWS: usize = 8;
 
 /// Most rows [`small_batch_swiglu_linear`] fuses. Every warp recomputes the SwiGLU of the x
