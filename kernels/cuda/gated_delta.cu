@@ -174,15 +174,24 @@ __device__ __forceinline__ void rows_dot(float (*red)[CW][32], const Tile& s, co
   for (int c = 0; c < CW; ++c) red[warp][c][lane] = acc[c];
 }
 
-// The warps' partial sums for this lane's columns.
+// The warps' partial sums of each of the tile's 32·CW columns, added in warp order by one
+// thread a column into sums (thread t < 32·CW: column t of red_k; the next 32·CW threads, when
+// `with_q`, those of red_q), for every thread to read after a barrier. Every warp adding every
+// column's partials for itself issued NW times the loads and adds: in a chain of a step's
+// launches on the H200 that cost 0.03–6.5 µs a launch more at batch 1–64, for the same bits
+// (benches/results/h200-decode_sums-2026-11-30/).
 template <int NW, int CW>
-__device__ __forceinline__ void sum_warps(float (&acc)[CW], const float (*red)[CW][32], int lane) {
+__device__ __forceinline__ void column_sums(float* sum_k, float* sum_q, const float (*red_k)[CW][32],
+                                            const float (*red_q)[CW][32], bool with_q) {
+  static_assert(NW * 32 >= 64 * CW, "a thread for every column of k and of q");
+  const int t = threadIdx.x, which = t / (32 * CW), tc = t % (32 * CW);
+  if (which > (with_q ? 1 : 0)) return;
+  const float(*red)[CW][32] = which ? red_q : red_k;
+  const int l = tc / CW, c = tc % CW;
+  float acc = 0.0f;
 #pragma unroll
-  for (int c = 0; c < CW; ++c) acc[c] = 0.0f;
-#pragma unroll
-  for (int w = 0; w < NW; ++w)
-#pragma unroll
-    for (int c = 0; c < CW; ++c) acc[c] += red[w][c][lane];
+  for (int w = 0; w < NW; ++w) acc += red[w][c][l];
+  (which ? sum_q : sum_k)[tc] = acc;
 }
 
 // The decode step's inputs, prepared: q [B, H, K] and k [B·n, H, K] L2-normalised, v
@@ -198,7 +207,13 @@ struct Prepped {
   __device__ void normalise(float*, float*, bool, int, int, int) const {}
   __device__ const float* v_row(int b, int j, int n, int hv, int V) const { return v + (((size_t)b * n + j) * HV + hv) * V; }
   __device__ float beta_of(int b, int j, int n, int hv) const { return beta[((size_t)b * n + j) * HV + hv]; }
-  __device__ float decay_of(int b, int hv) const { return g ? __expf(g[(size_t)b * HV + hv]) : 1.0f; }
+  // The first step's β and the log-decay as loaded (first_gates), and what they form.
+  struct Gates {
+    float beta, g;
+  };
+  __device__ Gates first_gates(int b, int n, int hv) const { return {beta_of(b, 0, n, hv), g ? g[(size_t)b * HV + hv] : 0.0f}; }
+  __device__ float beta_from(const Gates& x) const { return x.beta; }
+  __device__ float decay_from(const Gates& x) const { return g ? __expf(x.g) : 1.0f; }
 };
 
 // An activation-dtype element (code 0: f32, 1: bf16, 2: f16) as f32.
@@ -247,10 +262,18 @@ struct Raw {
   __device__ float beta_of(int b, int j, int /*n*/, int hv) const {
     return ds_beta(beta_mult, act_at(this->b, b_code, (size_t)b * ldb + (size_t)j * HV + hv));
   }
-  __device__ float decay_of(int b, int hv) const {
-    if (!a) return 1.0f;
-    return __expf(ds_log_decay(act_at(a, a_code, (size_t)b * lda + hv), a_log[hv], dt_bias[hv]));
+  // The first step's b and the gate's a, A_log and dt_bias as loaded (first_gates: loads only,
+  // so that they can be issued before the state's), and β and the decay they form.
+  struct Gates {
+    float b, a, a_log, dt_bias;
+  };
+  __device__ Gates first_gates(int b, int /*n*/, int hv) const {
+    Gates x{act_at(this->b, b_code, (size_t)b * ldb + hv), 0.0f, 0.0f, 0.0f};
+    if (a) x.a = act_at(a, a_code, (size_t)b * lda + hv), x.a_log = a_log[hv], x.dt_bias = dt_bias[hv];
+    return x;
   }
+  __device__ float beta_from(const Gates& x) const { return ds_beta(beta_mult, x.b); }
+  __device__ float decay_from(const Gates& x) const { return a ? __expf(ds_log_decay(x.a, x.a_log, x.dt_bias)) : 1.0f; }
 };
 
 // One decode step for B sequences. Grid (ceil(V/(32·CW)), HV, B), block 32·NW: lane owns CW
@@ -268,6 +291,7 @@ template <int NW, int CW>
 struct DecodeSmem {
   float kk[256], qq[256];
   float red_k[NW][CW][32], red_q[NW][CW][32];
+  float sum_k[32 * CW], sum_q[32 * CW];  // the columns' sums of red_k and red_q (column_sums)
   float v[32 * CW];  // the first step's v columns of the tile
   float beta, decay;  // the first step's β, and the token's decay
 };
@@ -283,8 +307,10 @@ struct DecodeSmem {
 // the state's loads are issued: with that wait first, batch-64 steps took 3–6% less on the
 // H200, and with β and the decay formed after the state's loads were issued, nothing less
 // (benches/results/h200-decode_inputs-2026-11-30/). Tiles of one column (steps of fewer CTAs
-// than SMs) issue their state's loads first, as the wait delayed batch-1 steps by ~1%, and
-// thread 0 forms β and the decay in park_inputs.
+// than SMs) issue their state's loads first, as the wait delayed batch-1 steps by ~1%: thread 0
+// issues the loads of β's and the decay's inputs before them (first_gates) and forms the two in
+// park_inputs, so that they wait for no round trip after the state's (loaded after it, they cost
+// the 1.39B's batch-1 step 0.8–1.1 µs a layer, benches/results/h200-decode_sums-2026-11-30/).
 template <int CW>
 struct TileInputs {
   float q, k;        // element threadIdx.x of q's and k's head (0 past K)
@@ -301,18 +327,19 @@ __device__ __forceinline__ TileInputs<CW> tile_inputs(const In& in, int tile, in
   x.k = i < K ? in.k_at(b, 0, n, hk, i, K) : 0.0f;
   load_cols<CW, VEC>(x.v, in.v_row(b, 0, n, hv, V) + col, col, V);
   if constexpr (CW > 1) {
-    x.beta = in.beta_of(b, 0, n, hv);
-    x.decay = in.decay_of(b, hv);
+    const auto g = in.first_gates(b, n, hv);
+    x.beta = in.beta_from(g);
+    x.decay = in.decay_from(g);
   }
   return x;
 }
 
 // The first step's inputs into shared memory: q and k (all K of them, loading those past this
-// thread's), v's columns (warp 0's copy), β and the decay (formed here by thread 0 when
-// CW = 1); gdr_decode's first barrier publishes them.
+// thread's), v's columns (warp 0's copy), β and the decay (formed here by thread 0 from `gates`
+// when CW = 1); gdr_decode's first barrier publishes them.
 template <int NW, int CW, typename In>
-__device__ __forceinline__ void park_inputs(DecodeSmem<NW, CW>& sm, const TileInputs<CW>& x, const In& in, int hv, int b, int H,
-                                            int HV, int K, int n) {
+__device__ __forceinline__ void park_inputs(DecodeSmem<NW, CW>& sm, const TileInputs<CW>& x, const typename In::Gates& gates,
+                                            const In& in, int hv, int b, int H, int HV, int K, int n) {
   const int hk = hv / (HV / H);
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     sm.qq[i] = i == threadIdx.x ? x.q : in.q_at(b, hk, i, K);
@@ -326,18 +353,19 @@ __device__ __forceinline__ void park_inputs(DecodeSmem<NW, CW>& sm, const TileIn
     if constexpr (CW > 1) {
       sm.beta = x.beta, sm.decay = x.decay;
     } else {
-      // Both formed before either is stored, so that their loads are in flight together.
-      const float beta = in.beta_of(b, 0, n, hv), decay = in.decay_of(b, hv);
-      sm.beta = beta, sm.decay = decay;
+      sm.beta = in.beta_from(gates), sm.decay = in.decay_from(gates);
     }
   }
 }
 
-// Value tile `tile` of head hv of sequence b.
-template <int NW, int RMAX, int CW, bool VEC, typename TS, typename In>
-__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, TS* __restrict__ states,
-                           const SlotList& slots, const int* __restrict__ more_slots, float* __restrict__ o, int H, int HV,
-                           int K, int V, int n, float scale) {
+// Value tile `tile` of head hv of sequence b, whose state is in slot `slot`. STEPS: 1 for one
+// householder step a token, known when compiled (Gated DeltaNet), or 0 for n (≥ 1) at run time
+// (gdr_decode_n): inlined in the loop over n, one step held more registers and took up to 4 µs a
+// launch longer on the H200 (benches/results/h200-decode_sums-2026-11-30/).
+template <int NW, int RMAX, int CW, bool VEC, int STEPS, typename TS, typename In>
+__device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, TS* __restrict__ states, int slot,
+                           float* __restrict__ o, int H, int HV, int K, int V, int n, float scale) {
+  if constexpr (STEPS > 0) n = STEPS;
   float* kk = sm.kk;
   float* qq = sm.qq;
   auto red_k = sm.red_k;
@@ -346,15 +374,17 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
   const int col = (tile * 32 + lane) * CW;
   const int hk = hv / (HV / H);
   const int R = (K + NW - 1) / NW, r0 = warp * R;
-  TS* S = states + ((size_t)slot_of(slots, more_slots, b) * HV + hv) * K * V;
+  TS* S = states + ((size_t)slot * HV + hv) * K * V;
   StateTile<TS, RMAX, CW> s;
   if constexpr (CW > 1) {
     const TileInputs<CW> first = tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n);
     s.template load<VEC>(S, R, r0, K, col, V);
-    park_inputs(sm, first, in, hv, b, H, HV, K, n);
+    park_inputs(sm, first, typename In::Gates{}, in, hv, b, H, HV, K, n);
   } else {
+    typename In::Gates gates{};
+    if (threadIdx.x == 0) gates = in.first_gates(b, n, hv);
     s.template load<VEC>(S, R, r0, K, col, V);
-    park_inputs(sm, tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n), in, hv, b, H, HV, K, n);
+    park_inputs(sm, tile_inputs<CW, VEC>(in, tile, hv, b, H, HV, K, V, n), gates, in, hv, b, H, HV, K, n);
   }
   float out[CW] = {};
   for (int j = 0; j < n; ++j) {
@@ -366,9 +396,11 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
     in.normalise(qq, kk, j == 0, K, warp, lane);
     rows_dot<NW, RMAX, CW>(red_k, s, kk, R, r0, K, warp, lane);
     if (j == 0) rows_dot<NW, RMAX, CW>(red_q, s, qq, R, r0, K, warp, lane);
-    float kq = 0.0f;
-    for (int i = lane; i < K; i += 32) kq += kk[i] * qq[i];
-    kq = warp_sum(kq);
+    float kq = 0.0f;  // only warp 0's output uses k · q
+    if (warp == 0) {
+      for (int i = lane; i < K; i += 32) kq += kk[i] * qq[i];
+      kq = warp_sum(kq);
+    }
     float vv[CW];
     if (j == 0) {
 #pragma unroll
@@ -380,16 +412,17 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
     const float decay = sm.decay;
     const float d = j == 0 ? decay : 1.0f;
     __syncthreads();
+    column_sums<NW, CW>(sm.sum_k, sm.sum_q, red_k, red_q, j == 0);
+    __syncthreads();
     float kv[CW], u[CW];
-    sum_warps<NW, CW>(kv, red_k, lane);
+#pragma unroll
+    for (int c = 0; c < CW; ++c) kv[c] = sm.sum_k[lane * CW + c];
 #pragma unroll
     for (int c = 0; c < CW; ++c) u[c] = __fmul_rn(bt, __fmaf_rn(-d, kv[c], vv[c]));
     if (warp == 0) {
       if (j == 0) {
-        float sq[CW];
-        sum_warps<NW, CW>(sq, red_q, lane);
 #pragma unroll
-        for (int c = 0; c < CW; ++c) out[c] = decay * sq[c];
+        for (int c = 0; c < CW; ++c) out[c] = decay * sm.sum_q[lane * CW + c];
       }
 #pragma unroll
       for (int c = 0; c < CW; ++c) out[c] = __fmaf_rn(u[c], kq, out[c]);
@@ -414,19 +447,32 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
     if (r < R && r0 + r < K) s.template store_row<VEC>(S + (size_t)(r0 + r) * V + col, r, col, V);
 }
 
+// The step of n householder steps (Gated DeltaProduct) out of line, so that its registers do not
+// weigh on the one-step form inlined beside it.
+template <int NW, int RMAX, int CW, bool VEC, typename TS, typename In>
+__device__ __noinline__ void gdr_decode_n(DecodeSmem<NW, CW>& sm, const In& in, TS* __restrict__ states, int slot,
+                                          float* __restrict__ o, int H, int HV, int K, int V, int n, float scale) {
+  gdr_decode<NW, RMAX, CW, VEC, 0>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, H, HV, K, V, n, scale);
+}
+
 // gdr_decode_f32_w{NW}_r{RMAX}_c{CW}_b{MINB}_vec (8/16-byte accesses) and _scalar (element by
 // element): NW warps, up to RMAX state rows a warp, CW columns a lane, at least MINB blocks an
 // SM (which caps the registers a thread at 65536 / (32·NW·MINB)). Grid (ceil(V/(32·CW)), HV,
 // B), one value tile of one head of one sequence a CTA. `_sbf16` after the name: bf16 states.
+// The slot index is read before pdl_entry: no kernel writes the slot list (common.cuh).
 #define DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN)                                                         \
   extern "C" __global__ void __launch_bounds__(NW * 32, MINB)                                                        \
       gdr_decode_f32_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX##SN(                                                 \
           const float* q, const float* k, const float* v, const float* beta, const float* g, TS* states,             \
           SlotList slots, const int* more_slots, float* o, int H, int HV, int K, int V, int n, float scale) {        \
+    const int slot = slot_of(slots, more_slots, blockIdx.z);                                                         \
     pdl_entry();                                                                                                     \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                \
-    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states,   \
-                                slots, more_slots, o, H, HV, K, V, n, scale);                                        \
+    const Prepped in{q, k, v, beta, g, H, HV};                                                                       \
+    if (n == 1)                                                                                                      \
+      gdr_decode<NW, RM, CW, VEC, 1>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, H, HV, K, V, n, scale); \
+    else                                                                                                             \
+      gdr_decode_n<NW, RM, CW, VEC>(sm, in, states, slot, o, H, HV, K, V, n, scale);                                \
   }
 #define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, )
 // decode.rs's RawArgs has the same fields at the same offsets.
@@ -441,10 +487,14 @@ static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, 
       gdr_decode_raw_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX##SN(const __grid_constant__ Raw in, TS* states,      \
                                                                      SlotList slots, const int* more_slots, float* o, \
                                                                      int K, int V, int n, float scale) {             \
+    const int slot = slot_of(slots, more_slots, blockIdx.z);                                                         \
     pdl_entry();                                                                                                     \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                \
-    gdr_decode<NW, RM, CW, VEC>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slots, more_slots, o, in.H, in.HV, \
-                                K, V, n, scale);                                                                     \
+    if (n == 1)                                                                                                      \
+      gdr_decode<NW, RM, CW, VEC, 1>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, in.H, in.HV, K, V, n, \
+                                     scale);                                                                         \
+    else                                                                                                             \
+      gdr_decode_n<NW, RM, CW, VEC>(sm, in, states, slot, o, in.H, in.HV, K, V, n, scale);                           \
   }
 #define DECODE_RAW_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, )
 #define DECODE_ENTRIES_T(NW, RM, CW, MINB, TS, SN)              \
