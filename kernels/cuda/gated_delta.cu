@@ -359,8 +359,8 @@ __device__ __forceinline__ void park_inputs(DecodeSmem<NW, CW>& sm, const TileIn
 }
 
 // Value tile `tile` of head hv of sequence b, whose state is in slot `slot`. STEPS: 1 for one
-// householder step a token, known when compiled (Gated DeltaNet), or 0 for n (≥ 1) at run time
-// (gdr_decode_n): inlined in the loop over n, one step held more registers and took up to 4 µs a
+// householder step a token, known when compiled (Gated DeltaNet; the `_vec` entries), or 0 for n
+// (≥ 1) at run time: in the loop over n, one step held more registers and took up to 4 µs a
 // launch longer on the H200 (benches/results/h200-decode_sums-2026-11-30/).
 template <int NW, int RMAX, int CW, bool VEC, int STEPS, typename TS, typename In>
 __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, const In& in, TS* __restrict__ states, int slot,
@@ -447,20 +447,14 @@ __device__ void gdr_decode(DecodeSmem<NW, CW>& sm, int tile, int hv, int b, cons
     if (r < R && r0 + r < K) s.template store_row<VEC>(S + (size_t)(r0 + r) * V + col, r, col, V);
 }
 
-// The step of n householder steps (Gated DeltaProduct) out of line, so that its registers do not
-// weigh on the one-step form inlined beside it.
-template <int NW, int RMAX, int CW, bool VEC, typename TS, typename In>
-__device__ __noinline__ void gdr_decode_n(DecodeSmem<NW, CW>& sm, const In& in, TS* __restrict__ states, int slot,
-                                          float* __restrict__ o, int H, int HV, int K, int V, int n, float scale) {
-  gdr_decode<NW, RMAX, CW, VEC, 0>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, H, HV, K, V, n, scale);
-}
-
-// gdr_decode_f32_w{NW}_r{RMAX}_c{CW}_b{MINB}_vec (8/16-byte accesses) and _scalar (element by
-// element): NW warps, up to RMAX state rows a warp, CW columns a lane, at least MINB blocks an
-// SM (which caps the registers a thread at 65536 / (32·NW·MINB)). Grid (ceil(V/(32·CW)), HV,
-// B), one value tile of one head of one sequence a CTA. `_sbf16` after the name: bf16 states.
-// The slot index is read before pdl_entry: no kernel writes the slot list (common.cuh).
-#define DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN)                                                         \
+// gdr_decode_f32_w{NW}_r{RMAX}_c{CW}_b{MINB}_vec (8/16-byte accesses, one householder step a
+// token: n must be 1), _vec_n (8/16-byte accesses, n ≥ 1 steps) and _scalar (element by
+// element, n ≥ 1): NW warps, up to RMAX state rows a warp, CW columns a lane, at least MINB
+// blocks an SM (which caps the registers a thread at 65536 / (32·NW·MINB)). Grid
+// (ceil(V/(32·CW)), HV, B), one value tile of one head of one sequence a CTA. `_sbf16` after
+// the name: bf16 states. The slot index is read before pdl_entry: no kernel writes the slot
+// list (common.cuh).
+#define DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN, STEPS)                                                  \
   extern "C" __global__ void __launch_bounds__(NW * 32, MINB)                                                        \
       gdr_decode_f32_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX##SN(                                                 \
           const float* q, const float* k, const float* v, const float* beta, const float* g, TS* states,             \
@@ -468,13 +462,10 @@ __device__ __noinline__ void gdr_decode_n(DecodeSmem<NW, CW>& sm, const In& in, 
     const int slot = slot_of(slots, more_slots, blockIdx.z);                                                         \
     pdl_entry();                                                                                                     \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                \
-    const Prepped in{q, k, v, beta, g, H, HV};                                                                       \
-    if (n == 1)                                                                                                      \
-      gdr_decode<NW, RM, CW, VEC, 1>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, H, HV, K, V, n, scale); \
-    else                                                                                                             \
-      gdr_decode_n<NW, RM, CW, VEC>(sm, in, states, slot, o, H, HV, K, V, n, scale);                                \
+    gdr_decode<NW, RM, CW, VEC, STEPS>(sm, blockIdx.x, blockIdx.y, blockIdx.z, Prepped{q, k, v, beta, g, H, HV}, states, \
+                                       slot, o, H, HV, K, V, n, scale);                                              \
   }
-#define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, )
+#define DECODE_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, , 1)
 // decode.rs's RawArgs has the same fields at the same offsets.
 static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, a_log) == 72 && offsetof(Raw, HV) == 92,
               "struct Raw must match RawArgs in decode.rs");
@@ -482,7 +473,7 @@ static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, 
 // gdr_decode_raw_w{NW}_r{RMAX}_c{CW}_b{MINB}_{vec,scalar}: the same step on Raw inputs, passed
 // as one __grid_constant__ struct: its fields are read from the parameter bank where used, so
 // they hold no registers next to the state's (as locals they spilled under the register cap).
-#define DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN)                                                     \
+#define DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, TS, SN, STEPS)                                              \
   extern "C" __global__ void __launch_bounds__(NW * 32, MINB)                                                        \
       gdr_decode_raw_w##NW##_r##RM##_c##CW##_b##MINB##_##SUFFIX##SN(const __grid_constant__ Raw in, TS* states,      \
                                                                      SlotList slots, const int* more_slots, float* o, \
@@ -490,18 +481,18 @@ static_assert(sizeof(Raw) == 96 && offsetof(Raw, a_code) == 64 && offsetof(Raw, 
     const int slot = slot_of(slots, more_slots, blockIdx.z);                                                         \
     pdl_entry();                                                                                                     \
     __shared__ DecodeSmem<NW, CW> sm;                                                                                \
-    if (n == 1)                                                                                                      \
-      gdr_decode<NW, RM, CW, VEC, 1>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, in.H, in.HV, K, V, n, \
-                                     scale);                                                                         \
-    else                                                                                                             \
-      gdr_decode_n<NW, RM, CW, VEC>(sm, in, states, slot, o, in.H, in.HV, K, V, n, scale);                           \
+    gdr_decode<NW, RM, CW, VEC, STEPS>(sm, blockIdx.x, blockIdx.y, blockIdx.z, in, states, slot, o, in.H, in.HV, K, V, n, \
+                                       scale);                                                                       \
   }
-#define DECODE_RAW_ENTRY(NW, RM, CW, MINB, VEC, SUFFIX) DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, VEC, SUFFIX, float, )
+// The one-step vec entries (Gated DeltaNet's, the common case) apart from the n-step ones, so that
+// the loop's registers do not weigh on them; the scalar fallback takes any n.
 #define DECODE_ENTRIES_T(NW, RM, CW, MINB, TS, SN)              \
-  DECODE_ENTRY_T(NW, RM, CW, MINB, true, vec, TS, SN)            \
-  DECODE_ENTRY_T(NW, RM, CW, MINB, false, scalar, TS, SN)        \
-  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, true, vec, TS, SN)        \
-  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, false, scalar, TS, SN)
+  DECODE_ENTRY_T(NW, RM, CW, MINB, true, vec, TS, SN, 1)         \
+  DECODE_ENTRY_T(NW, RM, CW, MINB, true, vec_n, TS, SN, 0)       \
+  DECODE_ENTRY_T(NW, RM, CW, MINB, false, scalar, TS, SN, 0)     \
+  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, true, vec, TS, SN, 1)     \
+  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, true, vec_n, TS, SN, 0)   \
+  DECODE_RAW_ENTRY_T(NW, RM, CW, MINB, false, scalar, TS, SN, 0)
 #define DECODE_ENTRIES(NW, RM, CW, MINB)          \
   DECODE_ENTRIES_T(NW, RM, CW, MINB, float, )     \
   DECODE_ENTRIES_T(NW, RM, CW, MINB, __nv_bfloat16, _sbf16)

@@ -150,6 +150,17 @@ impl DecodeShape {
     }
 }
 
+/// The entry's access suffix (gated_delta.cu): `vec` (16-byte accesses, one householder step a
+/// token, compiled apart from the loop over n), `vec_n` (16-byte accesses, n steps) or `scalar`
+/// (element by element, n steps).
+fn entry_access(vectorised: bool, n: usize) -> &'static str {
+    match (vectorised, n) {
+        (true, 1) => "vec",
+        (true, _) => "vec_n",
+        (false, _) => "scalar",
+    }
+}
+
 /// One decode step for `B = slots.len()` sequences, `x.n` householder steps each, reading and
 /// writing the states of `slots` in place. Returns `o` `[B, HV, V]` f32.
 pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: StepSlots<'_>) -> Result<Tensor> {
@@ -160,7 +171,7 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
     // 16-byte state and value accesses when V allows (and v's data is, or will be copied to,
     // an aligned buffer); element by element otherwise.
     let aligned = x.v.dtype() != DType::F32 || !x.v.is_contiguous() || x.v.layout().start_offset().is_multiple_of(4);
-    let access = if v.is_multiple_of(4) && aligned { "vec" } else { "scalar" };
+    let access = entry_access(v.is_multiple_of(4) && aligned, x.n.max(1));
     let (words, sfx) = states.recurrent_words("gated_delta_step")?;
     let (shape, cfg) = step_kernel(&dev, k, b, hv, v, !sfx.is_empty())?;
     let f = dev.get_or_load_custom_func(&format!("gdr_decode_f32_{}_{access}{sfx}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
@@ -254,7 +265,7 @@ pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slo
     let gate = x.gate_in.map(|(a, a_log, dt_bias)| -> Result<_> { Ok((RowsArg::new(a)?, f32c(a_log)?, f32c(dt_bias)?)) }).transpose()?;
     // 16-byte state and value accesses when every v row starts 16-byte aligned.
     let aligned = conv.vectorisable(4, v) && x.v_offset.is_multiple_of(4);
-    let access = if aligned { "vec" } else { "scalar" };
+    let access = entry_access(aligned, n);
     let (words, sfx) = states.recurrent_words("gated_delta_step_raw")?;
     let (shape, cfg) = step_kernel(&dev, k, b, hv, v, !sfx.is_empty())?;
     let f = dev.get_or_load_custom_func(&format!("gdr_decode_raw_{}_{access}{sfx}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
