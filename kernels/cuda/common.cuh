@@ -7,9 +7,10 @@
 // that kernel's completion to be signalled. Each of our kernels waits here, before it touches
 // global memory, until every kernel before it has finished and its writes are visible; a no-op
 // in any other launch. The one exception: a decode step reads its slot index first (slot_of),
-// which is uploaded before the launch or the graph's replay and written by no kernel. Kernels do not trigger their dependents early as a rule (pdl_trigger):
-// their blocks then wait resident beside the running kernel, and the decode steps of 1–2 rows
-// were slower (docs/gpu.md, *Graphs without memory nodes*).
+// which is uploaded before the launch or the graph's replay and written by no kernel. Kernels
+// do not trigger their dependents early as a rule (pdl_trigger): their blocks then wait
+// resident beside the running kernel, and the decode steps of 1–2 rows were slower
+// (docs/gpu.md, *Graphs without memory nodes*).
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -103,7 +103,8 @@ impl DecodeShape {
     }
 
     /// The shape `DELTASERVE_DECODE_KERNEL` names, if any (for benchmarks, e.g. `w8_r16_c4_b2`:
-    /// a shape of the `DECODE_ENTR*` lists in gated_delta.cu, vec variant; others fail to load).
+    /// a shape of the `DECODE_ENTR*` lists in gated_delta.cu; the alternatives for K ≤ 128 exist
+    /// only as one-step `vec` entries, and a shape without the entry a step needs fails to load).
     /// It replaces the choice by K and batch wherever it covers K.
     fn wanted() -> Option<Self> {
         static WANTED: std::sync::OnceLock<Option<DecodeShape>> = std::sync::OnceLock::new();
