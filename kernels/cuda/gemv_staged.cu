@@ -42,26 +42,47 @@ __device__ __forceinline__ void residual_group(float (&v)[N], const float* __res
 // i = t, t + 256, ... in order, then the warp, then the 8 warps in order): r = h + delta in fp32,
 // x = r / sqrt(mean(r²) + eps) · nw rounded to T. h [NB, K] f32, delta [NB, K] T (or null);
 // writes r [NB, K] when `write_r` (one block column does). With two rows a thread keeps its
-// first KEEP elements of r in registers between the sum and the scaling, so h and delta are
-// read once (one round trip to L2 fewer before the block's first load of W). One row keeps
-// none: the registers cost its kernel more occupancy than the round trip (H100). Two or more
-// rows take the rest in groups of STAGE_GROUP (residual_group); one row reads them one by one,
-// which was faster there (H200, batch-1 steps 1.23–1.24 against 1.26–1.28 ms).
+// first KEEP elements of r, and of nw, in registers from one round of loads (both rows' h and
+// delta and the norm weight issued together) until x is formed after the block's sum: one round
+// trip to L2 before the block's first load of W where K ≤ 256 · KEEP (three before: a row's
+// loads after the other's use, nw's after the sum; batch-2 steps 6% faster,
+// benches/results/h200-seam_prologue-2026-11-30/). One row keeps none: its kernel's grid is a
+// full wave of blocks, and the registers cost it a block an SM (the Qwen3.5 layout's batch-1
+// step 1.54 → 1.59 ms). Two or more rows take the rest in groups of STAGE_GROUP
+// (residual_group); one row reads them one by one, which was faster there (H200, batch-1 steps
+// 1.23–1.24 against 1.26–1.28 ms).
 template <typename T, int NB>
 __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ nw,
                                float* __restrict__ r, T* xs, int K, float eps, bool write_r) {
   constexpr int KEEP = NB == 2 ? 8 : 0;
+  constexpr int K1 = KEEP > 0 ? KEEP : 1;
   __shared__ float part[8][NB];
   const int tid = threadIdx.x;
-  float ss[NB], kept[NB][KEEP > 0 ? KEEP : 1];
+  float ss[NB], kept[NB][K1], wk[K1];
+  if constexpr (KEEP > 0) {
+    // Every load issued before any use, at indices clamped into the row (residual_group's form).
+    T draw[NB][K1];
+#pragma unroll
+    for (int e = 0; e < KEEP; ++e) wk[e] = nw[min(tid + e * 256, K - 1)];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int e = 0; e < KEEP; ++e) {
+        const size_t at = (size_t)b * K + min(tid + e * 256, K - 1);
+        kept[b][e] = h[at];
+        if (delta) draw[b][e] = delta[at];
+      }
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int e = 0; e < KEEP; ++e)
+        kept[b][e] = tid + e * 256 < K ? kept[b][e] + (delta ? to_f32(draw[b][e]) : 0.0f) : 0.0f;
+  }
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     ss[b] = 0.0f;
-    if constexpr (KEEP > 0) {
-      residual_group<T, KEEP>(kept[b], h, delta, b, K, tid);
 #pragma unroll
-      for (int e = 0; e < KEEP; ++e) ss[b] += kept[b][e] * kept[b][e];
-    }
+    for (int e = 0; e < KEEP; ++e) ss[b] += kept[b][e] * kept[b][e];
     if constexpr (NB == 1) {
       for (int i = tid; i < K; i += 256) {
         const float v = h[i] + (delta ? to_f32(delta[i]) : 0.0f);
@@ -91,7 +112,7 @@ __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict_
       if (i < K) {
         const size_t at = (size_t)b * K + i;
         if (write_r) r[at] = kept[b][e];
-        xs[at] = from_f32<T>(kept[b][e] * inv * nw[i]);
+        xs[at] = from_f32<T>(kept[b][e] * inv * wk[e]);
       }
     }
     if constexpr (NB == 1) {
