@@ -45,12 +45,12 @@ __device__ __forceinline__ void residual_group(float (&v)[N], const float* __res
 // first KEEP elements of r, and of nw, in registers from one round of loads (both rows' h and
 // delta and the norm weight issued together) until x is formed after the block's sum: one round
 // trip to L2 before the block's first load of W where K ≤ 256 · KEEP (three before: a row's
-// loads after the other's use, nw's after the sum; batch-2 steps 6% faster,
+// loads after the other's use, nw's after the sum; batch-2 steps 8% faster,
 // benches/results/h200-seam_prologue-2026-11-30/). One row keeps none: its kernel's grid is a
 // full wave of blocks, and the registers cost it a block an SM (the Qwen3.5 layout's batch-1
-// step 1.54 → 1.59 ms). Two or more rows take the rest in groups of STAGE_GROUP
-// (residual_group); one row reads them one by one, which was faster there (H200, batch-1 steps
-// 1.23–1.24 against 1.26–1.28 ms).
+// step 1.54 → 1.59 ms; held at six by its launch bounds it spilled, ±1%). Two or more rows take
+// the rest in groups of STAGE_GROUP (residual_group); one row reads them one by one, which was
+// faster there (H200, batch-1 steps 1.23–1.24 against 1.26–1.28 ms).
 template <typename T, int NB>
 __device__ void stage_add_norm(const float* __restrict__ h, const T* __restrict__ delta, const float* __restrict__ nw,
                                float* __restrict__ r, T* xs, int K, float eps, bool write_r) {
