@@ -4,8 +4,12 @@
 # captured decode step at batch 1 and at batch 64 under Nsight Compute, summed by kernel and by
 # kind of work (benches/ncu_kernels.py).
 #
-# Usage: benches/hybrid_profile.sh GPU_BENCH HYBRID_DIR OUT_DIR
+# With --prefill first: the T=4096 bf16-mixer prefill instead of the decode steps.
+#
+# Usage: benches/hybrid_profile.sh [--prefill] GPU_BENCH HYBRID_DIR OUT_DIR
 set -euo pipefail
+PREFILL=0
+if [ "${1:-}" = --prefill ]; then PREFILL=1; shift; fi
 BENCH=$1
 DIR=$2
 OUT=$3
@@ -22,6 +26,20 @@ for l in open(sys.argv[2]):
         if r.get("what") == "decode" and r.get("batch") == int(sys.argv[1]):
             print(r["ms"]); break' "$1" "$OUT/hybrid.log"
 }
+if [ $PREFILL = 1 ]; then
+  ms=$(python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("OURS "):
+        r = json.loads(l[5:])
+        if r.get("what") == "prefill" and r.get("algo") == "ChunkedBf16":
+            print(r["ms"]); break' "$OUT/hybrid.log")
+  ncu --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
+    "$BENCH" --hybrid-dir "$DIR" --batches 1 --reps 3 --profile-hybrid-prefill > "$OUT/ncu-prefill.csv" 2> "$OUT/ncu-prefill.err" || true
+  python3 "$HERE/ncu_kernels.py" "hybrid prefill T=4096, bf16 mixer" "$OUT/ncu-prefill.csv" "$ms" \
+    > "$OUT/kernels-prefill.md" 2>&1 || true
+  exit 0
+fi
 for b in 1 64; do
   # Kernels serialised; clocks and caches left as they are (METHOD.md).
   ncu --profile-from-start off --graph-profiling node --clock-control none --cache-control none \

@@ -68,6 +68,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", ops::gpu_conv_and_swiglu_match_cpu),
     ("gpu_prep_and_gated_norm_match_cpu", ops::gpu_prep_and_gated_norm_match_cpu),
+    ("gpu_prefill_row_kernels_equal_decode_variants", ops::gpu_prefill_row_kernels_equal_decode_variants),
     #[cfg(feature = "cuda")]
     ("gpu_small_batch_linear_matches_cpu", ops::gpu_small_batch_linear_matches_cpu),
     ("gpu_models_match_cpu_and_goldens", gpu_models_match_cpu_and_goldens),

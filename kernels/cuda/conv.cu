@@ -44,6 +44,14 @@ __device__ void conv_prefill(const T* __restrict__ x, long ldx, const float* __r
   for (int j = 0; j < ROWS; ++j) {
     if (j < n) load_vec<CH>(xs[j], x + (size_t)(r0 + j) * ldx + c0);
   }
+  // The rows before r0 from x too, at rows clamped to 0, issued with the tile's own: whether
+  // they or the slot's state hold the window is known only once cu has arrived, and loading
+  // them after that cost a second round trip to memory a thread.
+  float xw[MW - 1][CH];
+#pragma unroll
+  for (int i = 0; i < MW - 1; ++i) {
+    if (i < W - 1) load_vec<CH>(xw[i], x + (size_t)max(r0 - (W - 1) + i, 0) * ldx + c0);
+  }
   float w[CH][MW];
 #pragma unroll
   for (int k = 0; k < CH; ++k)
@@ -63,10 +71,8 @@ __device__ void conv_prefill(const T* __restrict__ x, long ldx, const float* __r
       const int tau = r0 - (W - 1) + i;
       if (i < W - 1) {
         if (tau >= t0) {
-          float v[CH];
-          load_vec<CH>(v, x + (size_t)tau * ldx + c0);
 #pragma unroll
-          for (int k = 0; k < CH; ++k) win[k][i] = v[k];
+          for (int k = 0; k < CH; ++k) win[k][i] = xw[i][k];
         } else {
 #pragma unroll
           for (int k = 0; k < CH; ++k) win[k][i] = st[k * W + W - (t0 - tau)];

@@ -18,7 +18,9 @@ __device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict
 
 // gated_rms_norm_{z dtype}_{y dtype}: rows up to 512 wide read once (a decode step's few rows,
 // where a row's latency is the cost); _lean: two elements a lane kept (prefill's many rows,
-// where occupancy is). The same results.
+// where occupancy is); _k4 / _k8: four or eight kept, so that prefill's rows of 128 or 256 are
+// read once too (with two kept, a 128-wide row took three round trips to memory). The same
+// results.
 #define GATED_NORM(TZ, ZN, TY, YN)                                                                                    \
   extern "C" __global__ void gated_rms_norm_##ZN##_##YN(const float* x, const TZ* z, long ldz, int heads,             \
                                                         const float* w, TY* y, int rows, int D, float eps,            \
@@ -29,6 +31,16 @@ __device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict
                                                                const float* w, TY* y, int rows, int D, float eps,     \
                                                                int act_sigmoid) { pdl_entry();                                     \
     gated_rms_norm<2, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
+  }                                                                                                                   \
+  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_k4(const float* x, const TZ* z, long ldz, int heads,        \
+                                                             const float* w, TY* y, int rows, int D, float eps,       \
+                                                             int act_sigmoid) { pdl_entry();                          \
+    gated_rms_norm<4, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
+  }                                                                                                                   \
+  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_k8(const float* x, const TZ* z, long ldz, int heads,        \
+                                                             const float* w, TY* y, int rows, int D, float eps,       \
+                                                             int act_sigmoid) { pdl_entry();                          \
+    gated_rms_norm<8, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
   }
 #define GATED_NORMS(TZ, ZN)                 \
   GATED_NORM(TZ, ZN, float, f32)            \
@@ -139,7 +151,9 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
 
 // add_rms_norm_{dtype}: the norm weight loaded with r, before the block's sum (a decode step's
 // few rows: one round trip to memory fewer); _lean: after it (prefill's many rows: fewer
-// registers). The same results.
+// registers); _p8: eight elements a thread with the weight loaded with them, prefill's rows up
+// to 2,048 wide in one round trip at the lean variant's registers (with 16 a thread, a
+// 2,048-wide row's last eight loads only repeated the row's last element). The same results.
 // add_rms_norm_parts_{dtype}[_lean]: delta as a split-K GEMM's f32 slices (PARTS above).
 #define ADD_RMS_NORM(T, NAME)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME(const float* h, const T* delta, const float* w, \
@@ -150,6 +164,11 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
                                                                               const float* w, float* r, T* x, int D,  \
                                                                               float eps) { pdl_entry();                            \
     add_rms_norm<T, 16, false, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                     \
+  }                                                                                                                \
+  extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME##_p8(const float* h, const T* delta,         \
+                                                                            const float* w, float* r, T* x, int D,    \
+                                                                            float eps) { pdl_entry();                 \
+    add_rms_norm<T, 8, true, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                       \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_parts_##NAME(                                      \
       const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps) {     \

@@ -348,6 +348,70 @@ pub(crate) fn gpu_prep_and_gated_norm_match_cpu(dev: &Device) {
     assert!(gated_rms_norm(&on(&o), Some(&bad_z), &on(&o_norm), 1e-5, GateActivation::Swish, BF16).is_err(), "a gate of the wrong width");
 }
 
+/// Prefill's row-kernel entries give a decode step's bits: 301 rows in one launch (the gated
+/// norm keeping 2, 4 or 8 elements a lane, the add + RMSNorm eight a thread with its weight, past
+/// 256 rows) equal the same rows in launches of 150 and 151 (the few-row entries), bit for bit,
+/// for widths with and without an entry of their own; the prep kernel's fixed-K entries (four
+/// rows a block) give the same bits however the rows fall into blocks, and its bf16 q and k are
+/// the CPU's to bf16's rounding.
+pub(crate) fn gpu_prefill_row_kernels_equal_decode_variants(dev: &Device) {
+    use deltaserve_kernels::ops::{add_rms_norm, gated_rms_norm, prepare, QkLayout};
+    use deltaserve_kernels::GateActivation;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {
+        let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(lo..hi)).collect();
+        Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap().to_device(dev).unwrap()
+    };
+    let n = 301usize;
+    // Rows [0, 150) and [150, n) apart, joined: the few-row entries' result.
+    let halves = |f: &dyn Fn(usize, usize) -> Vec<Tensor>| -> Vec<Vec<f32>> {
+        let (a, b) = (f(0, 150), f(150, n - 150));
+        a.iter().zip(&b).map(|(x, y)| [values(x), values(y)].concat()).collect()
+    };
+    for d in [100usize, 128, 256, 512, 640] {
+        let (x, z, w) = (rand(n, 2 * d, -1.0, 1.0), rand(n, 2 * d, -3.0, 3.0).to_dtype(BF16).unwrap(), rand(1, d, 0.5, 1.5));
+        let w = w.flatten_all().unwrap();
+        for out in [DType::F32, BF16] {
+            let norm = |r0: usize, len: usize| {
+                let xs = x.narrow(0, r0, len).unwrap().reshape((len, 2, d)).unwrap();
+                vec![gated_rms_norm(&xs, Some(&z.narrow(0, r0, len).unwrap()), &w, 1e-6, GateActivation::Swish, out).unwrap()]
+            };
+            assert_eq!(values(&norm(0, n)[0]), halves(&norm)[0], "gated norm D={d} -> {out:?}: 301 rows != 150 + 151");
+        }
+    }
+    for d in [1000usize, 2048, 3072] {
+        let (h, delta, w) = (rand(n, d, -2.0, 2.0), rand(n, d, -1.0, 1.0).to_dtype(BF16).unwrap(), rand(1, d, 0.5, 1.5));
+        let w = w.flatten_all().unwrap();
+        let norm = |r0: usize, len: usize| {
+            let (r, x) = add_rms_norm(&h.narrow(0, r0, len).unwrap(), Some(&delta.narrow(0, r0, len).unwrap()), &w, 1e-6, BF16).unwrap();
+            vec![r, x]
+        };
+        let whole: Vec<Vec<f32>> = norm(0, n).iter().map(values).collect();
+        assert_eq!(whole, halves(&norm), "add + RMSNorm D={d}: 301 rows != 150 + 151");
+    }
+    for k in [96usize, 128, 256] {
+        let (h, hv) = (2usize, 4usize);
+        let conv = rand(n, 2 * h * k + hv * 64, -1.0, 1.0).to_dtype(BF16).unwrap();
+        let proj = rand(n, 2 * hv, -3.0, 3.0).to_dtype(BF16).unwrap();
+        let (a_log, dt_bias) = (rand(1, hv, -1.0, 1.0).flatten_all().unwrap(), rand(1, hv, -1.0, 1.0).flatten_all().unwrap());
+        let layout = QkLayout { q_heads: h, k_heads: h, head_dim: k };
+        let prep = |r0: usize, len: usize| {
+            let (c, p) = (conv.narrow(0, r0, len).unwrap(), proj.narrow(0, r0, len).unwrap());
+            let (a, b) = (p.narrow(1, 0, hv).unwrap(), p.narrow(1, hv, hv).unwrap());
+            let r = prepare(&c, layout, &b, false, Some((&a, &a_log, &dt_bias))).unwrap();
+            vec![r.q, r.k, r.beta, r.g.unwrap()]
+        };
+        let whole = prep(0, n);
+        assert_eq!(whole[0].dtype(), BF16, "a bf16 conv output keeps q in bf16");
+        assert_eq!(whole.iter().map(values).collect::<Vec<_>>(), halves(&prep), "prep K={k}: 301 rows != 150 + 151");
+        let c = conv.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+        let cpu_q = deltaserve_kernels::ops::l2norm(&c.narrow(1, 0, h * k).unwrap().reshape((n, h, k)).unwrap()).unwrap();
+        let e = rel_err(&values(&whole[0]), &values(&cpu_q));
+        println!("GPU prep bf16 K={k}: 301 rows == 150 + 151; q vs CPU {e:.2e}");
+        assert!(e <= 4e-3, "prep bf16 K={k} q vs CPU: {e:.3e}");
+    }
+}
+
 /// The small-batch projection kernel (decode steps' GEMVs) equals x Wᵀ computed in f32 on the
 /// CPU from the same rounded values and rounded once, for every B it takes (1..=8), x contiguous
 /// and as a column slice, a small odd N, a model-sized one and one whose K is split eight ways;

@@ -44,9 +44,14 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
     let (q, kk) = (alloc_rows(&dev, qk_dtype, n, qh * k)?, alloc_rows(&dev, qk_dtype, n, kh * k)?);
     // SAFETY: as above.
     let (mut beta, mut g) = unsafe { (dev.alloc::<f32>(n * nb)?, dev.alloc::<f32>((n * ng).max(1))?) };
-    let name = if narrow { "prep_bf16_narrow".to_owned() } else { format!("prep_{}", bv.suffix) };
+    // K of 32–256 has entries with its loads unrolled (prep.cu); any other K loops.
+    let fixed = match k {
+        32 | 64 | 128 | 256 => format!("_k{k}"),
+        _ => String::new(),
+    };
+    let name = if narrow { format!("prep_bf16_narrow{fixed}") } else { format!("prep_{}{fixed}", bv.suffix) };
     let f = dev.get_or_load_custom_func(&name, "prep", ptx::PREP)?;
-    let ints = [ldc as i32, qh as i32, kh as i32, k as i32, k_off as i32, nb as i32, ng as i32];
+    let ints = [ldc as i32, qh as i32, kh as i32, k as i32, k_off as i32, nb as i32, ng as i32, n as i32];
     let (a_ptr, a_ld) = av.as_ref().map_or((0, 0), |a| (a.ptr, a.ld));
     let (al_ptr, db_ptr) = (
         al.as_ref().map(first_element_address_any).transpose()?.unwrap_or(0),
@@ -56,11 +61,13 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
     let mut l = f.builder();
     l.arg(&conv_ptr).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
     l.arg(&q_ptr).arg(&k_ptr).arg(&bv.ptr).arg(&bv.ld).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
-    l.arg(&a_ptr).arg(&a_ld).arg(&al_ptr).arg(&db_ptr).arg(&mut g).arg(&ints[6]);
+    l.arg(&a_ptr).arg(&a_ld).arg(&al_ptr).arg(&db_ptr).arg(&mut g).arg(&ints[6]).arg(&ints[7]);
     // A warp per q/k head (up to 32 warps): a decode step's one row is then one pass of its
     // heads in parallel, not several heads a warp one after another.
     let threads = (32 * (qh + kh)).clamp(64, 1024) as u32;
-    unsafe { l.launch(grid(n, 1, 1, threads, 0)) }.w()?;
+    // prep.cu's PREP_ROWS rows a block with K fixed, one otherwise.
+    let rows_per_block = if fixed.is_empty() { 1 } else { PREP_ROWS };
+    unsafe { l.launch(grid(n.div_ceil(rows_per_block), 1, 1, threads, 0)) }.w()?;
     Ok(Prepared {
         q: q.reshape((n, qh, k))?,
         k: kk.reshape((n, kh, k))?,
@@ -68,6 +75,9 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
         g: (ng > 0).then(|| wrap(&dev, g, (n, ng))),
     })
 }
+
+/// Rows a block of the prep kernel's fixed-K entries (prep.cu's `PREP_ROWS`).
+const PREP_ROWS: usize = 4;
 
 /// Most tokens for which the norms take their latency variants (more registers, fewer round
 /// trips to memory; norm.cu): a decode step's rows. Prefill's many rows take the lean ones,
@@ -100,7 +110,18 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     };
     let z_suffix = z.as_ref().map_or("f32", |z| z.suffix);
     let tokens = if x.rank() == 3 { x.dim(0)? } else { rows / heads.max(1) };
-    let lean = if tokens > LATENCY_ROWS { "_lean" } else { "" };
+    // Prefill's many rows: rows of 128 or 256 read once (four or eight elements a lane kept);
+    // 512-wide rows keep eight too (three round trips, not nine); wider ones two.
+    // `DELTASERVE_GATED_NORM_KEPT` = 2, 4 or 8 overrides, for measuring.
+    let lean = match (tokens > LATENCY_ROWS, env_count!("DELTASERVE_GATED_NORM_KEPT")) {
+        (false, _) => "",
+        (true, Some(4)) => "_k4",
+        (true, Some(8)) => "_k8",
+        (true, Some(_)) => "_lean",
+        (true, None) if d <= 128 => "_k4",
+        (true, None) if d <= 512 => "_k8",
+        (true, None) => "_lean",
+    };
     let f = dev.get_or_load_custom_func(&format!("gated_rms_norm_{z_suffix}_{y_suffix}{lean}"), "norm", ptx::NORM)?;
     let (ri, di, hi, ai) = (rows as i32, d as i32, heads as i32, act_sigmoid as i32);
     let (z_ptr, z_ld) = z.as_ref().map_or((0, 0), |z| (z.ptr, z.ld));
@@ -162,7 +183,12 @@ fn add_norm(h: &Tensor, delta: NormDelta<'_>, weight: &Tensor, eps: f32, dtype: 
     let x = alloc_rows(&dev, dtype, rows, d)?;
     // SAFETY: the kernel writes every element of r.
     let mut r = unsafe { dev.alloc::<f32>(rows * d) }?;
-    let lean = if rows > LATENCY_ROWS { "_lean" } else { "" };
+    // Prefill's rows up to 2,048 wide: eight a thread with the weight (one round trip).
+    let lean = match (rows > LATENCY_ROWS, kind) {
+        (false, _) => "",
+        (true, "") if d <= 2048 && env_count!("DELTASERVE_ADD_NORM_P8") != Some(0) => "_p8",
+        (true, _) => "_lean",
+    };
     let f = dev.get_or_load_custom_func(&format!("add_rms_norm_{kind}{suffix}{lean}"), "norm", ptx::NORM)?;
     let cfg = grid(rows, 1, 1, 256, 0);
     let (di, si, slice) = (d as i32, s as i32, (rows * d) as i64);

@@ -113,6 +113,10 @@ struct Args {
     /// that one `ncu` report holds one step (`benches/hybrid_profile.sh`).
     #[arg(long)]
     profile_hybrid_decode: Option<usize>,
+    /// With `--hybrid-dir`: profile only the bf16-mixer prefill (`benches/hybrid_profile.sh
+    /// --prefill`).
+    #[arg(long)]
+    profile_hybrid_prefill: bool,
     /// With `--hybrid-dir`: time everything twice in one run, in the default mode and with
     /// `--batch-invariant` (lines with `"batch_invariant": true`).
     #[arg(long)]
@@ -505,7 +509,8 @@ fn main() -> anyhow::Result<()> {
     }
     #[cfg(feature = "cuda")]
     if let Some(dir) = &args.hybrid_dir {
-        let profile = model::HybridProfile { all: args.profile_hybrid, decode: args.profile_hybrid_decode };
+        let profile =
+            model::HybridProfile { all: args.profile_hybrid, prefill: args.profile_hybrid_prefill, decode: args.profile_hybrid_decode };
         return model::hybrid_table(&dev, dir, &args, profile);
     }
     if args.decode_only {

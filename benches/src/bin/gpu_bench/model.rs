@@ -164,6 +164,8 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
 pub(super) struct HybridProfile {
     /// The bf16-mixer prefill and every decode batch.
     pub(super) all: bool,
+    /// Only the bf16-mixer prefill.
+    pub(super) prefill: bool,
     /// Only the decode step of this batch.
     pub(super) decode: Option<usize>,
 }
@@ -223,7 +225,7 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
                 "OURS {}",
                 serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms, "batch_invariant": bi})
             );
-            if profile.all && !bi && algo == PrefillAlgo::ChunkedBf16 {
+            if (profile.all || profile.prefill) && !bi && algo == PrefillAlgo::ChunkedBf16 {
                 let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
                 dev.synchronize()?;
                 profiler_start()?;
