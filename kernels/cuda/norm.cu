@@ -21,27 +21,18 @@ __device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict
 // where occupancy is); _k4 / _k8: four or eight kept, so that prefill's rows of 128 or 256 are
 // read once too (with two kept, a 128-wide row took three round trips to memory). The same
 // results.
-#define GATED_NORM(TZ, ZN, TY, YN)                                                                                    \
-  extern "C" __global__ void gated_rms_norm_##ZN##_##YN(const float* x, const TZ* z, long ldz, int heads,             \
-                                                        const float* w, TY* y, int rows, int D, float eps,            \
-                                                        int act_sigmoid) { pdl_entry();                                            \
-    gated_rms_norm<16, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                    \
-  }                                                                                                                   \
-  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_lean(const float* x, const TZ* z, long ldz, int heads,      \
-                                                               const float* w, TY* y, int rows, int D, float eps,     \
-                                                               int act_sigmoid) { pdl_entry();                                     \
-    gated_rms_norm<2, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
-  }                                                                                                                   \
-  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_k4(const float* x, const TZ* z, long ldz, int heads,        \
-                                                             const float* w, TY* y, int rows, int D, float eps,       \
-                                                             int act_sigmoid) { pdl_entry();                          \
-    gated_rms_norm<4, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
-  }                                                                                                                   \
-  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##_k8(const float* x, const TZ* z, long ldz, int heads,        \
-                                                             const float* w, TY* y, int rows, int D, float eps,       \
-                                                             int act_sigmoid) { pdl_entry();                          \
-    gated_rms_norm<8, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                     \
+#define GATED_NORM_ENTRY(TZ, ZN, TY, YN, SUFFIX, KEPT)                                                               \
+  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##SUFFIX(const float* x, const TZ* z, long ldz, int heads,     \
+                                                                const float* w, TY* y, int rows, int D, float eps,    \
+                                                                int act_sigmoid) {                                    \
+    pdl_entry();                                                                                                      \
+    gated_rms_norm<KEPT, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                  \
   }
+#define GATED_NORM(TZ, ZN, TY, YN)                  \
+  GATED_NORM_ENTRY(TZ, ZN, TY, YN, , 16)            \
+  GATED_NORM_ENTRY(TZ, ZN, TY, YN, _lean, 2)        \
+  GATED_NORM_ENTRY(TZ, ZN, TY, YN, _k4, 4)          \
+  GATED_NORM_ENTRY(TZ, ZN, TY, YN, _k8, 8)
 #define GATED_NORMS(TZ, ZN)                 \
   GATED_NORM(TZ, ZN, float, f32)            \
   GATED_NORM(TZ, ZN, __nv_bfloat16, bf16)   \
