@@ -3,7 +3,7 @@
 # read from one run on one machine: each round runs every variant's gpu_bench once per model, in
 # turn, and benches/ab_summary.py prints the ranges over the rounds (ms and % of the roofline).
 #
-#   [ROUNDS=3] [BATCHES=1,4,16,64] [MODELS="q35 gdn"] [TIMEOUT=90] \
+#   [ROUNDS=3] [BATCHES=1,4,16,64] [MODELS="q35 gdn"] [TIMEOUT=90] [PREFILL=0] \
 #     benches/ab_decode.sh OUT_DIR NAME=COMMAND [NAME=COMMAND ...]
 #
 # COMMAND is a gpu_bench binary, after optional VAR=value settings, e.g.
@@ -13,12 +13,15 @@
 # --graphs-only --model-dir $MODEL_DIR`, written by gpu_bench when absent). Logs go to
 # OUT_DIR/{model}-{i}-{NAME}.log and the summary to OUT_DIR/summary.md. A run past TIMEOUT
 # seconds leaves its log without steps (the first run on a cold machine may spend it reading
-# the checkpoint).
+# the checkpoint). PREFILL=1 also times each run's T=4096 prefills (bf16 and near-fp32 mixer),
+# which the summary adds as columns.
 set -euo pipefail
 OUT=$1
 shift
 [ $# -ge 1 ] || { echo "usage: ab_decode.sh OUT_DIR NAME=COMMAND [NAME=COMMAND ...]" >&2; exit 2; }
 ROUNDS=${ROUNDS:-3} BATCHES=${BATCHES:-1,4,16,64} MODELS=${MODELS:-q35 gdn} TIMEOUT=${TIMEOUT:-90}
+NO_PREFILL=--no-prefill
+[ "${PREFILL:-0}" = 1 ] && NO_PREFILL=
 HYBRID_DIR=${HYBRID_DIR:-/tmp/q35} MODEL_DIR=${MODEL_DIR:-/tmp/deltaserve-gdn-1.3b}
 mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,8 +37,8 @@ fi
 i=0
 for model in $MODELS; do
   case $model in
-    q35) args=(--hybrid-dir "$HYBRID_DIR" --no-prefill) ;;
-    gdn) args=(--model-only --no-prefill --graphs-only --model-dir "$MODEL_DIR") ;;
+    q35) args=(--hybrid-dir "$HYBRID_DIR" $NO_PREFILL) ;;
+    gdn) args=(--model-only $NO_PREFILL --graphs-only --model-dir "$MODEL_DIR") ;;
     *) echo "ab_decode.sh: unknown model '$model' (q35, gdn)" >&2; exit 2 ;;
   esac
   for _ in $(seq 1 "$ROUNDS"); do
