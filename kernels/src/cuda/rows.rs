@@ -62,12 +62,16 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
     l.arg(&conv_ptr).arg(&ints[0]).arg(&ints[1]).arg(&ints[2]).arg(&ints[3]).arg(&ints[4]);
     l.arg(&q_ptr).arg(&k_ptr).arg(&bv.ptr).arg(&bv.ld).arg(&mut beta).arg(&ints[5]).arg(&beta_mult);
     l.arg(&a_ptr).arg(&a_ld).arg(&al_ptr).arg(&db_ptr).arg(&mut g).arg(&ints[6]).arg(&ints[7]);
-    // A warp per q/k head (up to 32 warps): a decode step's one row is then one pass of its
-    // heads in parallel, not several heads a warp one after another.
-    let threads = (32 * (qh + kh)).clamp(64, 1024) as u32;
-    // prep.cu's PREP_ROWS rows a block with K fixed, one otherwise.
-    let rows_per_block = if fixed.is_empty() { 1 } else { PREP_ROWS };
-    unsafe { l.launch(grid(n.div_ceil(rows_per_block), 1, 1, threads, 0)) }.w()?;
+    let cfg = if fixed.is_empty() {
+        // A row a block, a warp a q/k head (up to 32 warps): a decode step's one row is then one
+        // pass of its heads in parallel, not several heads a warp one after another.
+        grid(n, 1, 1, (32 * (qh + kh)).clamp(64, 1024) as u32, 0)
+    } else {
+        // A warp for each head of each PREP_ROWS rows, in blocks of PREP_THREADS (prep.cu).
+        let warps = n.div_ceil(PREP_ROWS) * (qh + kh);
+        grid(warps.div_ceil(PREP_THREADS / 32), 1, 1, PREP_THREADS as u32, 0)
+    };
+    unsafe { l.launch(cfg) }.w()?;
     Ok(Prepared {
         q: q.reshape((n, qh, k))?,
         k: kk.reshape((n, kh, k))?,
@@ -76,8 +80,10 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
     })
 }
 
-/// Rows a block of the prep kernel's fixed-K entries (prep.cu's `PREP_ROWS`).
+/// Rows a warp and threads a block of the prep kernel's fixed-K entries (prep.cu's `PREP_ROWS`
+/// and `PREP_THREADS`).
 const PREP_ROWS: usize = 4;
+const PREP_THREADS: usize = 256;
 
 /// Most tokens for which the norms take their latency variants (more registers, fewer round
 /// trips to memory; norm.cu): a decode step's rows. Prefill's many rows take the lean ones,
@@ -254,11 +260,13 @@ pub fn sigmoid_gate(o: &Tensor, gate: &Tensor) -> Result<Tensor> {
     if rows == 0 || d == 0 {
         return Ok(out);
     }
-    let f = dev.get_or_load_custom_func(&format!("sigmoid_gate_{}", g.suffix), "swiglu", ptx::SWIGLU)?;
     let (o_ptr, out_ptr) = (first_element_address_any(&o)?, first_element_address_any(&out)?);
+    // Four columns a thread when o's and the gate's rows allow it (out is contiguous and fresh).
+    let (x4, per_thread) = if g.vectorisable(4, d) && o_ptr.is_multiple_of(16) { ("_x4", 4) } else { ("", 1) };
+    let f = dev.get_or_load_custom_func(&format!("sigmoid_gate_{}{x4}", g.suffix), "swiglu", ptx::SWIGLU)?;
     let (ri, di) = (rows as i32, d as i32);
     let mut l = f.builder();
     l.arg(&o_ptr).arg(&g.ptr).arg(&g.ld).arg(&out_ptr).arg(&ri).arg(&di);
-    unsafe { l.launch(grid(d.div_ceil(256), rows.min(65535), 1, 256, 0)) }.w()?;
+    unsafe { l.launch(grid(d.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }.w()?;
     Ok(out)
 }
