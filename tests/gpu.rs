@@ -46,6 +46,8 @@ const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
     ("gpu_gemm_matches_cpu", gemm::gpu_gemm_matches_cpu),
     #[cfg(feature = "cuda")]
+    ("gpu_tuned_gemm_gives_the_heuristics_bits", gemm::gpu_tuned_gemm_gives_the_heuristics_bits),
+    #[cfg(feature = "cuda")]
     ("gpu_gemm_f32_output_is_the_unrounded_product", gemm::gpu_gemm_f32_output_is_the_unrounded_product),
     #[cfg(feature = "cuda")]
     ("gpu_split_projection_slices_sum_to_the_product", gemm::gpu_split_projection_slices_sum_to_the_product),
@@ -84,6 +86,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_mixed_passes_equal_separate_passes", gpu_mixed_passes_equal_separate_passes),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", mixer::gpu_chunk_boundaries_match_cpu),
+    ("gpu_paired_prep_equals_one_head_a_cta", mixer::gpu_paired_prep_equals_one_head_a_cta),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_prefill_graphs_equal_eager_prefill", prefill_graph::gpu_prefill_graphs_equal_eager_prefill),
     ("gpu_mixed_graphs_equal_eager_mixed_passes", prefill_graph::gpu_mixed_graphs_equal_eager_mixed_passes),

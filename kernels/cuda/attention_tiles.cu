@@ -6,6 +6,8 @@
 //                   shared memory while the previous product runs; scores, softmax and the
 //                   output stay in registers, in fp32 (operands rounded to T, as
 //                   flash-attention rounds them).
+// attn_tiles_T_d256_h2  the same for two query heads of one KV head (GQA), four warps each: the
+//                   key and value tiles are copied once for both, half the traffic from L2.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -18,14 +20,15 @@
 
 #define TILE_M 64  // query rows of a block: 16 per warp
 #define TILE_N 64  // keys of a tile
-#define TILE_THREADS 128
+#define TILE_THREADS 128  // a head's four warps
 
-// Shared memory of attn_tiles: Q, K and V tiles of T, rows padded by 16 bytes so that the
-// eight rows an ldmatrix reads fall in distinct banks (cuda/attention.rs's tile_smem computes the same).
-template <typename T, int HD>
+// Shared memory of attn_tiles: Q tiles (one a head), K and V tiles of T, rows padded by 16 bytes
+// so that the eight rows an ldmatrix reads fall in distinct banks (cuda/attention.rs's
+// tile_smem computes the same).
+template <typename T, int HD, int HP>
 struct TileSmem {
   static constexpr int P = HD + 8;
-  static constexpr size_t q = (size_t)TILE_M * P * sizeof(T), k = (size_t)TILE_N * P * sizeof(T);
+  static constexpr size_t q = (size_t)HP * TILE_M * P * sizeof(T), k = (size_t)TILE_N * P * sizeof(T);
   static constexpr size_t offsets = 2 * TILE_N * sizeof(size_t);
   static constexpr size_t total = q + 2 * k + offsets;
 };
@@ -91,32 +94,38 @@ __device__ __forceinline__ void key_offsets(size_t* off, const int* __restrict__
   if (j < TILE_N) off[j] = j < keys ? kv_offset(table, kt + j, bs, row) + head : 0;
 }
 
-// The keys at `off` (rows ≥ keys zero-filled) into a shared tile, 16 bytes per cp.async.
-template <typename T, int HD>
+// The keys at `off` (rows ≥ keys zero-filled) into a shared tile, 16 bytes per cp.async, by
+// the block's THREADS threads.
+template <typename T, int HD, int THREADS>
 __device__ __forceinline__ void load_kv_tile(T* dst, const T* __restrict__ cache, const size_t* off, int keys) {
   constexpr int CH = HD / 8;  // 16-byte chunks per key
+  constexpr int P = HD + 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < TILE_N * CH; i += TILE_THREADS) {
+  for (int i = threadIdx.x; i < TILE_N * CH; i += THREADS) {
     const int j = i / CH, c = (i % CH) * 8;
-    cp_async16(smem_addr(dst + j * TileSmem<T, HD>::P + c), cache + off[j] + c, j < keys);
+    cp_async16(smem_addr(dst + j * P + c), cache + off[j] + c, j < keys);
   }
 }
 
 // One tile t = (first row n0, rows cnt ≤ 64, first position pos0, slot) of one sequence and
-// query head h, by TILE_THREADS threads. Warp w owns query rows 16w..16w+15: its scores S (16 × 64), their
+// query heads h0..h0+HP−1 (one KV head's), by HP·TILE_THREADS threads: warps 4i..4i+3 take head
+// h0 + i. Warp w of a head owns query rows 16w..16w+15: its scores S (16 × 64), their
 // probabilities and its output rows (16 × HD) live in its registers in the mma fragment layout
 // (lane = 4g + i holds rows g and g + 8, columns 2i and 2i + 1 of every 8-column tile), so the
 // probabilities become the next product's A operand without leaving registers. Loop per key
 // tile: wait for K, start V's copy, S = Q Kᵀ and the online softmax, wait for V, start the
 // next K's copy, O += P V.
-template <typename T, int HD>
+template <typename T, int HD, int HP>
 __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
-                           const int* __restrict__ tables, int width, int bs, const int4 t, int h, int HQ, int HKV,
+                           const int* __restrict__ tables, int width, int bs, const int4 t, int h0, int HQ, int HKV,
                            int window, float scale, float* __restrict__ out) {
-  typedef TileSmem<T, HD> L;
-  constexpr int P = L::P, NT = TILE_N / 8, DT = HD / 8;
+  typedef TileSmem<T, HD, HP> L;
+  constexpr int P = L::P, NT = TILE_N / 8, DT = HD / 8, THREADS = HP * TILE_THREADS;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* Qs = reinterpret_cast<T*>(smem);
+  // This thread's head (of the block's HP) and its index among that head's threads.
+  const int head = HP == 1 ? 0 : threadIdx.x / TILE_THREADS, h = h0 + head;
+  const int ht = HP == 1 ? threadIdx.x : threadIdx.x % TILE_THREADS;
+  T* Qs = reinterpret_cast<T*>(smem) + head * TILE_M * P;
   T* Ks = reinterpret_cast<T*>(smem + L::q);
   T* Vs = reinterpret_cast<T*>(smem + L::q + L::k);
   // Key offsets of the current and the next tile (double-buffered: the next tile's are written
@@ -124,7 +133,7 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
   size_t* offs = reinterpret_cast<size_t*>(smem + L::q + 2 * L::k);
 
   const int n0 = t.x, cnt = t.y, pos0 = t.z, kvh = h / (HQ / HKV);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i4 = lane % 4;
+  const int warp = ht / 32, lane = threadIdx.x % 32, g = lane / 4, i4 = lane % 4;
   const int row = HKV * HD;
   const int* table = tables + (size_t)t.w * width;
   const int last = pos0 + cnt - 1;
@@ -132,10 +141,10 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
 
   key_offsets(offs, table, first_key, min(TILE_N, last + 1 - first_key), bs, row, kvh * HD);
   __syncthreads();
-  load_kv_tile<T, HD>(Ks, kc, offs, min(TILE_N, last + 1 - first_key));
+  load_kv_tile<T, HD, THREADS>(Ks, kc, offs, min(TILE_N, last + 1 - first_key));
   cp_async_commit();
-  // Q (f32, after RoPE) → T, rows ≥ cnt zero.
-  for (int i = threadIdx.x; i < TILE_M * (HD / 4); i += TILE_THREADS) {
+  // Q (f32, after RoPE) → T, rows ≥ cnt zero; each head's warps copy its own.
+  for (int i = ht; i < TILE_M * (HD / 4); i += TILE_THREADS) {
     const int r = i / (HD / 4), c = (i % (HD / 4)) * 4;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < cnt) x = __ldg(reinterpret_cast<const float4*>(q + ((size_t)(n0 + r) * HQ + h) * HD + c));
@@ -166,7 +175,7 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
     size_t* off = offs + (it % 2) * TILE_N;
     cp_async_wait_all();
     __syncthreads();  // K is in; every warp is done with the previous V
-    load_kv_tile<T, HD>(Vs, vc, off, keys);
+    load_kv_tile<T, HD, THREADS>(Vs, vc, off, keys);
     cp_async_commit();
     const bool more = kt + TILE_N <= last;
     if (more) key_offsets(offs + (1 - it % 2) * TILE_N, table, kt + TILE_N, min(TILE_N, last + 1 - kt - TILE_N), bs, row, kvh * HD);
@@ -238,7 +247,7 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
     cp_async_wait_all();
     __syncthreads();  // V is in; every warp is done with K; the next tile's offsets are written
     if (more) {
-      load_kv_tile<T, HD>(Ks, kc, offs + (1 - it % 2) * TILE_N, min(TILE_N, last + 1 - kt - TILE_N));
+      load_kv_tile<T, HD, THREADS>(Ks, kc, offs + (1 - it % 2) * TILE_N, min(TILE_N, last + 1 - kt - TILE_N));
       cp_async_commit();
     }
 #pragma unroll
@@ -265,21 +274,26 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
   }
 }
 
-// grid (⌈tiles / per_block⌉, HQ): block b takes tiles b·per_block.. in turn (cnt 0 ends the
-// list early). Two a block when the grid would otherwise take more than one wave: the host
-// pairs long tiles with short ones, so that every block has about the same number of keys.
-#define TILES_KERNEL(NAME, T, HD)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(TILE_THREADS, 2)                                                    \
-      attn_tiles_##NAME##_d##HD(const float* q, const T* kc, const T* vc, const int* tables, int width, int bs,     \
-                                const int4* tiles, int per_block, int HQ, int HKV, int window, float scale,          \
-                                float* out) { pdl_entry();                                                                       \
+// grid (⌈tiles / per_block⌉, HQ / HP): block b takes tiles b·per_block.. in turn (cnt 0 ends
+// the list early), query heads HP·y... Two a block when the grid would otherwise take more than
+// one wave: the host pairs long tiles with short ones, so that every block has about the same
+// number of keys. Two blocks an SM of one head, or one of two heads (d = 256 only: at 128 two
+// heads' registers would allow one block an SM, where one head's allow three).
+#define TILES_KERNEL(NAME, T, HD, HP, SUFFIX)                                                                      \
+  extern "C" __global__ void __launch_bounds__(HP * TILE_THREADS, 3 - HP)                \
+      attn_tiles_##NAME##_d##HD##SUFFIX(const float* q, const T* kc, const T* vc, const int* tables, int width,      \
+                                        int bs, const int4* tiles, int per_block, int HQ, int HKV, int window,      \
+                                        float scale, float* out) {                                                  \
+    pdl_entry();                                                                                                    \
     for (int i = 0; i < per_block; ++i) {                                                                           \
       const int4 t = tiles[blockIdx.x * per_block + i];                                                             \
       if (t.y == 0) break;                                                                                          \
       if (i > 0) __syncthreads(); /* the previous tile is done with shared memory */                                \
-      attn_tiles<T, HD>(q, kc, vc, tables, width, bs, t, blockIdx.y, HQ, HKV, window, scale, out);                  \
+      attn_tiles<T, HD, HP>(q, kc, vc, tables, width, bs, t, blockIdx.y * HP, HQ, HKV, window, scale, out);         \
     }                                                                                                               \
   }
-#define TILES_KERNELS(NAME, T) TILES_KERNEL(NAME, T, 64) TILES_KERNEL(NAME, T, 128) TILES_KERNEL(NAME, T, 256)
+#define TILES_KERNELS(NAME, T)                                                                                      \
+  TILES_KERNEL(NAME, T, 64, 1, ) TILES_KERNEL(NAME, T, 128, 1, ) TILES_KERNEL(NAME, T, 256, 1, )                    \
+      TILES_KERNEL(NAME, T, 256, 2, _h2)
 TILES_KERNELS(bf16, __nv_bfloat16)
 TILES_KERNELS(f16, __half)

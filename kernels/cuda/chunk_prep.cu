@@ -67,6 +67,116 @@ __device__ __forceinline__ void k16_tile(bf16* dst, int ld, const bf16* src, siz
   }
 }
 
+// K Kᵀ into Af and Q Kᵀ into Tf (fp32, pitch AP) from [64, K16] tiles of pitch KP (with their
+// lo halves with LO), lower-triangle tiles only: 2 × 10 tiles over 8 warps, at most three
+// a warp (numbered over the triangle, not the square, which gave some warps four and others
+// none).
+template <bool LO>
+__device__ __forceinline__ void gram_tiles(const bf16* Kh, const bf16* Kl, const bf16* Qh, const bf16* Ql, int KP, int K16, float* Af,
+                                           float* Tf, int warp) {
+  for (int t = warp; t < 20; t += 8) {
+    const int m = t / 10, d = t % 10;
+    const int rt = d < 1 ? 0 : d < 3 ? 1 : d < 6 ? 2 : 3, ct = d - rt * (rt + 1) / 2;
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    const bf16* ah = m ? Qh : Kh;
+    const bf16* al = m ? Ql : Kl;
+    for (int kk = 0; kk < K16; kk += 16)
+      mma_split<FragA, FragBT>(acc, ah + rt * 16 * KP + kk, LO ? al + rt * 16 * KP + kk : nullptr, KP, Kh + ct * 16 * KP + kk,
+                               LO ? Kl + ct * 16 * KP + kk : nullptr, KP);
+    wmma::store_matrix_sync((m ? Tf : Af) + rt * 16 * AP + ct * 16, acc, AP, wmma::mem_row_major);
+  }
+}
+
+// One warp: G = the chunk's inclusive scan of value head hv's log-decay (written to Gout too)
+// and Bt its β, rows ≥ L as zeros (G carries the last row's). Lane holds rows 2·lane, 2·lane + 1.
+__device__ __forceinline__ void scan_decay(const float* __restrict__ g, const float* __restrict__ beta, size_t row0, int L, int hv,
+                                           int HV, float* G, float* Bt, float* __restrict__ Gout) {
+  const int lane = threadIdx.x & 31, r = 2 * lane;
+  const float g0 = (g && r < L) ? g[(row0 + r) * HV + hv] : 0.0f;
+  const float g1 = (g && r + 1 < L) ? g[(row0 + r + 1) * HV + hv] : 0.0f;
+  const float pair = g0 + g1;
+  float incl = pair;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  G[r] = incl - pair + g0;
+  G[r + 1] = incl;
+  if (r < L) Gout[(row0 + r) * HV + hv] = G[r];
+  if (r + 1 < L) Gout[(row0 + r + 1) * HV + hv] = G[r + 1];
+  Bt[r] = r < L ? beta[(row0 + r) * HV + hv] : 0.0f;
+  Bt[r + 1] = r + 1 < L ? beta[(row0 + r + 1) * HV + hv] : 0.0f;
+}
+
+// T = (I + A)⁻¹ of a strictly lower-triangular fp32 [64, 64] A (pitch AP) into Tf's lower
+// triangle, by warps w = 0..3 of the caller's group (w ≥ 4 only keep the barriers); every thread
+// of the block calls it. Af's upper blocks serve as scratch.
+// Diagonal 16×16 blocks first, warp b for block b, by right-looking elimination in registers:
+// lane owns column lane % 16, rows 8·(lane / 16) + [0, 8). After step j, row j is final and
+// every later row has subtracted A[i][j]·T[j].
+// Then the blocks below the diagonal from the two 32×32 halves, T = [[T₁, 0], [−T₂ A₂₁ T₁, T₂]],
+// T₁ = [[T00, 0], [T10, T11]], T₂ = [[T22, 0], [T32, T33]]: three dependent products on the
+// critical path (row by row it would be six). Each product runs on the tensor cores in 3×TF32
+// (near fp32); intermediate products go to the upper blocks of Af, which nothing reads.
+__device__ __forceinline__ void invert_unit_lower(float* Af, float* Tf, int w) {
+  const int lane = threadIdx.x & 31;
+  if (w < 4) {
+    const int b0 = w * 16, col = lane % 16, r0 = (lane / 16) * 8;
+    float t[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) t[e] = (r0 + e == col) ? 1.0f : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 15; ++j) {
+      const float tj = __shfl_sync(0xffffffffu, t[j % 8], (j / 8) * 16 + col);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (r0 + e > j) t[e] -= Af[(b0 + r0 + e) * AP + b0 + j] * tj;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) Tf[(b0 + r0 + e) * AP + b0 + col] = t[e];
+  }
+  __syncthreads();
+  auto blk = [](float* m, int i, int j) { return m + i * 16 * AP + j * 16; };
+  const auto negate = [](FragC32& f) {
+#pragma unroll
+    for (int e = 0; e < f.num_elements; ++e) f.x[e] = -f.x[e];
+  };
+  if (w < 2) {
+    // T10 = −T11 A10 T00 (warp 0) and T32 = −T33 A32 T22 (warp 1).
+    const int i = 2 * w + 1;
+    FragC32 x, t;
+    wmma::fill_fragment(x, 0.0f);
+    mma_3xtf32(x, blk(Af, i, i - 1), blk(Tf, i - 1, i - 1), AP);
+    wmma::store_matrix_sync(blk(Af, i - 1, i), x, AP, wmma::mem_row_major);
+    __syncwarp();  // this warp's own scratch block: no block-wide barrier
+    wmma::fill_fragment(t, 0.0f);
+    mma_3xtf32(t, blk(Tf, i, i), blk(Af, i - 1, i), AP);
+    negate(t);
+    wmma::store_matrix_sync(blk(Tf, i, i - 1), t, AP, wmma::mem_row_major);
+  }
+  __syncthreads();
+  const int bi = 2 + w / 2, bj = w % 2;  // warps 0–3: block (bi, bj) of the lower half
+  if (w < 4) {
+    // X = A₂₁ T₁, block X_ij stored at (j, i).
+    FragC32 x;
+    wmma::fill_fragment(x, 0.0f);
+    for (int m = bj; m < 2; ++m) mma_3xtf32(x, blk(Af, bi, m), blk(Tf, m, bj), AP);
+    wmma::store_matrix_sync(blk(Af, bj, bi), x, AP, wmma::mem_row_major);
+  }
+  __syncthreads();
+  if (w < 4) {
+    // T_ij = −Σ_{m=2..i} T_im X_mj.
+    FragC32 t;
+    wmma::fill_fragment(t, 0.0f);
+    for (int m = 2; m <= bi; ++m) mma_3xtf32(t, blk(Tf, bi, m), blk(Af, bj, m), AP);
+    negate(t);
+    wmma::store_matrix_sync(blk(Tf, bi, bj), t, AP, wmma::mem_row_major);
+  }
+  __syncthreads();
+}
+
 template <typename TI>
 __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
                               const float* __restrict__ beta, const float* __restrict__ g, const int* __restrict__ crow,
@@ -105,7 +215,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   const int hk = hv / (HV / H);
   const size_t row0 = crow[c];
   const int L = clen[c];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5;
   // The staging tiles (f32 inputs only: W and U) take the q tiles' room after a V block.
   float* stage = reinterpret_cast<float*>(Qh + CH * TP) + warp * STAGE;
 
@@ -124,43 +234,11 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     k16_tile(Qh, KP, q + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
     cp_async_commit();
   }
-  if (warp == 0) {
-    // Inclusive scan of the log-decay: lane holds rows 2·lane and 2·lane + 1.
-    const int r = 2 * lane;
-    const float g0 = (g && r < L) ? g[(row0 + r) * HV + hv] : 0.0f;
-    const float g1 = (g && r + 1 < L) ? g[(row0 + r + 1) * HV + hv] : 0.0f;
-    const float pair = g0 + g1;
-    float incl = pair;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += y;
-    }
-    G[r] = incl - pair + g0;
-    G[r + 1] = incl;
-    if (r < L) Gout[(row0 + r) * HV + hv] = G[r];
-    if (r + 1 < L) Gout[(row0 + r + 1) * HV + hv] = G[r + 1];
-    Bt[r] = r < L ? beta[(row0 + r) * HV + hv] : 0.0f;
-    Bt[r + 1] = r + 1 < L ? beta[(row0 + r + 1) * HV + hv] : 0.0f;
-  }
+  if (warp == 0) scan_decay(g, beta, row0, L, hv, HV, G, Bt, Gout);
   if constexpr (!LO) cp_async_wait<0>();
   __syncthreads();
 
-  // K Kᵀ into Af and Q Kᵀ into Tf, lower-triangle tiles only: 2 × 10 tiles over 8 warps, at
-  // most three a warp (numbered over the triangle, not the square, which gave some warps four
-  // and others none).
-  for (int t = warp; t < 20; t += 8) {
-    const int m = t / 10, d = t % 10;
-    const int rt = d < 1 ? 0 : d < 3 ? 1 : d < 6 ? 2 : 3, ct = d - rt * (rt + 1) / 2;
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-    const bf16* ah = m ? Qh : Kh;
-    const bf16* al = m ? Ql : Kl;
-    for (int kk = 0; kk < K16; kk += 16)
-      mma_split<FragA, FragBT>(acc, ah + rt * 16 * KP + kk, LO ? al + rt * 16 * KP + kk : nullptr, KP, Kh + ct * 16 * KP + kk,
-                               LO ? Kl + ct * 16 * KP + kk : nullptr, KP);
-    wmma::store_matrix_sync((m ? Tf : Af) + rt * 16 * AP + ct * 16, acc, AP, wmma::mem_row_major);
-  }
+  gram_tiles<LO>(Kh, Kl, Qh, Ql, KP, K16, Af, Tf, warp);
   __syncthreads();
 
   // Decays and masks (exp only where j ≤ i), eight columns a thread at a time; P goes out now,
@@ -183,66 +261,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   }
   __syncthreads();
 
-  // Diagonal 16×16 blocks of T = (I + A)⁻¹, warp b for block b, by right-looking elimination
-  // in registers: lane owns column lane % 16, rows 8·(lane / 16) + [0, 8). After step j, row j
-  // is final and every later row has subtracted A[i][j]·T[j].
-  if (warp < 4) {
-    const int b0 = warp * 16, col = lane % 16, r0 = (lane / 16) * 8;
-    float t[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) t[e] = (r0 + e == col) ? 1.0f : 0.0f;
-#pragma unroll
-    for (int j = 0; j < 15; ++j) {
-      const float tj = __shfl_sync(0xffffffffu, t[j % 8], (j / 8) * 16 + col);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        if (r0 + e > j) t[e] -= Af[(b0 + r0 + e) * AP + b0 + j] * tj;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) Tf[(b0 + r0 + e) * AP + b0 + col] = t[e];
-  }
-  __syncthreads();
-  // The blocks below the diagonal from the two 32×32 halves, T = [[T₁, 0], [−T₂ A₂₁ T₁, T₂]],
-  // T₁ = [[T00, 0], [T10, T11]], T₂ = [[T22, 0], [T32, T33]]: three dependent products on the
-  // critical path (row by row it would be six). Each product runs on the tensor cores in
-  // 3×TF32 (near fp32); intermediate products go to the upper blocks of Af, which nothing reads.
-  auto blk = [](float* m, int i, int j) { return m + i * 16 * AP + j * 16; };
-  const auto negate = [](FragC32& f) {
-#pragma unroll
-    for (int e = 0; e < f.num_elements; ++e) f.x[e] = -f.x[e];
-  };
-  if (warp < 2) {
-    // T10 = −T11 A10 T00 (warp 0) and T32 = −T33 A32 T22 (warp 1).
-    const int i = 2 * warp + 1;
-    FragC32 x, t;
-    wmma::fill_fragment(x, 0.0f);
-    mma_3xtf32(x, blk(Af, i, i - 1), blk(Tf, i - 1, i - 1), AP);
-    wmma::store_matrix_sync(blk(Af, i - 1, i), x, AP, wmma::mem_row_major);
-    __syncwarp();  // this warp's own scratch block: no block-wide barrier
-    wmma::fill_fragment(t, 0.0f);
-    mma_3xtf32(t, blk(Tf, i, i), blk(Af, i - 1, i), AP);
-    negate(t);
-    wmma::store_matrix_sync(blk(Tf, i, i - 1), t, AP, wmma::mem_row_major);
-  }
-  __syncthreads();
-  const int bi = 2 + warp / 2, bj = warp % 2;  // warps 0–3: block (bi, bj) of the lower half
-  if (warp < 4) {
-    // X = A₂₁ T₁, block X_ij stored at (j, i).
-    FragC32 x;
-    wmma::fill_fragment(x, 0.0f);
-    for (int m = bj; m < 2; ++m) mma_3xtf32(x, blk(Af, bi, m), blk(Tf, m, bj), AP);
-    wmma::store_matrix_sync(blk(Af, bj, bi), x, AP, wmma::mem_row_major);
-  }
-  __syncthreads();
-  if (warp < 4) {
-    // T_ij = −Σ_{m=2..i} T_im X_mj.
-    FragC32 t;
-    wmma::fill_fragment(t, 0.0f);
-    for (int m = 2; m <= bi; ++m) mma_3xtf32(t, blk(Tf, bi, m), blk(Af, bj, m), AP);
-    negate(t);
-    wmma::store_matrix_sync(blk(Tf, bi, bj), t, AP, wmma::mem_row_major);
-  }
-  __syncthreads();
+  invert_unit_lower(Af, Tf, warp);
   {
     // T1 = T diag(β e^G) and T2 = T diag(β) (f32 inputs), or T2 alone (bf16). Every thread
     // reads its values of T before T2's pair goes over it; eight columns a group.
@@ -324,6 +343,83 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
   }
 }
 
+// chunk_tc_prep for bf16 inputs and two value heads of one key head (GVA, HV/H even): K Kᵀ and
+// Q Kᵀ are the same for both, so one CTA forms them once and inverts the two heads' T side by
+// side (warps 0–3 the first, 4–7 the second). Outputs, bits and layout as chunk_tc_prep<bf16>.
+// Once the products are done, the K and Q tiles' room takes the second head's A and T.
+__device__ void chunk_tc_prep_pair(const bf16* __restrict__ q, const bf16* __restrict__ k, const float* __restrict__ beta,
+                                   const float* __restrict__ g, const int* __restrict__ crow, const int* __restrict__ clen,
+                                   bf16* __restrict__ T2out, bf16* __restrict__ Pout, float* __restrict__ Gout, int H, int HV, int K) {
+  if (clen[blockIdx.x] == 0) return;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int K16 = round16(K), KP = K16 + 8;
+  Smem sm{smem_raw};
+  float* A[2];
+  float* T[2];
+  A[0] = sm.take<float>(CH * AP);
+  T[0] = sm.take<float>(CH * AP);
+  float* G = sm.take<float>(2 * CH);
+  float* Bt = sm.take<float>(2 * CH);
+  // The key and query tiles, then the second head's A and T.
+  unsigned char* shared_room = reinterpret_cast<unsigned char*>(sm.take<float>(max(CH * KP, 2 * CH * AP)));
+  bf16* Kh = reinterpret_cast<bf16*>(shared_room);
+  bf16* Qh = Kh + CH * KP;
+  A[1] = reinterpret_cast<float*>(shared_room);
+  T[1] = A[1] + CH * AP;
+
+  const int c = blockIdx.x, hv0 = 2 * blockIdx.y;
+  const int hk = hv0 / (HV / H);
+  const size_t row0 = crow[c];
+  const int L = clen[c];
+  const int tid = threadIdx.x, warp = tid >> 5;
+
+  k16_tile(Kh, KP, k + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
+  k16_tile(Qh, KP, q + (row0 * H + hk) * K, (size_t)H * K, L, K, K16);
+  cp_async_commit();
+  if (warp < 2) scan_decay(g, beta, row0, L, hv0 + warp, HV, G + warp * CH, Bt + warp * CH, Gout);
+  cp_async_wait<0>();
+  __syncthreads();
+  gram_tiles<false>(Kh, nullptr, Qh, nullptr, KP, K16, A[0], T[0], warp);
+  __syncthreads();
+
+  // Both heads' decays and masks from the one K Kᵀ and Q Kᵀ: head 0's A in place, head 1's into
+  // the tiles' room (free now); both P out.
+  for (int e = tid; e < CH * CH / 8; e += THREADS) {
+    const int i = e / (CH / 8), j0 = (e % (CH / 8)) * 8;
+    float kk[8], qk[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) kk[c] = A[0][i * AP + j0 + c], qk[c] = T[0][i * AP + j0 + c];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* Gh = G + h * CH;
+      const float gi = Gh[i], bi = Bt[h * CH + i];
+      float a[8], pa[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int j = j0 + c;
+        const float d = j <= i ? __expf(gi - Gh[j]) : 0.0f;
+        a[c] = j < i ? bi * kk[c] * d : 0.0f;
+        pa[c] = j <= i ? qk[c] * d : 0.0f;
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c) A[h][i * AP + j0 + c] = a[c];
+      if (i < L) store8(Pout + ((row0 + i) * HV + hv0 + h) * CH + j0, pa);
+    }
+  }
+  __syncthreads();
+  invert_unit_lower(warp < 4 ? A[0] : A[1], warp < 4 ? T[0] : T[1], warp % 4);
+
+  // T2 = T diag(β) out, both heads, eight columns a group.
+  for (int e = tid; e < 2 * CH * CH / 8; e += THREADS) {
+    const int h = e / (CH * CH / 8), i = e / (CH / 8) % CH, j0 = (e % (CH / 8)) * 8;
+    if (i >= L) continue;
+    float t2[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) t2[c] = j0 + c <= i ? (h ? T[1] : T[0])[i * AP + j0 + c] * Bt[h * CH + j0 + c] : 0.0f;
+    store8(T2out + ((row0 + i) * HV + hv0 + h) * CH + j0, t2);
+  }
+}
+
 // f32 inputs: two CTAs an SM at K ≤ 128 (their shared memory allows it), so 128 registers at most.
 #define PREP_ENTRY(NAME, TI, MINB)                                                                                   \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
@@ -337,3 +433,12 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
 PREP_ENTRY(chunk_tc_prep_bf16, bf16, 1)
 PREP_ENTRY(chunk_tc_prep_f32, float, 2)
 
+
+// grid (chunks, HV / 2): value heads 2y and 2y + 1 (one key head's).
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    chunk_tc_prep_bf16_pairs(const bf16* q, const bf16* k, const float* beta, const float* g, const int* crow, const int* clen, bf16* T2,
+                             bf16* P, float* Gout, int H, int HV, int K) {
+  pdl_entry();
+  pdl_trigger();
+  chunk_tc_prep_pair(q, k, beta, g, crow, clen, T2, P, Gout, H, HV, K);
+}

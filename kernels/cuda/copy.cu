@@ -74,3 +74,14 @@ __device__ void embed(const unsigned* __restrict__ ids, const T* __restrict__ ta
 }
 extern "C" __global__ void embed_bf16_f32(const unsigned* ids, const __nv_bfloat16* table, float* y, unsigned long long d8) { pdl_entry(); embed(ids, table, y, d8); }
 extern "C" __global__ void embed_f16_f32(const unsigned* ids, const __half* table, float* y, unsigned long long d8) { pdl_entry(); embed(ids, table, y, d8); }
+
+// How many of the n 32-bit words at a and b differ, added into *count (zeroed by the caller):
+// the GEMM tuning's check that an algorithm gives the default's bits.
+extern "C" __global__ void count_differing_words(const unsigned* __restrict__ a, const unsigned* __restrict__ b,
+                                                 unsigned long long n, unsigned long long* count) {
+  unsigned long long c = 0;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) c += a[i] != b[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
+  if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
+}

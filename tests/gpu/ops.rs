@@ -20,13 +20,14 @@ use super::BF16;
 /// the same projection (Qwen's gated attention); the GPU returns the model's dtype, so the row
 /// kernel's combine gates and rounds as it writes. Every decode step that takes the fused decode
 /// kernel (the append's work in the row kernel) also runs the append and the row kernel on a
-/// copy of the caches: outputs and caches bit for bit equal.
+/// copy of the caches: outputs and caches bit for bit equal. Every 16-bit prefill pass at d = 256
+/// with GQA (two query heads a block) also runs with one head a block: outputs bit for bit equal.
 pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     use deltaserve_kernels::ops::{paged_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs};
     // Passes: rows per slot (0 = not in the pass).
     const SHORT: &[[usize; 3]] = &[[70, 5, 130], [1, 64, 1], [1, 1, 1], [0, 1, 1]];
-    // 38 tiles × 8 heads: more blocks than one wave of the H100 holds, so the tile kernel pairs
-    // long tiles with short ones (across the two prompts).
+    // 38 tiles × 8 heads: more blocks than one wave of the H100 holds (one head a block, or two
+    // at d = 256), so the tile kernel pairs long tiles with short ones (across the two prompts).
     const LONG: &[[usize; 3]] = &[[2100, 0, 300], [1, 0, 1]];
     // (HQ, HKV, hd, rot, window, dtype, passes, in place).
     let cases = [
@@ -43,6 +44,7 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
         (4, 1, 128, 64, Some(70), BF16, SHORT, false),
         (8, 2, 128, 64, None, BF16, LONG, false),
         (8, 2, 128, 64, None, BF16, LONG, true),
+        (8, 2, 256, 64, None, BF16, LONG, false),
     ];
     let (bs, width, slots) = (16usize, 160usize, 3usize);
     // Slot s's logical block j is physical block 479 − (3j + s): every table scattered.
@@ -50,7 +52,7 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     let flat: Vec<i32> = tables.iter().flatten().map(|&b| b as i32).collect();
     let dev_tables = Tensor::new(flat.as_slice(), dev).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    let mut fused_checked = 0;
+    let (mut fused_checked, mut pairs_checked) = (0, 0);
     for (hq, hkv, hd, rot, window, dtype, passes, in_place) in cases {
         let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window, scale: (hd as f32).powf(-0.5), operands: dtype };
         let weight = |rng: &mut rand::rngs::StdRng| {
@@ -132,8 +134,21 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 deltaserve_kernels::ops::set_fused_decode_attention(true);
                 (values(&out), caches)
             });
+            // A 16-bit prefill at d = 256 with GQA (two query heads a block): one head a block
+            // on a copy of the caches.
+            let one_head = (!one_row_each && dtype != DType::F32 && hd == 256 && (hq / hkv) % 2 == 0).then(|| {
+                let mut caches = gpu_cache.clone();
+                deltaserve_kernels::ops::set_attention_head_pairs(false);
+                let out = gpu(&mut caches);
+                deltaserve_kernels::ops::set_attention_head_pairs(true);
+                values(&out)
+            });
             let got = gpu(&mut gpu_cache);
             let what = format!("HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place} pass {p}");
+            if let Some(out) = &one_head {
+                assert!(values(&got) == *out, "{what}: two heads a block differ from one head a block");
+                pairs_checked += 1;
+            }
             if let Some((out, caches)) = &unfused {
                 assert!(values(&got) == *out, "{what}: the fused decode kernel's output differs from the append and row kernel's");
                 for b in 0..slots * width {
@@ -174,6 +189,10 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     // f32 models' decode steps and 16-bit ones' with q, k and v in place take the fused kernel.
     assert!(fused_checked >= 12, "{fused_checked} decode passes compared with the fused kernel");
     println!("paged attention: {fused_checked} decode passes, the fused kernel bit for bit the append and row kernel");
+    // The bf16 d = 256 GQA cases' prefill passes: the first two of SHORT each, LONG's first (152
+    // two-head blocks: two tiles a block).
+    assert!(pairs_checked >= 5, "{pairs_checked} prefill passes compared with two heads a block");
+    println!("paged attention: {pairs_checked} prefill passes, two heads a block bit for bit one head a block");
 }
 
 /// The conv kernels read a column slice of a wider f32, bf16 or f16 tensor in place and equal

@@ -10,6 +10,7 @@ use candle_core::{DType, Tensor};
 
 use super::{
     alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, index_address, ptx, sm_count, wrap, DeviceSlots, RowsArg,
+    Switch,
 };
 use crate::cpu::attention::{AttentionShape, Paged};
 use crate::ops::attention::{AttnOutput, DevicePages, QkNorms, RopeArgs};
@@ -34,27 +35,36 @@ fn row_splits(blocks: usize, sms: usize) -> usize {
     }
     (TARGET_BLOCKS_PER_SM * sms).div_ceil(blocks.max(1)).clamp(1, MAX_SPLITS)
 }
+
 /// Whether a decode step's attention runs its append inside the row kernel (`attn_decode_*`):
 /// on unless `DELTASERVE_ATTN_FUSED_DECODE=0` (for comparisons) or [`set_fused_decode`] says
 /// otherwise.
 fn fused_decode_on() -> bool {
-    use std::sync::atomic::Ordering;
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| {
-        if std::env::var("DELTASERVE_ATTN_FUSED_DECODE").is_ok_and(|v| v == "0") {
-            FUSED_DECODE.store(false, Ordering::Relaxed);
-        }
-    });
-    FUSED_DECODE.load(Ordering::Relaxed)
+    FUSED_DECODE.on()
 }
-static FUSED_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static FUSED_DECODE: Switch = Switch::new("DELTASERVE_ATTN_FUSED_DECODE");
 
 /// Turns the fused decode kernel on or off for the process (the GPU test compares the two paths
 /// bit for bit).
 #[doc(hidden)]
 pub fn set_fused_decode(on: bool) {
-    fused_decode_on();
-    FUSED_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
+    FUSED_DECODE.set(on);
+}
+
+/// Whether a prefill's attention at d = 256 takes two query heads of one KV head a block
+/// (`attn_tiles_*_d256_h2`, the key and value tiles copied once for both): where the query
+/// heads of a KV head are even in number, unless `DELTASERVE_ATTN_HEAD_PAIRS=0` or
+/// [`set_attn_head_pairs`] turned it off.
+fn head_pairs(hd: usize, hq: usize, hkv: usize) -> bool {
+    hd == 256 && hkv > 0 && hq.is_multiple_of(hkv) && (hq / hkv).is_multiple_of(2) && HEAD_PAIRS.on()
+}
+static HEAD_PAIRS: Switch = Switch::new("DELTASERVE_ATTN_HEAD_PAIRS");
+
+/// Turns the two-head prefill attention blocks on or off for the process (the GPU test compares
+/// the two bit for bit).
+#[doc(hidden)]
+pub fn set_attn_head_pairs(on: bool) {
+    HEAD_PAIRS.set(on);
 }
 
 /// Query rows of one row-kernel launch (bounds its partial-result buffer).
@@ -64,10 +74,11 @@ const TILE_M: usize = 64;
 const TILE_N: usize = 64;
 const TILE_THREADS: u32 = 128;
 
-/// Dynamic shared memory of `attn_tiles_*_d{hd}` (`TileSmem` in attention_tiles.cu): Q, K and V
-/// tiles of 16-bit values, rows padded by 8 values, and two tiles' key offsets.
-fn tile_smem(hd: usize) -> usize {
-    (TILE_M + 2 * TILE_N) * (hd + 8) * 2 + 2 * TILE_N * std::mem::size_of::<u64>()
+/// Dynamic shared memory of `attn_tiles_*_d{hd}` with `hp` query heads a block (`TileSmem` in
+/// attention_tiles.cu): a Q tile a head, K and V tiles of 16-bit values, rows padded by 8
+/// values, and two tiles' key offsets.
+fn tile_smem(hd: usize, hp: usize) -> usize {
+    (hp * TILE_M + 2 * TILE_N) * (hd + 8) * 2 + 2 * TILE_N * std::mem::size_of::<u64>()
 }
 
 /// The kernels' name for a cache element type.
@@ -221,8 +232,10 @@ pub fn paged_attention(
             shape.window.map_or(last, |w| last.min(w as i32 + t[1]))
         };
         tiles.sort_by_key(|t| std::cmp::Reverse(keys(t)));
-        // More blocks than one wave holds (two an SM): pair the longest tiles with the shortest.
-        let per_block = if tiles.len() * hq > 2 * sm_count(&dev)? { 2 } else { 1 };
+        // Two query heads a block hold one an SM, one head two.
+        let (hp, per_sm) = if head_pairs(hd, hq, hkv) { (2, 1) } else { (1, 2) };
+        // More blocks than one wave holds: pair the longest tiles with the shortest.
+        let per_block = if tiles.len() * (hq / hp) > per_sm * sm_count(&dev)? { 2 } else { 1 };
         let tiles: Vec<i32> = if per_block == 2 {
             let half = tiles.len().div_ceil(2);
             let (long, short) = tiles.split_at(half);
@@ -232,14 +245,15 @@ pub fn paged_attention(
             tiles.into_iter().flatten().collect()
         };
         let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
-        let smem = tile_smem(hd);
-        let f = dev.get_or_load_custom_func(&format!("attn_tiles_{cache}_d{hd}"), "attention_tiles", ptx::ATTENTION_TILES)?;
+        let smem = tile_smem(hd, hp);
+        let name = format!("attn_tiles_{cache}_d{hd}{}", if hp == 2 { "_h2" } else { "" });
+        let f = dev.get_or_load_custom_func(&name, "attention_tiles", ptx::ATTENTION_TILES)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         let mut l = f.builder();
         let per_block_i = per_block as i32;
         l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d).arg(&per_block_i);
         l.arg(&hqi).arg(&hkvi).arg(&window).arg(&shape.scale).arg(&out_ptr);
-        unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq, 1, TILE_THREADS, smem as u32)) }.w()?;
+        unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq / hp, 1, TILE_THREADS * hp as u32, smem as u32)) }.w()?;
         return output.finish(wrap(&dev, out, (n, hq, hd)));
     }
 

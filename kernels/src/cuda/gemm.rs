@@ -16,7 +16,7 @@ use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
-use super::{first_element_address, wrap};
+use super::{first_element_address, gemm_tune, wrap};
 use crate::Result;
 
 /// Workspace for split-K algorithms (NVIDIA's recommendation for Hopper).
@@ -63,7 +63,7 @@ static RAN: AtomicU64 = AtomicU64::new(0);
 static HANDED_BACK: AtomicU64 = AtomicU64::new(0);
 
 /// One stream's cublasLt handle, workspace and chosen algorithms.
-struct Lt {
+pub(super) struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     /// `None` where the heuristic found nothing or the call failed: candle's GEMM runs those.
@@ -101,7 +101,7 @@ fn disabled() -> bool {
 }
 
 /// Descriptors of one call, destroyed on drop.
-struct Descs {
+pub(super) struct Descs {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: Vec<sys::cublasLtMatrixLayout_t>,
 }
@@ -472,29 +472,20 @@ fn lt_of(dev: &CudaDevice) -> Result<Arc<Mutex<Lt>>> {
 }
 
 impl Lt {
-    /// The default algorithm for `key`, chosen on first use.
-    fn default_algo(&mut self, key: Key, ty: sys::cudaDataType) -> Option<sys::cublasLtMatmulAlgo_t> {
-        if let Some(a) = self.algos.get(&key) {
-            return *a;
-        }
-        let a = choose(self, key, ty);
-        self.algos.insert(key, a);
-        a
-    }
-
-    /// How many slices of K the default algorithm for `key` sums (1 where it does not split).
+    /// How many slices of K the heuristic's first algorithm for `key` sums (1 where it does not
+    /// split).
     fn split(&mut self, key: Key, ty: sys::cudaDataType) -> usize {
         if let Some(&s) = self.splits.get(&key) {
             return s;
         }
-        let s = self.default_algo(key, ty).map_or(1, |a| split_of(&a));
+        let s = choose(self, key, ty).map_or(1, |a| split_of(&a));
         self.splits.insert(key, s);
         s
     }
 }
 
 /// An algorithm's split-K slice count (1 where it does not split, or cublasLt does not say).
-fn split_of(algo: &sys::cublasLtMatmulAlgo_t) -> usize {
+pub(super) fn split_of(algo: &sys::cublasLtMatmulAlgo_t) -> usize {
     let (mut v, mut written) = (0u32, 0usize);
     // SAFETY: `v` holds the 4 bytes of the 32-bit attribute.
     let r = unsafe {
@@ -513,24 +504,24 @@ fn split_of(algo: &sys::cublasLtMatmulAlgo_t) -> usize {
     }
 }
 
-/// Queues the GEMM with `key`'s algorithm (chosen on first use), or the heuristic's `pick`-th;
-/// returns the algorithm, `None` when there is none or cublasLt refused it (then never tried
-/// again for `key`).
+/// Queues the GEMM with `key`'s algorithm (chosen on first use: the heuristic's first, or for
+/// a prefill's rows the fastest that gives its bits, [`gemm_tune::fastest_same_bits`]), or the
+/// heuristic's `pick`-th; returns the algorithm, `None` when there is none or cublasLt refused
+/// it (then never tried again for `key`).
 fn run(
     dev: &CudaDevice,
     key: Key,
     ty: sys::cudaDataType,
     m: usize,
-    [wp, xp, yp]: [u64; 3],
+    ptrs: [u64; 3],
     pick: Option<usize>,
 ) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
-    use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
-    let stream = dev.cuda_stream();
     let entry = lt_of(dev)?;
     let mut guard = entry.lock().unwrap_or_else(|p| p.into_inner());
     let state = &mut *guard;
-    let algo = match (pick, state.algos.get(&key)) {
-        (Some(i), _) => match state.picked.get(&(key, i)) {
+    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, m, key.lda, key.parts) else { return Ok(None) };
+    let algo = match pick {
+        Some(i) => match state.picked.get(&(key, i)) {
             Some(a) => *a,
             None => {
                 let a = candidates(state, key, ty, i + 1).get(i).copied();
@@ -538,16 +529,47 @@ fn run(
                 a
             }
         },
-        (None, _) => state.default_algo(key, ty),
+        None => match state.algos.get(&key) {
+            Some(a) => *a,
+            None => {
+                let a = if gemm_tune::applies(dev, key.bucket, key.parts, key.variant.out_f32, ty, m * key.n) {
+                    let cands = candidates(state, key, ty, gemm_tune::CANDIDATES);
+                    gemm_tune::fastest_same_bits(dev, state, &d, ptrs, key.n * m, &cands)?
+                } else {
+                    choose(state, key, ty)
+                };
+                state.algos.insert(key, a);
+                a
+            }
+        },
     };
     let Some(algo) = algo else { return Ok(None) };
-    let Ok(d) = descs(ty, key.variant.out_f32, key.n, key.k, m, key.lda, key.parts) else { return Ok(None) };
+    if matmul(dev, state, &d, &algo, ptrs).is_err() {
+        match pick {
+            Some(i) => state.picked.insert((key, i), None),
+            None => state.algos.insert(key, None),
+        };
+        return Ok(None);
+    }
+    Ok(Some(algo))
+}
+
+/// Queues `y = w · x` (the layouts of `d`) with `algo` on `dev`'s stream, in `state`'s workspace.
+pub(super) fn matmul(
+    dev: &CudaDevice,
+    state: &mut Lt,
+    d: &Descs,
+    algo: &sys::cublasLtMatmulAlgo_t,
+    [wp, xp, yp]: [u64; 3],
+) -> std::result::Result<(), lt::CublasError> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtrMut;
+    let stream = dev.cuda_stream();
     let (alpha, beta) = (1f32, 0f32);
     let (wsp, _sync) = state.workspace.device_ptr_mut(&stream);
     // SAFETY: the pointers address live buffers of the sizes the layouts describe (the caller
     // checked the shapes and strides), the workspace is this stream's, and the GEMM is queued
     // on the stream that owns all of them.
-    let r = unsafe {
+    unsafe {
         sys::cublasLtMatmul(
             state.handle,
             d.desc,
@@ -561,19 +583,11 @@ fn run(
             d.layouts[2],
             yp as *mut _,
             d.layouts[2],
-            &algo,
+            algo,
             wsp as *mut _,
             WORKSPACE_BYTES,
             stream.cu_stream() as _,
         )
         .result()
-    };
-    if r.is_err() {
-        match pick {
-            Some(i) => state.picked.insert((key, i), None),
-            None => state.algos.insert(key, None),
-        };
-        return Ok(None);
     }
-    Ok(Some(algo))
 }

@@ -19,6 +19,36 @@ mod ptx {
 pub const MAX_HEAD_K: usize = 256;
 use crate::PREFILL_CHUNK as CHUNK;
 
+/// A kernel path that is on unless its environment variable says `0` (for comparisons on the
+/// device); GPU tests flip it with [`Switch::set`] to compare the two paths bit for bit.
+pub(crate) struct Switch {
+    env: &'static str,
+    init: std::sync::Once,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl Switch {
+    pub(crate) const fn new(env: &'static str) -> Self {
+        Self { env, init: std::sync::Once::new(), on: std::sync::atomic::AtomicBool::new(true) }
+    }
+
+    /// Whether the path is on (the environment is read on first use).
+    pub(crate) fn on(&self) -> bool {
+        self.init.call_once(|| {
+            if std::env::var(self.env).is_ok_and(|v| v == "0") {
+                self.on.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        self.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the path on or off for the process, over the environment.
+    pub(crate) fn set(&self, on: bool) {
+        self.on();
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Bytes of `dev`'s memory free now (for sizing caches).
 pub fn free_memory(dev: &CudaDevice) -> Result<usize> {
     Ok(dev.cuda_stream().context().mem_get_info().w()?.0)
@@ -347,6 +377,7 @@ mod copy;
 mod decode;
 mod device_slots;
 mod gemm;
+mod gemm_tune;
 mod gemv;
 pub mod graph;
 mod moe;
@@ -357,7 +388,7 @@ mod sample;
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
-pub use attention::{paged_attention, set_fused_decode};
+pub use attention::{paged_attention, set_attn_head_pairs, set_fused_decode};
 pub use conv::{conv_prefill, conv_step};
 pub(crate) use copy::copy_many;
 pub use copy::{embedding_f32, to_f32, to_f32_into};
@@ -367,9 +398,10 @@ pub use gemm::{
     linear_lt, linear_lt_counts, linear_lt_f32, linear_lt_f32_into, linear_lt_parts, linear_lt_pick, set_split_parts, split_parts_count,
     LtVariant,
 };
+pub use gemm_tune::{gemm_tuning_counts, set_gemm_tuning};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, add_norm_gemv_f32_into, add_norm_gemv_swiglu, gated_norm_gemv, ConvFold};
-pub use prefill::gated_delta_chunk_tc;
+pub use prefill::{gated_delta_chunk_tc, set_prep_pairs};
 pub use rows::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;

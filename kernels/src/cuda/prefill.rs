@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, f32c, grid, ptx, push_gate, sm_count, table_addrs, wrap, DeviceSlots, GatePtr, CHUNK};
+use super::{check_head_dim, cuda_dev, f32c, grid, ptx, push_gate, sm_count, table_addrs, wrap, DeviceSlots, GatePtr, Switch, CHUNK};
 use crate::ops::MixerInputs;
 use crate::packing::Part;
 use crate::{Capture, PackedTables, Result};
@@ -31,6 +31,30 @@ fn tc_prep_smem(k: usize, lo: bool) -> usize {
         parts.push(kt);
     }
     tc_smem(&parts)
+}
+
+/// `chunk_tc_prep_bf16_pairs` (two value heads of one key head): A and T of the first, G and β
+/// of both, then room for the K and Q tiles (two bf16 tiles of pitch `kp`) that the second
+/// head's A and T take once read.
+fn tc_prep_pair_smem(k: usize) -> usize {
+    let kp = k.div_ceil(16) * 16 + 8;
+    let tile32 = 4 * CHUNK * 72;
+    tc_smem(&[tile32, tile32, 8 * CHUNK, 8 * CHUNK, (4 * CHUNK * kp).max(2 * tile32)])
+}
+
+/// Whether the bf16 prep takes value heads two at a time (`chunk_tc_prep_bf16_pairs`: each key
+/// head's K Kᵀ and Q Kᵀ formed once for both): with an even number of value heads to each key
+/// head, unless `DELTASERVE_PREP_PAIRS=0` or [`set_prep_pairs`] turned it off.
+fn prep_pairs(lo: bool, h: usize, hv: usize) -> bool {
+    !lo && h > 0 && hv.is_multiple_of(h) && (hv / h).is_multiple_of(2) && PREP_PAIRS.on()
+}
+static PREP_PAIRS: Switch = Switch::new("DELTASERVE_PREP_PAIRS");
+
+/// Turns the paired bf16 prep on or off for the process (the GPU test compares the two bit for
+/// bit).
+#[doc(hidden)]
+pub fn set_prep_pairs(on: bool) {
+    PREP_PAIRS.set(on);
 }
 
 /// `chunk_mma_state`: Q and key tiles (K padded to the kernel's 16·KT), P, the bf16 S, then
@@ -203,6 +227,14 @@ pub fn gated_delta_chunk_tc(
     let prep = dev.get_or_load_custom_func(&format!("chunk_tc_prep_{suffix}"), "chunk_prep", ptx::CHUNK_PREP)?;
     let smem = tc_prep_smem(k, lo);
     prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    let pairs_prep = if prep_pairs(lo, h, hv) {
+        let f = dev.get_or_load_custom_func("chunk_tc_prep_bf16_pairs", "chunk_prep", ptx::CHUNK_PREP)?;
+        let smem = tc_prep_pair_smem(k);
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+        Some((f, smem))
+    } else {
+        None
+    };
     let sms = sm_count(&dev)?;
     // One state pass on mma.sync; split operands (f32 inputs) take more shared memory, so
     // narrower value tiles at K > 128.
@@ -251,26 +283,37 @@ pub fn gated_delta_chunk_tc(
                     with_view!(vv, vv_, $ty, {
                         with_view!(beta, bv_, {
                             with_mixer_gate!(g, gp, {
-                                let mut l = prep.builder();
-                                l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
-                                push_gate(&mut l, &gp);
-                                l.arg(&crow_d).arg(&clen_d);
-                                match &mut pairs {
-                                    Some([w, wl, pl, qh, ql, kd, kdl]) => {
-                                        l.arg(w).arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
+                                if let Some((f, smem)) = &pairs_prep {
+                                    let mut l = f.builder();
+                                    l.arg(&qv).arg(&kv).arg(&bv_);
+                                    push_gate(&mut l, &gp);
+                                    l.arg(&crow_d).arg(&clen_d).arg(&mut u).arg(&mut p).arg(&mut gc);
+                                    for i in &ints[..3] {
+                                        l.arg(i);
                                     }
-                                    None => {
-                                        l.arg(&null).arg(&null).arg(&mut u).arg(&mut p);
-                                        for _ in 0..5 {
-                                            l.arg(&null);
+                                    unsafe { l.launch(grid(chunks, hv / 2, 1, 256, *smem as u32)) }.w()?;
+                                } else {
+                                    let mut l = prep.builder();
+                                    l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
+                                    push_gate(&mut l, &gp);
+                                    l.arg(&crow_d).arg(&clen_d);
+                                    match &mut pairs {
+                                        Some([w, wl, pl, qh, ql, kd, kdl]) => {
+                                            l.arg(w).arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
+                                        }
+                                        None => {
+                                            l.arg(&null).arg(&null).arg(&mut u).arg(&mut p);
+                                            for _ in 0..5 {
+                                                l.arg(&null);
+                                            }
                                         }
                                     }
+                                    l.arg(&mut gc);
+                                    for i in &ints {
+                                        l.arg(i);
+                                    }
+                                    unsafe { l.launch(grid(chunks, hv, 1, 256, smem as u32)) }.w()?;
                                 }
-                                l.arg(&mut gc);
-                                for i in &ints {
-                                    l.arg(i);
-                                }
-                                unsafe { l.launch(grid(chunks, hv, 1, 256, smem as u32)) }.w()?;
                             });
                             let mut l = state.builder();
                             match &pairs {

@@ -236,6 +236,15 @@ pub fn set_fused_decode_attention(on: bool) {
     let _ = on;
 }
 
+/// Turns the GPU's two-head prefill attention blocks (d = 256, GQA) on or off for the process:
+/// the GPU test compares them with one head a block. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_attention_head_pairs(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_attn_head_pairs(on);
+    let _ = on;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

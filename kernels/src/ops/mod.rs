@@ -23,7 +23,8 @@ pub mod sample;
 pub mod step;
 
 pub use attention::{
-    paged_attention, set_fused_decode_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs,
+    paged_attention, set_attention_head_pairs, set_fused_decode_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq,
+    QkNorms, RopeArgs,
 };
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{
@@ -35,7 +36,8 @@ pub use gemv::{
 pub use moe::{sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
 pub use norm::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, sum_parts};
 pub use prefill::{
-    gated_delta_prefill, gated_delta_prefill_packed, interleave_householder, last_householder_step, MixerInputs, PrefillAlgo,
+    gated_delta_prefill, gated_delta_prefill_packed, interleave_householder, last_householder_step, set_paired_prep, MixerInputs,
+    PrefillAlgo,
 };
 pub use prep::{beta, gate, l2norm, prepare, Prepared, QkLayout};
 pub use step::{gated_delta_step, gated_delta_step_raw, RawStepInputs, StepFusion, FUSED_STEP_MAX_BATCH};

@@ -248,3 +248,12 @@ fn prefill_host(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Res
     }
     Ok(Tensor::from_vec(o, (f.t, f.d.hv, f.d.v), x.q.device())?)
 }
+
+/// Turns the GPU's paired bf16 chunk prep (two value heads of a key head a CTA) on or off for
+/// the process: the GPU test compares it with one head a CTA. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_paired_prep(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_prep_pairs(on);
+    let _ = on;
+}

@@ -160,7 +160,9 @@ const DECODE_SHAPES: [(&str, &str, usize, usize); 10] = [
 /// over copies of W that overflow L2 (so W streams from memory, as in a decode step). The
 /// 2,048-row projections (split-K at these rows) are also tried with an f32 output and with
 /// their split-K reduced in place (no reduce launch).
-pub(super) fn algo_table(dev: &Device) -> anyhow::Result<()> {
+/// With `rows` given, those row counts instead, the default variant only, 16 algorithms each.
+/// Each line also counts the elements whose bits differ from the first algorithm's product.
+pub(super) fn algo_table(dev: &Device, rows: &[usize]) -> anyhow::Result<()> {
     use deltaserve_kernels::cuda::{graph, linear_lt_pick, LtVariant};
     let Device::Cuda(cuda) = dev else { anyhow::bail!("algo_table needs a CUDA device") };
     const CALLS: usize = 24;
@@ -177,14 +179,25 @@ pub(super) fn algo_table(dev: &Device) -> anyhow::Result<()> {
         let ws = (0..copies)
             .map(|_| Tensor::randn(0f32, 0.02, (n, k), dev).and_then(|w| w.to_dtype(DType::BF16)))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        for m in [16usize, 64] {
+        let prefill = !rows.is_empty();
+        let ms = if prefill { rows.to_vec() } else { vec![16, 64] };
+        for m in ms {
             let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
             for (label, variant) in variants {
-                if variant != LtVariant::default() && n != 2048 {
+                if variant != LtVariant::default() && (n != 2048 || prefill) {
                     continue;
                 }
-                for pick in 0..8 {
-                    let Some((_, config)) = linear_lt_pick(&x, &ws[0], pick, variant)? else { break };
+                // The default algorithm's product, against which each pick's bits are compared.
+                let mut first: Option<Tensor> = None;
+                for pick in 0..if prefill { 16 } else { 8 } {
+                    let Some((y, config)) = linear_lt_pick(&x, &ws[0], pick, variant)? else { break };
+                    let differing = match &first {
+                        None => {
+                            first = Some(y);
+                            0
+                        }
+                        Some(y0) => (m * n) as u64 - y.eq(y0)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as u64,
+                    };
                     let g = graph::capture(cuda, || -> anyhow::Result<()> {
                         for i in 0..CALLS {
                             linear_lt_pick(&x, &ws[i % copies], pick, variant)?;
@@ -193,11 +206,12 @@ pub(super) fn algo_table(dev: &Device) -> anyhow::Result<()> {
                     })?;
                     let Some(g) = g else { continue };
                     let us = super::timing::median_gpu_ms(dev, 9, super::timing::Timing::IdleGpu, || Ok(g.launch()?))? * 1e3 / CALLS as f64;
-                    let line = serde_json::json!({"model": model, "name": name, "m": m, "n": n, "k": k, "variant": label, "pick": pick, "algo": config, "us": us, "tbs": bytes as f64 / us / 1e6});
+                    let tflops = 2.0 * (m * n * k) as f64 / us / 1e6;
+                    let line = serde_json::json!({"model": model, "name": name, "m": m, "n": n, "k": k, "variant": label, "pick": pick, "algo": config, "us": us, "tbs": bytes as f64 / us / 1e6, "tflops": tflops, "differing": differing});
                     println!("ALGO {line}");
                 }
             }
-            if n == 2048 {
+            if n == 2048 && !prefill {
                 // The split as unsummed f32 slices (`linear_lt_parts`: no reduce launch; the
                 // residual norm sums them): the GEMM alone, at the default split and forced ones.
                 for forced in [None, Some(2), Some(4), Some(8)] {

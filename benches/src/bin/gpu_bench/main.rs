@@ -95,6 +95,10 @@ struct Args {
     /// 2,048-row ones also with an f32 output and in-place split-K.
     #[arg(long)]
     gemm_algos: bool,
+    /// With `--gemm-algos`: these row counts instead (comma-separated; e.g. 4096 for a prefill's
+    /// projections), each of the heuristic's first 16 algorithms in the default variant only.
+    #[arg(long, value_delimiter = ',')]
+    gemm_algos_rows: Vec<usize>,
     /// Only the decode-step fused projection tables (SwiGLU and down projection, norms and the
     /// projections after them: two kernels or one).
     #[arg(long)]
@@ -497,7 +501,7 @@ fn main() -> anyhow::Result<()> {
     }
     #[cfg(feature = "cuda")]
     if args.gemm_algos {
-        return gemm::algo_table(&dev);
+        return gemm::algo_table(&dev, &args.gemm_algos_rows);
     }
     #[cfg(feature = "cuda")]
     if args.new_shapes {
