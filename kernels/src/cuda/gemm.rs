@@ -534,7 +534,7 @@ fn run(
             None => {
                 let a = if gemm_tune::applies(dev, key.bucket, key.parts, key.variant.out_f32, ty, m * key.n) {
                     let cands = candidates(state, key, ty, gemm_tune::CANDIDATES);
-                    gemm_tune::fastest_same_bits(dev, state, &d, ptrs, key.n * m, &cands)?
+                    gemm_tune::fastest_same_bits(dev, state, &d, ptrs, key.n * m, &cands)
                 } else {
                     choose(state, key, ty)
                 };

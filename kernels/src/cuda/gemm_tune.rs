@@ -32,6 +32,9 @@ const MIN_ROWS: usize = 256;
 /// rounds touches them all), two GEMMs a timing; a candidate's time is its fastest round.
 const ROUNDS: usize = 3;
 const CALLS: usize = 2;
+/// Largest output timed, in bytes: the check keeps a copy of it (a prompt's logits over a whole
+/// vocabulary, were they ever a 16-bit GEMM, keep the heuristic's first).
+const MAX_OUTPUT_BYTES: usize = 256 << 20;
 
 static TUNE: Switch = Switch::new("DELTASERVE_GEMM_TUNE");
 /// Algorithms timed since start, and how many of them chose another than the heuristic's first.
@@ -46,7 +49,8 @@ pub fn gemm_tuning_counts() -> (u64, u64) {
 
 /// Whether a GEMM of `bucket` rows (`parts` slices of K, f32 output or not, `elems` outputs of
 /// `ty`) has its algorithm timed: prefill rows, one GEMM (not K's slices), a 16-bit output
-/// whose bytes are whole 32-bit words, `dev`'s stream not capturing, unless
+/// whose bytes are whole 32-bit words and at most [`MAX_OUTPUT_BYTES`], `dev`'s stream not
+/// capturing, unless
 /// `DELTASERVE_GEMM_TUNE=0` or [`set_gemm_tuning`] said otherwise.
 pub(super) fn applies(dev: &CudaDevice, bucket: usize, parts: usize, out_f32: bool, ty: sys::cudaDataType, elems: usize) -> bool {
     let sixteen_bit = matches!(ty, sys::cudaDataType::CUDA_R_16BF | sys::cudaDataType::CUDA_R_16F);
@@ -55,6 +59,7 @@ pub(super) fn applies(dev: &CudaDevice, bucket: usize, parts: usize, out_f32: bo
         && !out_f32
         && sixteen_bit
         && elems.is_multiple_of(2)
+        && elems * 2 <= MAX_OUTPUT_BYTES
         && TUNE.on()
         && matches!(dev.cuda_stream().capture_status(), Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE))
 }
@@ -68,8 +73,8 @@ pub fn set_gemm_tuning(on: bool) {
 
 /// The fastest of `cands` (the heuristic's order) whose product, `elems` 16-bit outputs at `yp`,
 /// equals the first's bit for bit on these operands: the first itself where it splits K, where
-/// it is alone, or where anything fails. Leaves `y` holding some candidate's product (the
-/// caller's GEMM overwrites it).
+/// it is alone, or where the timing fails (a buffer it cannot allocate: the GEMM still runs).
+/// Leaves `y` holding some candidate's product (the caller's GEMM overwrites it).
 pub(super) fn fastest_same_bits(
     dev: &CudaDevice,
     state: &mut Lt,
@@ -77,11 +82,30 @@ pub(super) fn fastest_same_bits(
     ptrs: [u64; 3],
     elems: usize,
     cands: &[sys::cublasLtMatmulAlgo_t],
-) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
-    let Some(&first) = cands.first() else { return Ok(None) };
+) -> Option<sys::cublasLtMatmulAlgo_t> {
+    let first = *cands.first()?;
     if split_of(&first) > 1 || cands.len() < 2 {
-        return Ok(Some(first));
+        return Some(first);
     }
+    match time_same_bits(dev, state, d, ptrs, elems, cands) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::warn!(error = %e, "timing a prefill GEMM's algorithms failed; the heuristic's first runs");
+            Some(first)
+        }
+    }
+}
+
+/// [`fastest_same_bits`] past its checks.
+fn time_same_bits(
+    dev: &CudaDevice,
+    state: &mut Lt,
+    d: &Descs,
+    ptrs: [u64; 3],
+    elems: usize,
+    cands: &[sys::cublasLtMatmulAlgo_t],
+) -> Result<sys::cublasLtMatmulAlgo_t> {
+    let first = cands[0];
     let run = |state: &mut Lt, a: &sys::cublasLtMatmulAlgo_t| super::gemm::matmul(dev, state, d, a, ptrs).is_ok();
     // The first's product, kept to compare the others' with.
     let words = elems / 2;
@@ -93,7 +117,7 @@ pub(super) fn fastest_same_bits(
         p
     };
     if !run(state, &first) {
-        return Ok(Some(first));
+        return Ok(first);
     }
     copy_many(dev, &[(ptrs[2], reference_at, words)])?;
     let mut same = vec![first];
@@ -119,7 +143,7 @@ pub(super) fn fastest_same_bits(
         MOVED.fetch_add(1, Ordering::Relaxed);
     }
     tracing::debug!(candidates = cands.len(), same_bits = same.len(), chosen = i, ms = ?best, "prefill GEMM algorithm timed");
-    Ok(Some(same[i]))
+    Ok(same[i])
 }
 
 /// How many of the `words` 32-bit words at `a` and `b` differ (`count_differing_words` in
