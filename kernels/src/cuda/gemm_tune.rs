@@ -10,7 +10,6 @@
 //! 4,096 rows); the start-up warm-up runs every bucket once, so requests do not.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use candle_core::cuda_backend::cudarc::cublaslt::sys;
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
@@ -149,14 +148,14 @@ fn time_same_bits(
 /// How many of the `words` 32-bit words at `a` and `b` differ (`count_differing_words` in
 /// copy.cu; waits for the stream).
 fn differing_words(dev: &CudaDevice, a: u64, b: u64, words: usize) -> Result<u64> {
-    static BLOCKS: OnceLock<usize> = OnceLock::new();
     let stream = dev.cuda_stream();
     let mut count = stream.alloc_zeros::<u64>(1).w()?;
     let f = dev.get_or_load_custom_func("count_differing_words", "copy", ptx::COPY)?;
     let n = words as u64;
     let mut l = f.builder();
     l.arg(&a).arg(&b).arg(&n).arg(&mut count);
-    let blocks = *BLOCKS.get_or_init(|| 4 * super::sm_count(dev).unwrap_or(132));
-    unsafe { l.launch(grid(blocks.min(words.div_ceil(256)).max(1), 1, 1, 256, 0)) }.w()?;
+    // Four blocks an SM (the count is cached per device), fewer for a small output.
+    let blocks = (4 * super::sm_count(dev)?).min(words.div_ceil(256)).max(1);
+    unsafe { l.launch(grid(blocks, 1, 1, 256, 0)) }.w()?;
     Ok(stream.clone_dtoh(&count).w()?[0])
 }
