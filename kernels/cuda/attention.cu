@@ -94,9 +94,11 @@ __device__ __forceinline__ void rope_angle(int i, int rot, int pos, const float*
   sincosf((float)pos * inv_freq[i < half ? i : i - half], &s, &c);
 }
 
+// rope_copy by the 32 lanes of one warp.
 template <typename D>
-__device__ __forceinline__ void rope_copy(D* dst, const float* src, int hd, int pos, const float* inv_freq, int rot) {
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+__device__ __forceinline__ void rope_copy_lanes(D* dst, const float* src, int hd, int pos, const float* inv_freq, int rot,
+                                                int lane) {
+  for (int i = lane; i < hd; i += 32) {
     float y = src[i];
     if (i < rot) {
       float s, c;
@@ -118,53 +120,72 @@ struct QkvRows {
   float eps;
 };
 
-// Head `h` of row n of `src` (row stride ld) into x_s as fp32; with a norm weight, RMSNorm'd:
-// x / sqrt(mean(x²) + eps) · w, the squares summed by each thread in order, then by warp, then
-// the warps in order. Ends with the block synchronised.
-template <typename I>
-__device__ void head_in(float* x_s, const void* src, long ld, int n, int h, int hd, const float* __restrict__ w,
-                        float eps) {
-  __shared__ float part[32];
-  const I* row = static_cast<const I*>(src) + (size_t)n * ld + (size_t)h * hd;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    const float x = to_f(row[i]);
-    x_s[i] = x;
-    ss += x * x;
-  }
-  if (w) {
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float total = 0.0f;
-    for (int j = 0; j < (int)(blockDim.x >> 5); ++j) total += part[j];
-    const float inv = rsqrtf(total / hd + eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) x_s[i] = x_s[i] * inv * w[i];
-  }
-  __syncthreads();
-}
-
-// grid (N, HQ + HKV): blocks below HQ rotate a query head into q_out (f32), the others rotate
-// a key head into the cache and copy its value head beside it. inv_freq may be null (no RoPE).
+// One warp a (row, head) pair, eight a block: warps whose head is below HQ rotate a query head
+// into q_out (f32), the others rotate a key head into the cache and copy its value head beside
+// it. inv_freq may be null (no RoPE). Lane l holds channels l + 32j. The norm adds the squares
+// as a block of APPEND_ORDER threads would (thread t's channels t, then t + 128, in order; each
+// warp's sum; the warps' sums in order), which is attn_decode's prologue's order, so the two
+// give a row the same bits. (A block a pair spent most of a prefill's append launching blocks of
+// little work: 57 µs a layer at 4,096 rows of ten heads.)
+#define APPEND_WARPS 8
+#define APPEND_ORDER 128
 template <typename C, typename I>
 __device__ void attn_append(const QkvRows& in, float* __restrict__ q_out, C* __restrict__ kc, C* __restrict__ vc,
                             const int* __restrict__ tables, int width, int bs, const int* __restrict__ row_slot,
                             const int* __restrict__ row_pos, const float* __restrict__ inv_freq, int rot, int HQ, int HKV,
-                            int hd) {
-  __shared__ float x_s[256];
-  const int n = blockIdx.x, h = blockIdx.y, pos = row_pos[n];
+                            int hd, int N) {
+  __shared__ float x_s[APPEND_WARPS][256];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long pair = (long)blockIdx.x * APPEND_WARPS + warp;
+  if (pair >= (long)N * (HQ + HKV)) return;
+  const int n = (int)(pair / (HQ + HKV)), h = (int)(pair % (HQ + HKV)), pos = row_pos[n];
+  const bool is_q = h < HQ;
+  const int kh = h - HQ;
+  const I* row = is_q ? static_cast<const I*>(in.q) + (size_t)n * in.ldq + (size_t)h * hd
+                      : static_cast<const I*>(in.k) + (size_t)n * in.ldk + (size_t)kh * hd;
+  const I* vrow = static_cast<const I*>(in.v) + (size_t)n * in.ldv + (size_t)max(kh, 0) * hd;
+  constexpr int J = 256 / 32, WO = APPEND_ORDER / 32;
+  float x[J], v[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int i = lane + 32 * j;
+    x[j] = i < hd ? to_f(row[i]) : 0.0f;
+    v[j] = !is_q && i < hd ? to_f(vrow[i]) : 0.0f;
+  }
+  const float* w = is_q ? in.q_norm : in.k_norm;
+  if (w) {
+    // Channel lane + 32·j is thread lane + 32·(j mod WO)'s, in order of j.
+    float total = 0.0f;
+#pragma unroll
+    for (int b = 0; b < WO; ++b) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = b; j < J; j += WO) ss += x[j] * x[j];
+      total += warp_sum(ss);
+    }
+    const float inv = rsqrtf(total / hd + in.eps);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int i = lane + 32 * j;
+      if (i < hd) x[j] = x[j] * inv * w[i];
+    }
+  }
+  float* xs = x_s[warp];
+#pragma unroll
+  for (int j = 0; j < J; ++j) xs[lane + 32 * j] = x[j];
+  __syncwarp();
   const int r = inv_freq ? rot : 0;
-  if (h < HQ) {
-    head_in<I>(x_s, in.q, in.ldq, n, h, hd, in.q_norm, in.eps);
-    rope_copy(q_out + ((size_t)n * HQ + h) * hd, x_s, hd, pos, inv_freq, r);
+  if (is_q) {
+    rope_copy_lanes(q_out + ((size_t)n * HQ + h) * hd, xs, hd, pos, inv_freq, r, lane);
     return;
   }
-  const int kh = h - HQ;
-  head_in<I>(x_s, in.k, in.ldk, n, kh, hd, in.k_norm, in.eps);
   const size_t dst = kv_offset(tables + (size_t)row_slot[n] * width, pos, bs, HKV * hd) + (size_t)kh * hd;
-  rope_copy(kc + dst, x_s, hd, pos, inv_freq, r);
-  const I* vr = static_cast<const I*>(in.v) + (size_t)n * in.ldv + (size_t)kh * hd;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) vc[dst + i] = from_f<C>(to_f(vr[i]));
+  rope_copy_lanes(kc + dst, xs, hd, pos, inv_freq, r, lane);
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int i = lane + 32 * j;
+    if (i < hd) vc[dst + i] = from_f<C>(v[j]);
+  }
 }
 
 // attn_append_{cache}_{input}.
@@ -172,8 +193,10 @@ __device__ void attn_append(const QkvRows& in, float* __restrict__ q_out, C* __r
   extern "C" __global__ void attn_append_##NAME##_##INAME(const __grid_constant__ QkvRows in, float* q_out, C* kc,   \
                                                          C* vc, const int* tables, int width, int bs,                \
                                                          const int* row_slot, const int* row_pos,                    \
-                                                         const float* inv_freq, int rot, int HQ, int HKV, int hd) { pdl_entry();  \
-    attn_append<C, I>(in, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd);          \
+                                                         const float* inv_freq, int rot, int HQ, int HKV, int hd,  \
+                                                         int N) {                                                  \
+    pdl_entry();                                                                                                    \
+    attn_append<C, I>(in, q_out, kc, vc, tables, width, bs, row_slot, row_pos, inv_freq, rot, HQ, HKV, hd, N);       \
   }
 static_assert(sizeof(QkvRows) == 72 && offsetof(QkvRows, q_norm) == 48 && offsetof(QkvRows, eps) == 64,
               "struct QkvRows must match QkvArgs in attention.rs");
@@ -218,7 +241,7 @@ struct RotatedQ {
   }
 };
 
-// The prologue of attn_decode: the append's arithmetic (attn_append, head_in with 128 threads)
+// The prologue of attn_decode: the append's arithmetic (attn_append's norm in its order)
 // for the block's GC query heads, and, in the block whose split holds the row's position, for
 // its key head, written with the value head into the cache. All heads' loads are in flight
 // together, and their norms share one barrier. Bit for bit attn_append then RotatedQ.
@@ -256,8 +279,8 @@ struct FusedQkv {
       const int i = t + u * ROW_THREADS;
       v[u] = own && i < hd ? to_f(vrow[i]) : 0.0f;
     }
-    // head_in's sums: each thread's squares in order, the warp, then the warps in order (the
-    // warps past a 64-thread append's add zeros).
+    // attn_append's sums: each thread's squares in order, the warp, then the warps in order (the
+    // warps past a head of 64 add zeros).
 #pragma unroll
     for (int e = 0; e < S; ++e) {
       float ss = 0.0f;

@@ -67,6 +67,9 @@ pub fn set_attn_head_pairs(on: bool) {
     HEAD_PAIRS.set(on);
 }
 
+/// Warps a block of the append kernel, one a (row, head) pair (attention.cu's `APPEND_WARPS`).
+const APPEND_WARPS: usize = 8;
+
 /// Query rows of one row-kernel launch (bounds its partial-result buffer).
 const ROWS_PER_LAUNCH: usize = 1024;
 /// Query rows of one tile of the tensor-core kernel (`TILE_M`).
@@ -207,11 +210,12 @@ pub fn paged_attention(
     let q_rot_ptr = q_rot.as_ref().map_or(0, address);
     if !fused {
         let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}_{}", qa.suffix), "attention", ptx::ATTENTION)?;
-        let threads = if hd <= 64 { 64 } else { 128 };
+        // A warp for each (row, head), APPEND_WARPS a block (attention.cu).
+        let ni = n as i32;
         let mut l = append.builder();
         l.arg(&qkv).arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs);
-        l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi);
-        unsafe { l.launch(grid(n, hq + hkv, 1, threads, 0)) }.w()?;
+        l.arg(&slot_ptr).arg(&pos_ptr).arg(&freq_ptr).arg(&rot).arg(&hqi).arg(&hkvi).arg(&hdi).arg(&ni);
+        unsafe { l.launch(grid((n * (hq + hkv)).div_ceil(APPEND_WARPS), 1, 1, 32 * APPEND_WARPS as u32, 0)) }.w()?;
     }
 
     if tiles {
