@@ -9,8 +9,8 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
 use super::{
-    alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, grid, index_address, ptx, sm_count, wrap, DeviceSlots, RowsArg,
-    Switch,
+    alloc_rows, cuda_dev, device_address, f32c, first_element_address_any, func, grid, index_address, modules, sm_count, wrap, DeviceSlots,
+    RowsArg, Switch,
 };
 use crate::cpu::attention::{AttentionShape, Paged};
 use crate::ops::attention::{AttnOutput, DevicePages, QkNorms, RopeArgs};
@@ -209,7 +209,7 @@ pub fn paged_attention(
     let q_rot = if fused { None } else { Some(unsafe { dev.alloc::<f32>(n * hq * hd) }?) };
     let q_rot_ptr = q_rot.as_ref().map_or(0, address);
     if !fused {
-        let append = dev.get_or_load_custom_func(&format!("attn_append_{cache}_{}", qa.suffix), "attention", ptx::ATTENTION)?;
+        let append = func(&dev, &format!("attn_append_{cache}_{}", qa.suffix), &modules::ATTENTION)?;
         // A warp for each (row, head), APPEND_WARPS a block (attention.cu).
         let ni = n as i32;
         let mut l = append.builder();
@@ -251,7 +251,7 @@ pub fn paged_attention(
         let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
         let smem = tile_smem(hd, hp);
         let name = format!("attn_tiles_{cache}_d{hd}{}", if hp == 2 { "_h2" } else { "" });
-        let f = dev.get_or_load_custom_func(&name, "attention_tiles", ptx::ATTENTION_TILES)?;
+        let f = func(&dev, &name, &modules::ATTENTION_TILES)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         let mut l = f.builder();
         let per_block_i = per_block as i32;
@@ -268,14 +268,14 @@ pub fn paged_attention(
         _ => 4,
     };
     let kernel = if fused { "decode" } else { "rows" };
-    let rows_fn = dev.get_or_load_custom_func(&format!("attn_{kernel}_{cache}_g{gc}"), "attention", ptx::ATTENTION)?;
+    let rows_fn = func(&dev, &format!("attn_{kernel}_{cache}_g{gc}"), &modules::ATTENTION)?;
     // The combine writes the output: gated and in its dtype (checked by the caller).
     let out = alloc_rows(&dev, output.dtype, n, hq * hd)?;
     let out_ptr = first_element_address_any(&out)?;
     let out_bytes = output.dtype.size_in_bytes() as u64;
     let gate = output.gate.map(RowsArg::new).transpose()?;
     let (gate_ptr, ldg, gate_bytes) = gate.as_ref().map_or((0, 0, 0), |g| (g.ptr, g.ld, g.elem_bytes as u64));
-    let combine = dev.get_or_load_custom_func(&format!("attn_combine_{}", type_name(output.dtype)?), "attention", ptx::ATTENTION)?;
+    let combine = func(&dev, &format!("attn_combine_{}", type_name(output.dtype)?), &modules::ATTENTION)?;
     let chunk = n.min(ROWS_PER_LAUNCH);
     let head_groups = hkv * group.div_ceil(gc);
     let splits = row_splits(chunk * head_groups, sm_count(&dev)?);

@@ -7,7 +7,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
 use super::decode::DecodeSlots;
-use super::{alloc_rows, cuda_dev, f32c, grid, ptx, table_addrs, wrap, DeviceSlots, RowsArg};
+use super::{alloc_rows, cuda_dev, f32c, func, grid, modules, table_addrs, wrap, DeviceSlots, RowsArg};
 use crate::packing::{capture_packing, Part};
 use crate::{Capture, KernelError, PackedTables, Result, StepSlots};
 
@@ -71,7 +71,7 @@ pub fn conv_prefill(
     // fla's default width 4 has kernels with the width compiled in (see conv.cu).
     let w4 = if w == 4 { "_w4" } else { "" };
     let out = if narrow { "_narrow" } else { "" };
-    let outputs = dev.get_or_load_custom_func(&format!("conv_prefill_{}{x4}{w4}{out}", xa.suffix), "conv", ptx::CONV)?;
+    let outputs = func(&dev, &format!("conv_prefill_{}{x4}{w4}{out}", xa.suffix), &modules::CONV)?;
     let y_ptr = super::first_element_address_any(&y)?;
     let (si, ri, ci, wi, act) = (slots.len() as i32, rows as i32, c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
@@ -100,7 +100,7 @@ fn write_states(
     c: usize,
     w: usize,
 ) -> Result<()> {
-    let f = dev.get_or_load_custom_func(&format!("conv_state_{}", xa.suffix), "conv", ptx::CONV)?;
+    let f = func(dev, &format!("conv_state_{}", xa.suffix), &modules::CONV)?;
     let (ci, wi) = (c as i32, w as i32);
     let mut b = f.builder();
     b.arg(&xa.ptr).arg(&xa.ld).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&ci).arg(&wi);
@@ -125,7 +125,7 @@ pub fn conv_step(x: &Tensor, weight: &Tensor, states: &mut DeviceSlots, slots: S
     let sl = DecodeSlots::new(&dev, slots)?;
     let xa = RowsArg::new(x)?;
     let weight = f32c(weight)?;
-    let f = dev.get_or_load_custom_func(&format!("conv_step_{}", xa.suffix), "conv", ptx::CONV)?;
+    let f = func(&dev, &format!("conv_step_{}", xa.suffix), &modules::CONV)?;
     let (ci, wi, act) = (c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
         let mut l = f.builder();

@@ -5,7 +5,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
-use super::{alloc_rows, cuda_dev, device_address, first_element_address_any, grid, ptx, sm_count};
+use super::{alloc_rows, cuda_dev, device_address, first_element_address_any, func, grid, modules, sm_count};
 use crate::Result;
 
 /// Copies of at most this many ranges go in one launch of `copy_many` (its parameter block).
@@ -27,7 +27,7 @@ unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for Copies {}
 /// source address of 0 zeroes the destination), up to 64 in one launch. The ranges must be
 /// live device memory that no other copy of the call writes.
 pub(crate) fn copy_many(dev: &CudaDevice, copies: &[(u64, u64, usize)]) -> Result<()> {
-    let f = dev.get_or_load_custom_func("copy_many", "copy", ptx::COPY)?;
+    let f = func(dev, "copy_many", &modules::COPY)?;
     for group in copies.chunks(MAX_COPIES) {
         let mut c = Copies { src: [0; MAX_COPIES], dst: [0; MAX_COPIES], words: [0; MAX_COPIES] };
         for (i, &(s, d, n)) in group.iter().enumerate() {
@@ -66,7 +66,7 @@ pub fn embedding_f32(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let dev = cuda_dev(table, "embedding_f32")?;
     let y = alloc_rows(&dev, DType::F32, n, d)?;
     let (ids_at, y_at, d8) = (device_address::<u32>(ids)?, first_element_address_any(&y)?, (d / 8) as u64);
-    let f = dev.get_or_load_custom_func(name, "copy", ptx::COPY)?;
+    let f = func(&dev, name, &modules::COPY)?;
     let mut l = f.builder();
     l.arg(&ids_at).arg(&x).arg(&y_at).arg(&d8);
     unsafe { l.launch(grid(n, (d / 8).div_ceil(256), 1, 256, 0)) }.w()?;
@@ -112,7 +112,7 @@ fn widenable(t: &Tensor) -> Result<Option<(&'static str, u64)>> {
 
 /// Launches `name` over `n` values from `x` into the f32 values at `y`.
 fn widen(dev: &CudaDevice, name: &str, x: u64, y: u64, n: usize) -> Result<()> {
-    let f = dev.get_or_load_custom_func(name, "copy", ptx::COPY)?;
+    let f = func(dev, name, &modules::COPY)?;
     let n8 = (n / 8) as u64;
     let blocks = (n / 8).div_ceil(256).clamp(1, 8 * sm_count(dev)?);
     let mut l = f.builder();

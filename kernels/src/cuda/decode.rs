@@ -6,8 +6,8 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, DType, Tensor};
 
 use super::{
-    check_head_dim, cuda_dev, f32c, first_element_address_any, grid, index_address, indices, ptx, push_gate, sm_count, wrap, DeviceSlots,
-    GatePtr, RowsArg,
+    check_head_dim, cuda_dev, f32c, first_element_address_any, func, grid, index_address, indices, modules, push_gate, sm_count, wrap,
+    DeviceSlots, GatePtr, RowsArg,
 };
 use crate::ops::{MixerInputs, RawStepInputs};
 use crate::{Result, StepSlots};
@@ -175,7 +175,7 @@ pub fn gated_delta_step(x: &MixerInputs<'_>, states: &mut DeviceSlots, slots: St
     let access = entry_access(v.is_multiple_of(4) && aligned, x.n.max(1));
     let (words, sfx) = states.recurrent_words("gated_delta_step")?;
     let (shape, cfg) = step_kernel(&dev, k, b, hv, v, !sfx.is_empty())?;
-    let f = dev.get_or_load_custom_func(&format!("gdr_decode_f32_{}_{access}{sfx}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
+    let f = func(&dev, &format!("gdr_decode_f32_{}_{access}{sfx}", shape.name()), &modules::GATED_DELTA)?;
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;
@@ -269,7 +269,7 @@ pub fn gated_delta_step_raw(x: &RawStepInputs<'_>, states: &mut DeviceSlots, slo
     let access = entry_access(aligned, n);
     let (words, sfx) = states.recurrent_words("gated_delta_step_raw")?;
     let (shape, cfg) = step_kernel(&dev, k, b, hv, v, !sfx.is_empty())?;
-    let f = dev.get_or_load_custom_func(&format!("gdr_decode_raw_{}_{access}{sfx}", shape.name()), "gated_delta", ptx::GATED_DELTA)?;
+    let f = func(&dev, &format!("gdr_decode_raw_{}_{access}{sfx}", shape.name()), &modules::GATED_DELTA)?;
     let sl = DecodeSlots::new(&dev, slots)?;
     // SAFETY: the kernel writes every element of o.
     let mut o = unsafe { dev.alloc::<f32>(b * hv * v) }?;

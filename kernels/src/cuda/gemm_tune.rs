@@ -19,7 +19,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::CudaDevice;
 
 use super::gemm::{split_of, Descs, Lt};
-use super::{copy::copy_many, grid, ptx, Switch};
+use super::{copy::copy_many, func, grid, modules, Switch};
 use crate::Result;
 
 /// Algorithms the heuristic is asked for.
@@ -150,7 +150,7 @@ fn time_same_bits(
 fn differing_words(dev: &CudaDevice, a: u64, b: u64, words: usize) -> Result<u64> {
     let stream = dev.cuda_stream();
     let mut count = stream.alloc_zeros::<u64>(1).w()?;
-    let f = dev.get_or_load_custom_func("count_differing_words", "copy", ptx::COPY)?;
+    let f = func(dev, "count_differing_words", &modules::COPY)?;
     let n = words as u64;
     let mut l = f.builder();
     l.arg(&a).arg(&b).arg(&n).arg(&mut count);

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{alloc_rows, cuda_dev, first_element_address_any, grid, ptx, sm_count, RowsArg};
+use super::{alloc_rows, cuda_dev, first_element_address_any, func, grid, modules, sm_count, RowsArg};
 use crate::{KernelError, Result};
 
 /// Most rows of x the kernels take (`gemv_{dtype}_b1` .. `_b8` in gemv.cu).
@@ -207,14 +207,10 @@ fn launch(
 ) -> Result<()> {
     // The staged kernels (gemv_staged.cu) form their `nb` rows of x, in x's dtype, in dynamic
     // shared memory.
-    let (module, ptx, smem) = match x_args {
-        XArgs::AddNorm { .. } | XArgs::AddNormSwiglu { .. } | XArgs::GatedNorm { .. } => {
-            ("gemv_staged", ptx::GEMV_STAGED, nb * k * x.dtype().size_in_bytes())
-        }
-        XArgs::Plain { .. } | XArgs::Swiglu { .. } => ("gemv", ptx::GEMV, 0),
-    };
+    let staged = matches!(x_args, XArgs::AddNorm { .. } | XArgs::AddNormSwiglu { .. } | XArgs::GatedNorm { .. });
+    let (module, smem) = if staged { (&modules::GEMV_STAGED, nb * k * x.dtype().size_in_bytes()) } else { (&modules::GEMV, 0) };
     let dev = cuda_dev(x, "gemv")?;
-    let f = dev.get_or_load_custom_func(name, module, ptx)?;
+    let f = func(&dev, name, module)?;
     // Past 48 KiB with the static arrays (under 1 KiB) the launch needs the opt-in; a decode
     // step's 1–2 rows stay under it, so the hot path makes no driver call for it.
     if smem + 1024 > 48 * 1024 {
@@ -251,7 +247,7 @@ fn launch(
         });
     }
     // Two or more staged rows loop over W's row groups on a capped grid (gemv.cuh's LOOP).
-    if let Some(per_sm) = (module == "gemv_staged" && nb > 1).then(staged_blocks_per_sm).flatten() {
+    if let Some(per_sm) = (staged && nb > 1).then(staged_blocks_per_sm).flatten() {
         blocks = blocks.min(per_sm.saturating_mul(sm_count(&dev)?));
     }
     unsafe { l.launch(grid(groups, blocks, 1, (32 * WARPS) as u32, smem as u32)) }.w()?;

@@ -1,5 +1,5 @@
-//! Launchers for the CUDA kernels of `kernels/cuda/*.cu` (compiled to PTX by build.rs and
-//! loaded through candle's custom-module cache). The mixer's inputs are converted to
+//! Launchers for the CUDA kernels of `kernels/cuda/*.cu` (compiled by build.rs, embedded as
+//! SASS and loaded once per context by [`modules`]). The mixer's inputs are converted to
 //! contiguous f32; the conv, SwiGLU and small-batch GEMV read their activations where they lie
 //! (`RowsArg`: column slices of a fused projection, f32/bf16/f16). States are updated in place
 //! in a [`DeviceSlots`] allocation, by slot index.
@@ -11,9 +11,8 @@ use candle_core::{CudaDevice, DType, Shape, Storage, Tensor};
 
 use crate::{KernelError, Result};
 
-mod ptx {
-    include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
-}
+mod modules;
+use modules::func;
 
 /// Largest key head dim the decode and chunk kernels take.
 pub const MAX_HEAD_K: usize = 256;

@@ -6,7 +6,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::Tensor;
 
-use super::{alloc_rows, cuda_dev, first_element_address_any, grid, ptx, RowsArg};
+use super::{alloc_rows, cuda_dev, first_element_address_any, func, grid, modules, RowsArg};
 use crate::ops::moe::{ExpertWeights, SharedExpert};
 use crate::{KernelError, Result};
 
@@ -80,7 +80,7 @@ pub fn sparse_moe(
     let (ei, ki, ii, di) = (e as i32, k as i32, i as i32, d as i32);
     let (pi, norm, alli, gi, first) = (pairs as i32, i32::from(normalise), all as i32, groups as i32, experts.first as i32);
 
-    let f = dev.get_or_load_custom_func(&format!("moe_route_{suffix}"), "moe", ptx::MOE)?;
+    let f = func(&dev, &format!("moe_route_{suffix}"), &modules::MOE)?;
     let mut l = f.builder();
     l.arg(&la.ptr).arg(&la.ld).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
     unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * all) as u32)) }.w()?;
@@ -91,7 +91,7 @@ pub fn sparse_moe(
     // how many rows the batch routes to its expert.
     let tensor_cores =
         !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * all && d.is_multiple_of(32) && i.is_multiple_of(32);
-    let f = dev.get_or_load_custom_func("moe_sort", "moe", ptx::MOE)?;
+    let f = func(&dev, "moe_sort", &modules::MOE)?;
     let mut l = f.builder();
     let tci = i32::from(tensor_cores);
     l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tci);
@@ -101,20 +101,20 @@ pub fn sparse_moe(
     let (gu, dn) = (first_element_address_any(experts.gate_up)?, first_element_address_any(experts.down)?);
     let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
     if tensor_cores {
-        let f = dev.get_or_load_custom_func(&format!("moe_up_tc_{suffix}"), "moe", ptx::MOE)?;
+        let f = func(&dev, &format!("moe_up_tc_{suffix}"), &modules::MOE)?;
         let mut l = f.builder();
         l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&gu).arg(&ii).arg(&di).arg(&hp);
         unsafe { l.launch(grid(max_tiles, i.div_ceil(TC_TILE), 1, THREADS as u32, 0)) }.w()?;
-        let f = dev.get_or_load_custom_func(&format!("moe_down_tc_{suffix}"), "moe", ptx::MOE)?;
+        let f = func(&dev, &format!("moe_down_tc_{suffix}"), &modules::MOE)?;
         let mut l = f.builder();
         l.arg(&hp).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&dn).arg(&di).arg(&ii).arg(&yp);
         unsafe { l.launch(grid(max_tiles, d.div_ceil(TC_TILE), 1, THREADS as u32, 0)) }.w()?;
     } else {
-        let f = dev.get_or_load_custom_func(&format!("moe_up_{suffix}"), "moe", ptx::MOE)?;
+        let f = func(&dev, &format!("moe_up_{suffix}"), &modules::MOE)?;
         let mut l = f.builder();
         l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&active).arg(&nactive).arg(&gu).arg(&ii).arg(&di).arg(&hp);
         unsafe { l.launch(grid(i.div_ceil(WARPS * COLS), most_active, 1, THREADS as u32, 0)) }.w()?;
-        let f = dev.get_or_load_custom_func(&format!("moe_down_{suffix}"), "moe", ptx::MOE)?;
+        let f = func(&dev, &format!("moe_down_{suffix}"), &modules::MOE)?;
         let mut l = f.builder();
         l.arg(&hp).arg(&offsets).arg(&active).arg(&nactive).arg(&dn).arg(&di).arg(&ii).arg(&yp);
         unsafe { l.launch(grid(d.div_ceil(WARPS * COLS), most_active, 1, THREADS as u32, 0)) }.w()?;
@@ -133,7 +133,7 @@ pub fn sparse_moe(
         Some((o, g)) => (o.ptr, o.ld, g.ptr, g.ld),
         None => (0u64, 0i64, 0u64, 0i64),
     };
-    let f = dev.get_or_load_custom_func(&format!("moe_combine_{suffix}"), "moe", ptx::MOE)?;
+    let f = func(&dev, &format!("moe_combine_{suffix}"), &modules::MOE)?;
     let mut l = f.builder();
     l.arg(&yp).arg(&pos).arg(&weights).arg(&ki).arg(&sp).arg(&sld).arg(&gp).arg(&gld).arg(&op).arg(&di);
     unsafe { l.launch(grid(n, 1, 1, THREADS as u32, 0)) }.w()?;

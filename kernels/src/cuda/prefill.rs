@@ -4,7 +4,9 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{check_head_dim, cuda_dev, f32c, grid, ptx, push_gate, sm_count, table_addrs, wrap, DeviceSlots, GatePtr, Switch, CHUNK};
+use super::{
+    check_head_dim, cuda_dev, f32c, func, grid, modules, push_gate, sm_count, table_addrs, wrap, DeviceSlots, GatePtr, Switch, CHUNK,
+};
 use crate::ops::MixerInputs;
 use crate::packing::Part;
 use crate::{Capture, PackedTables, Result};
@@ -224,11 +226,11 @@ pub fn gated_delta_chunk_tc(
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
 
-    let prep = dev.get_or_load_custom_func(&format!("chunk_tc_prep_{suffix}"), "chunk_prep", ptx::CHUNK_PREP)?;
+    let prep = func(&dev, &format!("chunk_tc_prep_{suffix}"), &modules::CHUNK_PREP)?;
     let smem = tc_prep_smem(k, lo);
     prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
     let pairs_prep = if prep_pairs(lo, h, hv) {
-        let f = dev.get_or_load_custom_func("chunk_tc_prep_bf16_pairs", "chunk_prep", ptx::CHUNK_PREP)?;
+        let f = func(&dev, "chunk_tc_prep_bf16_pairs", &modules::CHUNK_PREP)?;
         let smem = tc_prep_pair_smem(k);
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         Some((f, smem))
@@ -249,7 +251,7 @@ pub fn gated_delta_chunk_tc(
         (false, true) => format!("chunk_mma_state_db_k{kt}_bv{bv}{sfx}"),
         (false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
     };
-    let state = dev.get_or_load_custom_func(&name, "chunk_mma", ptx::CHUNK_MMA)?;
+    let state = func(&dev, &name, &modules::CHUNK_MMA)?;
     let state_smem = mma_state_smem(k, bv, lo, db);
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its

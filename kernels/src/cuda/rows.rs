@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, grid, ptx, wrap, RowsArg};
+use super::{alloc_rows, cuda_dev, f32c, first_element_address_any, func, grid, modules, wrap, RowsArg};
 use crate::ops::Prepared;
 use crate::Result;
 
@@ -50,7 +50,7 @@ pub fn prep(conv: &Tensor, layout: crate::ops::QkLayout, b: &Tensor, beta_mult: 
         _ => String::new(),
     };
     let name = if narrow { format!("prep_bf16_narrow{fixed}") } else { format!("prep_{}{fixed}", bv.suffix) };
-    let f = dev.get_or_load_custom_func(&name, "prep", ptx::PREP)?;
+    let f = func(&dev, &name, &modules::PREP)?;
     let ints = [ldc as i32, qh as i32, kh as i32, k as i32, k_off as i32, nb as i32, ng as i32, n as i32];
     let (a_ptr, a_ld) = av.as_ref().map_or((0, 0), |a| (a.ptr, a.ld));
     let (al_ptr, db_ptr) = (
@@ -128,7 +128,7 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
         (true, None) if d <= 512 => "_k8",
         (true, None) => "_lean",
     };
-    let f = dev.get_or_load_custom_func(&format!("gated_rms_norm_{z_suffix}_{y_suffix}{lean}"), "norm", ptx::NORM)?;
+    let f = func(&dev, &format!("gated_rms_norm_{z_suffix}_{y_suffix}{lean}"), &modules::NORM)?;
     let (ri, di, hi, ai) = (rows as i32, d as i32, heads as i32, act_sigmoid as i32);
     let (z_ptr, z_ld) = z.as_ref().map_or((0, 0), |z| (z.ptr, z.ld));
     let y_ptr = first_element_address_any(&y)?;
@@ -195,7 +195,7 @@ fn add_norm(h: &Tensor, delta: NormDelta<'_>, weight: &Tensor, eps: f32, dtype: 
         (true, "") if d <= 2048 && env_count!("DELTASERVE_ADD_NORM_P8") != Some(0) => "_p8",
         (true, _) => "_lean",
     };
-    let f = dev.get_or_load_custom_func(&format!("add_rms_norm_{kind}{suffix}{lean}"), "norm", ptx::NORM)?;
+    let f = func(&dev, &format!("add_rms_norm_{kind}{suffix}{lean}"), &modules::NORM)?;
     let cfg = grid(rows, 1, 1, 256, 0);
     let (di, si, slice) = (d as i32, s as i32, (rows * d) as i64);
     let delta_ptr = match delta {
@@ -235,7 +235,7 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     // 16 bytes a thread when both inputs' rows allow it (the output is contiguous and fresh).
     let n = 16 / g.elem_bytes;
     let (vec, per_thread) = if g.vectorisable(n, i) && u.vectorisable(n, i) { ("_vec", n) } else { ("", 1) };
-    let f = dev.get_or_load_custom_func(&format!("swiglu_{}{vec}", g.suffix), "swiglu", ptx::SWIGLU)?;
+    let f = func(&dev, &format!("swiglu_{}{vec}", g.suffix), &modules::SWIGLU)?;
     let out_ptr = first_element_address_any(&out)?;
     let (ri, ii) = (rows as i32, i as i32);
     let mut l = f.builder();
@@ -263,7 +263,7 @@ pub fn sigmoid_gate(o: &Tensor, gate: &Tensor) -> Result<Tensor> {
     let (o_ptr, out_ptr) = (first_element_address_any(&o)?, first_element_address_any(&out)?);
     // Four columns a thread when o's and the gate's rows allow it (out is contiguous and fresh).
     let (x4, per_thread) = if g.vectorisable(4, d) && o_ptr.is_multiple_of(16) { ("_x4", 4) } else { ("", 1) };
-    let f = dev.get_or_load_custom_func(&format!("sigmoid_gate_{}{x4}", g.suffix), "swiglu", ptx::SWIGLU)?;
+    let f = func(&dev, &format!("sigmoid_gate_{}{x4}", g.suffix), &modules::SWIGLU)?;
     let (ri, di) = (rows as i32, d as i32);
     let mut l = f.builder();
     l.arg(&o_ptr).arg(&g.ptr).arg(&g.ld).arg(&out_ptr).arg(&ri).arg(&di);

@@ -4,7 +4,7 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Tensor};
 
-use super::{cuda_dev, first_element_address_any, grid, ptx};
+use super::{cuda_dev, first_element_address_any, func, grid, modules};
 use crate::ops::sample::wire::{pack, unpack, OUT_WORDS};
 use crate::ops::sample::{Outcome, SampleBatch};
 use crate::Result;
@@ -30,7 +30,7 @@ pub fn sample(logits: &Tensor, batch: &SampleBatch<'_>) -> Result<Vec<Outcome>> 
     // words before they are read back.
     let mut scratch = unsafe { dev.alloc::<f32>(draws * vocab) }?;
     let mut out = unsafe { dev.alloc::<u32>(draws * OUT_WORDS) }?;
-    let f = dev.get_or_load_custom_func("sample_rows", "sample", ptx::SAMPLE)?;
+    let f = func(&dev, "sample_rows", &modules::SAMPLE)?;
     let in_ptr = first_element_address_any(&logits)?;
     let (v, w, a, m) = (vocab as i32, batch.words as i32, adjust_at as i32, masks_at as i32);
     let candidates = max_candidates();
