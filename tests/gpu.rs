@@ -34,6 +34,8 @@ mod ops;
 mod prefill_graph;
 #[path = "gpu/sampling.rs"]
 mod sampling;
+#[path = "gpu/serving_script.rs"]
+mod serving_script;
 #[path = "gpu/state_dtype.rs"]
 mod state_dtype;
 #[cfg(feature = "nccl")]
@@ -90,6 +92,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_prefill_graphs_equal_eager_prefill", prefill_graph::gpu_prefill_graphs_equal_eager_prefill),
     ("gpu_mixed_graphs_equal_eager_mixed_passes", prefill_graph::gpu_mixed_graphs_equal_eager_mixed_passes),
+    ("gpu_serving_script_matches_cpu", serving_script::gpu_serving_script_matches_cpu),
     ("gpu_warm_up_leaves_the_pool_as_it_was", warmup::gpu_warm_up_leaves_the_pool_as_it_was),
     ("gpu_host_tier_round_trips_snapshots_exactly", host_tier::gpu_host_tier_round_trips_snapshots_exactly),
     #[cfg(feature = "nccl")]

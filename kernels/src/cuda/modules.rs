@@ -62,20 +62,20 @@ pub(crate) fn func(dev: &CudaDevice, name: &str, module: &'static Module) -> Res
     let stream = dev.cuda_stream();
     let ctx = stream.context();
     let key = (ctx.cu_ctx() as usize, module.name);
-    let loaded = {
-        // A panic elsewhere while the lock was held leaves the map itself whole.
-        let mut map = LOADED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match map.get(&key) {
-            Some(m) => m.clone(),
-            None => {
-                let image = match module.image {
-                    Image::Sass(bytes) => Ptx::from_binary(bytes.to_vec()),
-                    Image::Ptx(text) => Ptx::from_src(text),
-                };
-                let m = ctx.load_module(image).w()?;
-                map.insert(key, m.clone());
-                m
-            }
+    // A panic elsewhere while the lock was held leaves the map itself whole.
+    let lookup = || LOADED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&key).cloned();
+    let loaded = match lookup() {
+        Some(m) => m,
+        None => {
+            // Loaded without the lock: one tensor-parallel rank's load must not wait on another
+            // rank's, whose GPU may be waiting in an all-reduce for this rank's next launch.
+            let image = match module.image {
+                Image::Sass(bytes) => Ptx::from_binary(bytes.to_vec()),
+                Image::Ptx(text) => Ptx::from_src(text),
+            };
+            let m = ctx.load_module(image).w()?;
+            // Two threads of one context may both load it; the first insert is kept.
+            LOADED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).entry(key).or_insert(m).clone()
         }
     };
     Ok(Func { func: loaded.load_function(name).w()?, stream })
