@@ -111,6 +111,19 @@ pub fn check_op_case(
     (worst_o, worst_h)
 }
 
+/// A row's top-2 margin: its largest value minus its second largest (0 at a tie).
+pub fn top2_margin(row: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
 /// The goldens' top-2 margin below which greedy steps are no longer compared.
 pub const GREEDY_MARGIN: f64 = 1e-3;
 

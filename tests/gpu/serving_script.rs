@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device};
 use deltaserve_engine::{Engine, LoadOptions, PrefillAlgo};
-use deltaserve_tests::{compact_dir, rel_err, serving_script, GREEDY_MARGIN, SERVING_SCRIPT_GREEDY};
+use deltaserve_tests::{compact_dir, rel_err, serving_script, top2_margin, GREEDY_MARGIN, SERVING_SCRIPT_GREEDY};
 
 fn load(name: &str, cuda: bool) -> Engine {
     let dir = compact_dir().join(name);
@@ -30,11 +30,7 @@ pub(crate) fn gpu_serving_script_matches_cpu(_dev: &Device) {
         }
         let mut equal = 0;
         for (g, c) in gpu[calls..].iter().zip(&cpu[calls..]) {
-            let top2 = {
-                let mut v = c.clone();
-                v.sort_by(|a, b| b.total_cmp(a));
-                f64::from(v[0] - v[1])
-            };
+            let top2 = f64::from(top2_margin(c));
             if top2 < GREEDY_MARGIN {
                 break;
             }

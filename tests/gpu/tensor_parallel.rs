@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device};
 use deltaserve_engine::{Engine, LoadOptions, PrefillAlgo};
-use deltaserve_tests::{compact_dir, rel_err, serving_script, GREEDY_MARGIN, SERVING_SCRIPT_GREEDY};
+use deltaserve_tests::{compact_dir, rel_err, serving_script, top2_margin as margin, GREEDY_MARGIN, SERVING_SCRIPT_GREEDY};
 
 /// GPUs visible to this process.
 fn gpus() -> usize {
@@ -25,19 +25,6 @@ fn load(name: &str, dtype: DType, tp: usize, expert_parallel: bool) -> Engine {
         ..LoadOptions::cpu(dir.to_str().unwrap())
     };
     Engine::load(&opts).unwrap_or_else(|e| panic!("{name} {dtype:?} TP={tp} EP={expert_parallel}: {e}"))
-}
-
-/// Top-2 margin of a row.
-fn margin(row: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in row {
-        if x > a {
-            (a, b) = (x, a);
-        } else if x > b {
-            b = x;
-        }
-    }
-    a - b
 }
 
 pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
