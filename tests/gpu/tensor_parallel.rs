@@ -36,9 +36,17 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
     let sizes: Vec<usize> = [2, 4].into_iter().filter(|&s| s <= n).collect();
     // Fixtures whose heads divide 4 ways (gdn and gdp have 2 value heads: 2 ways only).
     let cases = [("gdn", 2), ("gdp", 2), ("gdn-attn", 4), ("qwen3_5", 4), ("qwen3_next", 4), ("qwen3_5_moe", 4)];
-    for (name, most) in cases {
+    // `DELTASERVE_TP_CASES=gdn-attn,qwen3_5` runs only those fixtures (to chase one failure).
+    let only = std::env::var("DELTASERVE_TP_CASES").ok();
+    let chosen = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|c| c == name));
+    for (name, most) in cases.into_iter().filter(|(name, _)| chosen(name)) {
+        // Named before it runs: a failure inside the script (an unwrap) does not say which engine.
+        let script = |dtype: DType, tp: usize, ep: bool| {
+            println!("{name} {dtype:?} TP={tp} EP={ep}: serving script");
+            serving_script(&load(name, dtype, tp, ep))
+        };
         // The unsplit engine in f32: the logits both precisions are measured against.
-        let exact = serving_script(&load(name, DType::F32, 1, false));
+        let exact = script(DType::F32, 1, false);
         let calls = exact.len() - SERVING_SCRIPT_GREEDY;
         for dtype in [DType::F32, DType::BF16] {
             // bf16 runs the bf16 mixer (the default for bf16 models): the tolerance
@@ -57,18 +65,19 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                 }
                 _ => super::BF16_MIXER_TOL,
             };
-            let whole = if dtype == DType::F32 { exact.clone() } else { serving_script(&load(name, dtype, 1, false)) };
+            let whole = if dtype == DType::F32 { exact.clone() } else { script(dtype, 1, false) };
             let vocab = whole[whole.len() - 1].len();
             // The MoE fixtures also split by whole experts (expert parallelism).
             let moe = name == "qwen3_next" || name == "qwen3_5_moe";
             let splits = sizes.iter().filter(|&&s| s <= most).flat_map(|&tp| [(tp, false), (tp, true)]).filter(|&(_, ep)| moe || !ep);
             for (tp, ep) in splits {
-                let split = serving_script(&load(name, dtype, tp, ep));
-                let mut worst: f64 = 0.0;
+                let split = script(dtype, tp, ep);
+                let (mut worst, mut loosest): (f64, f64) = (0.0, tol);
                 for (i, ((s, w), x)) in split[..calls].iter().zip(&whole[..calls]).zip(&exact).enumerate() {
                     let (e, e_whole) = (rel_err(s, x), rel_err(w, x));
                     worst = worst.max(e);
                     let bound = tol.max(1.5 * e_whole);
+                    loosest = loosest.max(bound);
                     assert!(
                         e <= bound,
                         "{name} {dtype:?} TP={tp} EP={ep}: call {i}: logits rel err {e:.3e} > {bound:.3e} against one GPU in f32 (one GPU in {dtype:?}: {e_whole:.3e})"
@@ -77,9 +86,31 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                 // The greedy continuation: tokens equal while one GPU's margin is real (after a
                 // near-tie the two may go different ways, legitimately). bf16 logits lie on a grid
                 // of 8 significant bits: a margin under two of its steps at the top logit is a tie.
-                let mut equal = 0;
+                // The MoE fixtures in bf16: a near-tie of router probabilities picks another
+                // expert in one run and not in the other (the reference's own bf16 error,
+                // `moe_bf16_bounds`), which moves the logits far more than rounding does, so a
+                // token may part at any margin, and a flip carries into every later step. There
+                // each step's logits are held to twice the loosest bound a call was held to (both
+                // runs are bf16, each within that of f32) while the tokens agree: it catches a
+                // broken step, not a flip.
+                let routed = moe && dtype != DType::F32;
+                let (mut equal, mut worst_step) = (0, 0f64);
                 for (s, w) in split[calls..].iter().zip(&whole[calls..]) {
                     let (ts, tw) = (deltaserve_engine::sampling::argmax(s), deltaserve_engine::sampling::argmax(w));
+                    if routed {
+                        let e = rel_err(s, w);
+                        worst_step = worst_step.max(e);
+                        assert!(
+                            e <= 2.0 * loosest,
+                            "{name} {dtype:?} TP={tp} EP={ep}: greedy step {equal}: logits rel err {e:.3e} > {:.3e} against one GPU",
+                            2.0 * loosest
+                        );
+                        if ts != tw {
+                            break;
+                        }
+                        equal += 1;
+                        continue;
+                    }
                     let top = w.iter().fold(0f32, |m, &x| m.max(x.abs()));
                     let tie = match dtype {
                         DType::F32 => GREEDY_MARGIN,
@@ -93,7 +124,8 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                 }
                 assert_eq!(vocab, split[split.len() - 1].len());
                 println!(
-                    "{name} {dtype:?} TP={tp} EP={ep}: {calls} calls, worst rel err against one GPU in f32 {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal"
+                    "{name} {dtype:?} TP={tp} EP={ep}: {calls} calls, worst rel err against one GPU in f32 {worst:.2e}; greedy {equal}/{SERVING_SCRIPT_GREEDY} tokens compared equal{}",
+                    if routed { format!(", their logits within {worst_step:.2e} of one GPU's (bound {:.2e})", 2.0 * loosest) } else { String::new() }
                 );
             }
         }

@@ -161,7 +161,7 @@ impl DeviceSlots {
     /// buffer, straight from slot to slot.
     pub fn copy(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
         let (from, to, words) = self.copy_args(src, dst, len, false)?;
-        let stream = self.dev.cuda_stream();
+        let stream = super::bound_stream(&self.dev)?;
         // SAFETY: both ranges lie inside `data` (`words` of checked slots) and do not overlap; the
         // copy is ordered on the stream that orders every use of `data`.
         unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_dtod_async(to, from, words * 4, stream.cu_stream()) }.w()?;
@@ -216,7 +216,7 @@ impl DeviceSlots {
     /// `host` at `host_offset`.
     pub fn to_pinned(&self, offset: usize, len: usize, host: &mut PinnedSlots, host_offset: usize) -> Result<()> {
         self.pinned_range(offset, len, host, host_offset)?;
-        let stream = self.dev.cuda_stream();
+        let stream = super::bound_stream(&self.dev)?;
         let view = self.data.slice(offset..offset + len);
         let (src, _sync) = view.device_ptr(&stream);
         // SAFETY: the range is in bounds (checked); the memory lives until the stream is done
@@ -229,7 +229,7 @@ impl DeviceSlots {
     /// Queues a copy of `len` 32-bit words of `host` at `host_offset` to `offset`.
     pub fn from_pinned(&mut self, offset: usize, len: usize, host: &PinnedSlots, host_offset: usize) -> Result<()> {
         self.pinned_range(offset, len, host, host_offset)?;
-        let stream = self.dev.cuda_stream();
+        let stream = super::bound_stream(&self.dev)?;
         let mut view = self.data.slice_mut(offset..offset + len);
         let (dst, _sync) = view.device_ptr_mut(&stream);
         // SAFETY: as in `to_pinned`.

@@ -61,6 +61,8 @@ pub struct GraphShape {
 impl Graph {
     /// Launches one replay on the capture's stream.
     pub fn launch(&self) -> Result<()> {
+        // A raw call acts on the thread's current context.
+        self.stream.context().bind_to_thread().w()?;
         // SAFETY: `exec` is a live executable graph of this stream's context.
         unsafe { sys::cuGraphLaunch(self.exec, self.stream.cu_stream()).result() }.w()?;
         Ok(())

@@ -56,8 +56,16 @@ pub fn free_memory(dev: &CudaDevice) -> Result<usize> {
 /// Makes `dev`'s context current on the calling thread (a tensor parallel rank's pass runs on a
 /// worker thread; some library calls expect the context already current).
 pub fn bind_to_thread(dev: &CudaDevice) -> Result<()> {
-    dev.cuda_stream().context().bind_to_thread().w()?;
-    Ok(())
+    bound_stream(dev).map(|_| ())
+}
+
+/// `dev`'s stream, its context made current on the calling thread first: a raw driver call
+/// (cudarc's safe calls bind for themselves) acts on the current context, and a split model's
+/// pool mirrors every rank's copy from one thread.
+pub(crate) fn bound_stream(dev: &CudaDevice) -> Result<std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>> {
+    let stream = dev.cuda_stream();
+    stream.context().bind_to_thread().w()?;
+    Ok(stream)
 }
 
 /// Keeps memory freed on `dev` in its stream-ordered allocation pool instead of handing it back
@@ -311,7 +319,8 @@ where
     let dst = device_address::<T>(t)? + (offset * std::mem::size_of::<T>()) as u64;
     // SAFETY: dst spans `values.len()` elements of T inside `t` (checked above), in memory that
     // `t` keeps alive; a pageable source is staged before the call returns.
-    unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(dst, values, dev.cuda_stream().cu_stream()) }.w()?;
+    let stream = bound_stream(&dev)?;
+    unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(dst, values, stream.cu_stream()) }.w()?;
     Ok(())
 }
 
