@@ -290,6 +290,7 @@ async fn shutting_the_scheduler_down_fails_what_runs_and_drops_the_engine_before
         decode_ahead: false,
         request_timeout: Duration::from_secs(60),
         warmup: false,
+        stop_warm_up: Default::default(),
     };
     let (handle, _thread) = scheduler::spawn(engine, cfg, Arc::new(Metrics::new("gdn").unwrap())).unwrap();
     let params = GenParams { ignore_eos: true, ..GenParams::new(1_000_000) };

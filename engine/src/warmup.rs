@@ -4,6 +4,7 @@
 //! and the second captures its CUDA graph; without the warm-up the first requests of a fresh
 //! server paid all of it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::error::Result;
@@ -24,6 +25,8 @@ pub struct WarmUp {
     pub mixed_graphs: usize,
     /// Wall seconds.
     pub secs: f64,
+    /// Whether `stop` cut it short.
+    pub stopped: bool,
 }
 
 /// The token counts of the warm-up's prefill passes: 16, 32 (their GEMMs' buckets), then every
@@ -41,18 +44,23 @@ impl Engine {
     /// to `max_batch` sequences, and two of each mixed pass shape that a full step budget in 1
     /// to 4 pieces beside up to `max_batch` decode rows pads to, in free slots of `pool`, all
     /// released after. Nothing on the CPU. Slots it cannot get (or KV blocks it cannot
-    /// reserve) shorten it; errors end it.
-    pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<WarmUp> {
+    /// reserve) shorten it; errors end it. `stop` set (a shutdown during start-up) ends it
+    /// before its next pass or step.
+    pub fn warm_up(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize, stop: &AtomicBool) -> Result<WarmUp> {
         let mut done = WarmUp::default();
         if !self.model().device().is_cuda() {
             return Ok(done);
         }
+        let halt = || stop.load(Ordering::Relaxed);
         let t0 = Instant::now();
         let vocab = self.model().config().common.vocab_size as u32;
         let lengths = pass_lengths(max_pass_tokens);
         let longest = lengths.last().copied().unwrap_or(64) as u32;
         let tokens: Vec<u32> = (0..longest).map(|i| (i * 7919 + 13) % vocab).collect();
         for t in lengths {
+            if halt() {
+                break;
+            }
             let Some(slot) = pool.allocate() else { break };
             let snap = (t == 64).then(|| pool.take_snapshot()).flatten();
             let ran = match pool.reserve(slot, t) {
@@ -75,6 +83,9 @@ impl Engine {
             }
         }
         for b in 1..=max_batch {
+            if halt() {
+                break;
+            }
             let slots: Vec<_> = (0..b).map_while(|_| pool.allocate()).collect();
             let mut ok = slots.len() == b;
             for &s in &slots {
@@ -91,8 +102,9 @@ impl Engine {
             }
             done.batch_sizes += 1;
         }
-        done.prefill_graphs = self.warm_prefill_graphs(pool, max_batch)?;
-        done.mixed_graphs = self.warm_mixed_graphs(pool, max_pass_tokens, max_batch)?;
+        done.prefill_graphs = self.warm_prefill_graphs(pool, max_batch, &halt)?;
+        done.mixed_graphs = self.warm_mixed_graphs(pool, max_pass_tokens, max_batch, &halt)?;
+        done.stopped = halt();
         // Everything queued has run before the first request is timed.
         self.synchronize()?;
         done.secs = t0.elapsed().as_secs_f64();
@@ -101,8 +113,9 @@ impl Engine {
 
     /// Runs every prefill graph shape twice (captured the second time), with up to
     /// `max_seqs` sequences (and one slot left for the padding): each bucket's rows split over
-    /// the sequences. Returns the shapes run; a shape whose slots are not free ends it.
-    fn warm_prefill_graphs(&self, pool: &mut StatePool, max_seqs: usize) -> Result<usize> {
+    /// the sequences. Returns the shapes run; a shape whose slots are not free, or `halt()`,
+    /// ends it.
+    fn warm_prefill_graphs(&self, pool: &mut StatePool, max_seqs: usize, halt: &dyn Fn() -> bool) -> Result<usize> {
         let mut shapes = 0;
         let vocab = self.model().config().common.vocab_size as u32;
         // A pass's padding needs a free slot of its own.
@@ -110,6 +123,9 @@ impl Engine {
         for rows in self.prefill_graph_buckets() {
             let tokens: Vec<u32> = (0..rows as u32).map(|i| (i * 7919 + 13) % vocab).collect();
             for seqs in 1..=most {
+                if halt() {
+                    return Ok(shapes);
+                }
                 let lens = split_evenly(rows, seqs);
                 let slots: Vec<_> = (0..seqs).map_while(|_| pool.allocate()).collect();
                 let mut ok = slots.len() == seqs;
@@ -138,8 +154,8 @@ impl Engine {
     /// within `max_pass_tokens`, split over 1 to [`MIXED_WARM_SEQS`] pieces, beside each decode
     /// bucket's count of rows up to `max_batch` (above 64 rows, one piece only): the shapes a
     /// burst of arrivals meets while the first streams decode. Returns the shapes run; a shape
-    /// whose slots are not free ends that piece count.
-    fn warm_mixed_graphs(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize) -> Result<usize> {
+    /// whose slots are not free ends that piece count, `halt()` all of them.
+    fn warm_mixed_graphs(&self, pool: &mut StatePool, max_pass_tokens: usize, max_batch: usize, halt: &dyn Fn() -> bool) -> Result<usize> {
         use crate::prefill_graph::{decode_bucket, MAX_DECODE_ROWS, MAX_SEQS};
         let Some(rows) = self.mixed_graph_buckets().into_iter().rfind(|&r| r <= max_pass_tokens) else { return Ok(0) };
         let vocab = self.model().config().common.vocab_size as u32;
@@ -149,6 +165,9 @@ impl Engine {
             let lens = split_evenly(rows, seqs);
             let mut d = 1;
             while d <= max_batch.min(MAX_DECODE_ROWS) && (seqs == 1 || d <= 64) {
+                if halt() {
+                    return Ok(shapes);
+                }
                 // The pieces, the decode rows, and one free slot for the padding.
                 let slots: Vec<_> = (0..seqs + d).map_while(|_| pool.allocate()).collect();
                 let mut ok = slots.len() == seqs + d && pool.capacity() > pool.used();

@@ -15,7 +15,13 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
         let (warm, cold) = (Engine::load(&opts).unwrap(), Engine::load(&opts).unwrap());
         let size = PoolSize { snapshots: 1, ..PoolSize::for_tokens(4, 256) };
         let (mut pw, mut pc) = (warm.new_pool_sized(size).unwrap(), cold.new_pool_sized(size).unwrap());
-        let w = warm.warm_up(&mut pw, 128, 4).unwrap();
+        // A stop set before it starts: nothing runs, nothing is held.
+        let stopped = warm.warm_up(&mut pw, 128, 4, &std::sync::atomic::AtomicBool::new(true)).unwrap();
+        assert!(stopped.stopped, "{name}: the warm-up says it was stopped");
+        assert_eq!((stopped.passes, stopped.batch_sizes, stopped.prefill_graphs, stopped.mixed_graphs), (0, 0, 0, 0), "{name}: nothing ran");
+        assert!(warm.cuda_graph_batches().is_empty(), "{name}: no graph captured");
+        let w = warm.warm_up(&mut pw, 128, 4, &std::sync::atomic::AtomicBool::new(false)).unwrap();
+        assert!(!w.stopped, "{name}: a warm-up never stopped says so");
         assert_eq!((w.passes, w.batch_sizes), (4, 4), "{name}: passes of 16, 32, 64 and 128 tokens, batch sizes 1 to 4");
         assert_eq!(warm.cuda_graph_batches(), vec![1, 2, 3, 4], "{name}: a graph for each batch size");
         // Prefill graphs (GDN, GDP and DeltaNet stacks): buckets of 64, 128 and 256 rows, 1 to 3

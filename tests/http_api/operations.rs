@@ -276,3 +276,43 @@ fn a_split_the_model_cannot_take_stops_the_server_with_the_reason() {
     assert!(!out.status.success(), "exit status {:?}", out.status);
     assert!(err.contains("num_v_heads") && err.contains("multiple of the tensor parallel size 4") && err.contains("got 2"), "{err}");
 }
+
+/// A SIGTERM while the model is still loading ends the process within a few seconds, with status
+/// 0, whatever the load is doing. Here the load blocks for good: the checkpoint's `config.json`
+/// is a FIFO that nothing writes.
+#[cfg(unix)]
+#[test]
+fn sigterm_while_the_model_loads_exits_promptly() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    assert!(Command::new("mkfifo").arg(&config).status().unwrap().success(), "mkfifo");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltaserve"))
+        .args(["--log-json", "serve", "--model", dir.path().to_str().unwrap(), "--host", "127.0.0.1", "--port", "0"])
+        .env("DELTASERVE_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn deltaserve");
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = lines.by_ref().map_while(Result::ok).find(|l| l.contains("loading model"));
+    assert!(listening.is_some(), "the server never said it was loading");
+    let sent = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if sent.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("still running 20 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = sent.elapsed();
+    let log: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(status.success(), "exit status {status}; log {log:?}");
+    // The wait for the load to stop is 3 s (`START_UP_STOP_WAIT`); the rest is the process's exit.
+    assert!(took < Duration::from_secs(6), "exited {took:?} after SIGTERM");
+    assert!(log.iter().any(|l| l.contains("exiting without it")), "log {log:?}");
+}

@@ -81,6 +81,7 @@ pub async fn serve_dir(dir: &std::path::Path, setup: Setup) -> (String, Engine) 
         decode_ahead: true,
         request_timeout: Duration::from_secs(60),
         warmup: true,
+        stop_warm_up: Default::default(),
     };
     let (handle, _thread) = scheduler::spawn(engine, cfg, metrics).unwrap();
     let grammars = Some(Arc::new(deltaserve::structured::Grammars::new(&tokenizer, engine_vocab).unwrap()));

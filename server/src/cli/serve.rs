@@ -260,11 +260,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, model = %model_spec, "listening; loading model");
 
-    let loader = {
-        let (args, state, metrics) = (args.clone(), state.clone(), metrics.clone());
+    // Set when a shutdown comes while loading: the load ends at its next check (the warm-up's
+    // next pass) rather than finishing first.
+    let starting_stop = Arc::new(AtomicBool::new(false));
+    let mut loader = {
+        let (args, state, metrics, stop) = (args.clone(), state.clone(), metrics.clone(), starting_stop.clone());
         let mixed_graph_tokens = Some(mixed_graph_tokens(&args));
         let model_args = ModelArgs { model: Some(model_spec.clone()), mixed_graph_tokens, ..args.model.clone() };
-        tokio::task::spawn_blocking(move || load(args, model_args, state, metrics))
+        tokio::task::spawn_blocking(move || load(args, model_args, state, metrics, stop))
     };
 
     let shutdown_state = state.clone();
@@ -275,10 +278,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     // After the drain, connections get a moment to close, then the process exits regardless.
     let header_timeout = Duration::from_secs(args.header_read_timeout);
-    let server = tokio::spawn(deltaserve::listen::serve(listener, app(state.clone()), header_timeout, stop, Duration::from_secs(5)));
+    let mut server = tokio::spawn(deltaserve::listen::serve(listener, app(state.clone()), header_timeout, stop, Duration::from_secs(5)));
 
-    // A failed load ends the process with the error.
-    match loader.await {
+    // A failed load ends the process with the error. A shutdown while loading (the listener
+    // stops at once: nothing is in flight) tells the load to stop, then waits for it.
+    let loaded = tokio::select! {
+        loaded = &mut loader => loaded,
+        served = &mut server => {
+            starting_stop.store(true, Ordering::SeqCst);
+            tracing::info!("shutdown during start-up; stopping the load");
+            let Ok(loaded) = tokio::time::timeout(START_UP_STOP_WAIT, &mut loader).await else {
+                tracing::info!(
+                    waited_s = START_UP_STOP_WAIT.as_secs(),
+                    "the load is still reading weights or compiling a kernel; exiting without it"
+                );
+                exit_now();
+            };
+            served?;
+            server = tokio::spawn(async {});
+            loaded
+        }
+    };
+    match loaded {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
         Err(e) => anyhow::bail!("model loading panicked: {e}"),
@@ -294,6 +315,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     served?;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// How long a shutdown during start-up waits for the load to stop at its next check (a warm-up
+/// pass takes milliseconds; reading weights or the driver's first compile of a kernel module,
+/// seconds) before the process exits without it.
+const START_UP_STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// Ends the process now with status 0, skipping exit handlers: the loader thread may be inside
+/// the CUDA driver, whose exit-time teardown must not run beside it. Nothing is in flight (the
+/// server never became ready); the log lines are already written.
+fn exit_now() -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    #[cfg(unix)]
+    // SAFETY: `_exit` ends the process; no Rust state is used after it.
+    unsafe {
+        libc::_exit(0)
+    }
+    #[cfg(not(unix))]
+    std::process::exit(0)
 }
 
 /// Most prompt tokens of a mixed pass that `serve` captures as CUDA graphs unless told: its
@@ -345,8 +387,11 @@ fn long_prefill_chunk(args: &ServeArgs) -> usize {
     }
 }
 
-fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Metrics>, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let engine = model_args.load()?;
+    if stop.load(Ordering::SeqCst) {
+        return Ok(());
+    }
     let cfg = engine.config().clone();
     // Per rank: each tensor parallel rank holds its slice of every slot and block on its own
     // device, and the fullest device bounds them all.
@@ -437,6 +482,7 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         decode_ahead: !args.no_decode_ahead && engine.model().device().is_cuda(),
         request_timeout: Duration::from_secs(args.request_timeout),
         warmup: !args.no_warmup,
+        stop_warm_up: stop.clone(),
     };
     let grammars = match deltaserve::structured::Grammars::new(&tokenizer, cfg.common.vocab_size) {
         Ok(g) => Some(Arc::new(g)),
@@ -446,8 +492,11 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         }
     };
     let (scheduler, _thread) = scheduler::spawn(engine, sched_cfg, metrics)?;
+    // Set even when stopping: the shutdown path stops the engine thread through it.
     let _ = state.serving.set(Serving { scheduler, tokenizer, template, limits, grammars });
-    tracing::info!(slots, bytes_per_slot = per_slot, model_type = cfg.model_type(), "ready");
+    if !stop.load(Ordering::SeqCst) {
+        tracing::info!(slots, bytes_per_slot = per_slot, model_type = cfg.model_type(), "ready");
+    }
     Ok(())
 }
 

@@ -147,7 +147,8 @@ impl Scheduler {
             pool.add_host_tier(cfg.prefix_cache.host_snapshots).map_err(std::io::Error::other)?;
         }
         if cfg.warmup {
-            match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs) {
+            match engine.warm_up(&mut pool, cfg.prefill_budget, cfg.max_num_seqs, &cfg.stop_warm_up) {
+                Ok(w) if w.stopped => tracing::info!(secs = w.secs, "warm-up stopped: shutting down"),
                 Ok(w) if w.passes + w.batch_sizes > 0 => {
                     tracing::info!(
                         prefill_passes = w.passes,

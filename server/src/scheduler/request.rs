@@ -1,6 +1,8 @@
 //! What flows between the HTTP layer and the engine thread: limits, a request's generation
 //! parameters, and the events streamed back for it.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deltaserve_engine::SamplingParams;
@@ -39,6 +41,8 @@ pub struct SchedulerConfig {
     pub request_timeout: Duration,
     /// On a GPU, warm up before serving ([`deltaserve_engine::Engine::warm_up`]).
     pub warmup: bool,
+    /// Set by a shutdown during start-up: the warm-up ends before its next pass.
+    pub stop_warm_up: Arc<AtomicBool>,
 }
 
 /// The prefix cache's size (`--prefix-cache-memory`, `--prefix-cache-grid`); 0 snapshots turns

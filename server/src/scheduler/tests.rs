@@ -23,6 +23,7 @@ fn cpu_scheduler(prefill_budget: usize, mixed_batches: bool, decode_ahead: bool)
         decode_ahead,
         request_timeout: std::time::Duration::from_secs(600),
         warmup: false,
+        stop_warm_up: Default::default(),
     };
     Scheduler::new(engine, cfg, Arc::new(Metrics::new("gdn").unwrap()), Arc::new(Shared::default())).unwrap()
 }
