@@ -18,7 +18,11 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
         // A stop set before it starts: nothing runs, nothing is held.
         let stopped = warm.warm_up(&mut pw, 128, 4, &std::sync::atomic::AtomicBool::new(true)).unwrap();
         assert!(stopped.stopped, "{name}: the warm-up says it was stopped");
-        assert_eq!((stopped.passes, stopped.batch_sizes, stopped.prefill_graphs, stopped.mixed_graphs), (0, 0, 0, 0), "{name}: nothing ran");
+        assert_eq!(
+            (stopped.passes, stopped.batch_sizes, stopped.prefill_graphs, stopped.mixed_graphs),
+            (0, 0, 0, 0),
+            "{name}: nothing ran"
+        );
         assert!(warm.cuda_graph_batches().is_empty(), "{name}: no graph captured");
         let w = warm.warm_up(&mut pw, 128, 4, &std::sync::atomic::AtomicBool::new(false)).unwrap();
         assert!(!w.stopped, "{name}: a warm-up never stopped says so");
