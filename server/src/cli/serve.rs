@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 
@@ -16,6 +16,9 @@ use deltaserve::routes::{app, unix_now, AppState, Serving};
 use deltaserve::scheduler::{self, PrefixCacheConfig, SchedulerConfig};
 use deltaserve_engine::state::DEFAULT_BLOCK_SIZE;
 use deltaserve_engine::PREFILL_CHUNK;
+use shutdown::{drain, exit_now, shutdown_signal, START_UP_STOP_WAIT};
+
+mod shutdown;
 
 /// Serve the OpenAI-compatible HTTP API.
 #[derive(Debug, Clone, Args)]
@@ -317,27 +320,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long a shutdown during start-up waits for the load to stop at its next check (a warm-up
-/// pass takes milliseconds; reading weights or the driver's first compile of a kernel module,
-/// seconds) before the process exits without it.
-const START_UP_STOP_WAIT: Duration = Duration::from_secs(3);
-
-/// Ends the process now with status 0, skipping exit handlers: the loader thread may be inside
-/// the CUDA driver, whose exit-time teardown must not run beside it. Nothing is in flight (the
-/// server never became ready); the log lines are already written.
-fn exit_now() -> ! {
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    #[cfg(unix)]
-    // SAFETY: `_exit` ends the process; no Rust state is used after it.
-    unsafe {
-        libc::_exit(0)
-    }
-    #[cfg(not(unix))]
-    std::process::exit(0)
-}
-
 /// Most prompt tokens of a mixed pass that `serve` captures as CUDA graphs unless told: its
 /// step budget up to here (measured on an H200: at a budget of 1024, graphs of 1024 tokens gave
 /// 64 streams 0.8–3.1% more tokens/s than eager passes); each captured shape keeps buffers sized
@@ -498,43 +480,6 @@ fn load(args: ServeArgs, model_args: ModelArgs, state: AppState, metrics: Arc<Me
         tracing::info!(slots, bytes_per_slot = per_slot, model_type = cfg.model_type(), "ready");
     }
     Ok(())
-}
-
-/// Stops admission, waits for in-flight requests up to `timeout`, then aborts the rest.
-async fn drain(state: &AppState, timeout: Duration) {
-    state.draining.store(true, Ordering::SeqCst);
-    let Some(s) = state.serving.get() else { return };
-    tracing::info!(in_flight = s.scheduler.in_flight(), timeout_s = timeout.as_secs(), "draining");
-    let deadline = Instant::now() + timeout;
-    while s.scheduler.in_flight() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    if s.scheduler.in_flight() > 0 {
-        tracing::warn!(in_flight = s.scheduler.in_flight(), "shutdown timeout reached; aborting the rest");
-        s.scheduler.abort_all();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutdown signal received");
 }
 
 /// The chat template (`--chat-template` or the checkpoint's) with the tool-call and reasoning
