@@ -52,9 +52,11 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
             // bf16 runs the bf16 mixer (the default for bf16 models): the tolerance
             // `gpu_models_match_cpu_and_goldens` holds one GPU to in that mode (the MoE fixtures'
             // reference-derived bound where larger: a near-tie of router probabilities picks
-            // another expert), or half as much again as the unsplit bf16 engine's own error
-            // where that is larger. A split rounds more than one GPU: each rank's partial sum
-            // is rounded to bf16 before the all-reduce adds them (in bf16, as vLLM's does).
+            // another expert), or the unsplit bf16 engine's own error and half as much again
+            // for each rank past the first, where that is larger. A split rounds more than one
+            // GPU: each rank's partial sum is rounded to bf16 before the all-reduce adds them, in
+            // bf16 as vLLM's does, one more rounding for each rank past the first (1.5× at TP 2,
+            // 2.5× at TP 4; TP 4 measured 1.56× on fla's attention hybrid, 2026-11-30).
             let tol = match dtype {
                 DType::F32 => 1e-4,
                 _ if name == "qwen3_next" || name == "qwen3_5_moe" => {
@@ -70,13 +72,19 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
             // The MoE fixtures also split by whole experts (expert parallelism).
             let moe = name == "qwen3_next" || name == "qwen3_5_moe";
             let splits = sizes.iter().filter(|&&s| s <= most).flat_map(|&tp| [(tp, false), (tp, true)]).filter(|&(_, ep)| moe || !ep);
+            // The MoE fixtures in bf16: a near-tie of router probabilities picks another expert
+            // in one run and not in the other (the reference's own bf16 error,
+            // `moe_bf16_bounds`), at any call, in the split or in the unsplit run; what a flip
+            // costs on the fixture is the unsplit run's error at its worst call.
+            let routed = moe && dtype != DType::F32;
+            let whole_worst = whole[..calls].iter().zip(&exact).map(|(w, x)| rel_err(w, x)).fold(0.0, f64::max);
             for (tp, ep) in splits {
                 let split = script(dtype, tp, ep);
                 let (mut worst, mut loosest): (f64, f64) = (0.0, tol);
                 for (i, ((s, w), x)) in split[..calls].iter().zip(&whole[..calls]).zip(&exact).enumerate() {
                     let (e, e_whole) = (rel_err(s, x), rel_err(w, x));
                     worst = worst.max(e);
-                    let bound = tol.max(1.5 * e_whole);
+                    let bound = tol.max((1.0 + 0.5 * (tp - 1) as f64) * if routed { whole_worst } else { e_whole });
                     loosest = loosest.max(bound);
                     assert!(
                         e <= bound,
@@ -86,14 +94,11 @@ pub fn gpu_tensor_parallel_equals_one_gpu(_dev: &Device) {
                 // The greedy continuation: tokens equal while one GPU's margin is real (after a
                 // near-tie the two may go different ways, legitimately). bf16 logits lie on a grid
                 // of 8 significant bits: a margin under two of its steps at the top logit is a tie.
-                // The MoE fixtures in bf16: a near-tie of router probabilities picks another
-                // expert in one run and not in the other (the reference's own bf16 error,
-                // `moe_bf16_bounds`), which moves the logits far more than rounding does, so a
-                // token may part at any margin, and a flip carries into every later step. There
-                // each step's logits are held to twice the loosest bound a call was held to (both
-                // runs are bf16, each within that of f32) while the tokens agree: it catches a
-                // broken step, not a flip.
-                let routed = moe && dtype != DType::F32;
+                // The MoE fixtures in bf16: a router flip moves the logits far more than rounding
+                // does, so a token may part at any margin, and the flip carries into every later
+                // step. There each step's logits are held to twice the loosest bound a call was
+                // held to (both runs are bf16, each within that of f32) while the tokens agree: it
+                // catches a broken step, not a flip.
                 let (mut equal, mut worst_step) = (0, 0f64);
                 for (s, w) in split[calls..].iter().zip(&whole[calls..]) {
                     let (ts, tw) = (deltaserve_engine::sampling::argmax(s), deltaserve_engine::sampling::argmax(w));
