@@ -1,7 +1,9 @@
 //! The prefix cache's host tier on the GPU: a snapshot spilled to page-locked host memory and
 //! restored holds exactly the bits of the same snapshot kept on the device, even when the
 //! device slot it was read from is overwritten right after (the copies are ordered on the
-//! stream, nothing waits), and a sequence continued from either gives the same logits.
+//! stream, nothing waits), and a sequence continued from either gives the same logits; also with
+//! the model split over two GPUs, where the pool spills and restores every rank's replica from
+//! the caller's thread.
 
 use candle_core::{DType, Device};
 use deltaserve_engine::state::{LayerCache, PoolSize};
@@ -20,10 +22,30 @@ fn states(pool: &StatePool, slot: SlotId) -> Vec<f32> {
 }
 
 pub fn gpu_host_tier_round_trips_snapshots_exactly(dev: &Device) {
+    round_trips(dev, 1);
+}
+
+/// The same on two GPUs (rank 0's states compared, every rank's through the logits).
+pub fn gpu_tensor_parallel_host_tier_round_trips(dev: &Device) {
+    let n = candle_core::cuda_backend::cudarc::driver::CudaContext::device_count().map_or(0, |n| n as usize);
+    if n < 2 {
+        println!("SKIPPED (needs 2 GPUs): gpu_tensor_parallel_host_tier_round_trips sees {n}");
+        return;
+    }
+    round_trips(dev, 2);
+}
+
+fn round_trips(dev: &Device, tp: usize) {
     // gdp with its states in bf16 (`--state-dtype bf16`): their bits, two a word, round trip.
     for (name, state_dtype) in [("gdn", DType::F32), ("gdp", DType::F32), ("gdp", DType::BF16)] {
         let dir = compact_dir().join(name);
-        let opts = LoadOptions { dtype: DType::F32, state_dtype, device: dev.clone(), ..LoadOptions::cpu(dir.to_str().unwrap()) };
+        let opts = LoadOptions {
+            dtype: DType::F32,
+            state_dtype,
+            device: dev.clone(),
+            tensor_parallel_size: tp,
+            ..LoadOptions::cpu(dir.to_str().unwrap())
+        };
         let engine = Engine::load(&opts).unwrap();
         let vocab = engine.model().config().common.vocab_size as u32;
         let prompt: Vec<u32> = (0..100u32).map(|i| (i * 31 + 7) % vocab).collect();
@@ -58,6 +80,6 @@ pub fn gpu_host_tier_round_trips_snapshots_exactly(dev: &Device) {
             values(&engine.decode(&mut pool, &[(from_device, 5)]).unwrap()),
         );
         assert_eq!(dh, dd, "{name}: a decode step after it");
-        println!("{name} ({state_dtype:?} states): host round trip of {} state values exact", sh.len());
+        println!("{name} ({state_dtype:?} states) TP={tp}: host round trip of {} state values exact", sh.len());
     }
 }
