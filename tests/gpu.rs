@@ -97,6 +97,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_host_tier_round_trips_snapshots_exactly", host_tier::gpu_host_tier_round_trips_snapshots_exactly),
     #[cfg(feature = "nccl")]
     ("gpu_tensor_parallel_equals_one_gpu", tensor_parallel::gpu_tensor_parallel_equals_one_gpu),
+    #[cfg(feature = "nccl")]
     ("gpu_tensor_parallel_host_tier_round_trips", host_tier::gpu_tensor_parallel_host_tier_round_trips),
 ];
 
