@@ -295,7 +295,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     waited_s = START_UP_STOP_WAIT.as_secs(),
                     "the load is still reading weights or compiling a kernel; exiting without it"
                 );
-                exit_now();
+                // 1 where the listener's task panicked rather than stopped.
+                exit_now(if served.is_ok() { 0 } else { 1 });
             };
             served?;
             server = tokio::spawn(async {});

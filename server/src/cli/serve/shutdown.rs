@@ -11,20 +11,20 @@ use deltaserve::routes::AppState;
 /// seconds) before the process exits without it.
 pub(super) const START_UP_STOP_WAIT: Duration = Duration::from_secs(3);
 
-/// Ends the process now with status 0, skipping exit handlers: the loader thread may be inside
+/// Ends the process now with `status`, skipping exit handlers: the loader thread may be inside
 /// the CUDA driver, whose exit-time teardown must not run beside it. Nothing is in flight (the
 /// server never became ready); the log lines are already written.
-pub(super) fn exit_now() -> ! {
+pub(super) fn exit_now(status: i32) -> ! {
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     #[cfg(unix)]
     // SAFETY: `_exit` ends the process; no Rust state is used after it.
     unsafe {
-        libc::_exit(0)
+        libc::_exit(status)
     }
     #[cfg(not(unix))]
-    std::process::exit(0)
+    std::process::exit(status)
 }
 
 /// Stops admission, waits for in-flight requests up to `timeout`, then aborts the rest.
@@ -43,6 +43,7 @@ pub(super) async fn drain(state: &AppState, timeout: Duration) {
     }
 }
 
+/// Resolves on SIGTERM or ctrl-c.
 pub(super) async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
