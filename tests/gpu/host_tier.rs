@@ -28,7 +28,7 @@ pub fn gpu_host_tier_round_trips_snapshots_exactly(dev: &Device) {
 /// The same on two GPUs (rank 0's states compared, every rank's through the logits).
 #[cfg(feature = "nccl")]
 pub fn gpu_tensor_parallel_host_tier_round_trips(dev: &Device) {
-    let n = candle_core::cuda_backend::cudarc::driver::CudaContext::device_count().map_or(0, |n| n as usize);
+    let n = super::tensor_parallel::gpus();
     if n < 2 {
         println!("SKIPPED (needs 2 GPUs): gpu_tensor_parallel_host_tier_round_trips sees {n}");
         return;

@@ -8,7 +8,7 @@ use deltaserve_engine::{Engine, LoadOptions, PrefillAlgo};
 use deltaserve_tests::{compact_dir, rel_err, serving_script, top2_margin as margin, GREEDY_MARGIN, SERVING_SCRIPT_GREEDY};
 
 /// GPUs visible to this process.
-fn gpus() -> usize {
+pub(crate) fn gpus() -> usize {
     candle_core::cuda_backend::cudarc::driver::CudaContext::device_count().map_or(0, |n| n as usize)
 }
 
