@@ -28,6 +28,7 @@ fn build_ptx() {
             "cuda/attention.cuh",
             "cuda/state_io.cuh",
             "cuda/chunk_mma.cuh",
+            "cuda/chunk_wg.cuh",
         ])
         .arg("-O3")
         .arg("-lineinfo")

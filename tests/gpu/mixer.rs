@@ -3,7 +3,9 @@
 //! against prepare + step, and prefill across chunk boundaries.
 
 use candle_core::{DType, Device, Tensor};
-use deltaserve_kernels::ops::{gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, MixerInputs, PrefillAlgo};
+use deltaserve_kernels::ops::{
+    gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, set_warpgroup_state_pass, MixerInputs, PrefillAlgo,
+};
 use deltaserve_kernels::SlotBuffer;
 use deltaserve_tests::{rel_err, values};
 use rand::{Rng, SeedableRng};
@@ -72,9 +74,20 @@ const SHAPES: [(usize, usize, usize, usize, usize); 6] =
 /// split (f32) pass packed takes 32-column tiles (320 CTAs: three waves of 132 SMs) and alone 16.
 const WIDE_SHAPES: [(usize, usize, usize, usize, usize); 3] = [(1, 4, 8, 64, 256), (1, 8, 8, 128, 256), (1, 4, 8, 256, 256)];
 
+/// With the bf16 state pass on mma.sync and on the warpgroup tensor cores (where eligible).
 pub(crate) fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
+    for wg in [false, true] {
+        set_warpgroup_state_pass(wg);
+        packed_equals_alone(dev, wg);
+    }
+    set_warpgroup_state_pass(true);
+}
+
+fn packed_equals_alone(dev: &Device, wg: bool) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for ((n, h, hv, kd, vd), dtype) in SHAPES.into_iter().chain(WIDE_SHAPES).flat_map(|s| [(s, DType::F32), (s, BF16)]) {
+    let bf16_only = |((_, _, _, _, _), dtype): &((usize, usize, usize, usize, usize), DType)| !wg || *dtype == BF16;
+    let cases = SHAPES.into_iter().chain(WIDE_SHAPES).flat_map(|s| [(s, DType::F32), (s, BF16)]).filter(bf16_only);
+    for ((n, h, hv, kd, vd), dtype) in cases {
         let lens = [65usize, 1, 130, 64, 7];
         let slots = [3usize, 0, 4, 1, 2];
         let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(dtype)).collect();
@@ -99,7 +112,7 @@ pub(crate) fn gpu_packed_prefill_equals_prefilling_each_alone(dev: &Device) {
             let e_s = rel_err(&packed_states.slot_to_vec(slots[i]).unwrap(), &alone.slot_to_vec(0).unwrap());
             worst = worst.max(e_o).max(e_s);
         }
-        println!("packed vs alone ({dtype:?} q/k/v, n={n} H={h} HV={hv} K={kd} V={vd}): worst rel err {worst:.2e}");
+        println!("packed vs alone ({dtype:?} q/k/v, n={n} H={h} HV={hv} K={kd} V={vd}, warpgroup pass {wg}): worst rel err {worst:.2e}");
         assert!(worst <= 1e-6, "packed prefill differs: {worst:.3e}");
     }
 }
@@ -341,5 +354,56 @@ pub(crate) fn gpu_paired_prep_equals_one_head_a_cta(dev: &Device) {
         assert!(same(&o1, &o2) && states_same, "paired prep differs at H={h} HV={hv} K={kd}");
         // Not a vacuous comparison: the outputs are not all zero.
         assert!(o1.iter().any(|x| x.abs() > 1e-3));
+    }
+}
+
+/// The warpgroup (wgmma) state pass of the bf16 chunked prefill against the CPU's f32 prefill
+/// and against the mma.sync pass, both forced: packed sequences of 1–4,097 tokens (partial
+/// chunks, padding rows) in permuted slots, GVA, K = 64, 120 (zero-padded to 128) and 128, V
+/// of one to four 64-column tiles and a partial one (72), Gated DeltaProduct's n = 2.
+pub(crate) fn gpu_warpgroup_state_pass_matches_cpu(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    for (n, h, hv, kd, vd) in [(1, 2, 4, 128, 128), (1, 2, 2, 64, 256), (1, 1, 1, 120, 72), (2, 2, 4, 128, 64)] {
+        let lens = [4097usize, 1, 130, 64];
+        let slots = [2usize, 0, 3, 1];
+        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).with_qkv(BF16)).collect();
+        let all = cat(&cases.iter().collect::<Vec<_>>());
+        let mut cu = vec![0];
+        for l in lens {
+            cu.push(cu.last().unwrap() + l);
+        }
+        let per = hv * kd * vd;
+        let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let fill = |states: &mut SlotBuffer| {
+            for (i, &s) in slots.iter().enumerate() {
+                states.write_slot(s, &h0[i]).unwrap();
+            }
+        };
+        let mut cpu = SlotBuffer::zeros(4, per);
+        fill(&mut cpu);
+        let oc = gated_delta_prefill_packed(all.inputs(), &mut cpu, &cu, &slots, PrefillAlgo::Chunked, &[], None).unwrap();
+        let sc: Vec<f32> = (0..4).flat_map(|i| cpu.slot_to_vec(i).unwrap()).collect();
+        let g = all.on(dev);
+        let run = |wg: bool| {
+            set_warpgroup_state_pass(wg);
+            let mut states = SlotBuffer::zeros_on(4, per, dev).unwrap();
+            fill(&mut states);
+            let o = gated_delta_prefill_packed(g.inputs(), &mut states, &cu, &slots, PrefillAlgo::Chunked, &[], None).unwrap();
+            let s: Vec<f32> = (0..4).flat_map(|i| states.slot_to_vec(i).unwrap()).collect();
+            (values(&o), s)
+        };
+        let (om, sm) = run(false);
+        let (ow, sw) = run(true);
+        set_warpgroup_state_pass(true);
+        let oc = values(&oc);
+        let (em, ew) = (rel_err(&om, &oc).max(rel_err(&sm, &sc)), rel_err(&ow, &oc).max(rel_err(&sw, &sc)));
+        let between = rel_err(&ow, &om).max(rel_err(&sw, &sm));
+        println!(
+            "warpgroup pass n={n} H={h} HV={hv} K={kd} V={vd}: against the CPU {ew:.2e} (mma.sync {em:.2e}), between them {between:.2e}"
+        );
+        assert!(ew <= BF16_TOL, "warpgroup pass against the CPU: {ew:.3e} (K={kd} V={vd})");
+        // The two passes round differently (the decay on V' or on the keys): not bit for bit, but
+        // within the bf16 tolerance of each other, and not the same result by accident.
+        assert!(between <= BF16_TOL && between > 0.0, "warpgroup against mma.sync: {between:.3e}");
     }
 }

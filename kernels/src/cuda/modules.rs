@@ -30,6 +30,14 @@ pub(crate) struct Module {
     image: Image,
 }
 
+impl Module {
+    /// Whether the module is machine code (a cubin for the build's arch-specific target, sm_90a):
+    /// the only images whose warpgroup (wgmma) entries are built.
+    pub(crate) fn is_sass(&self) -> bool {
+        matches!(self.image, Image::Sass(_))
+    }
+}
+
 include!(concat!(env!("OUT_DIR"), "/modules.rs"));
 
 /// A function of one of the modules, launched on its device's stream.

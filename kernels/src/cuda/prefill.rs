@@ -59,6 +59,33 @@ pub fn set_prep_pairs(on: bool) {
     PREP_PAIRS.set(on);
 }
 
+/// `chunk_wg_state`: two buffers each of the key and Q tiles (K padded to 16·KT, 128-byte
+/// swizzled), V's padded tile and G; one each of T2 and P; each warp's decays; O's staging tile
+/// at K = 64 (K = 128 stages it in a Q buffer); 1 KB for the swizzle's alignment.
+fn wg_state_smem(kt: usize) -> usize {
+    let stage = if kt > 4 { 0 } else { CHUNK * CHUNK * 4 };
+    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + 4 * 512 + stage + 1024
+}
+
+/// Whether the bf16 state pass runs on the warpgroup tensor cores (`chunk_wg_state_*`,
+/// `chunk_wg.cuh`): bf16 inputs with K ≤ 128, K, V and v's row stride multiples of 8, and q, k
+/// and v 16-byte aligned (`aligned`), from an sm_90a image; faster than the mma.sync pass at
+/// every shape measured (`docs/performance.md`). All of that is the model's, not the batch's,
+/// so a sequence takes the same pass, and the same bits, whatever it is packed with.
+/// `DELTASERVE_TC_WG=0` or [`set_warpgroup_pass`] turns it off.
+fn warpgroup_pass(lo: bool, k: usize, v: usize, ldv: usize, aligned: bool) -> bool {
+    let eligible = !lo && k <= 128 && k.is_multiple_of(8) && v.is_multiple_of(8) && ldv.is_multiple_of(8) && aligned;
+    eligible && super::modules::CHUNK_WG.is_sass() && WG_PASS.on()
+}
+static WG_PASS: Switch = Switch::new("DELTASERVE_TC_WG");
+
+/// Turns the warpgroup state pass on (where eligible) or off for the process: GPU tests compare
+/// it with the mma.sync pass.
+#[doc(hidden)]
+pub fn set_warpgroup_pass(on: bool) {
+    WG_PASS.set(on);
+}
+
 /// `chunk_mma_state`: Q and key tiles (K padded to the kernel's 16·KT), P, the bf16 S, then
 /// two key tiles (the next chunk's arrives early), T2 and V (bf16 inputs) or a W tile and an
 /// fp32 U tile (f32 inputs), V', and G with the chunk's two decay vectors. With `lo` (f32
@@ -246,13 +273,17 @@ pub fn gated_delta_chunk_tc(
     let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo, false), v, slots.len() * hv, sms, pick);
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
     let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
-    let name = match (lo, db) {
-        (true, _) => format!("chunk_split_state_k{kt}_bv{bv}{sfx}"),
-        (false, true) => format!("chunk_mma_state_db_k{kt}_bv{bv}{sfx}"),
-        (false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
+    let aligned = !lo && [&q, &kk, &vv].into_iter().all(|t| super::first_element_address::<bf16>(t).is_ok_and(|a| a.is_multiple_of(16)));
+    let wg = warpgroup_pass(lo, k, v, ldv as usize, aligned);
+    let (bv, threads) = if wg { (64, 128) } else { (bv, 256) };
+    let name = match (lo, db, wg) {
+        (false, _, true) => format!("chunk_wg_state_k{kt}{sfx}"),
+        (true, _, _) => format!("chunk_split_state_k{kt}_bv{bv}{sfx}"),
+        (false, true, false) => format!("chunk_mma_state_db_k{kt}_bv{bv}{sfx}"),
+        (false, false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
     };
-    let state = func(&dev, &name, &modules::CHUNK_MMA)?;
-    let state_smem = mma_state_smem(k, bv, lo, db);
+    let state = func(&dev, &name, if wg { &modules::CHUNK_WG } else { &modules::CHUNK_MMA })?;
+    let state_smem = if wg { wg_state_smem(kt) } else { mma_state_smem(k, bv, lo, db) };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its
     // place for bf16 ones; only f32 inputs have a W (bf16 pairs).
@@ -331,7 +362,7 @@ pub fn gated_delta_chunk_tc(
                                 l.arg(i);
                             }
                             l.arg(&x.scale);
-                            unsafe { l.launch(grid(v.div_ceil(bv), hv, slots.len(), 256, state_smem as u32)) }.w()?;
+                            unsafe { l.launch(grid(v.div_ceil(bv), hv, slots.len(), threads, state_smem as u32)) }.w()?;
                         })
                     })
                 })

@@ -249,6 +249,16 @@ fn prefill_host(x: MixerInputs<'_>, state: &mut [f32], algo: PrefillAlgo) -> Res
     Ok(Tensor::from_vec(o, (f.t, f.d.hv, f.d.v), x.q.device())?)
 }
 
+/// Turns the GPU's warpgroup (wgmma) state pass of the bf16 chunked prefill on (where eligible)
+/// or off for the process: GPU tests compare it with the mma.sync pass. Nothing changes on the
+/// CPU.
+#[doc(hidden)]
+pub fn set_warpgroup_state_pass(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_warpgroup_pass(on);
+    let _ = on;
+}
+
 /// Turns the GPU's paired bf16 chunk prep (two value heads of a key head a CTA) on or off for
 /// the process: the GPU test compares it with one head a CTA. Nothing changes on the CPU.
 #[doc(hidden)]

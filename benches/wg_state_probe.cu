@@ -1,0 +1,344 @@
+// The wgmma state pass (kernels/cuda/chunk_wg.cuh) against the mma.sync one (chunk_mma.cuh):
+// outputs and final states against an f64 reference on small shapes, then both timed on the
+// mixer benchmark's shapes. nvcc -O3 -arch=sm_90a -std=c++17 -Ikernels/cuda.
+#include <cuda_runtime.h>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "chunk_wg.cuh"
+
+#define OLD_ENTRY(NAME, KT, MINB, BV, DB)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                       \
+      NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,    \
+           float* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,  \
+           int K, int V, float scale) {                                                                             \
+    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                \
+    chunk_mma_state<KT, BV, false, DB>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);           \
+  }
+OLD_ENTRY(old_k4, 4, 2, 64, false)
+OLD_ENTRY(old_k8, 8, 2, 64, false)
+OLD_ENTRY(old_db_k8, 8, 1, 32, true)
+OLD_ENTRY(old_k8_bv32, 8, 2, 32, false)
+#define NEW_ENTRY(NAME, KT)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)                                                       \
+      NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,    \
+           float* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,  \
+           int K, int V, float scale) {                                                                             \
+    chunk_wg_state<KT, float>(q, k, v, ldv, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);   \
+  }
+NEW_ENTRY(new_k4, 4)
+NEW_ENTRY(new_k8, 8)
+
+typedef void (*Entry)(const bf16*, const bf16*, const bf16*, long, const bf16*, const bf16*, const float*, float*,
+                      const int*, const int*, const int*, int, float*, int, int, int, int, float);
+
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      exit(1);                                                                       \
+    }                                                                                \
+  } while (0)
+
+static size_t r128(size_t b) { return (b + 127) / 128 * 128; }
+// prefill.rs's mma_state_smem for bf16 inputs.
+static size_t old_smem(int K, int bv = 64, bool db = false) {
+  const int kt = K <= 64 ? 4 : 8, k16 = 16 * kt;
+  const size_t ktb = 2 * 64 * (k16 + 8), pt = 2 * 64 * 72, sb = 2 * (bv + 8);
+  std::vector<size_t> parts = {ktb, ktb, ktb, pt, k16 * sb, pt, 64 * sb, 64 * sb, 12 * 64};
+  if (db || kt <= 4) parts.insert(parts.end(), {pt, pt, 64 * sb, 4 * 64});
+  size_t t = 0;
+  for (size_t p : parts) t += r128(p);
+  return t;
+}
+
+static float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+struct Cfg {
+  std::string name;
+  std::vector<int> lens;
+  int H, HV, K, V;
+  bool check;
+};
+
+int main() {
+  std::vector<Cfg> cfgs = {
+      {"check K=128 GVA 2:4 V=128, lengths 200 131 64 1", {200, 131, 64, 1}, 2, 4, 128, 128, true},
+      {"check K=64 V=192, lengths 300 77", {300, 77}, 2, 2, 64, 192, true},
+      {"check K=120 V=72, length 150", {150}, 1, 1, 120, 72, true},
+      {"1x4096 H=16 K=128 V=256", {4096}, 16, 16, 128, 256, false},
+      {"8x2048 H=16 K=128 V=256", std::vector<int>(8, 2048), 16, 16, 128, 256, false},
+      {"8x2048 H=16 K=64 V=256", std::vector<int>(8, 2048), 16, 16, 64, 256, false},
+      {"4x8192 H=16 K=128 V=256", std::vector<int>(4, 8192), 16, 16, 128, 256, false},
+      {"Qwen3.5 GDN 1x4096 H=16 HV=32 K=128 V=128", {4096}, 16, 32, 128, 128, false},
+      {"Qwen3.5 GDN 4x1024 H=16 HV=32 K=128 V=128", std::vector<int>(4, 1024), 16, 32, 128, 128, false},
+      {"1x64 H=16 K=128 V=256 (one chunk)", {64}, 16, 16, 128, 256, false},
+      {"8x64 Qwen3.5 GDN H=16 HV=32 K=128 V=128 (one chunk each)", std::vector<int>(8, 64), 16, 32, 128, 128, false},
+      {"1x200 Qwen3.5 GDN H=16 HV=32 K=128 V=128", {200}, 16, 32, 128, 128, false},
+      {"2x4096 H=16 K=128 V=256 (128 CTAs of 64 columns)", std::vector<int>(2, 4096), 16, 16, 128, 256, false},
+      {"Qwen3.5 GDN 2x512 H=16 HV=32 K=128 V=128 (128 CTAs)", std::vector<int>(2, 512), 16, 32, 128, 128, false},
+      {"Qwen3.5 GDN 3x512 H=16 HV=32 K=128 V=128 (192 CTAs)", std::vector<int>(3, 512), 16, 32, 128, 128, false},
+  };
+  const size_t wg8 = wg_state_smem(8), wg4 = wg_state_smem(4);
+  CK(cudaFuncSetAttribute(new_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg8));
+  CK(cudaFuncSetAttribute(new_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg4));
+  CK(cudaFuncSetAttribute(old_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(128)));
+  CK(cudaFuncSetAttribute(old_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(64)));
+  CK(cudaFuncSetAttribute(old_db_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(128, 32, true)));
+  CK(cudaFuncSetAttribute(old_k8_bv32, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(128, 32)));
+  printf("smem: new k8 %zu, k4 %zu; old k8 %zu, k4 %zu bytes\n", wg8, wg4, old_smem(128), old_smem(64));
+  for (auto [f, name] : {std::pair<const void*, const char*>{(const void*)new_k8, "new_k8"}, {(const void*)new_k4, "new_k4"},
+                         {(const void*)old_k8, "old_k8"}, {(const void*)old_k4, "old_k4"}}) {
+    cudaFuncAttributes a;
+    CK(cudaFuncGetAttributes(&a, f));
+    printf("%s: %d registers, %zu bytes local\n", name, a.numRegs, a.localSizeBytes);
+  }
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  bool all_ok = true;
+  for (const Cfg& c : cfgs) {
+    const int nseq = c.lens.size(), H = c.H, HV = c.HV, K = c.K, V = c.V, gva = HV / H;
+    std::vector<int> cu(nseq + 1, 0);
+    for (int i = 0; i < nseq; ++i) cu[i + 1] = cu[i] + c.lens[i];
+    const int rows = cu[nseq];
+    std::vector<float> qf((size_t)rows * H * K), kf((size_t)rows * H * K), vf((size_t)rows * HV * V);
+    for (size_t i = 0; i < qf.size(); i += K)
+      for (float* x : {&qf[i], &kf[i]}) {
+        double ss = 0;
+        for (int j = 0; j < K; ++j) x[j] = nd(rng), ss += x[j] * x[j];
+        for (int j = 0; j < K; ++j) x[j] = bf(x[j] / std::sqrt(ss));
+      }
+    for (float& x : vf) x = bf(nd(rng));
+    std::vector<float> G((size_t)rows * HV), beta((size_t)rows * HV);
+    std::vector<float> T2((size_t)rows * HV * 64, 0.0f), P((size_t)rows * HV * 64, 0.0f);
+    for (int s = 0; s < nseq; ++s)
+      for (int hv = 0; hv < HV; ++hv) {
+        const int hk = hv / gva;
+        for (int t0 = cu[s]; t0 < cu[s + 1]; t0 += 64) {
+          const int L = std::min(64, cu[s + 1] - t0);
+          float acc = 0;
+          for (int i = 0; i < L; ++i) {
+            acc -= 0.02f + 0.13f * ud(rng);
+            G[(size_t)(t0 + i) * HV + hv] = acc;
+            beta[(size_t)(t0 + i) * HV + hv] = 0.2f + 0.7f * ud(rng);
+          }
+          auto g = [&](int i) { return (double)G[(size_t)(t0 + i) * HV + hv]; };
+          if (!c.check) {  // timing only: a cheap lower-triangular T2 and P of similar size
+            for (int i = 0; i < L; ++i)
+              for (int j = 0; j <= i; ++j) {
+                const size_t at = ((size_t)(t0 + i) * HV + hv) * 64 + j;
+                T2[at] = bf(i == j ? beta[(size_t)(t0 + i) * HV + hv] : 0.05f * nd(rng));
+                P[at] = bf(0.1f * nd(rng) * std::exp(g(i) - g(j)));
+              }
+            continue;
+          }
+          auto dot = [&](const float* a, const float* b) {
+            double d = 0;
+            for (int j = 0; j < K; ++j) d += (double)a[j] * b[j];
+            return d;
+          };
+          auto kr = [&](int i) { return &kf[((size_t)(t0 + i) * H + hk) * K]; };
+          auto qr = [&](int i) { return &qf[((size_t)(t0 + i) * H + hk) * K]; };
+          // T = (I + A)^-1 with A[i][j] = β_i (k_i·k_j) e^{G_i − G_j}, j < i; T2 = T diag(β).
+          std::vector<double> T(64 * 64, 0.0);
+          for (int i = 0; i < L; ++i) {
+            T[i * 64 + i] = 1.0;
+            for (int j = 0; j < i; ++j) {
+              double sum = 0;
+              for (int m = j; m < i; ++m) {
+                const double a = beta[(size_t)(t0 + i) * HV + hv] * dot(kr(i), kr(m)) * std::exp(g(i) - g(m));
+                sum += a * T[m * 64 + j];
+              }
+              T[i * 64 + j] = -sum;
+            }
+          }
+          for (int i = 0; i < L; ++i)
+            for (int j = 0; j <= i; ++j) {
+              T2[((size_t)(t0 + i) * HV + hv) * 64 + j] = bf(T[i * 64 + j] * beta[(size_t)(t0 + j) * HV + hv]);
+              P[((size_t)(t0 + i) * HV + hv) * 64 + j] = bf(dot(qr(i), kr(j)) * std::exp(g(i) - g(j)));
+            }
+        }
+      }
+    std::vector<int> slots(nseq);
+    for (int s = 0; s < nseq; ++s) slots[s] = nseq - 1 - s;
+    std::vector<float> S0((size_t)nseq * HV * K * V);
+    for (float& x : S0) x = 0.1f * nd(rng);
+    const float scale = 1.0f / std::sqrt((float)K);
+
+    auto to_bf = [](const std::vector<float>& x) {
+      std::vector<bf16> y(x.size());
+      for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16(x[i]);
+      return y;
+    };
+    auto up = [](const auto& h) {
+      using T = typename std::decay_t<decltype(h)>::value_type;
+      T* d;
+      CK(cudaMalloc(&d, h.size() * sizeof(T)));
+      CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+      return d;
+    };
+    bf16 *dq = up(to_bf(qf)), *dk = up(to_bf(kf)), *dv = up(to_bf(vf)), *dT2 = up(to_bf(T2)), *dP = up(to_bf(P));
+    float* dG = up(G);
+    int *dcu = up(cu), *dslots = up(slots);
+    float *dS, *dO;
+    CK(cudaMalloc(&dS, S0.size() * 4));
+    CK(cudaMalloc(&dO, (size_t)rows * HV * V * 4));
+    const bool k4 = K <= 64;
+    Entry oldf = k4 ? old_k4 : old_k8, newf = k4 ? new_k4 : new_k8;
+    const size_t osm = old_smem(K), nsm = k4 ? wg4 : wg8;
+    // 0: mma.sync, 64-column tiles; 1: wgmma; 2: mma.sync double-buffered, 32-column tiles (K = 128).
+    auto run = [&](int which) {
+      if (which == 1) {
+        newf<<<dim3((V + 63) / 64, HV, nseq), WG_THREADS, nsm>>>(dq, dk, dv, (long)HV * V, dT2, dP, dG, dS, dcu, dslots,
+                                                                  nullptr, 0, dO, H, HV, K, V, scale);
+      } else if (which == 0) {
+        oldf<<<dim3((V + 63) / 64, HV, nseq), THREADS, osm>>>(dq, dk, dv, (long)HV * V, dT2, dP, dG, dS, dcu, dslots,
+                                                              nullptr, 0, dO, H, HV, K, V, scale);
+      } else if (which == 2) {
+        old_db_k8<<<dim3((V + 31) / 32, HV, nseq), THREADS, old_smem(128, 32, true)>>>(
+            dq, dk, dv, (long)HV * V, dT2, dP, dG, dS, dcu, dslots, nullptr, 0, dO, H, HV, K, V, scale);
+      } else {
+        old_k8_bv32<<<dim3((V + 31) / 32, HV, nseq), THREADS, old_smem(128, 32)>>>(
+            dq, dk, dv, (long)HV * V, dT2, dP, dG, dS, dcu, dslots, nullptr, 0, dO, H, HV, K, V, scale);
+      }
+    };
+    printf("\n## %s\n", c.name.c_str());
+    if (c.check) {
+      // f64 reference.
+      std::vector<double> O((size_t)rows * HV * V, 0.0), SF(S0.begin(), S0.end());
+      for (int s = 0; s < nseq; ++s)
+        for (int hv = 0; hv < HV; ++hv) {
+          const int hk = hv / gva;
+          double* S = &SF[((size_t)slots[s] * HV + hv) * K * V];
+          for (int t0 = cu[s]; t0 < cu[s + 1]; t0 += 64) {
+            const int L = std::min(64, cu[s + 1] - t0);
+            std::vector<double> Z(64 * V, 0.0), Y(64 * V, 0.0), R(64 * V, 0.0), VP(64 * V, 0.0);
+            auto kk = [&](int i, int j) { return (double)kf[((size_t)(t0 + i) * H + hk) * K + j]; };
+            auto qq = [&](int i, int j) { return (double)qf[((size_t)(t0 + i) * H + hk) * K + j]; };
+            auto g = [&](int i) { return (double)G[(size_t)(t0 + i) * HV + hv]; };
+            for (int i = 0; i < L; ++i)
+              for (int j = 0; j < K; ++j)
+                for (int n = 0; n < V; ++n) {
+                  Z[i * V + n] += kk(i, j) * S[(size_t)j * V + n];
+                  Y[i * V + n] += qq(i, j) * S[(size_t)j * V + n];
+                }
+            for (int i = 0; i < L; ++i)
+              for (int n = 0; n < V; ++n)
+                R[i * V + n] = vf[(size_t)(t0 + i) * HV * V + (size_t)hv * V + n] - std::exp(g(i)) * Z[i * V + n];
+            for (int i = 0; i < L; ++i)
+              for (int j = 0; j <= i; ++j) {
+                const double t = T2[((size_t)(t0 + i) * HV + hv) * 64 + j];
+                for (int n = 0; n < V; ++n) VP[i * V + n] += t * R[j * V + n];
+              }
+            for (int i = 0; i < L; ++i)
+              for (int n = 0; n < V; ++n) {
+                double x = std::exp(g(i)) * Y[i * V + n];
+                for (int j = 0; j <= i; ++j) x += P[((size_t)(t0 + i) * HV + hv) * 64 + j] * VP[j * V + n];
+                O[((size_t)(t0 + i) * HV + hv) * V + n] = scale * x;
+              }
+            const double gl = g(L - 1);
+            for (size_t e = 0; e < (size_t)K * V; ++e) S[e] *= std::exp(gl);
+            for (int i = 0; i < L; ++i) {
+              const double dkk = std::exp(gl - g(i));
+              for (int j = 0; j < K; ++j)
+                for (int n = 0; n < V; ++n) S[(size_t)j * V + n] += dkk * kk(i, j) * VP[i * V + n];
+            }
+          }
+        }
+      std::vector<float> outs[2], sts[2];
+      for (int neu = 0; neu < 2; ++neu) {
+        CK(cudaMemcpy(dS, S0.data(), S0.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dO, 0xff, (size_t)rows * HV * V * 4));
+        run(neu);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        outs[neu].resize((size_t)rows * HV * V);
+        sts[neu].resize(S0.size());
+        CK(cudaMemcpy(outs[neu].data(), dO, outs[neu].size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(sts[neu].data(), dS, S0.size() * 4, cudaMemcpyDeviceToHost));
+      }
+      auto err = [](const std::vector<float>& x, const std::vector<double>& ref) {
+        double m = 0, e = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+          m = std::max(m, std::fabs(ref[i]));
+          const double d = std::fabs(x[i] - ref[i]);
+          e = std::isfinite(x[i]) ? std::max(e, d) : INFINITY;
+        }
+        return e / m;
+      };
+      const double eo[2] = {err(outs[0], O), err(outs[1], O)}, es[2] = {err(sts[0], SF), err(sts[1], SF)};
+      printf("| kernel | outputs: max error / max |ref| | final states |\n|---|---|---|\n");
+      printf("| mma.sync (old) | %.3e | %.3e |\n| wgmma (new) | %.3e | %.3e |\n", eo[0], es[0], eo[1], es[1]);
+      const bool ok = eo[1] < 2.0 * eo[0] + 1e-3 && es[1] < 2.0 * es[0] + 1e-3;
+      printf("%s\n", ok ? "PASS" : "FAIL");
+      all_ok &= ok;
+    } else {
+      CK(cudaMemcpy(dS, S0.data(), S0.size() * 4, cudaMemcpyHostToDevice));
+      cudaEvent_t a, b;
+      CK(cudaEventCreate(&a));
+      CK(cudaEventCreate(&b));
+      const int kinds = k4 ? 2 : 4;
+      float ms[4][3];
+      for (int round = 0; round < 3; ++round)
+        for (int neu = 0; neu < kinds; ++neu) {
+          for (int w = 0; w < 3; ++w) run(neu);
+          CK(cudaEventRecord(a));
+          for (int r = 0; r < 20; ++r) run(neu);
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          CK(cudaGetLastError());
+          float t;
+          CK(cudaEventElapsedTime(&t, a, b));
+          ms[neu][round] = t / 20;
+        }
+#ifdef WG_PROFILE
+      {
+        unsigned long long zero8[8] = {0}, prof[8];
+        CK(cudaMemcpyToSymbol(wg_prof, zero8, sizeof(zero8)));
+        run(1);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpyFromSymbol(prof, wg_prof, sizeof(prof)));
+        const int chunks = (c.lens[0] + 63) / 64;
+        printf("wgmma phases, cycles a chunk (CTA 0, thread 0):");
+        const char* names[8] = {"end→top", "wait A+barrier+S wait", "Z,Y issue+loads+decays", "Z wait", "R+T2 wait", "V'+P wait", "O,S issue+O wait", "stores"};
+        for (int i = 0; i < 8; ++i) printf(" %s %.0f;", names[i], (double)prof[i] / chunks);
+        printf("\n");
+      }
+#endif
+      // One run of each from the same states: how far apart the two outputs are.
+      std::vector<float> outs[2];
+      for (int neu = 0; neu < 2; ++neu) {
+        CK(cudaMemcpy(dS, S0.data(), S0.size() * 4, cudaMemcpyHostToDevice));
+        run(neu);
+        CK(cudaDeviceSynchronize());
+        outs[neu].resize((size_t)rows * HV * V);
+        CK(cudaMemcpy(outs[neu].data(), dO, outs[neu].size() * 4, cudaMemcpyDeviceToHost));
+      }
+      double m = 0, e = 0;
+      for (size_t i = 0; i < outs[0].size(); ++i)
+        m = std::max(m, (double)std::fabs(outs[0][i])), e = std::max(e, (double)std::fabs(outs[0][i] - outs[1][i]));
+      printf("| kernel | ms, three rounds of 20 |\n|---|---|\n");
+      printf("| mma.sync (old) | %.4f / %.4f / %.4f |\n| wgmma (new) | %.4f / %.4f / %.4f |\n", ms[0][0], ms[0][1],
+             ms[0][2], ms[1][0], ms[1][1], ms[1][2]);
+      if (kinds == 4) {
+        printf("| mma.sync double-buffered, 32 columns | %.4f / %.4f / %.4f |\n", ms[2][0], ms[2][1], ms[2][2]);
+        printf("| mma.sync, 32 columns | %.4f / %.4f / %.4f |\n", ms[3][0], ms[3][1], ms[3][2]);
+      }
+      printf("new against old: outputs differ by %.3e of their max |x|\n", e / m);
+      const bool ok = e / m < 2e-2;
+      printf("%s\n", ok ? "PASS" : "FAIL (new against old)");
+      all_ok &= ok;
+    }
+    for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dT2, (void*)dP, (void*)dG, (void*)dcu, (void*)dslots,
+                    (void*)dS, (void*)dO})
+      CK(cudaFree(p));
+  }
+  printf("\n%s\n", all_ok ? "ALL CHECKS PASS" : "SOME CHECK FAILED");
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,416 @@
+// Launch 2 of the chunked prefill for bf16 inputs with K ≤ 128 on Hopper's warpgroup tensor
+// cores (wgmma); chunk_mma.cuh's mma.sync pass takes f32 inputs, K > 128 and unaligned rows.
+// One warpgroup (128 threads) per (sequence, value head, 64-column value tile) keeps the state
+// transposed, Sᵀ [value columns, keys], in fp32 accumulator registers, and walks the chunks:
+//   Zᵀ = Sᵀ Kᵀ, Yᵀ = Sᵀ Qᵀ                       A: Sᵀ rounded to bf16, from registers
+//   Rᵀ = Vᵀ − Zᵀ e^G                               V transposed by ldmatrix from shared memory
+//   V'ᵀ = Rᵀ T2ᵀ                                   B: T2's rows, K-major as they lie
+//   Oᵀ = scale (Yᵀ e^G + V'ᵀ Pᵀ)                  B: P's rows
+//   Sᵀ ← e^{G_last} Sᵀ + (V'ᵀ e^{G_last − G}) K   B: the key tile read MN-major
+// Transposed, every product's A operand is a previous product's accumulator (rounded to bf16)
+// and every B operand a tile as it arrives: nothing goes through shared memory between the
+// products, and no warp loads an operand but V. Tiles come by cp.async in the 128-byte swizzle
+// wgmma reads (see chunk_wg_state for which arrive when); O leaves through shared memory.
+//
+// Rounding: Sᵀ, R and V' are rounded to bf16 as the mma.sync pass rounds them; the state update
+// takes bf16(V' e^{G_last − G}) where that pass takes bf16(e^{G_last − G} K) (fla rounds as here).
+#pragma once
+#include "chunk_mma.cuh"  // ldsm4_t, pack_bf16, the tile helpers
+
+#define WG_THREADS 128
+#define WG_VP 72  // V tile's row pitch (padded: ldmatrix reads it, not wgmma)
+
+// The 16-byte piece c (0..7) of row r of a 128-byte-row swizzle atom (the atom 1024-aligned).
+__device__ __forceinline__ unsigned wg_swz(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// Operand descriptors, 128-byte swizzle, 8-row groups 1024 bytes apart. K-major: a k-step's 16
+// columns lie inside one row of an atom (the leading offset unused). MN-major: the tile's atoms
+// of 64 MN-columns lie 8192 bytes apart (64 rows of 128 bytes).
+__device__ __forceinline__ unsigned long long wg_desc_k(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+__device__ __forceinline__ unsigned long long wg_desc_mn(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(8192 >> 4) << 16) |
+         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving the registers' other uses across an asynchronous multiply.
+template <int N>
+__device__ __forceinline__ void wg_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_regs(unsigned (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// d[64, 64] (+)= a[64, 16] · B[16, 64]: a from registers, B K-major in shared memory.
+__device__ __forceinline__ void wg_rs_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+// d[64, 64] (+)= a[64, 16] · B[16, 64]: a from registers, B MN-major in shared memory.
+__device__ __forceinline__ void wg_rs_n64_tb(float (&d)[32], const unsigned (&a)[4], unsigned long long b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+// d[64, 128] (+)= a[64, 16] · B[16, 128]: a from registers, B MN-major in shared memory.
+__device__ __forceinline__ void wg_rs_n128_tb(float (&d)[64], const unsigned (&a)[4], unsigned long long b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+
+// The thread's index read anew (volatile): address arithmetic from it is redone where used rather
+// than hoisted out of the chunk loop into registers the state needs.
+__device__ __forceinline__ int wg_tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
+// A [64, 64·ATOMS] bf16 tile of rows src + r·stride (16-byte aligned; zeros in rows ≥ L and
+// columns ≥ W, W a multiple of 8) into 128-byte swizzle atoms 8192 bytes apart. A thread keeps
+// one 16-byte column piece and walks rows 128 / PR apart: every row it visits has the same
+// swizzle phase, so a copy is a pointer add and an immediate shared-memory offset.
+template <int ATOMS>
+__device__ __forceinline__ void wg_tile(unsigned dst, const bf16* src, size_t stride, int L, int W) {
+  constexpr int PR = 8 * ATOMS, RS = WG_THREADS / PR;  // 16-byte pieces a row; rows a step
+  const int tid = wg_tid(), cc = tid % PR, r0 = tid / PR;
+  const unsigned d = dst + (cc >> 3) * 8192 + wg_swz(r0, cc & 7);
+  const bf16* p = src + (size_t)r0 * stride + cc * 8;
+  const bool cok = cc * 8 < W;
+#pragma unroll
+  for (int j = 0; j < 64 / RS; ++j) {
+    const bool ok = cok && r0 + j * RS < L;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + j * RS * 128), "l"(ok ? p : src),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+    p += RS * stride;
+  }
+}
+
+// Four accumulators' pairs (16 columns: n8 blocks 2kk and 2kk + 1) as an A fragment in bf16.
+__device__ __forceinline__ void wg_to_a(unsigned (&a)[4], const float* d, int kk) {
+  const float* x = d + 8 * kk;
+  a[0] = pack_bf16(x[0], x[1]);
+  a[1] = pack_bf16(x[2], x[3]);
+  a[2] = pack_bf16(x[4], x[5]);
+  a[3] = pack_bf16(x[6], x[7]);
+}
+
+// Per-phase clocks of one warpgroup (the first CTA's thread 0), summed over its chunks, when
+// WG_PROFILE is defined (the probe's timing of where a chunk's time goes).
+#ifdef WG_PROFILE
+__device__ unsigned long long wg_prof[8];
+#define WG_MARK(i)                                                         \
+  do {                                                                     \
+    if (prof_on) {                                                         \
+      const long long now_ = clock64();                                    \
+      atomicAdd(&wg_prof[i], (unsigned long long)(now_ - prof_t));         \
+      prof_t = now_;                                                       \
+    }                                                                      \
+  } while (0)
+#else
+#define WG_MARK(i)
+#endif
+
+// The state pass: grid (⌈V / 64⌉, HV, sequences), WG_THREADS threads, wg_state_smem(KT) bytes of
+// dynamic shared memory. Inputs as chunk_mma_state's bf16 ones (q, k [rows, H, K], v's rows ldv
+// apart, T2 and P [rows, HV, 64], G [rows, HV]); K, V and ldv multiples of 8, q, k, v, T2 and P
+// 16-byte aligned.
+//
+// Buffers: the keys, Q, V and G of the next chunk arrive a whole chunk ahead (two of each); T2
+// and P (one each) are copied for the next chunk once this one's V' and O are formed. cp.async
+// groups, committed every chunk even when empty so that their count is fixed: A (keys, Q, V,
+// G) at the top, T2 after V', P after O; each wait lets the two groups after it stay in flight.
+template <int KT, typename TS>
+__device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                               long ldv, const bf16* __restrict__ T2, const bf16* __restrict__ P,
+                               const float* __restrict__ G, TS* __restrict__ states, const int* __restrict__ cu,
+                               const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
+                               float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+  static_assert(KT == 4 || KT == 8, "K up to 128: Sᵀ's accumulators are 2·KT·4 registers a thread");
+  constexpr int K16 = 16 * KT, ATOMS = K16 / 64, NS = K16 / 8 * 4, KS = K16 / 16;
+  constexpr int KBYTES = 64 * K16 * 2, PBYTES = 64 * 64 * 2, VBYTES = 64 * WG_VP * 2;
+  extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
+  const unsigned raw = smem_addr(wg_smem_raw);
+  const unsigned base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = wg_smem_raw + (base - raw);
+  // Shared-memory addresses (pointers for V, G and the decays), computed from the buffer's index
+  // rather than indexed, which would put them in local memory.
+  const unsigned T2b = base + 4 * KBYTES, Pb = T2b + PBYTES;
+  auto Kb = [&](int b) { return base + b * KBYTES; };
+  auto Qb = [&](int b) { return base + (2 + b) * KBYTES; };
+  unsigned char* rest = smem + 4 * KBYTES + 2 * PBYTES;
+  auto Vs = [&](int b) { return reinterpret_cast<bf16*>(rest + b * VBYTES); };
+  auto Gs = [&](int b) { return reinterpret_cast<float*>(rest + 2 * VBYTES + b * 256); };
+
+  const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * 64;
+  const int hk = hv / (HV / H);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+  // Each warp's own copy of the chunk's decays e^G and e^{G_last − G} (two per lane, no barrier).
+  float* Eg = reinterpret_cast<float*>(rest + 2 * VBYTES + 512) + warp * 128;
+  float* Dk = Eg + 64;
+  // K = 64: O's staging tile (K = 128 stages it in the chunk's Q buffer).
+  float* Ostage = reinterpret_cast<float*>(rest + 2 * VBYTES + 512 + 4 * 512);
+  const int vw = min(64, V - v0);
+  TS* Sg = states + ((size_t)slots[seq] * HV + hv) * K * V + v0;
+#ifdef WG_PROFILE
+  const bool prof_on = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0;
+  long long prof_t = clock64();
+#endif
+
+  // Sᵀ: n8 block j, entry e is value column n = 16·warp + g8 + 8·(e / 2), key kc = 8j + 2·t4 + e % 2.
+  float s[NS];
+  auto s_at = [&](int i, int& n, int& kc) {
+    n = 16 * warp + g8 + 8 * ((i & 3) >> 1);
+    kc = 8 * (i >> 2) + 2 * t4 + (i & 1);
+  };
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    int n, kc;
+    s_at(i, n, kc);
+    float x[1] = {0.0f};
+    if (n < vw && kc < K) state_load<1, false>(x, Sg + (size_t)kc * V + n);
+    s[i] = x[0];
+  }
+  auto store_s = [&](TS* dst) {
+    // An opaque zero: the stores' addresses are formed here, not kept in registers from the
+    // loads' across the whole pass.
+    size_t zero;
+    asm volatile("mov.u64 %0, 0;" : "=l"(zero));
+    dst += zero;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      int n, kc;
+      s_at(i, n, kc);
+      if (n < vw && kc < K) state_store<1, false>(dst + (size_t)kc * V + n, {s[i]});
+    }
+  };
+  pdl_entry();
+
+  const int t_begin = cu[seq], t_end = cu[seq + 1];
+  auto load_a = [&](int t0, int L, int b) {  // the keys, Q, V and G of rows t0 ..
+    wg_tile<ATOMS>(Kb(b), k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    wg_tile<ATOMS>(Qb(b), q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    const bf16* vr = v + (size_t)t0 * ldv + (size_t)hv * V + v0;
+    const int vt = wg_tid(), vc = (vt & 7) * 8, vr0 = vt >> 3;
+    const bf16* vp0 = vr + (size_t)vr0 * ldv + vc;
+    bf16* vd0 = Vs(b) + vr0 * WG_VP + vc;
+#pragma unroll
+    for (int j = 0; j < 64 / 16; ++j) {
+      const bool ok = vc < vw && vr0 + 16 * j < L;
+      cp_async16(vd0 + 16 * j * WG_VP, ok ? vp0 : vr, ok);
+      vp0 += 16 * ldv;
+    }
+    if (vt < 64) cp_async4(Gs(b) + vt, G + ((size_t)t0 + min(vt, L - 1)) * HV + hv);
+  };
+  auto load_t2 = [&](int t0, int L) { wg_tile<1>(T2b, T2 + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, L, 64); };
+  auto load_p = [&](int t0, int L) { wg_tile<1>(Pb, P + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, L, 64); };
+  // Every thread's copies into shared memory visible to every warp's wgmma.
+  auto arrived = [&]() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+  };
+  if (t_begin < t_end) {
+    const int L = min(64, t_end - t_begin);
+    load_a(t_begin, L, 0);
+    load_t2(t_begin, L);
+    load_p(t_begin, L);
+  }
+  cp_async_commit();
+  cp_async_commit();  // the first chunk's T2 and P came with its A group
+  cp_async_commit();
+
+  for (int t0 = t_begin, b = 0; t0 < t_end; t0 += 64, b ^= 1) {
+    const int L = min(64, t_end - t0);
+    const bool more = t0 + 64 < t_end;
+    const int L1 = more ? min(64, t_end - (t0 + 64)) : 0;
+    WG_MARK(0);
+    cp_async_wait<2>();  // A; this chunk's T2 and P may still be in flight
+    arrived();
+    // The previous chunk's state update ran through the wait and the barrier.
+    wg_wait<0>();
+    wg_regs(s);
+    WG_MARK(1);
+
+    // Zᵀ = Sᵀ Kᵀ and Yᵀ = Sᵀ Qᵀ from Sᵀ in bf16.
+    unsigned sa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) wg_to_a(sa[kk], s, kk);
+    float z[32], y[32];
+    wg_regs(sa);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) wg_rs_n64(z, sa[kk], wg_desc_k(Kb(b) + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) wg_rs_n64(y, sa[kk], wg_desc_k(Qb(b) + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+    wg_commit();
+    // While they run: the next chunk's A group (its buffers were last read by the previous
+    // chunk, complete before the barrier above) and this warp's decays.
+    if (more) load_a(t0 + 64, L1, b ^ 1);
+    cp_async_commit();
+    const float* Gc = Gs(b);
+    const float g_last = Gc[63];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float g = Gc[lane + 32 * h];
+      Eg[lane + 32 * h] = __expf(g);
+      Dk[lane + 32 * h] = __expf(g_last - g);
+    }
+    __syncwarp();
+    // This thread's columns c = 8j + 2·t4 + e: its decays in pairs.
+    auto eg2 = [&](int j) { return *reinterpret_cast<const float2*>(Eg + 8 * j + 2 * t4); };
+    auto dk2 = [&](int j) { return *reinterpret_cast<const float2*>(Dk + 8 * j + 2 * t4); };
+    WG_MARK(2);
+
+    wg_wait<1>();
+    wg_regs(z);
+    WG_MARK(3);
+    // Rᵀ = Vᵀ − Zᵀ e^G as A fragments: ldmatrix.trans of V's rows gives Vᵀ in the A layout.
+    unsigned ra[4][4];
+    {
+      const int mx = lane >> 3;
+      const bf16* vb = Vs(b) + ((mx >> 1) * 8 + (lane & 7)) * WG_VP + 16 * warp + (mx & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        unsigned vf[4];
+        ldsm4_t(vf, vb + kk * 16 * WG_VP);
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          // Fragment register h: n8 block 2kk + h / 2, rows g8 (+ 8 for odd h).
+          const int jb = 2 * kk + (h >> 1), zi = jb * 4 + (h & 1) * 2;
+          const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vf[h]));
+          const float2 e = eg2(jb);
+          ra[kk][h] = pack_bf16(vv.x - e.x * z[zi], vv.y - e.y * z[zi + 1]);
+        }
+      }
+    }
+    cp_async_wait<2>();  // T2
+    arrived();
+    WG_MARK(4);
+
+    // V'ᵀ = Rᵀ T2ᵀ.
+    float vp[32];
+    wg_regs(ra);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg_rs_n64(vp, ra[kk], wg_desc_k(T2b + kk * 32), kk > 0);
+    wg_commit();
+    wg_wait<0>();  // V', and Y before it
+    wg_regs(vp);
+    wg_regs(y);
+    cp_async_wait<1>();  // P (the next chunk's A group, committed after it, may stay in flight)
+    arrived();           // and every warp's V' is formed: T2's buffer is free
+    if (more) load_t2(t0 + 64, L1);
+    cp_async_commit();
+    WG_MARK(5);
+
+    // Oᵀ = Yᵀ e^G + V'ᵀ Pᵀ (scaled when stored); Sᵀ ← e^{G_last} Sᵀ + (V'ᵀ e^{G_last − G}) K.
+    unsigned va[4][4], vd[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wg_to_a(va[kk], vp, kk);
+      float w[8];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float2 d = dk2(2 * kk + hh);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[4 * hh + e] = vp[8 * kk + 4 * hh + e] * ((e & 1) ? d.y : d.x);
+      }
+      wg_to_a(vd[kk], w, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 e = eg2(j);
+      y[4 * j] *= e.x, y[4 * j + 1] *= e.y, y[4 * j + 2] *= e.x, y[4 * j + 3] *= e.y;
+    }
+    const float el = Eg[63];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] *= el;
+    wg_regs(va);
+    wg_regs(vd);
+    wg_regs(y);
+    wg_regs(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg_rs_n64(y, va[kk], wg_desc_k(Pb + kk * 32), 1);
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if constexpr (KT == 8) {
+        wg_rs_n128_tb(s, vd[kk], wg_desc_mn(Kb(b) + kk * 2048), 1);
+      } else {
+        wg_rs_n64_tb(s, vd[kk], wg_desc_mn(Kb(b) + kk * 2048), 1);
+      }
+    }
+    wg_commit();
+    wg_wait<1>();
+    wg_regs(y);
+    WG_MARK(6);
+    __syncthreads();  // every warp's O is formed: P's buffer is free
+    if (more) load_p(t0 + 64, L1);
+    cp_async_commit();
+    // O through shared memory (this chunk's Q buffer, free since Y was formed; its own buffer at
+    // K = 64), so that each row goes out in 16-byte stores: the column index XOR-ed by the row's
+    // pair index (c / 2 mod 4) · 8 keeps a warp's transposed writes on 32 banks.
+    {
+      float* ost = KT == 8 ? reinterpret_cast<float*>(smem + (Qb(b) - base)) : Ostage;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int n = 16 * warp + g8 + 8 * ((i & 3) >> 1), c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+        ost[c * 64 + (n ^ (((c >> 1) & 3) << 3))] = scale * y[i];
+      }
+      __syncthreads();
+      const int ot = wg_tid(), col = (ot & 15) * 4, c0 = ot >> 4;
+      float* orow = o + ((size_t)(t0 + c0) * HV + hv) * V + v0 + col;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = c0 + 8 * j;
+        const float4 x = *reinterpret_cast<const float4*>(ost + c * 64 + (col ^ (((c >> 1) & 3) << 3)));
+        if (c < L && col < vw) *reinterpret_cast<float4*>(orow) = x;
+        orow += (size_t)8 * HV * V;
+      }
+    }
+    WG_MARK(7);
+    const int d = has_snap ? snap[t0] : 0;
+    if (d > 0) {
+      wg_wait<0>();
+      wg_regs(s);
+      store_s(states + ((size_t)(d - 1) * HV + hv) * K * V + v0);
+    }
+  }
+  wg_wait<0>();
+  wg_regs(s);
+  cp_async_wait<0>();
+  store_s(Sg);
+}
+
+// Shared memory of chunk_wg_state<KT>: two buffers each of the keys, Q, V and G, one each of T2
+// and P, each warp's decays, O's staging tile at K = 64, and the swizzle's alignment.
+constexpr int wg_state_smem(int KT) {
+  return 4 * (64 * 16 * KT * 2) + 2 * (64 * 64 * 2) + 2 * (64 * WG_VP * 2) + 512 + 4 * 512 + (KT == 8 ? 0 : 64 * 64 * 4) +
+         1024;
+}
