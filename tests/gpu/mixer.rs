@@ -55,6 +55,21 @@ impl Case {
     }
 }
 
+/// The packed rows' boundaries: 0, then each sequence's end.
+fn cu_seqlens(lens: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |end, &l| {
+            *end += l;
+            Some(*end)
+        }))
+        .collect()
+}
+
+/// `n` random initial states of `per` values in [-0.5, 0.5).
+fn random_states(rng: &mut rand::rngs::StdRng, n: usize, per: usize) -> Vec<Vec<f32>> {
+    (0..n).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect()
+}
+
 fn cat(cases: &[&Case]) -> Case {
     let c = |f: &dyn Fn(&Case) -> &Tensor| Tensor::cat(&cases.iter().map(|x| f(x)).collect::<Vec<_>>(), 0).unwrap();
     Case { q: c(&|x| &x.q), k: c(&|x| &x.k), v: c(&|x| &x.v), beta: c(&|x| &x.beta), g: c(&|x| &x.g), n: cases[0].n }
@@ -92,16 +107,13 @@ fn packed_equals_alone(dev: &Device, wg: bool) {
         let slots = [3usize, 0, 4, 1, 2];
         let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(dtype)).collect();
         let per = hv * kd * vd;
-        let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let h0 = random_states(&mut rng, lens.len(), per);
         let mut packed_states = SlotBuffer::zeros_on(5, per, dev).unwrap();
         for (i, &s) in slots.iter().enumerate() {
             packed_states.write_slot(s, &h0[i]).unwrap();
         }
         let all = cat(&cases.iter().collect::<Vec<_>>());
-        let mut cu = vec![0];
-        for l in lens {
-            cu.push(cu.last().unwrap() + l);
-        }
+        let cu = cu_seqlens(&lens);
         let o = gated_delta_prefill_packed(all.inputs(), &mut packed_states, &cu, &slots, PrefillAlgo::Chunked, &[], None).unwrap();
         let mut worst = 0f64;
         for (i, case) in cases.iter().enumerate() {
@@ -328,12 +340,9 @@ pub(crate) fn gpu_paired_prep_equals_one_head_a_cta(dev: &Device) {
         let lens = [4097usize, 1, 130, 64];
         let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(BF16)).collect();
         let all = cat(&cases.iter().collect::<Vec<_>>());
-        let mut cu = vec![0];
-        for l in lens {
-            cu.push(cu.last().unwrap() + l);
-        }
+        let cu = cu_seqlens(&lens);
         let per = hv * kd * vd;
-        let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let h0 = random_states(&mut rng, lens.len(), per);
         let slots = [2usize, 0, 3, 1];
         let run = |pairs: bool| {
             deltaserve_kernels::ops::set_paired_prep(pairs);
@@ -368,12 +377,9 @@ pub(crate) fn gpu_warpgroup_state_pass_matches_cpu(dev: &Device) {
         let slots = [2usize, 0, 3, 1];
         let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).with_qkv(BF16)).collect();
         let all = cat(&cases.iter().collect::<Vec<_>>());
-        let mut cu = vec![0];
-        for l in lens {
-            cu.push(cu.last().unwrap() + l);
-        }
+        let cu = cu_seqlens(&lens);
         let per = hv * kd * vd;
-        let h0: Vec<Vec<f32>> = (0..lens.len()).map(|_| (0..per).map(|_| rng.random_range(-0.5f32..0.5)).collect()).collect();
+        let h0 = random_states(&mut rng, lens.len(), per);
         let fill = |states: &mut SlotBuffer| {
             for (i, &s) in slots.iter().enumerate() {
                 states.write_slot(s, &h0[i]).unwrap();
