@@ -180,8 +180,9 @@ fn double_buffered(lo: bool, kt: usize, ctas: usize, sms: usize, smem: usize) ->
 /// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
 /// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32:
 /// `--mixer-precision fp32`), bf16 (k and v converted to it) uses single bf16 operands, as fla
-/// does. Both run the same state pass on mma.sync (`chunk_mma.cu`), with three products for
-/// one where operands are split.
+/// does. bf16 inputs with K ≤ 128 take the state pass on the warpgroup tensor cores
+/// (`chunk_wg.cu`; `warpgroup_pass` says when); the others run it on mma.sync
+/// (`chunk_mma.cu`), with three products for one where operands are split.
 /// Each capture also copies its sequence's state, at the end of the chunk it ends on, into its
 /// slot. With `fixed`, the tables are read from its buffer (filled with this packing), the
 /// grids sized by its capacities, and nothing is uploaded.
@@ -265,8 +266,8 @@ pub fn gated_delta_chunk_tc(
         None
     };
     let sms = sm_count(&dev)?;
-    // One state pass on mma.sync; split operands (f32 inputs) take more shared memory, so
-    // narrower value tiles at K > 128.
+    // The mma.sync pass's tiles (the warpgroup pass, chosen below, always takes 64 columns);
+    // split operands (f32 inputs) take more shared memory, so narrower value tiles at K > 128.
     let kt = mma_row_tiles(k);
     let widths: &[usize] = if lo && kt > 8 { &[32, 16] } else { &[64, 32] };
     let pick = if lo { TilePick::Waves } else { TilePick::Cover };

@@ -40,7 +40,7 @@ struct Args {
     #[arg(long)]
     decode_only: bool,
     /// Only the prefill mixer table (for comparing state-pass variants, picked with
-    /// `DELTASERVE_TC_BV` and `DELTASERVE_TC_DB`).
+    /// `DELTASERVE_TC_WG=0`, `DELTASERVE_TC_BV` and `DELTASERVE_TC_DB`).
     #[arg(long)]
     prefill_mixer_only: bool,
     /// Load the whole model and run one T=4096 prefill with the bf16 mixer (the default for bf16
