@@ -16,7 +16,7 @@ use deltaserve::routes::{app, unix_now, AppState, Serving};
 use deltaserve::scheduler::{self, PrefixCacheConfig, SchedulerConfig};
 use deltaserve_engine::state::DEFAULT_BLOCK_SIZE;
 use deltaserve_engine::PREFILL_CHUNK;
-use shutdown::{drain, exit_now, shutdown_signal, START_UP_STOP_WAIT};
+use shutdown::{drain, exit_now, ShutdownSignals, START_UP_STOP_WAIT};
 
 mod shutdown;
 
@@ -259,6 +259,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot resolve `--host` {}: {e}", args.host))?
         .next()
         .ok_or_else(|| anyhow::anyhow!("`--host` {} resolves to no address", args.host))?;
+    // Before anything says the server is starting: a stop signal from then on is a shutdown.
+    let signals = ShutdownSignals::install();
     // Bind before loading so /health answers and /ready says "loading" meanwhile.
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     tracing::info!(address = %listener.local_addr()?, model = %model_spec, "listening; loading model");
@@ -276,7 +278,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown_state = state.clone();
     let shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
     let stop = async move {
-        shutdown_signal().await;
+        signals.recv().await;
         drain(&shutdown_state, shutdown_timeout).await;
     };
     // After the drain, connections get a moment to close, then the process exits regardless.

@@ -43,24 +43,48 @@ pub(super) async fn drain(state: &AppState, timeout: Duration) {
     }
 }
 
-/// Resolves on SIGTERM or ctrl-c.
-pub(super) async fn shutdown_signal() {
-    let ctrl_c = async {
+/// SIGTERM and SIGINT (ctrl-c), listened for from the moment they are installed: tokio sets its
+/// handler when a signal stream is made, not when it is first awaited, so a signal that comes
+/// before the server awaits it (a supervisor stopping a server that has just said it is loading)
+/// still begins a shutdown instead of meeting the default action, which kills the process.
+pub(super) struct ShutdownSignals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    /// Installs the handlers (inside the runtime).
+    pub(super) fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self { term: signal(SignalKind::terminate()).ok(), int: signal(SignalKind::interrupt()).ok() }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Resolves at the first SIGTERM or SIGINT since [`ShutdownSignals::install`].
+    pub(super) async fn recv(self) {
+        #[cfg(unix)]
+        {
+            let (mut term, mut int) = (self.term, self.int);
+            async fn first(s: Option<&mut tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! { _ = first(term.as_mut()) => {}, _ = first(int.as_mut()) => {} }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutdown signal received");
+        tracing::info!("shutdown signal received");
+    }
 }
