@@ -1,6 +1,7 @@
 // The wgmma state pass (kernels/cuda/chunk_wg.cuh) against the mma.sync one (chunk_mma.cuh):
 // outputs and final states against an f64 reference on small shapes, then both timed on the
-// mixer benchmark's shapes. nvcc -O3 -arch=sm_90a -std=c++17 -Ikernels/cuda.
+// mixer benchmark's shapes. nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17
+// -Ikernels/cuda benches/wg_state_probe.cu (-DWG_PROFILE: clocks a phase).
 #include <cuda_runtime.h>
 #include <cmath>
 #include <cstdio>
@@ -9,29 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "chunk_wg.cuh"
-
-#define OLD_ENTRY(NAME, KT, MINB, BV, DB)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                       \
-      NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,    \
-           float* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,  \
-           int K, int V, float scale) {                                                                             \
-    const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                \
-    chunk_mma_state<KT, BV, false, DB>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);           \
-  }
-OLD_ENTRY(old_k4, 4, 2, 64, false)
-OLD_ENTRY(old_k8, 8, 2, 64, false)
-OLD_ENTRY(old_db_k8, 8, 1, 32, true)
-OLD_ENTRY(old_k8_bv32, 8, 2, 32, false)
-#define NEW_ENTRY(NAME, KT)                                                                                         \
-  extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)                                                       \
-      NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,    \
-           float* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,  \
-           int K, int V, float scale) {                                                                             \
-    chunk_wg_state<KT, float>(q, k, v, ldv, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);   \
-  }
-NEW_ENTRY(new_k4, 4)
-NEW_ENTRY(new_k8, 8)
+// The engine's own entries, as prefill.rs launches them.
+#include "chunk_mma.cu"
+#include "chunk_wg.cu"
+#define old_k4 chunk_mma_state_k4_bv64
+#define old_k8 chunk_mma_state_k8_bv64
+#define old_db_k8 chunk_mma_state_db_k8_bv32
+#define old_k8_bv32 chunk_mma_state_k8_bv32
+#define new_k4 chunk_wg_state_k4
+#define new_k8 chunk_wg_state_k8
 
 typedef void (*Entry)(const bf16*, const bf16*, const bf16*, long, const bf16*, const bf16*, const float*, float*,
                       const int*, const int*, const int*, int, float*, int, int, int, int, float);
