@@ -23,14 +23,7 @@
 typedef void (*Entry)(const bf16*, const bf16*, const bf16*, long, const bf16*, const bf16*, const float*, float*,
                       const int*, const int*, const int*, int, float*, int, int, int, int, float);
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      exit(1);                                                                       \
-    }                                                                                \
-  } while (0)
+#include "probe.cuh"
 
 static size_t r128(size_t b) { return (b + 127) / 128 * 128; }
 // prefill.rs's mma_state_smem for bf16 inputs.

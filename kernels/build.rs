@@ -29,6 +29,8 @@ fn build_ptx() {
             "cuda/state_io.cuh",
             "cuda/chunk_mma.cuh",
             "cuda/chunk_wg.cuh",
+            "cuda/chunk_prep.cuh",
+            "cuda/chunk_wg_prep.cuh",
         ])
         .arg("-O3")
         .arg("-lineinfo")

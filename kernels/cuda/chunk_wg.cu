@@ -1,7 +1,8 @@
-// The chunked prefill's state pass on Hopper's warpgroup tensor cores (chunk_wg.cuh) for bf16
-// inputs with K ≤ 128, each for f32 and for bf16 states (`_sbf16`). Only sm_90a builds have
-// wgmma; elsewhere the entries trap, and prefill.rs only picks them from a SASS image for it.
-#include "chunk_wg.cuh"
+// The chunked prefill on Hopper's warpgroup tensor cores for bf16 inputs with K ≤ 128: its prep
+// (chunk_wg_prep.cuh) and its state pass (chunk_wg.cuh), the latter for f32 and for bf16 states
+// (`_sbf16`). Only sm_90a builds have wgmma; elsewhere the entries trap, and prefill.rs only
+// picks them from a SASS image for it.
+#include "chunk_wg_prep.cuh"
 
 #define WG_ENTRY(NAME, KT, TS)                                                                                      \
   extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)                                                       \
@@ -19,3 +20,15 @@ WG_ENTRY(chunk_wg_state_k4, 4, float)
 WG_ENTRY(chunk_wg_state_k8, 8, float)
 WG_ENTRY(chunk_wg_state_k4_sbf16, 4, __nv_bfloat16)
 WG_ENTRY(chunk_wg_state_k8_sbf16, 8, __nv_bfloat16)
+
+// Five CTAs an SM fit (38 KB of shared memory each at K = 128): 102 registers a thread at most.
+#define WG_PREP_ENTRY(NAME, KT)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(WG_THREADS, 5)                                                        \
+      NAME(const bf16* q, const bf16* k, const float* beta, const float* g, const int* crow, const int* clen, bf16* T2, \
+           bf16* P, float* Gout, int H, int HV, int K) {                                                            \
+    pdl_entry();                                                                                                     \
+    pdl_trigger();                                                                                                   \
+    WG_BODY(chunk_wg_prep<KT>(q, k, beta, g, crow, clen, T2, P, Gout, H, HV, K));                                    \
+  }
+WG_PREP_ENTRY(chunk_wg_prep_k4, 4)
+WG_PREP_ENTRY(chunk_wg_prep_k8, 8)

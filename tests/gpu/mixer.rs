@@ -345,6 +345,8 @@ pub(crate) fn gpu_paired_prep_equals_one_head_a_cta(dev: &Device) {
         let h0 = random_states(&mut rng, lens.len(), per);
         let slots = [2usize, 0, 3, 1];
         let run = |pairs: bool| {
+            // The warpgroup prep takes K ≤ 128 wherever it may: off, so that these two run.
+            deltaserve_kernels::ops::set_warpgroup_prep(false);
             deltaserve_kernels::ops::set_paired_prep(pairs);
             let mut states = SlotBuffer::zeros_on(4, per, dev).unwrap();
             for (i, &s) in slots.iter().enumerate() {
@@ -357,12 +359,52 @@ pub(crate) fn gpu_paired_prep_equals_one_head_a_cta(dev: &Device) {
         let (o1, s1) = run(false);
         let (o2, s2) = run(true);
         deltaserve_kernels::ops::set_paired_prep(true);
+        deltaserve_kernels::ops::set_warpgroup_prep(true);
         let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         let states_same = s1.iter().zip(&s2).all(|(a, b)| same(a, b));
         println!("paired prep (n={n} H={h} HV={hv} K={kd} V={vd}): outputs equal {}, states equal {states_same}", same(&o1, &o2));
         assert!(same(&o1, &o2) && states_same, "paired prep differs at H={h} HV={hv} K={kd}");
         // Not a vacuous comparison: the outputs are not all zero.
         assert!(o1.iter().any(|x| x.abs() > 1e-3));
+    }
+}
+
+/// The warpgroup (wgmma) prep of the bf16 chunked prefill against chunk_tc_prep, one value
+/// head a CTA and (at even GVA ratios) two: the same outputs and states bit for bit (its Gram
+/// products give wmma's sums, its decays and inversion are the same expressions), with the
+/// warpgroup state pass after each. Packed sequences of 1–4,097 tokens in permuted slots, GVA
+/// 1, 2, 3 and 4, K = 32, 64, 120 (zero-padded to 128) and 128, Gated DeltaProduct's n = 2.
+pub(crate) fn gpu_warpgroup_prep_equals_tc_prep(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    for (n, h, hv, kd, vd) in [(1, 2, 4, 128, 128), (1, 2, 2, 64, 128), (1, 1, 3, 120, 72), (2, 1, 2, 128, 64), (1, 2, 8, 32, 64)] {
+        let lens = [4097usize, 1, 130, 64];
+        let slots = [2usize, 0, 3, 1];
+        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(BF16)).collect();
+        let all = cat(&cases.iter().collect::<Vec<_>>());
+        let cu = cu_seqlens(&lens);
+        let per = hv * kd * vd;
+        let h0 = random_states(&mut rng, lens.len(), per);
+        let run = |wg_prep: bool, pairs: bool| {
+            deltaserve_kernels::ops::set_warpgroup_prep(wg_prep);
+            deltaserve_kernels::ops::set_paired_prep(pairs);
+            let mut states = SlotBuffer::zeros_on(4, per, dev).unwrap();
+            for (i, &s) in slots.iter().enumerate() {
+                states.write_slot(s, &h0[i]).unwrap();
+            }
+            let o = gated_delta_prefill_packed(all.inputs(), &mut states, &cu, &slots, PrefillAlgo::Chunked, &[], None).unwrap();
+            let s: Vec<f32> = (0..4).flat_map(|i| states.slot_to_vec(i).unwrap()).collect();
+            (values(&o), s)
+        };
+        let (ow, sw) = run(true, true);
+        let (o1, s1) = run(false, false);
+        let (o2, s2) = run(false, true);
+        deltaserve_kernels::ops::set_warpgroup_prep(true);
+        deltaserve_kernels::ops::set_paired_prep(true);
+        let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let (one, two) = (same(&ow, &o1) && same(&sw, &s1), same(&ow, &o2) && same(&sw, &s2));
+        println!("warpgroup prep (n={n} H={h} HV={hv} K={kd} V={vd}): equals one head a CTA {one}, two heads a CTA {two}");
+        assert!(one && two, "warpgroup prep differs at H={h} HV={hv} K={kd}");
+        assert!(ow.iter().any(|x| x.abs() > 1e-3), "outputs all but zero");
     }
 }
 

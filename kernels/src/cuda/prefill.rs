@@ -79,6 +79,28 @@ fn warpgroup_pass(lo: bool, k: usize, v: usize, ldv: usize, aligned: bool) -> bo
 }
 static WG_PASS: Switch = Switch::new("DELTASERVE_TC_WG");
 
+/// `chunk_wg_prep`: the key and query tiles (128-byte swizzled, K padded to 16·KT), which A and
+/// T (fp32, pitch 72) take once read; G and β; 1 KB for the swizzle's alignment.
+fn wg_prep_smem(kt: usize) -> usize {
+    (2 * CHUNK * 16 * kt * 2).max(2 * 4 * CHUNK * 72) + 512 + 1024
+}
+
+/// Whether the bf16 prep runs on the warpgroup tensor cores (`chunk_wg_prep_*`,
+/// `chunk_wg_prep.cuh`): wherever the warpgroup state pass runs (its tiles, its eligibility),
+/// unless `DELTASERVE_TC_WG_PREP=0` or [`set_warpgroup_prep`] turned it off. Its T2, P and G are
+/// `chunk_tc_prep`'s bit for bit, in about 60% of the time.
+fn warpgroup_prep(wg_pass: bool) -> bool {
+    wg_pass && WG_PREP.on()
+}
+static WG_PREP: Switch = Switch::new("DELTASERVE_TC_WG_PREP");
+
+/// Turns the warpgroup prep on (where the warpgroup state pass runs) or off for the process: GPU
+/// tests compare it with `chunk_tc_prep` bit for bit.
+#[doc(hidden)]
+pub fn set_warpgroup_prep(on: bool) {
+    WG_PREP.set(on);
+}
+
 /// Turns the warpgroup state pass on (where eligible) or off for the process: GPU tests compare
 /// it with the mma.sync pass.
 #[doc(hidden)]
@@ -173,6 +195,17 @@ fn double_buffered(lo: bool, kt: usize, ctas: usize, sms: usize, smem: usize) ->
     env_count!("DELTASERVE_TC_DB").map_or(ctas <= sms, |d| d != 0)
 }
 
+/// The prep launch a prefill takes, with its dynamic shared memory.
+enum Prep {
+    /// `chunk_wg_prep_k*`: one value head a warpgroup (bf16, K ≤ 128, where the warpgroup state
+    /// pass runs).
+    Warpgroup(super::modules::Func, usize),
+    /// `chunk_tc_prep_bf16_pairs`: two value heads of a key head a CTA.
+    Pairs(super::modules::Func, usize),
+    /// `chunk_tc_prep_{bf16,f32}`: one value head a CTA.
+    OneHead(super::modules::Func, usize),
+}
+
 /// Chunked prefill on the tensor cores (fp32 accumulation and state) of packed sequences:
 /// sequence `s` owns rows `cu_seqlens[s]..cu_seqlens[s+1]` (one row per interleaved step; the
 /// caller interleaves Gated DeltaProduct) and the state of `slots[s]`, read at the start and
@@ -254,28 +287,33 @@ pub fn gated_delta_chunk_tc(
     let ints = [h as i32, hv as i32, k as i32, v as i32];
     let suffix = if lo { "f32" } else { "bf16" };
 
-    let prep = func(&dev, &format!("chunk_tc_prep_{suffix}"), &modules::CHUNK_PREP)?;
-    let smem = tc_prep_smem(k, lo);
-    prep.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    let pairs_prep = if prep_pairs(lo, h, hv) {
+    let sms = sm_count(&dev)?;
+    let kt = mma_row_tiles(k);
+    let aligned = !lo && [&q, &kk, &vv].into_iter().all(|t| super::first_element_address::<bf16>(t).is_ok_and(|a| a.is_multiple_of(16)));
+    let wg = warpgroup_pass(lo, k, v, ldv as usize, aligned);
+    let prep = if warpgroup_prep(wg) {
+        let f = func(&dev, &format!("chunk_wg_prep_k{kt}"), &modules::CHUNK_WG)?;
+        let smem = wg_prep_smem(kt);
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+        Prep::Warpgroup(f, smem)
+    } else if prep_pairs(lo, h, hv) {
         let f = func(&dev, "chunk_tc_prep_bf16_pairs", &modules::CHUNK_PREP)?;
         let smem = tc_prep_pair_smem(k);
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-        Some((f, smem))
+        Prep::Pairs(f, smem)
     } else {
-        None
+        let f = func(&dev, &format!("chunk_tc_prep_{suffix}"), &modules::CHUNK_PREP)?;
+        let smem = tc_prep_smem(k, lo);
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+        Prep::OneHead(f, smem)
     };
-    let sms = sm_count(&dev)?;
-    // The mma.sync pass's tiles (the warpgroup pass, chosen below, always takes 64 columns);
-    // split operands (f32 inputs) take more shared memory, so narrower value tiles at K > 128.
-    let kt = mma_row_tiles(k);
+    // The mma.sync pass's tiles (the warpgroup pass always takes 64 columns); split operands
+    // (f32 inputs) take more shared memory, so narrower value tiles at K > 128.
     let widths: &[usize] = if lo && kt > 8 { &[32, 16] } else { &[64, 32] };
     let pick = if lo { TilePick::Waves } else { TilePick::Cover };
     let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo, false), v, slots.len() * hv, sms, pick);
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
     let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
-    let aligned = !lo && [&q, &kk, &vv].into_iter().all(|t| super::first_element_address::<bf16>(t).is_ok_and(|a| a.is_multiple_of(16)));
-    let wg = warpgroup_pass(lo, k, v, ldv as usize, aligned);
     let (bv, threads) = if wg { (64, 128) } else { (bv, 256) };
     let name = match (lo, db, wg) {
         (false, _, true) => format!("chunk_wg_state_k{kt}{sfx}"),
@@ -317,36 +355,40 @@ pub fn gated_delta_chunk_tc(
                     with_view!(vv, vv_, $ty, {
                         with_view!(beta, bv_, {
                             with_mixer_gate!(g, gp, {
-                                if let Some((f, smem)) = &pairs_prep {
-                                    let mut l = f.builder();
-                                    l.arg(&qv).arg(&kv).arg(&bv_);
-                                    push_gate(&mut l, &gp);
-                                    l.arg(&crow_d).arg(&clen_d).arg(&mut u).arg(&mut p).arg(&mut gc);
-                                    for i in &ints[..3] {
-                                        l.arg(i);
-                                    }
-                                    unsafe { l.launch(grid(chunks, hv / 2, 1, 256, *smem as u32)) }.w()?;
-                                } else {
-                                    let mut l = prep.builder();
-                                    l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
-                                    push_gate(&mut l, &gp);
-                                    l.arg(&crow_d).arg(&clen_d);
-                                    match &mut pairs {
-                                        Some([w, wl, pl, qh, ql, kd, kdl]) => {
-                                            l.arg(w).arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
+                                match &prep {
+                                    Prep::Warpgroup(f, smem) | Prep::Pairs(f, smem) => {
+                                        let mut l = f.builder();
+                                        l.arg(&qv).arg(&kv).arg(&bv_);
+                                        push_gate(&mut l, &gp);
+                                        l.arg(&crow_d).arg(&clen_d).arg(&mut u).arg(&mut p).arg(&mut gc);
+                                        for i in &ints[..3] {
+                                            l.arg(i);
                                         }
-                                        None => {
-                                            l.arg(&null).arg(&null).arg(&mut u).arg(&mut p);
-                                            for _ in 0..5 {
-                                                l.arg(&null);
+                                        let (heads, threads) = if matches!(prep, Prep::Pairs(..)) { (hv / 2, 256) } else { (hv, 128) };
+                                        unsafe { l.launch(grid(chunks, heads, 1, threads, *smem as u32)) }.w()?;
+                                    }
+                                    Prep::OneHead(f, smem) => {
+                                        let mut l = f.builder();
+                                        l.arg(&qv).arg(&kv).arg(&vv_).arg(&bv_);
+                                        push_gate(&mut l, &gp);
+                                        l.arg(&crow_d).arg(&clen_d);
+                                        match &mut pairs {
+                                            Some([w, wl, pl, qh, ql, kd, kdl]) => {
+                                                l.arg(w).arg(wl).arg(&mut u).arg(&mut p).arg(pl).arg(qh).arg(ql).arg(kd).arg(kdl);
+                                            }
+                                            None => {
+                                                l.arg(&null).arg(&null).arg(&mut u).arg(&mut p);
+                                                for _ in 0..5 {
+                                                    l.arg(&null);
+                                                }
                                             }
                                         }
+                                        l.arg(&mut gc);
+                                        for i in &ints {
+                                            l.arg(i);
+                                        }
+                                        unsafe { l.launch(grid(chunks, hv, 1, 256, *smem as u32)) }.w()?;
                                     }
-                                    l.arg(&mut gc);
-                                    for i in &ints {
-                                        l.arg(i);
-                                    }
-                                    unsafe { l.launch(grid(chunks, hv, 1, 256, smem as u32)) }.w()?;
                                 }
                             });
                             let mut l = state.builder();

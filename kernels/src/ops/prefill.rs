@@ -259,6 +259,16 @@ pub fn set_warpgroup_state_pass(on: bool) {
     let _ = on;
 }
 
+/// Turns the GPU's warpgroup (wgmma) chunk prep of the bf16 chunked prefill on (where the
+/// warpgroup state pass runs) or off for the process: GPU tests compare it with the mma.sync
+/// prep bit for bit. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_warpgroup_prep(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_warpgroup_prep(on);
+    let _ = on;
+}
+
 /// Turns the GPU's paired bf16 chunk prep (two value heads of a key head a CTA) on or off for
 /// the process: the GPU test compares it with one head a CTA. Nothing changes on the CPU.
 #[doc(hidden)]
