@@ -44,23 +44,30 @@ int main(int argc, char** argv) {
       {"check K=64, lengths 131 77", {131, 77}, 2, 2, 64, true},
       {"check K=120, length 150", {150}, 1, 1, 120, true},
       {"check K=32 GVA 1:2, length 90", {90}, 1, 2, 32, true},
+      {"check K=256 GVA 1:2, lengths 150 64", {150, 64}, 1, 2, 256, true},
+      {"check K=192, length 100", {100}, 2, 2, 192, true},
       {"1x4096 H=16 K=128", {4096}, 16, 16, 128, false},
       {"8x2048 H=16 K=128", std::vector<int>(8, 2048), 16, 16, 128, false},
       {"8x2048 H=16 K=64", std::vector<int>(8, 2048), 16, 16, 64, false},
       {"4x8192 H=16 K=128", std::vector<int>(4, 8192), 16, 16, 128, false},
       {"Qwen3.5 1x4096 H=16 HV=32 K=128", {4096}, 16, 32, 128, false},
       {"Qwen3.5 8x64 H=16 HV=32 K=128", std::vector<int>(8, 64), 16, 32, 128, false},
+      {"1.39B 1x4096 H=6 K=256", {4096}, 6, 6, 256, false},
+      {"1.39B 8x2048 H=6 K=256", std::vector<int>(8, 2048), 6, 6, 256, false},
   };
-  CK(cudaFuncSetAttribute(chunk_tc_prep_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem(128)));
-  CK(cudaFuncSetAttribute(chunk_tc_prep_bf16_pairs, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pair_smem(128)));
+  CK(cudaFuncSetAttribute(chunk_tc_prep_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem(256)));
+  CK(cudaFuncSetAttribute(chunk_tc_prep_bf16_pairs, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pair_smem(256)));
+  CK(cudaFuncSetAttribute(chunk_wg_prep_k16, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_prep_smem(16)));
   CK(cudaFuncSetAttribute(chunk_wg_prep_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_prep_smem(8)));
   CK(cudaFuncSetAttribute(chunk_wg_prep_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_prep_smem(4)));
-  for (auto [f, name] : {std::pair<const void*, const char*>{(const void*)chunk_wg_prep_k8, "wg_prep_k8"},
-                         {(const void*)chunk_wg_prep_k4, "wg_prep_k4"}, {(const void*)chunk_tc_prep_bf16, "tc_prep_bf16"}}) {
+  for (auto [f, name] : {std::pair<const void*, const char*>{(const void*)chunk_wg_prep_k16, "wg_prep_k16"},
+                         {(const void*)chunk_wg_prep_k8, "wg_prep_k8"}, {(const void*)chunk_wg_prep_k4, "wg_prep_k4"},
+                         {(const void*)chunk_tc_prep_bf16, "tc_prep_bf16"}}) {
     cudaFuncAttributes a;
     CK(cudaFuncGetAttributes(&a, f));
     int blocks = 0;
-    const int smem = f == (const void*)chunk_tc_prep_bf16 ? (int)prep_smem(128) : wg_prep_smem(f == (const void*)chunk_wg_prep_k8 ? 8 : 4);
+    const int smem = f == (const void*)chunk_tc_prep_bf16 ? (int)prep_smem(128)
+                     : wg_prep_smem(f == (const void*)chunk_wg_prep_k16 ? 16 : f == (const void*)chunk_wg_prep_k8 ? 8 : 4);
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, f == (const void*)chunk_tc_prep_bf16 ? 256 : 128, smem));
     printf("%s: %d registers, %zu bytes local, %d bytes shared, %d CTAs an SM\n", name, a.numRegs, a.localSizeBytes, smem, blocks);
   }
@@ -116,7 +123,9 @@ int main(int argc, char** argv) {
     const bool pairs = c.HV / c.H % 2 == 0;
     auto launch = [&](int v) {
       if (v == 1) {
-        if (c.K <= 64)
+        if (c.K > 128)
+          chunk_wg_prep_k16<<<dim3(chunks, c.HV), 128, wg_prep_smem(16)>>>(q, k, beta, g, dcrow, dclen, T2[1], P[1], Gout[1], c.H, c.HV, c.K);
+        else if (c.K <= 64)
           chunk_wg_prep_k4<<<dim3(chunks, c.HV), 128, wg_prep_smem(4)>>>(q, k, beta, g, dcrow, dclen, T2[1], P[1], Gout[1], c.H, c.HV, c.K);
         else
           chunk_wg_prep_k8<<<dim3(chunks, c.HV), 128, wg_prep_smem(8)>>>(q, k, beta, g, dcrow, dclen, T2[1], P[1], Gout[1], c.H, c.HV, c.K);

@@ -1,6 +1,6 @@
-// The chunked prefill on Hopper's warpgroup tensor cores for bf16 inputs with K ≤ 128: its prep
-// (chunk_wg_prep.cuh) and its state pass (chunk_wg.cuh), the latter for f32 and for bf16 states
-// (`_sbf16`). Only sm_90a builds have wgmma; elsewhere the entries trap, and prefill.rs only
+// The chunked prefill on Hopper's warpgroup tensor cores for bf16 inputs: its prep for K ≤ 256
+// (chunk_wg_prep.cuh) and its state pass for K ≤ 128 (chunk_wg.cuh), the latter for f32 and for
+// bf16 states (`_sbf16`). Only sm_90a builds have wgmma; elsewhere the entries trap, and prefill.rs only
 // picks them from a SASS image for it.
 #include "chunk_wg_prep.cuh"
 
@@ -21,7 +21,7 @@ WG_ENTRY(chunk_wg_state_k8, 8, float)
 WG_ENTRY(chunk_wg_state_k4_sbf16, 4, __nv_bfloat16)
 WG_ENTRY(chunk_wg_state_k8_sbf16, 8, __nv_bfloat16)
 
-// Five CTAs an SM fit (38 KB of shared memory each at K = 128): 102 registers a thread at most.
+// Five CTAs an SM fit at K ≤ 128 (38 KB of shared memory each): 102 registers a thread at most.
 #define WG_PREP_ENTRY(NAME, KT)                                                                                      \
   extern "C" __global__ void __launch_bounds__(WG_THREADS, 5)                                                        \
       NAME(const bf16* q, const bf16* k, const float* beta, const float* g, const int* crow, const int* clen, bf16* T2, \
@@ -32,3 +32,4 @@ WG_ENTRY(chunk_wg_state_k8_sbf16, 8, __nv_bfloat16)
   }
 WG_PREP_ENTRY(chunk_wg_prep_k4, 4)
 WG_PREP_ENTRY(chunk_wg_prep_k8, 8)
+WG_PREP_ENTRY(chunk_wg_prep_k16, 16)

@@ -93,20 +93,22 @@ __device__ __forceinline__ int wg_tid() {
 
 // A [64, 64·ATOMS] bf16 tile of rows src + r·stride (16-byte aligned; zeros in rows ≥ L and
 // columns ≥ W, W a multiple of 8) into 128-byte swizzle atoms 8192 bytes apart. A thread keeps
-// one 16-byte column piece and walks rows 128 / PR apart: every row it visits has the same
-// swizzle phase, so a copy is a pointer add and an immediate shared-memory offset.
+// one 16-byte column piece and walks rows 128 / PR apart: up to two atoms every row it visits
+// has the same swizzle phase, so a copy is a pointer add and an immediate shared-memory offset
+// (four atoms, K = 256: rows 4 apart, two phases alternating).
 template <int ATOMS>
 __device__ __forceinline__ void wg_tile(unsigned dst, const bf16* src, size_t stride, int L, int W) {
   constexpr int PR = 8 * ATOMS, RS = WG_THREADS / PR;  // 16-byte pieces a row; rows a step
   const int tid = wg_tid(), cc = tid % PR, r0 = tid / PR;
   const unsigned d = dst + (cc >> 3) * 8192 + wg_swz(r0, cc & 7);
+  const unsigned d4 = dst + (cc >> 3) * 8192 + wg_swz(r0 + 4, cc & 7) - 4 * 128;  // RS = 4: odd steps
   const bf16* p = src + (size_t)r0 * stride + cc * 8;
   const bool cok = cc * 8 < W;
 #pragma unroll
   for (int j = 0; j < 64 / RS; ++j) {
     const bool ok = cok && r0 + j * RS < L;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + j * RS * 128), "l"(ok ? p : src),
-                 "r"(ok ? 16 : 0)
+    const unsigned at = (RS % 8 == 0 || j % 2 == 0 ? d : d4) + j * RS * 128;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(ok ? p : src), "r"(ok ? 16 : 0)
                  : "memory");
     p += RS * stride;
   }

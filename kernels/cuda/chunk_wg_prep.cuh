@@ -1,4 +1,4 @@
-// Launch 1 of the chunked prefill for bf16 inputs with K ≤ 128 on Hopper's warpgroup tensor
+// Launch 1 of the chunked prefill for bf16 inputs with K ≤ 256 on Hopper's warpgroup tensor
 // cores: chunk_prep.cu's bf16 prep (T2 = (I + A)⁻¹ diag(β) and P, model-spec.md §3.5) with its
 // two Gram products as wgmma from the 128-byte-swizzled tiles the state pass also reads, and the
 // decays and masks applied in the accumulators' registers. One warpgroup per (chunk, value head):
@@ -7,6 +7,7 @@
 //                                   P goes out from them, A to shared memory (over the tiles)
 //   T = (I + A)⁻¹                   chunk_prep.cuh's invert_unit_lower (four warps, as there)
 //   T2 = T diag(β)                  out
+// Its outputs feed either state pass: chunk_wg.cuh's (K ≤ 128) or chunk_mma.cuh's (K > 128).
 // chunk_prep.cu formed the products with wmma from padded tiles and staged both in shared memory,
 // its index arithmetic and the decays' loop most of its ~18,000 instructions a (chunk, head); the
 // rest of the work, the inversion and the outputs, is the same here.
@@ -24,7 +25,8 @@ __device__ __forceinline__ void wg_ss_n64(float (&d)[32], unsigned long long a, 
 }
 
 // Shared memory of chunk_wg_prep<KT>: the key and query tiles, which A and T (fp32, pitch AP)
-// take once the products have read them; G and β; the swizzle's alignment.
+// take once the products have read them; G and β; the swizzle's alignment. 38 KB at K ≤ 128 (five
+// CTAs an SM), 66 KB at K = 256 (three).
 constexpr int wg_prep_smem(int KT) {
   return (2 * 64 * 16 * KT * 2 > 2 * 64 * AP * 4 ? 2 * 64 * 16 * KT * 2 : 2 * 64 * AP * 4) + 512 + 1024;
 }
@@ -36,7 +38,7 @@ template <int KT>
 __device__ void chunk_wg_prep(const bf16* __restrict__ q, const bf16* __restrict__ k, const float* __restrict__ beta,
                               const float* __restrict__ g, const int* __restrict__ crow, const int* __restrict__ clen,
                               bf16* __restrict__ T2out, bf16* __restrict__ Pout, float* __restrict__ Gout, int H, int HV, int K) {
-  static_assert(KT == 4 || KT == 8, "K up to 128");
+  static_assert(KT == 4 || KT == 8 || KT == 16, "K up to 256");
   constexpr int K16 = 16 * KT, ATOMS = K16 / 64, KS = K16 / 16, KBYTES = 64 * K16 * 2;
   constexpr int TILES = 2 * KBYTES > 2 * 64 * AP * 4 ? 2 * KBYTES : 2 * 64 * AP * 4;
   // An unused entry of a fixed-size chunk table (a pass captured as a CUDA graph).

@@ -371,12 +371,22 @@ pub(crate) fn gpu_paired_prep_equals_one_head_a_cta(dev: &Device) {
 
 /// The warpgroup (wgmma) prep of the bf16 chunked prefill against chunk_tc_prep, one value
 /// head a CTA and (at even GVA ratios) two: the same outputs and states bit for bit (its Gram
-/// products give wmma's sums, its decays and inversion are the same expressions), with the
-/// warpgroup state pass after each. Packed sequences of 1–4,097 tokens in permuted slots, GVA
-/// 1, 2, 3 and 4, K = 32, 64, 120 (zero-padded to 128) and 128, Gated DeltaProduct's n = 2.
+/// products give wmma's sums, its decays and inversion are the same expressions), with the state
+/// pass K takes after each (warpgroup up to 128, mma.sync above). Packed sequences of 1–4,097
+/// tokens in permuted slots, GVA 1, 2, 3 and 4, K = 32, 64, 120 (zero-padded to 128), 128, 192
+/// (zero-padded to 256) and 256, Gated DeltaProduct's n = 2.
 pub(crate) fn gpu_warpgroup_prep_equals_tc_prep(dev: &Device) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(41);
-    for (n, h, hv, kd, vd) in [(1, 2, 4, 128, 128), (1, 2, 2, 64, 128), (1, 1, 3, 120, 72), (2, 1, 2, 128, 64), (1, 2, 8, 32, 64)] {
+    let shapes = [
+        (1, 2, 4, 128, 128),
+        (1, 2, 2, 64, 128),
+        (1, 1, 3, 120, 72),
+        (2, 1, 2, 128, 64),
+        (1, 2, 8, 32, 64),
+        (1, 1, 2, 256, 128),
+        (1, 2, 2, 192, 64),
+    ];
+    for (n, h, hv, kd, vd) in shapes {
         let lens = [4097usize, 1, 130, 64];
         let slots = [2usize, 0, 3, 1];
         let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).on(dev).with_qkv(BF16)).collect();

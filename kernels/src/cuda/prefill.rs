@@ -86,16 +86,17 @@ fn wg_prep_smem(kt: usize) -> usize {
 }
 
 /// Whether the bf16 prep runs on the warpgroup tensor cores (`chunk_wg_prep_*`,
-/// `chunk_wg_prep.cuh`): wherever the warpgroup state pass runs (its tiles, its eligibility),
-/// unless `DELTASERVE_TC_WG_PREP=0` or [`set_warpgroup_prep`] turned it off. Its T2, P and G are
-/// `chunk_tc_prep`'s bit for bit, in about 60% of the time.
-fn warpgroup_prep(wg_pass: bool) -> bool {
-    wg_pass && WG_PREP.on()
+/// `chunk_wg_prep.cuh`): bf16 inputs with K ≤ 256 and a multiple of 8, q and k 16-byte aligned
+/// (`aligned`), from an sm_90a image, unless `DELTASERVE_TC_WG_PREP=0` or [`set_warpgroup_prep`]
+/// turned it off. Its T2, P and G are `chunk_tc_prep`'s bit for bit, in about 60% of the time,
+/// for either state pass; like the pass's, its eligibility is the model's, not the batch's.
+fn warpgroup_prep(lo: bool, k: usize, aligned: bool) -> bool {
+    !lo && k <= 256 && k.is_multiple_of(8) && aligned && super::modules::CHUNK_WG.is_sass() && WG_PREP.on()
 }
 static WG_PREP: Switch = Switch::new("DELTASERVE_TC_WG_PREP");
 
-/// Turns the warpgroup prep on (where the warpgroup state pass runs) or off for the process: GPU
-/// tests compare it with `chunk_tc_prep` bit for bit.
+/// Turns the warpgroup prep on (where eligible) or off for the process: GPU tests compare it
+/// with `chunk_tc_prep` bit for bit.
 #[doc(hidden)]
 pub fn set_warpgroup_prep(on: bool) {
     WG_PREP.set(on);
@@ -197,8 +198,7 @@ fn double_buffered(lo: bool, kt: usize, ctas: usize, sms: usize, smem: usize) ->
 
 /// The prep launch a prefill takes, with its dynamic shared memory.
 enum Prep {
-    /// `chunk_wg_prep_k*`: one value head a warpgroup (bf16, K ≤ 128, where the warpgroup state
-    /// pass runs).
+    /// `chunk_wg_prep_k*`: one value head a warpgroup (bf16, K ≤ 256).
     Warpgroup(super::modules::Func, usize),
     /// `chunk_tc_prep_bf16_pairs`: two value heads of a key head a CTA.
     Pairs(super::modules::Func, usize),
@@ -289,9 +289,10 @@ pub fn gated_delta_chunk_tc(
 
     let sms = sm_count(&dev)?;
     let kt = mma_row_tiles(k);
-    let aligned = !lo && [&q, &kk, &vv].into_iter().all(|t| super::first_element_address::<bf16>(t).is_ok_and(|a| a.is_multiple_of(16)));
-    let wg = warpgroup_pass(lo, k, v, ldv as usize, aligned);
-    let prep = if warpgroup_prep(wg) {
+    let aligned16 = |t: &Tensor| super::first_element_address::<bf16>(t).is_ok_and(|a| a.is_multiple_of(16));
+    let qk_aligned = !lo && aligned16(&q) && aligned16(&kk);
+    let wg = warpgroup_pass(lo, k, v, ldv as usize, qk_aligned && aligned16(&vv));
+    let prep = if warpgroup_prep(lo, k, qk_aligned) {
         let f = func(&dev, &format!("chunk_wg_prep_k{kt}"), &modules::CHUNK_WG)?;
         let smem = wg_prep_smem(kt);
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;

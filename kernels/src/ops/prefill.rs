@@ -259,9 +259,9 @@ pub fn set_warpgroup_state_pass(on: bool) {
     let _ = on;
 }
 
-/// Turns the GPU's warpgroup (wgmma) chunk prep of the bf16 chunked prefill on (where the
-/// warpgroup state pass runs) or off for the process: GPU tests compare it with the mma.sync
-/// prep bit for bit. Nothing changes on the CPU.
+/// Turns the GPU's warpgroup (wgmma) chunk prep of the bf16 chunked prefill on (where eligible:
+/// K ≤ 256) or off for the process: GPU tests compare it with the wmma prep bit for bit. Nothing
+/// changes on the CPU.
 #[doc(hidden)]
 pub fn set_warpgroup_prep(on: bool) {
     #[cfg(feature = "cuda")]
