@@ -24,12 +24,15 @@ __device__ __forceinline__ void wg_ss_n64(float (&d)[32], unsigned long long a, 
       : "l"(a), "l"(b), "r"(acc));
 }
 
-// Shared memory of chunk_wg_prep<KT>: the key and query tiles, which A and T (fp32, pitch AP)
-// take once the products have read them; G and β; the swizzle's alignment. 38 KB at K ≤ 128 (five
-// CTAs an SM), 66 KB at K = 256 (three).
-constexpr int wg_prep_smem(int KT) {
-  return (2 * 64 * 16 * KT * 2 > 2 * 64 * AP * 4 ? 2 * 64 * 16 * KT * 2 : 2 * 64 * AP * 4) + 512 + 1024;
+// The key and query tiles' room, which A and T (fp32, pitch AP) take once the products have read
+// the tiles.
+__host__ __device__ constexpr int wg_prep_tiles(int KT) {
+  return 2 * 64 * 16 * KT * 2 > 2 * 64 * AP * 4 ? 2 * 64 * 16 * KT * 2 : 2 * 64 * AP * 4;
 }
+
+// Shared memory of chunk_wg_prep<KT>: the tiles' room, G and β, the swizzle's alignment. 38 KB
+// at K ≤ 128 (five CTAs an SM), 66 KB at K = 256 (three).
+constexpr int wg_prep_smem(int KT) { return wg_prep_tiles(KT) + 512 + 1024; }
 
 // grid (chunks, HV), WG_THREADS threads, wg_prep_smem(KT) bytes. Inputs and outputs as
 // chunk_tc_prep_bf16's: q, k [rows, H, K] (K a multiple of 8, rows 16-byte aligned), β and the
@@ -40,7 +43,7 @@ __device__ void chunk_wg_prep(const bf16* __restrict__ q, const bf16* __restrict
                               bf16* __restrict__ T2out, bf16* __restrict__ Pout, float* __restrict__ Gout, int H, int HV, int K) {
   static_assert(KT == 4 || KT == 8 || KT == 16, "K up to 256");
   constexpr int K16 = 16 * KT, ATOMS = K16 / 64, KS = K16 / 16, KBYTES = 64 * K16 * 2;
-  constexpr int TILES = 2 * KBYTES > 2 * 64 * AP * 4 ? 2 * KBYTES : 2 * 64 * AP * 4;
+  constexpr int TILES = wg_prep_tiles(KT);
   // An unused entry of a fixed-size chunk table (a pass captured as a CUDA graph).
   if (clen[blockIdx.x] == 0) return;
   extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
