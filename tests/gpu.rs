@@ -91,6 +91,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_paired_prep_equals_one_head_a_cta", mixer::gpu_paired_prep_equals_one_head_a_cta),
     ("gpu_warpgroup_state_pass_matches_cpu", mixer::gpu_warpgroup_state_pass_matches_cpu),
     ("gpu_warpgroup_prep_equals_tc_prep", mixer::gpu_warpgroup_prep_equals_tc_prep),
+    ("gpu_two_warpgroup_pass_equals_one", mixer::gpu_two_warpgroup_pass_equals_one),
     ("gpu_decode_graphs_equal_eager_decode", gpu_decode_graphs_equal_eager_decode),
     ("gpu_prefill_graphs_equal_eager_prefill", prefill_graph::gpu_prefill_graphs_equal_eager_prefill),
     ("gpu_mixed_graphs_equal_eager_mixed_passes", prefill_graph::gpu_mixed_graphs_equal_eager_mixed_passes),

@@ -95,11 +95,12 @@ __device__ __forceinline__ int wg_tid() {
 // columns ≥ W, W a multiple of 8) into 128-byte swizzle atoms 8192 bytes apart. A thread keeps
 // one 16-byte column piece and walks rows 128 / PR apart: up to two atoms every row it visits
 // has the same swizzle phase, so a copy is a pointer add and an immediate shared-memory offset
-// (four atoms, K = 256: rows 4 apart, two phases alternating).
-template <int ATOMS>
+// (four atoms, K = 256: rows 4 apart, two phases alternating). The warpgroup's threads are
+// TB .. TB + 127.
+template <int ATOMS, int TB = 0>
 __device__ __forceinline__ void wg_tile(unsigned dst, const bf16* src, size_t stride, int L, int W) {
   constexpr int PR = 8 * ATOMS, RS = WG_THREADS / PR;  // 16-byte pieces a row; rows a step
-  const int tid = wg_tid(), cc = tid % PR, r0 = tid / PR;
+  const int tid = wg_tid() - TB, cc = tid % PR, r0 = tid / PR;
   const unsigned d = dst + (cc >> 3) * 8192 + wg_swz(r0, cc & 7);
   const unsigned d4 = dst + (cc >> 3) * 8192 + wg_swz(r0 + 4, cc & 7) - 4 * 128;  // RS = 4: odd steps
   const bf16* p = src + (size_t)r0 * stride + cc * 8;
@@ -112,6 +113,22 @@ __device__ __forceinline__ void wg_tile(unsigned dst, const bf16* src, size_t st
                  : "memory");
     p += RS * stride;
   }
+}
+
+// V's [64, 64] tile of rows vr + r·ldv (zeros past L rows and vw columns) into Vt (pitch WG_VP),
+// and G of rows g + r·HV (the last row's past L) into Gt, by the warpgroup's threads TB .. TB + 127.
+__device__ __forceinline__ void wg_tile_v(bf16* Vt, float* Gt, const bf16* vr, long ldv, const float* g, int HV, int L,
+                                          int vw, int TB) {
+  const int vt = wg_tid() - TB, vc = (vt & 7) * 8, vr0 = vt >> 3;
+  const bf16* vp0 = vr + (size_t)vr0 * ldv + vc;
+  bf16* vd0 = Vt + vr0 * WG_VP + vc;
+#pragma unroll
+  for (int j = 0; j < 64 / 16; ++j) {
+    const bool ok = vc < vw && vr0 + 16 * j < L;
+    cp_async16(vd0 + 16 * j * WG_VP, ok ? vp0 : vr, ok);
+    vp0 += 16 * ldv;
+  }
+  if (vt < 64) cp_async4(Gt + vt, g + (size_t)min(vt, L - 1) * HV);
 }
 
 // Four accumulators' pairs (16 columns: n8 blocks 2kk and 2kk + 1) as an A fragment in bf16.
@@ -135,9 +152,199 @@ __device__ unsigned long long wg_prof[8];
       prof_t = now_;                                                       \
     }                                                                      \
   } while (0)
+// Each CTA's start and end (globaltimer, ns) by its thread 0, CTAs 0 .. 4095.
+__device__ unsigned long long wg_cta_ns[4096][2];
+#define WG_CTA_MARK(e)                                                                   \
+  do {                                                                                   \
+    const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); \
+    if (threadIdx.x == 0 && cta_ < 4096) {                                               \
+      unsigned long long t_;                                                             \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                             \
+      wg_cta_ns[cta_][e] = t_;                                                           \
+    }                                                                                    \
+  } while (0)
 #else
 #define WG_MARK(i)
+#define WG_CTA_MARK(e)
 #endif
+
+// The state passes' shared memory from the dynamic allocation's 1024-aligned start: two buffers
+// each of the key and Q tiles (K padded to 16·KT, 128-byte swizzled), one each of T2 and P, two
+// each of V (pitch WG_VP) and G, then each pass's own. Addresses are computed from a buffer's
+// index rather than indexed, which would put them in local memory.
+template <int KT>
+struct WgTiles {
+  static constexpr int KBYTES = 64 * 16 * KT * 2, PBYTES = 64 * 64 * 2, VBYTES = 64 * WG_VP * 2;
+  unsigned base;
+  unsigned char* smem;
+  __device__ explicit WgTiles(unsigned char* raw) {
+    const unsigned a = smem_addr(raw);
+    base = (a + 1023u) & ~1023u;
+    smem = raw + (base - a);
+  }
+  __device__ unsigned k(int b) const { return base + b * KBYTES; }
+  __device__ unsigned q(int b) const { return base + (2 + b) * KBYTES; }
+  __device__ unsigned t2() const { return base + 4 * KBYTES; }
+  __device__ unsigned p() const { return t2() + PBYTES; }
+  __device__ bf16* v(int b) const { return reinterpret_cast<bf16*>(smem + 4 * KBYTES + 2 * PBYTES + b * VBYTES); }
+  __device__ float* g(int b) const {
+    return reinterpret_cast<float*>(smem + 4 * KBYTES + 2 * PBYTES + 2 * VBYTES + b * 256);
+  }
+  // The Q buffer as floats (O's staging tile at K = 128, once Y is formed).
+  __device__ float* qf(int b) const { return reinterpret_cast<float*>(smem + (q(b) - base)); }
+  // Past the shared tiles: each pass's own.
+  __device__ unsigned char* rest() const { return smem + 4 * KBYTES + 2 * PBYTES + 2 * VBYTES + 512; }
+};
+
+// A chunk's steps, shared by the one-warpgroup pass below and the two-warpgroup pass
+// (chunk_wg_ws.cuh). A consumer thread is thread tid < 128 of its warpgroup: lane, warp, g8 =
+// lane / 4 and t4 = lane % 4 as usual. Sᵀ: n8 block j, entry e is value column
+// n = 16·warp + g8 + 8·(e / 2), key kc = 8j + 2·t4 + e % 2.
+__device__ __forceinline__ void wg_s_at(int i, int warp, int g8, int t4, int& n, int& kc) {
+  n = 16 * warp + g8 + 8 * ((i & 3) >> 1);
+  kc = 8 * (i >> 2) + 2 * t4 + (i & 1);
+}
+// This thread's part of Sᵀ from the state's columns v0 .. v0 + vw (Sg points at column v0).
+template <int NS, typename TS>
+__device__ __forceinline__ void wg_load_s(float (&s)[NS], const TS* Sg, int vw, int K, int V, int warp, int g8, int t4) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    int n, kc;
+    wg_s_at(i, warp, g8, t4, n, kc);
+    float x[1] = {0.0f};
+    if (n < vw && kc < K) state_load<1, false>(x, Sg + (size_t)kc * V + n);
+    s[i] = x[0];
+  }
+}
+template <int NS, typename TS>
+__device__ __forceinline__ void wg_store_s(const float (&s)[NS], TS* dst, int vw, int K, int V, int warp, int g8, int t4) {
+  // An opaque zero: the stores' addresses are formed here, not kept in registers from the
+  // loads' across the whole pass.
+  size_t zero;
+  asm volatile("mov.u64 %0, 0;" : "=l"(zero));
+  dst += zero;
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    int n, kc;
+    wg_s_at(i, warp, g8, t4, n, kc);
+    if (n < vw && kc < K) state_store<1, false>(dst + (size_t)kc * V + n, {s[i]});
+  }
+}
+// Zᵀ = Sᵀ Kᵀ and Yᵀ = Sᵀ Qᵀ from Sᵀ in bf16, issued as two commit groups (Z, then Y); Kt and Qt
+// are the chunk's key and Q tiles, atoms of 64 keys 8192 bytes apart.
+template <int KS, int NS>
+__device__ __forceinline__ void wg_issue_zy(float (&z)[32], float (&y)[32], const float (&s)[NS], unsigned Kt, unsigned Qt) {
+  unsigned sa[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) wg_to_a(sa[kk], s, kk);
+  wg_regs(sa);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) wg_rs_n64(z, sa[kk], wg_desc_k(Kt + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+  wg_commit();
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) wg_rs_n64(y, sa[kk], wg_desc_k(Qt + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
+  wg_commit();
+}
+// A thread's decays of columns c = 8j + 2·t4 + e, in pairs (Eg: e^G, Dk: e^{G_last − G}).
+__device__ __forceinline__ float2 wg_pair(const float* d, int j, int t4) {
+  return *reinterpret_cast<const float2*>(d + 8 * j + 2 * t4);
+}
+// Rᵀ = Vᵀ − Zᵀ e^G as A fragments: ldmatrix.trans of V's rows (Vt, pitch WG_VP) gives Vᵀ in the
+// A layout.
+__device__ __forceinline__ void wg_form_r(unsigned (&ra)[4][4], const float (&z)[32], const bf16* Vt, const float* Eg,
+                                          int lane, int warp, int t4) {
+  const int mx = lane >> 3;
+  const bf16* vb = Vt + ((mx >> 1) * 8 + (lane & 7)) * WG_VP + 16 * warp + (mx & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    unsigned vf[4];
+    ldsm4_t(vf, vb + kk * 16 * WG_VP);
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      // Fragment register h: n8 block 2kk + h / 2, rows g8 (+ 8 for odd h).
+      const int jb = 2 * kk + (h >> 1), zi = jb * 4 + (h & 1) * 2;
+      const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vf[h]));
+      const float2 e = wg_pair(Eg, jb, t4);
+      ra[kk][h] = pack_bf16(vv.x - e.x * z[zi], vv.y - e.y * z[zi + 1]);
+    }
+  }
+}
+// V'ᵀ = Rᵀ T2ᵀ, one commit group (T2t: T2's tile).
+__device__ __forceinline__ void wg_issue_vp(float (&vp)[32], unsigned (&ra)[4][4], unsigned T2t) {
+  wg_regs(ra);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_rs_n64(vp, ra[kk], wg_desc_k(T2t + kk * 32), kk > 0);
+  wg_commit();
+}
+// Oᵀ = Yᵀ e^G + V'ᵀ Pᵀ (scaled when stored), then Sᵀ ← e^{G_last} Sᵀ + (V'ᵀ e^{G_last − G}) K:
+// two commit groups (O, then the state update, which reads the key tile Kt MN-major).
+template <int KT, int NS>
+__device__ __forceinline__ void wg_issue_os(float (&y)[32], float (&s)[NS], const float (&vp)[32], const float* Eg,
+                                            const float* Dk, unsigned Pt, unsigned Kt, int t4) {
+  unsigned va[4][4], vd[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wg_to_a(va[kk], vp, kk);
+    float w[8];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float2 d = wg_pair(Dk, 2 * kk + hh, t4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[4 * hh + e] = vp[8 * kk + 4 * hh + e] * ((e & 1) ? d.y : d.x);
+    }
+    wg_to_a(vd[kk], w, 0);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 e = wg_pair(Eg, j, t4);
+    y[4 * j] *= e.x, y[4 * j + 1] *= e.y, y[4 * j + 2] *= e.x, y[4 * j + 3] *= e.y;
+  }
+  const float el = Eg[63];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) s[i] *= el;
+  wg_regs(va);
+  wg_regs(vd);
+  wg_regs(y);
+  wg_regs(s);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg_rs_n64(y, va[kk], wg_desc_k(Pt + kk * 32), 1);
+  wg_commit();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (KT == 8) {
+      wg_rs_n128_tb(s, vd[kk], wg_desc_mn(Kt + kk * 2048), 1);
+    } else {
+      wg_rs_n64_tb(s, vd[kk], wg_desc_mn(Kt + kk * 2048), 1);
+    }
+  }
+  wg_commit();
+}
+// O into its staging tile ost [64 tokens, 64 columns]: the column index XOR-ed by the row's pair
+// index (c / 2 mod 4) · 8 keeps a warp's transposed writes on 32 banks.
+__device__ __forceinline__ void wg_stage_o(float* ost, const float (&y)[32], float scale, int warp, int g8, int t4) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int n = 16 * warp + g8 + 8 * ((i & 3) >> 1), c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    ost[c * 64 + (n ^ (((c >> 1) & 3) << 3))] = scale * y[i];
+  }
+}
+// The staged O of rows t0 .. t0 + L out to o [rows, HV, V] at columns v0 .. v0 + vw, each row in
+// 16-byte stores, by the warpgroup's threads ot = 0 .. 127.
+__device__ __forceinline__ void wg_store_o(const float* ost, float* o, int t0, int L, int hv, int HV, int V, int v0,
+                                           int vw, int ot) {
+  const int col = (ot & 15) * 4, c0 = ot >> 4;
+  float* orow = o + ((size_t)(t0 + c0) * HV + hv) * V + v0 + col;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int c = c0 + 8 * j;
+    const float4 x = *reinterpret_cast<const float4*>(ost + c * 64 + (col ^ (((c >> 1) & 3) << 3)));
+    if (c < L && col < vw) *reinterpret_cast<float4*>(orow) = x;
+    orow += (size_t)8 * HV * V;
+  }
+}
 
 // The state pass: grid (⌈V / 64⌉, HV, sequences), WG_THREADS threads, wg_state_smem(KT) bytes of
 // dynamic shared memory. Inputs as chunk_mma_state's bf16 ones (q, k [rows, H, K], v's rows ldv
@@ -156,82 +363,37 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
                                float* __restrict__ o, int H, int HV, int K, int V, float scale) {
   static_assert(KT == 4 || KT == 8, "K up to 128: Sᵀ's accumulators are 2·KT·4 registers a thread");
   constexpr int K16 = 16 * KT, ATOMS = K16 / 64, NS = K16 / 8 * 4, KS = K16 / 16;
-  constexpr int KBYTES = 64 * K16 * 2, PBYTES = 64 * 64 * 2, VBYTES = 64 * WG_VP * 2;
   extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
-  const unsigned raw = smem_addr(wg_smem_raw);
-  const unsigned base = (raw + 1023u) & ~1023u;
-  unsigned char* smem = wg_smem_raw + (base - raw);
-  // Shared-memory addresses (pointers for V, G and the decays), computed from the buffer's index
-  // rather than indexed, which would put them in local memory.
-  const unsigned T2b = base + 4 * KBYTES, Pb = T2b + PBYTES;
-  auto Kb = [&](int b) { return base + b * KBYTES; };
-  auto Qb = [&](int b) { return base + (2 + b) * KBYTES; };
-  unsigned char* rest = smem + 4 * KBYTES + 2 * PBYTES;
-  auto Vs = [&](int b) { return reinterpret_cast<bf16*>(rest + b * VBYTES); };
-  auto Gs = [&](int b) { return reinterpret_cast<float*>(rest + 2 * VBYTES + b * 256); };
+  const WgTiles<KT> tl(wg_smem_raw);
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * 64;
   const int hk = hv / (HV / H);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
   // Each warp's own copy of the chunk's decays e^G and e^{G_last − G} (two per lane, no barrier).
-  float* Eg = reinterpret_cast<float*>(rest + 2 * VBYTES + 512) + warp * 128;
+  float* Eg = reinterpret_cast<float*>(tl.rest()) + warp * 128;
   float* Dk = Eg + 64;
   // K = 64: O's staging tile (K = 128 stages it in the chunk's Q buffer).
-  float* Ostage = reinterpret_cast<float*>(rest + 2 * VBYTES + 512 + 4 * 512);
+  float* Ostage = reinterpret_cast<float*>(tl.rest() + 4 * 512);
   const int vw = min(64, V - v0);
   TS* Sg = states + ((size_t)slots[seq] * HV + hv) * K * V + v0;
+  WG_CTA_MARK(0);
 #ifdef WG_PROFILE
   const bool prof_on = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0;
   long long prof_t = clock64();
 #endif
 
-  // Sᵀ: n8 block j, entry e is value column n = 16·warp + g8 + 8·(e / 2), key kc = 8j + 2·t4 + e % 2.
   float s[NS];
-  auto s_at = [&](int i, int& n, int& kc) {
-    n = 16 * warp + g8 + 8 * ((i & 3) >> 1);
-    kc = 8 * (i >> 2) + 2 * t4 + (i & 1);
-  };
-#pragma unroll
-  for (int i = 0; i < NS; ++i) {
-    int n, kc;
-    s_at(i, n, kc);
-    float x[1] = {0.0f};
-    if (n < vw && kc < K) state_load<1, false>(x, Sg + (size_t)kc * V + n);
-    s[i] = x[0];
-  }
-  auto store_s = [&](TS* dst) {
-    // An opaque zero: the stores' addresses are formed here, not kept in registers from the
-    // loads' across the whole pass.
-    size_t zero;
-    asm volatile("mov.u64 %0, 0;" : "=l"(zero));
-    dst += zero;
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      int n, kc;
-      s_at(i, n, kc);
-      if (n < vw && kc < K) state_store<1, false>(dst + (size_t)kc * V + n, {s[i]});
-    }
-  };
+  wg_load_s(s, Sg, vw, K, V, warp, g8, t4);
   pdl_entry();
 
   const int t_begin = cu[seq], t_end = cu[seq + 1];
   auto load_a = [&](int t0, int L, int b) {  // the keys, Q, V and G of rows t0 ..
-    wg_tile<ATOMS>(Kb(b), k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
-    wg_tile<ATOMS>(Qb(b), q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
-    const bf16* vr = v + (size_t)t0 * ldv + (size_t)hv * V + v0;
-    const int vt = wg_tid(), vc = (vt & 7) * 8, vr0 = vt >> 3;
-    const bf16* vp0 = vr + (size_t)vr0 * ldv + vc;
-    bf16* vd0 = Vs(b) + vr0 * WG_VP + vc;
-#pragma unroll
-    for (int j = 0; j < 64 / 16; ++j) {
-      const bool ok = vc < vw && vr0 + 16 * j < L;
-      cp_async16(vd0 + 16 * j * WG_VP, ok ? vp0 : vr, ok);
-      vp0 += 16 * ldv;
-    }
-    if (vt < 64) cp_async4(Gs(b) + vt, G + ((size_t)t0 + min(vt, L - 1)) * HV + hv);
+    wg_tile<ATOMS>(tl.k(b), k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    wg_tile<ATOMS>(tl.q(b), q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    wg_tile_v(tl.v(b), tl.g(b), v + (size_t)t0 * ldv + (size_t)hv * V + v0, ldv, G + (size_t)t0 * HV + hv, HV, L, vw, 0);
   };
-  auto load_t2 = [&](int t0, int L) { wg_tile<1>(T2b, T2 + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, L, 64); };
-  auto load_p = [&](int t0, int L) { wg_tile<1>(Pb, P + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, L, 64); };
+  auto load_t2 = [&](int t0, int L) { wg_tile<1>(tl.t2(), T2 + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, L, 64); };
+  auto load_p = [&](int t0, int L) { wg_tile<1>(tl.p(), P + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, L, 64); };
   // Every thread's copies into shared memory visible to every warp's wgmma.
   auto arrived = [&]() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -259,24 +421,13 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
     wg_regs(s);
     WG_MARK(1);
 
-    // Zᵀ = Sᵀ Kᵀ and Yᵀ = Sᵀ Qᵀ from Sᵀ in bf16.
-    unsigned sa[KS][4];
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) wg_to_a(sa[kk], s, kk);
     float z[32], y[32];
-    wg_regs(sa);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) wg_rs_n64(z, sa[kk], wg_desc_k(Kb(b) + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
-    wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) wg_rs_n64(y, sa[kk], wg_desc_k(Qb(b) + (kk >> 2) * 8192 + (kk & 3) * 32), kk > 0);
-    wg_commit();
+    wg_issue_zy<KS>(z, y, s, tl.k(b), tl.q(b));
     // While they run: the next chunk's A group (its buffers were last read by the previous
     // chunk, complete before the barrier above) and this warp's decays.
     if (more) load_a(t0 + 64, L1, b ^ 1);
     cp_async_commit();
-    const float* Gc = Gs(b);
+    const float* Gc = tl.g(b);
     const float g_last = Gc[63];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -285,44 +436,19 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
       Dk[lane + 32 * h] = __expf(g_last - g);
     }
     __syncwarp();
-    // This thread's columns c = 8j + 2·t4 + e: its decays in pairs.
-    auto eg2 = [&](int j) { return *reinterpret_cast<const float2*>(Eg + 8 * j + 2 * t4); };
-    auto dk2 = [&](int j) { return *reinterpret_cast<const float2*>(Dk + 8 * j + 2 * t4); };
     WG_MARK(2);
 
     wg_wait<1>();
     wg_regs(z);
     WG_MARK(3);
-    // Rᵀ = Vᵀ − Zᵀ e^G as A fragments: ldmatrix.trans of V's rows gives Vᵀ in the A layout.
     unsigned ra[4][4];
-    {
-      const int mx = lane >> 3;
-      const bf16* vb = Vs(b) + ((mx >> 1) * 8 + (lane & 7)) * WG_VP + 16 * warp + (mx & 1) * 8;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        unsigned vf[4];
-        ldsm4_t(vf, vb + kk * 16 * WG_VP);
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          // Fragment register h: n8 block 2kk + h / 2, rows g8 (+ 8 for odd h).
-          const int jb = 2 * kk + (h >> 1), zi = jb * 4 + (h & 1) * 2;
-          const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vf[h]));
-          const float2 e = eg2(jb);
-          ra[kk][h] = pack_bf16(vv.x - e.x * z[zi], vv.y - e.y * z[zi + 1]);
-        }
-      }
-    }
+    wg_form_r(ra, z, tl.v(b), Eg, lane, warp, t4);
     cp_async_wait<2>();  // T2
     arrived();
     WG_MARK(4);
 
-    // V'ᵀ = Rᵀ T2ᵀ.
     float vp[32];
-    wg_regs(ra);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg_rs_n64(vp, ra[kk], wg_desc_k(T2b + kk * 32), kk > 0);
-    wg_commit();
+    wg_issue_vp(vp, ra, tl.t2());
     wg_wait<0>();  // V', and Y before it
     wg_regs(vp);
     wg_regs(y);
@@ -332,45 +458,7 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
     cp_async_commit();
     WG_MARK(5);
 
-    // Oᵀ = Yᵀ e^G + V'ᵀ Pᵀ (scaled when stored); Sᵀ ← e^{G_last} Sᵀ + (V'ᵀ e^{G_last − G}) K.
-    unsigned va[4][4], vd[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      wg_to_a(va[kk], vp, kk);
-      float w[8];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float2 d = dk2(2 * kk + hh);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) w[4 * hh + e] = vp[8 * kk + 4 * hh + e] * ((e & 1) ? d.y : d.x);
-      }
-      wg_to_a(vd[kk], w, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 e = eg2(j);
-      y[4 * j] *= e.x, y[4 * j + 1] *= e.y, y[4 * j + 2] *= e.x, y[4 * j + 3] *= e.y;
-    }
-    const float el = Eg[63];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] *= el;
-    wg_regs(va);
-    wg_regs(vd);
-    wg_regs(y);
-    wg_regs(s);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg_rs_n64(y, va[kk], wg_desc_k(Pb + kk * 32), 1);
-    wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      if constexpr (KT == 8) {
-        wg_rs_n128_tb(s, vd[kk], wg_desc_mn(Kb(b) + kk * 2048), 1);
-      } else {
-        wg_rs_n64_tb(s, vd[kk], wg_desc_mn(Kb(b) + kk * 2048), 1);
-      }
-    }
-    wg_commit();
+    wg_issue_os<KT>(y, s, vp, Eg, Dk, tl.p(), tl.k(b), t4);
     wg_wait<1>();
     wg_regs(y);
     WG_MARK(6);
@@ -378,38 +466,24 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
     if (more) load_p(t0 + 64, L1);
     cp_async_commit();
     // O through shared memory (this chunk's Q buffer, free since Y was formed; its own buffer at
-    // K = 64), so that each row goes out in 16-byte stores: the column index XOR-ed by the row's
-    // pair index (c / 2 mod 4) · 8 keeps a warp's transposed writes on 32 banks.
-    {
-      float* ost = KT == 8 ? reinterpret_cast<float*>(smem + (Qb(b) - base)) : Ostage;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int n = 16 * warp + g8 + 8 * ((i & 3) >> 1), c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-        ost[c * 64 + (n ^ (((c >> 1) & 3) << 3))] = scale * y[i];
-      }
-      __syncthreads();
-      const int ot = wg_tid(), col = (ot & 15) * 4, c0 = ot >> 4;
-      float* orow = o + ((size_t)(t0 + c0) * HV + hv) * V + v0 + col;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int c = c0 + 8 * j;
-        const float4 x = *reinterpret_cast<const float4*>(ost + c * 64 + (col ^ (((c >> 1) & 3) << 3)));
-        if (c < L && col < vw) *reinterpret_cast<float4*>(orow) = x;
-        orow += (size_t)8 * HV * V;
-      }
-    }
+    // K = 64), so that each row goes out in 16-byte stores.
+    float* ost = KT == 8 ? tl.qf(b) : Ostage;
+    wg_stage_o(ost, y, scale, warp, g8, t4);
+    __syncthreads();
+    wg_store_o(ost, o, t0, L, hv, HV, V, v0, vw, wg_tid());
     WG_MARK(7);
     const int d = has_snap ? snap[t0] : 0;
     if (d > 0) {
       wg_wait<0>();
       wg_regs(s);
-      store_s(states + ((size_t)(d - 1) * HV + hv) * K * V + v0);
+      wg_store_s(s, states + ((size_t)(d - 1) * HV + hv) * K * V + v0, vw, K, V, warp, g8, t4);
     }
   }
   wg_wait<0>();
   wg_regs(s);
   cp_async_wait<0>();
-  store_s(Sg);
+  wg_store_s(s, Sg, vw, K, V, warp, g8, t4);
+  WG_CTA_MARK(1);
 }
 
 // Shared memory of chunk_wg_state<KT>: two buffers each of the keys, Q, V and G, one each of T2

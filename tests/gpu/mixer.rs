@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use deltaserve_kernels::ops::{
     gated_delta_prefill, gated_delta_prefill_packed, gated_delta_step, set_warpgroup_state_pass, MixerInputs, PrefillAlgo,
 };
-use deltaserve_kernels::SlotBuffer;
+use deltaserve_kernels::{Capture, SlotBuffer};
 use deltaserve_tests::{rel_err, values};
 use rand::{Rng, SeedableRng};
 
@@ -415,6 +415,57 @@ pub(crate) fn gpu_warpgroup_prep_equals_tc_prep(dev: &Device) {
         println!("warpgroup prep (n={n} H={h} HV={hv} K={kd} V={vd}): equals one head a CTA {one}, two heads a CTA {two}");
         assert!(one && two, "warpgroup prep differs at H={h} HV={hv} K={kd}");
         assert!(ow.iter().any(|x| x.abs() > 1e-3), "outputs all but zero");
+    }
+}
+
+/// The warpgroup state pass on two warpgroups (a producer issuing the copies, a consumer running
+/// the products) against the one-warpgroup pass: the same outputs, final states and captured
+/// snapshots bit for bit (the same products and expressions in the same order). Packed sequences
+/// of 1–4,097 tokens in permuted slots (the longest picks the two-warpgroup pass; partial
+/// chunks, padding rows, an empty sequence), captures at chunk ends, GVA 1, 2 and 4, K = 64, 120
+/// (zero-padded to 128) and 128, V of one to four 64-column tiles and a partial one (72), Gated
+/// DeltaProduct's n = 2.
+pub(crate) fn gpu_two_warpgroup_pass_equals_one(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    for (n, h, hv, kd, vd) in [(1, 2, 4, 128, 128), (1, 2, 2, 64, 256), (1, 1, 1, 120, 72), (2, 2, 4, 128, 64), (1, 1, 2, 64, 64)] {
+        let lens = [4097usize, 1, 0, 130, 320];
+        let slots = [2usize, 0, 4, 3, 1];
+        // Built on the host (the empty sequence's tensors have no elements to convert on a GPU).
+        let cases: Vec<Case> = lens.iter().map(|&t| random_case(&mut rng, t, n, h, hv, kd, vd).with_qkv(BF16)).collect();
+        let all = cat(&cases.iter().collect::<Vec<_>>()).on(dev);
+        let cu = cu_seqlens(&lens);
+        let per = hv * kd * vd;
+        let h0 = random_states(&mut rng, lens.len(), per);
+        let captures = [
+            Capture { seq: 0, tokens: 64 * 3, slot: 5 },
+            Capture { seq: 0, tokens: 64 * 40, slot: 6 },
+            Capture { seq: 4, tokens: 64 * 2, slot: 7 },
+        ];
+        let run = |ws: bool| {
+            deltaserve_kernels::ops::set_two_warpgroup_pass(ws);
+            let mut states = SlotBuffer::zeros_on(8, per, dev).unwrap();
+            for (i, &s) in slots.iter().enumerate() {
+                states.write_slot(s, &h0[i]).unwrap();
+            }
+            let o = gated_delta_prefill_packed(all.inputs(), &mut states, &cu, &slots, PrefillAlgo::Chunked, &captures, None).unwrap();
+            let s: Vec<f32> = (0..8).flat_map(|i| states.slot_to_vec(i).unwrap()).collect();
+            (values(&o), s)
+        };
+        let launches = deltaserve_kernels::ops::two_warpgroup_launches;
+        let before = launches();
+        let (o2, s2) = run(true);
+        let on = launches() - before;
+        let (o1, s1) = run(false);
+        let off = launches() - before - on;
+        deltaserve_kernels::ops::set_two_warpgroup_pass(true);
+        assert!(on == 1 && off == 0, "two-warpgroup passes launched: {on} on, {off} off (expected 1 and 0)");
+        let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let (outs, sts) = (same(&o2, &o1), same(&s2, &s1));
+        println!("two-warpgroup pass (n={n} H={h} HV={hv} K={kd} V={vd}): outputs equal {outs}, states and snapshots equal {sts}");
+        assert!(outs && sts, "two-warpgroup pass differs at H={h} HV={hv} K={kd} V={vd}");
+        assert!(o2.iter().any(|x| x.abs() > 1e-3), "outputs all but zero");
+        let snap = &s2[5 * per..8 * per];
+        assert!(snap.iter().any(|x| x.abs() > 1e-3), "snapshots all but zero");
     }
 }
 

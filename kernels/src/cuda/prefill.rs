@@ -67,6 +67,45 @@ fn wg_state_smem(kt: usize) -> usize {
     4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + 4 * 512 + stage + 1024
 }
 
+/// `chunk_wg_ws`: as `chunk_wg_state`, with two buffers of the chunk's decays in place of each
+/// warp's copy, and two O staging tiles at K = 64 (`wg_ws_smem` in `chunk_wg_ws.cuh`).
+fn wg_ws_smem(kt: usize) -> usize {
+    let stage = if kt > 4 { 0 } else { 2 * CHUNK * CHUNK * 4 };
+    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 2 * 256 + 2 * 512 + stage + 1024
+}
+
+/// Chunks a sequence must span for the warpgroup state pass to run on two warpgroups
+/// (`chunk_wg_ws.cuh`: a producer issuing the copies beside the consumer's products). Its start
+/// costs about 2 µs more, which a single chunk pays and four already repay
+/// (`docs/performance.md`).
+const TWO_WARPGROUP_CHUNKS: usize = 4;
+
+/// Whether the warpgroup state pass (`wg`) runs on two warpgroups: the longest sequence spans
+/// [`TWO_WARPGROUP_CHUNKS`] chunks, and the pass is not one of the short passes replayed from a
+/// graph with other packings (`fixed`). Both give the same bits, so the choice may depend on
+/// the batch. `DELTASERVE_TC_WS=0` or [`set_two_warpgroup_pass`] turns it off.
+fn two_warpgroup_pass(wg: bool, longest_chunks: usize, fixed: bool) -> bool {
+    wg && !fixed && longest_chunks >= TWO_WARPGROUP_CHUNKS && WS_PASS.on()
+}
+static WS_PASS: Switch = Switch::new("DELTASERVE_TC_WS");
+
+/// Turns the two-warpgroup state pass on (where chosen) or off for the process: the GPU test
+/// compares it with the one-warpgroup pass bit for bit.
+#[doc(hidden)]
+pub fn set_two_warpgroup_pass(on: bool) {
+    WS_PASS.set(on);
+}
+
+/// Launches of the two-warpgroup state pass in this process (the GPU test checks that the pass
+/// it compares did run).
+static WS_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many two-warpgroup state passes this process has launched.
+#[doc(hidden)]
+pub fn two_warpgroup_launches() -> usize {
+    WS_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether the bf16 state pass runs on the warpgroup tensor cores (`chunk_wg_state_*`,
 /// `chunk_wg.cuh`): bf16 inputs with K ≤ 128, K, V and v's row stride multiples of 8, and q, k
 /// and v 16-byte aligned (`aligned`), from an sm_90a image; faster than the mma.sync pass at
@@ -315,15 +354,30 @@ pub fn gated_delta_chunk_tc(
     let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo, false), v, slots.len() * hv, sms, pick);
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
     let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
-    let (bv, threads) = if wg { (64, 128) } else { (bv, 256) };
+    let longest = (0..slots.len()).map(|s| (cu_seqlens[s + 1] - cu_seqlens[s]).div_ceil(CHUNK)).max().unwrap_or(0);
+    let ws = two_warpgroup_pass(wg, longest, fixed.is_some());
+    let (bv, threads) = if ws {
+        (64, 256)
+    } else if wg {
+        (64, 128)
+    } else {
+        (bv, 256)
+    };
     let name = match (lo, db, wg) {
+        (false, _, true) if ws => format!("chunk_wg_ws_k{kt}{sfx}"),
         (false, _, true) => format!("chunk_wg_state_k{kt}{sfx}"),
         (true, _, _) => format!("chunk_split_state_k{kt}_bv{bv}{sfx}"),
         (false, true, false) => format!("chunk_mma_state_db_k{kt}_bv{bv}{sfx}"),
         (false, false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
     };
     let state = func(&dev, &name, if wg { &modules::CHUNK_WG } else { &modules::CHUNK_MMA })?;
-    let state_smem = if wg { wg_state_smem(kt) } else { mma_state_smem(k, bv, lo, db) };
+    let state_smem = if ws {
+        wg_ws_smem(kt)
+    } else if wg {
+        wg_state_smem(kt)
+    } else {
+        mma_state_smem(k, bv, lo, db)
+    };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its
     // place for bf16 ones; only f32 inputs have a W (bf16 pairs).
@@ -407,6 +461,9 @@ pub fn gated_delta_chunk_tc(
                             }
                             l.arg(&x.scale);
                             unsafe { l.launch(grid(v.div_ceil(bv), hv, slots.len(), threads, state_smem as u32)) }.w()?;
+                            if ws {
+                                WS_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
                         })
                     })
                 })

@@ -259,6 +259,27 @@ pub fn set_warpgroup_state_pass(on: bool) {
     let _ = on;
 }
 
+/// Turns the GPU's two-warpgroup state pass (a producer warpgroup issuing the copies beside the
+/// products) on (where chosen: sequences of four chunks or more) or off for the process: the GPU
+/// test compares it with the one-warpgroup pass bit for bit. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_two_warpgroup_pass(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_two_warpgroup_pass(on);
+    let _ = on;
+}
+
+/// How many two-warpgroup state passes this process has launched (0 without CUDA): the GPU
+/// test checks that the pass it compares ran.
+#[doc(hidden)]
+pub fn two_warpgroup_launches() -> usize {
+    #[cfg(feature = "cuda")]
+    let launches = crate::cuda::two_warpgroup_launches();
+    #[cfg(not(feature = "cuda"))]
+    let launches = 0;
+    launches
+}
+
 /// Turns the GPU's warpgroup (wgmma) chunk prep of the bf16 chunked prefill on (where eligible:
 /// K ≤ 256) or off for the process: GPU tests compare it with the wmma prep bit for bit. Nothing
 /// changes on the CPU.
