@@ -73,8 +73,8 @@ int main() {
   const size_t wg8 = wg_state_smem(8), wg4 = wg_state_smem(4);
   CK(cudaFuncSetAttribute(new_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg8));
   CK(cudaFuncSetAttribute(new_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg4));
-  CK(cudaFuncSetAttribute(ws_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_ws_smem(8)));
-  CK(cudaFuncSetAttribute(ws_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_ws_smem(4)));
+  CK(cudaFuncSetAttribute(ws_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_state_smem(8, true)));
+  CK(cudaFuncSetAttribute(ws_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_state_smem(4, true)));
   CK(cudaFuncSetAttribute(old_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(128)));
   CK(cudaFuncSetAttribute(old_k4, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(64)));
   CK(cudaFuncSetAttribute(old_db_k8, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)old_smem(128, 32, true)));
@@ -187,7 +187,7 @@ int main() {
     // 3: mma.sync, 32-column tiles; 4: wgmma, producer and consumer warpgroups.
     auto run = [&](int which) {
       if (which == 4) {
-        wsf<<<dim3((V + 63) / 64, HV, nseq), WS_THREADS, wg_ws_smem(k4 ? 4 : 8)>>>(
+        wsf<<<dim3((V + 63) / 64, HV, nseq), WS_THREADS, wg_state_smem(k4 ? 4 : 8, true)>>>(
             dq, dk, dv, (long)HV * V, dT2, dP, dG, dS, dcu, dslots, nullptr, 0, dO, H, HV, K, V, scale);
       } else if (which == 1) {
         newf<<<dim3((V + 63) / 64, HV, nseq), WG_THREADS, nsm>>>(dq, dk, dv, (long)HV * V, dT2, dP, dG, dS, dcu, dslots,

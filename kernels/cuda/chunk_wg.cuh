@@ -486,9 +486,11 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
   WG_CTA_MARK(1);
 }
 
-// Shared memory of chunk_wg_state<KT>: two buffers each of the keys, Q, V and G, one each of T2
-// and P, each warp's decays, O's staging tile at K = 64, and the swizzle's alignment.
-constexpr int wg_state_smem(int KT) {
-  return 4 * (64 * 16 * KT * 2) + 2 * (64 * 64 * 2) + 2 * (64 * WG_VP * 2) + 512 + 4 * 512 + (KT == 8 ? 0 : 64 * 64 * 4) +
-         1024;
+// Shared memory of chunk_wg_state<KT> (or with `two`, chunk_wg_state_ws<KT>): WgTiles' two
+// buffers each of the keys, Q, V and G and one each of T2 and P; the decays (each warp's copy, or
+// one a buffer); O's staging tile at K = 64 (one, or two; K = 128 stages O in the chunk's Q
+// buffer); the swizzle's alignment.
+__host__ __device__ constexpr int wg_state_smem(int KT, bool two = false) {
+  return 4 * (64 * 16 * KT * 2) + 2 * (64 * 64 * 2) + 2 * (64 * WG_VP * 2) + 512 + (two ? 2 : 4) * 512 +
+         (KT == 8 ? 0 : (two ? 2 : 1) * 64 * 64 * 4) + 1024;
 }

@@ -36,16 +36,8 @@ __device__ __forceinline__ void ws_landed_arrive(int id) {
   ws_arrive(id);
 }
 
-// Shared memory of chunk_wg_state_ws<KT>: two buffers each of the keys, Q, V, G and the decays;
-// one each of T2 and P; two O staging tiles at K = 64 (K = 128 stages O in the chunk's Q
-// buffer); the swizzle's alignment.
-__host__ __device__ constexpr int wg_ws_smem(int KT) {
-  return 4 * (64 * 16 * KT * 2) + 2 * (64 * 64 * 2) + 2 * (64 * WG_VP * 2) + 2 * 256 + 2 * 512 +
-         (KT == 8 ? 0 : 2 * 64 * 64 * 4) + 1024;
-}
-
-// The state pass: grid (⌈V / 64⌉, HV, sequences), WS_THREADS threads, wg_ws_smem(KT) bytes of
-// dynamic shared memory; arguments as chunk_wg_state's.
+// The state pass: grid (⌈V / 64⌉, HV, sequences), WS_THREADS threads, wg_state_smem(KT, true)
+// bytes of dynamic shared memory; arguments as chunk_wg_state's.
 template <int KT, typename TS>
 __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                   long ldv, const bf16* __restrict__ T2, const bf16* __restrict__ P,

@@ -59,19 +59,21 @@ pub fn set_prep_pairs(on: bool) {
     PREP_PAIRS.set(on);
 }
 
-/// `chunk_wg_state`: two buffers each of the key and Q tiles (K padded to 16·KT, 128-byte
-/// swizzled), V's padded tile and G; one each of T2 and P; each warp's decays; O's staging tile
-/// at K = 64 (K = 128 stages it in a Q buffer); 1 KB for the swizzle's alignment.
-fn wg_state_smem(kt: usize) -> usize {
-    let stage = if kt > 4 { 0 } else { CHUNK * CHUNK * 4 };
-    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + 4 * 512 + stage + 1024
-}
-
-/// `chunk_wg_ws`: as `chunk_wg_state`, with two buffers of the chunk's decays in place of each
-/// warp's copy, and two O staging tiles at K = 64 (`wg_ws_smem` in `chunk_wg_ws.cuh`).
-fn wg_ws_smem(kt: usize) -> usize {
-    let stage = if kt > 4 { 0 } else { 2 * CHUNK * CHUNK * 4 };
-    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 2 * 256 + 2 * 512 + stage + 1024
+/// The warpgroup state pass (`wg_state_smem` in `chunk_wg.cuh`): two buffers each of the key
+/// and Q tiles (K padded to 16·KT, 128-byte swizzled), V's padded tile and G; one each of T2 and
+/// P; the decays (each warp's copy, or on two warpgroups (`two`) one a buffer); O's staging tile
+/// at K = 64, one or (`two`) two (K = 128 stages it in a Q buffer); 1 KB for the swizzle's
+/// alignment.
+fn wg_state_smem(kt: usize, two: bool) -> usize {
+    let stages = if kt > 4 {
+        0
+    } else if two {
+        2
+    } else {
+        1
+    };
+    let decays = if two { 2 * 512 } else { 4 * 512 };
+    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + decays + stages * CHUNK * CHUNK * 4 + 1024
 }
 
 /// Chunks a sequence must span for the warpgroup state pass to run on two warpgroups
@@ -356,13 +358,7 @@ pub fn gated_delta_chunk_tc(
     let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
     let longest = (0..slots.len()).map(|s| (cu_seqlens[s + 1] - cu_seqlens[s]).div_ceil(CHUNK)).max().unwrap_or(0);
     let ws = two_warpgroup_pass(wg, longest, fixed.is_some());
-    let (bv, threads) = if ws {
-        (64, 256)
-    } else if wg {
-        (64, 128)
-    } else {
-        (bv, 256)
-    };
+    let (bv, threads) = if wg { (64, if ws { 256 } else { 128 }) } else { (bv, 256) };
     let name = match (lo, db, wg) {
         (false, _, true) if ws => format!("chunk_wg_ws_k{kt}{sfx}"),
         (false, _, true) => format!("chunk_wg_state_k{kt}{sfx}"),
@@ -371,13 +367,7 @@ pub fn gated_delta_chunk_tc(
         (false, false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
     };
     let state = func(&dev, &name, if wg { &modules::CHUNK_WG } else { &modules::CHUNK_MMA })?;
-    let state_smem = if ws {
-        wg_ws_smem(kt)
-    } else if wg {
-        wg_state_smem(kt)
-    } else {
-        mma_state_smem(k, bv, lo, db)
-    };
+    let state_smem = if wg { wg_state_smem(kt, ws) } else { mma_state_smem(k, bv, lo, db) };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its
     // place for bf16 ones; only f32 inputs have a W (bf16 pairs).
