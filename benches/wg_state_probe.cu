@@ -27,7 +27,7 @@
 #define WS_PROF 1  // the pass whose phases -DWG_PROFILE clocks (4: two warpgroups)
 #endif
 typedef void (*Entry)(const bf16*, const bf16*, const bf16*, long, const bf16*, const bf16*, const float*, float*,
-                      const int*, const int*, const int*, int, float*, int, int, int, int, float);
+                      const int*, const int*, const int*, int, bf16*, int, int, int, int, float);
 
 #include "probe.cuh"
 
@@ -177,9 +177,16 @@ int main() {
     bf16 *dq = up(to_bf(qf)), *dk = up(to_bf(kf)), *dv = up(to_bf(vf)), *dT2 = up(to_bf(T2)), *dP = up(to_bf(P));
     float* dG = up(G);
     int *dcu = up(cu), *dslots = up(slots);
-    float *dS, *dO;
+    float* dS;
+    bf16* dO;  // O in bf16, as fla writes it for bf16 inputs
     CK(cudaMalloc(&dS, S0.size() * 4));
-    CK(cudaMalloc(&dO, (size_t)rows * HV * V * 4));
+    CK(cudaMalloc(&dO, (size_t)rows * HV * V * 2));
+    auto get_o = [&](std::vector<float>& out) {
+      std::vector<bf16> raw((size_t)rows * HV * V);
+      CK(cudaMemcpy(raw.data(), dO, raw.size() * 2, cudaMemcpyDeviceToHost));
+      out.resize(raw.size());
+      for (size_t i = 0; i < raw.size(); ++i) out[i] = __bfloat162float(raw[i]);
+    };
     const bool k4 = K <= 64;
     Entry oldf = k4 ? old_k4 : old_k8, newf = k4 ? new_k4 : new_k8, wsf = k4 ? ws_k4 : ws_k8;
     const size_t osm = old_smem(K), nsm = k4 ? wg4 : wg8;
@@ -249,13 +256,12 @@ int main() {
       std::vector<float> outs[3], sts[3];
       for (int neu = 0; neu < 3; ++neu) {
         CK(cudaMemcpy(dS, S0.data(), S0.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dO, 0xff, (size_t)rows * HV * V * 4));
+        CK(cudaMemset(dO, 0xff, (size_t)rows * HV * V * 2));
         run(neu == 2 ? 4 : neu);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
-        outs[neu].resize((size_t)rows * HV * V);
+        get_o(outs[neu]);
         sts[neu].resize(S0.size());
-        CK(cudaMemcpy(outs[neu].data(), dO, outs[neu].size() * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(sts[neu].data(), dS, S0.size() * 4, cudaMemcpyDeviceToHost));
       }
       auto err = [](const std::vector<float>& x, const std::vector<double>& ref) {
@@ -329,8 +335,7 @@ int main() {
         CK(cudaMemcpy(dS, S0.data(), S0.size() * 4, cudaMemcpyHostToDevice));
         run(neu == 2 ? 4 : neu);
         CK(cudaDeviceSynchronize());
-        outs[neu].resize((size_t)rows * HV * V);
-        CK(cudaMemcpy(outs[neu].data(), dO, outs[neu].size() * 4, cudaMemcpyDeviceToHost));
+        get_o(outs[neu]);
       }
       double m = 0, e = 0;
       for (size_t i = 0; i < outs[0].size(); ++i)

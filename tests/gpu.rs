@@ -183,6 +183,20 @@ fn bf16_bound(name: &str, goldens: &std::path::Path, case: usize) -> f64 {
 /// computes): opt-in, measured up to 3.8e-2 on the fixtures, so it does not meet `BF16_TOL`.
 const BF16_MIXER_TOL: f64 = 5e-2;
 
+/// The MoE fixtures' bound for a bf16 model with the bf16 mixer: 1.5× the worst of transformers'
+/// own bf16 forward against its f32 goldens over every MoE fixture of `goldens`' directory (Qwen3-Next's and
+/// Qwen3.5-MoE's routers are the same softmax top-k over bf16 logits). In bf16 those logits tie
+/// exactly at the k-th expert on about 2% of a compact fixture's routing decisions (18 of 800 on
+/// `qwen3_5_moe`'s case 4 on the CPU), and the two mixer precisions route 5 of those 800
+/// differently, so a flip near the last token lands on some case of either fixture: the
+/// reference's own reach 0.16 (`qwen3_next` case 1). The f32 bound is the check that binds.
+fn moe_bf16_mixer_bound(goldens: &std::path::Path) -> Option<f64> {
+    moe_bf16_bounds(goldens)?;
+    let dir = goldens.parent()?;
+    let worst = std::fs::read_dir(dir).ok()?.filter_map(|e| moe_bf16_bounds(&e.ok()?.path())).flatten().fold(0.0, f64::max);
+    Some(worst)
+}
+
 fn gpu_ops_match_reference(dev: &Device) {
     let mut files = vec![compact_dir().join("ops.safetensors")];
     files.extend(shared_dir("gpu_ops_match_reference").map(|d| d.join("ops.safetensors")));
@@ -250,7 +264,8 @@ fn gpu_models_match_cpu_and_goldens(_dev: &Device) {
             assert!(e_cpu <= F32_TOL && e_gold <= F32_TOL, "{name} case{i}: f32 {e_cpu:.3e} / {e_gold:.3e}");
             let bf16_tol = bf16_bound(&name, &goldens, i);
             assert!(e_bf16 <= bf16_tol, "{name} case{i}: bf16 {e_bf16:.3e} (bound {bf16_tol:.3e})");
-            assert!(e_fast <= BF16_MIXER_TOL.max(bf16_tol), "{name} case{i}: bf16 with the bf16 mixer {e_fast:.3e}");
+            let mixer_tol = moe_bf16_mixer_bound(&goldens).unwrap_or(bf16_tol).max(BF16_MIXER_TOL);
+            assert!(e_fast <= mixer_tol, "{name} case{i}: bf16 with the bf16 mixer {e_fast:.3e} (bound {mixer_tol:.3e})");
             pf.release(sf).unwrap();
             if let Some(all_ref) = reference.get(&format!("case{i}.all_logits")) {
                 let s2 = pg.allocate().unwrap();

@@ -3,12 +3,13 @@
 #include "chunk_mma.cuh"
 
 // bf16 entries: NAME runs chunk_mma_state<KT, BV, false, DBUF> at MINB CTAs an SM on states of
-// type TS (the name's `_sbf16`: bf16). The state entries wait for the launch before them inside
-// chunk_mma_state, once S's loads are issued.
+// type TS (the name's `_sbf16`: bf16), writing O in bf16 (fla's output dtype for bf16 inputs).
+// The state entries wait for the launch before them inside chunk_mma_state, once S's loads are
+// issued.
 #define MMA_ENTRY_NAMED(NAME, KT, BV, MINB, DBUF, TS)                                                                \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
       NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,     \
-           TS* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,      \
+           TS* states, const int* cu, const int* slots, const int* snap, int has_snap, bf16* o, int H, int HV,       \
            int K, int V, float scale) {                                                                              \
     const ChunkIn in{q, nullptr, k, nullptr, v, ldv, nullptr, nullptr, nullptr, T2, P, nullptr, G};                 \
     chunk_mma_state<KT, BV, false, DBUF>(in, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale);             \

@@ -34,6 +34,7 @@
 // KT: 16-row tiles of K the kernel is built for (4, 8 or 16; K is zero-padded up to 16·KT, so
 // tile shapes and loops are compile-time).
 #pragma once
+#include "dtype.cuh"
 #include "state_io.cuh"
 #include "tc_common.cuh"
 
@@ -107,10 +108,10 @@ struct ChunkIn {
   const float* G;
 };
 
-template <int KT, int BV, bool LO, bool DBUF = false, typename TS = float>
+template <int KT, int BV, bool LO, bool DBUF = false, typename TS = float, typename TO = float>
 __device__ void chunk_mma_state(const ChunkIn& in, TS* __restrict__ states, const int* __restrict__ cu,
                                 const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
-                                float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+                                TO* __restrict__ o, int H, int HV, int K, int V, float scale) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   constexpr int SB = BV + 8, NB = BV / 8, UP = BV + 4;
   // Rows of S per warp: KT ≥ 8 gives each warp KT/8 whole row tiles; KT = 4 splits each row
@@ -487,16 +488,20 @@ __device__ void chunk_mma_state(const ChunkIn& in, TS* __restrict__ states, cons
       for (int h = 0; h < 2; ++h) {
         const int r = rt * 16 + g8 + 8 * h;
         if (r >= L) continue;
-        float* dst = o + ((size_t)(t0 + r) * HV + hv) * V + v0;
+        TO* dst = o + ((size_t)(t0 + r) * HV + hv) * V + v0;
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
           const int col = j * 8 + 2 * t4;
           const float a = scale * acc[j][2 * h], b = scale * acc[j][2 * h + 1];
           if (V % 2 == 0 && col + 1 < vw) {
-            *reinterpret_cast<float2*>(dst + col) = make_float2(a, b);
+            if constexpr (std::is_same_v<TO, float>) {
+              *reinterpret_cast<float2*>(dst + col) = make_float2(a, b);
+            } else {
+              *reinterpret_cast<__nv_bfloat162*>(dst + col) = __floats2bfloat162_rn(a, b);
+            }
           } else {
-            if (col < vw) dst[col] = a;
-            if (col + 1 < vw) dst[col + 1] = b;
+            if (col < vw) dst[col] = from_f32<TO>(a);
+            if (col + 1 < vw) dst[col + 1] = from_f32<TO>(b);
           }
         }
       }

@@ -17,7 +17,7 @@
 #define STATE_ENTRY(NAME, PASS, THREADS, KT, TS)                                                                    \
   extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                          \
       NAME(const bf16* q, const bf16* k, const bf16* v, long ldv, const bf16* T2, const bf16* P, const float* G,    \
-           TS* states, const int* cu, const int* slots, const int* snap, int has_snap, float* o, int H, int HV,     \
+           TS* states, const int* cu, const int* slots, const int* snap, int has_snap, bf16* o, int H, int HV,      \
            int K, int V, float scale) {                                                                             \
     WG_BODY(PASS<KT, TS>(q, k, v, ldv, T2, P, G, states, cu, slots, snap, has_snap, o, H, HV, K, V, scale));        \
   }

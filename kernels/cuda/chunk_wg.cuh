@@ -190,8 +190,8 @@ struct WgTiles {
   __device__ float* g(int b) const {
     return reinterpret_cast<float*>(smem + 4 * KBYTES + 2 * PBYTES + 2 * VBYTES + b * 256);
   }
-  // The Q buffer as floats (O's staging tile at K = 128, once Y is formed).
-  __device__ float* qf(int b) const { return reinterpret_cast<float*>(smem + (q(b) - base)); }
+  // The Q buffer as O's staging tile at K = 128, once Y is formed.
+  __device__ bf16* qo(int b) const { return reinterpret_cast<bf16*>(smem + (q(b) - base)); }
   // Past the shared tiles: each pass's own.
   __device__ unsigned char* rest() const { return smem + 4 * KBYTES + 2 * PBYTES + 2 * VBYTES + 512; }
 };
@@ -322,27 +322,28 @@ __device__ __forceinline__ void wg_issue_os(float (&y)[32], float (&s)[NS], cons
   }
   wg_commit();
 }
-// O into its staging tile ost [64 tokens, 64 columns]: the column index XOR-ed by the row's pair
-// index (c / 2 mod 4) · 8 keeps a warp's transposed writes on 32 banks.
-__device__ __forceinline__ void wg_stage_o(float* ost, const float (&y)[32], float scale, int warp, int g8, int t4) {
+// O into its staging tile ost [64 tokens, 64 columns], rounded once to bf16 (fla's output dtype for
+// bf16 inputs): the column index XOR-ed by the row's pair index (c / 2 mod 4) · 8 keeps a warp's
+// transposed writes on 16 distinct words, two lanes a word.
+__device__ __forceinline__ void wg_stage_o(bf16* ost, const float (&y)[32], float scale, int warp, int g8, int t4) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int n = 16 * warp + g8 + 8 * ((i & 3) >> 1), c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-    ost[c * 64 + (n ^ (((c >> 1) & 3) << 3))] = scale * y[i];
+    ost[c * 64 + (n ^ (((c >> 1) & 3) << 3))] = __float2bfloat16_rn(scale * y[i]);
   }
 }
-// The staged O of rows t0 .. t0 + L out to o [rows, HV, V] at columns v0 .. v0 + vw, each row in
-// 16-byte stores, by the warpgroup's threads ot = 0 .. 127.
-__device__ __forceinline__ void wg_store_o(const float* ost, float* o, int t0, int L, int hv, int HV, int V, int v0,
+// The staged O of rows t0 .. t0 + L out to o [rows, HV, V] (bf16) at columns v0 .. v0 + vw, each
+// row's 128 bytes in 16-byte stores of eight columns, by the warpgroup's threads ot = 0 .. 127.
+__device__ __forceinline__ void wg_store_o(const bf16* ost, bf16* o, int t0, int L, int hv, int HV, int V, int v0,
                                            int vw, int ot) {
-  const int col = (ot & 15) * 4, c0 = ot >> 4;
-  float* orow = o + ((size_t)(t0 + c0) * HV + hv) * V + v0 + col;
+  const int col = (ot & 7) * 8, c0 = ot >> 3;
+  bf16* orow = o + ((size_t)(t0 + c0) * HV + hv) * V + v0 + col;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int c = c0 + 8 * j;
-    const float4 x = *reinterpret_cast<const float4*>(ost + c * 64 + (col ^ (((c >> 1) & 3) << 3)));
-    if (c < L && col < vw) *reinterpret_cast<float4*>(orow) = x;
-    orow += (size_t)8 * HV * V;
+  for (int j = 0; j < 4; ++j) {
+    const int c = c0 + 16 * j;
+    const uint4 x = *reinterpret_cast<const uint4*>(ost + c * 64 + (col ^ (((c >> 1) & 3) << 3)));
+    if (c < L && col < vw) *reinterpret_cast<uint4*>(orow) = x;
+    orow += (size_t)16 * HV * V;
   }
 }
 
@@ -360,7 +361,7 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
                                long ldv, const bf16* __restrict__ T2, const bf16* __restrict__ P,
                                const float* __restrict__ G, TS* __restrict__ states, const int* __restrict__ cu,
                                const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
-                               float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+                               bf16* __restrict__ o, int H, int HV, int K, int V, float scale) {
   static_assert(KT == 4 || KT == 8, "K up to 128: Sᵀ's accumulators are 2·KT·4 registers a thread");
   constexpr int K16 = 16 * KT, ATOMS = K16 / 64, NS = K16 / 8 * 4, KS = K16 / 16;
   extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
@@ -373,7 +374,7 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
   float* Eg = reinterpret_cast<float*>(tl.rest()) + warp * 128;
   float* Dk = Eg + 64;
   // K = 64: O's staging tile (K = 128 stages it in the chunk's Q buffer).
-  float* Ostage = reinterpret_cast<float*>(tl.rest() + 4 * 512);
+  bf16* Ostage = reinterpret_cast<bf16*>(tl.rest() + 4 * 512);
   const int vw = min(64, V - v0);
   TS* Sg = states + ((size_t)slots[seq] * HV + hv) * K * V + v0;
   WG_CTA_MARK(0);
@@ -467,7 +468,7 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
     cp_async_commit();
     // O through shared memory (this chunk's Q buffer, free since Y was formed; its own buffer at
     // K = 64), so that each row goes out in 16-byte stores.
-    float* ost = KT == 8 ? tl.qf(b) : Ostage;
+    bf16* ost = KT == 8 ? tl.qo(b) : Ostage;
     wg_stage_o(ost, y, scale, warp, g8, t4);
     __syncthreads();
     wg_store_o(ost, o, t0, L, hv, HV, V, v0, vw, wg_tid());
@@ -492,5 +493,5 @@ __device__ void chunk_wg_state(const bf16* __restrict__ q, const bf16* __restric
 // buffer); the swizzle's alignment.
 __host__ __device__ constexpr int wg_state_smem(int KT, bool two = false) {
   return 4 * (64 * 16 * KT * 2) + 2 * (64 * 64 * 2) + 2 * (64 * WG_VP * 2) + 512 + (two ? 2 : 4) * 512 +
-         (KT == 8 ? 0 : (two ? 2 : 1) * 64 * 64 * 4) + 1024;
+         (KT == 8 ? 0 : (two ? 2 : 1) * 64 * 64 * 2) + 1024;
 }

@@ -43,7 +43,7 @@ __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __rest
                                   long ldv, const bf16* __restrict__ T2, const bf16* __restrict__ P,
                                   const float* __restrict__ G, TS* __restrict__ states, const int* __restrict__ cu,
                                   const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
-                                  float* __restrict__ o, int H, int HV, int K, int V, float scale) {
+                                  bf16* __restrict__ o, int H, int HV, int K, int V, float scale) {
   static_assert(KT == 4 || KT == 8, "K up to 128: Sᵀ's accumulators are 2·KT·4 registers a thread");
   constexpr int K16 = 16 * KT, ATOMS = K16 / 64, NS = K16 / 8 * 4, KS = K16 / 16;
   extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
@@ -51,7 +51,7 @@ __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __rest
   // A buffer's decays: e^G at [0, 64), e^{G_last − G} at [64, 128).
   auto Ds = [&](int b) { return reinterpret_cast<float*>(tl.rest() + b * 512); };
   // O's staging tile of a chunk in buffer b: its Q buffer at K = 128 (free once Y is formed).
-  auto Ost = [&](int b) { return KT == 8 ? tl.qf(b) : reinterpret_cast<float*>(tl.rest() + 1024) + b * 64 * 64; };
+  auto Ost = [&](int b) { return KT == 8 ? tl.qo(b) : reinterpret_cast<bf16*>(tl.rest() + 1024) + b * 64 * 64; };
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * 64;
   const int hk = hv / (HV / H);

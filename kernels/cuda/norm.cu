@@ -3,11 +3,12 @@
 // blocks' residual add + norm (below).
 #include "norm.cuh"
 
-// x [rows, D] f32, y [rows, D] in TY; one warp per row (norm.cuh). z (TZ, or null) holds
-// `heads` rows of x in each of its rows (row stride ldz): row r's gate is
-// z[(r / heads)·ldz + (r % heads)·D ..], so a column slice of the input projection is read in place.
-template <int KEPT, typename TZ, typename TY>
-__device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict__ z, long ldz, int heads,
+// x [rows, D] in TX (f32, or the bf16 mixer's bf16), y [rows, D] in TY; one warp per row
+// (norm.cuh). z (TZ, or null) holds `heads` rows of x in each of its rows (row stride ldz): row
+// r's gate is z[(r / heads)·ldz + (r % heads)·D ..], so a column slice of the input projection is
+// read in place.
+template <int KEPT, typename TZ, typename TY, typename TX>
+__device__ void gated_rms_norm(const TX* __restrict__ x, const TZ* __restrict__ z, long ldz, int heads,
                                const float* __restrict__ w, TY* __restrict__ y, int rows, int D, float eps,
                                int act_sigmoid) {
   const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -16,30 +17,33 @@ __device__ void gated_rms_norm(const float* __restrict__ x, const TZ* __restrict
   gated_norm_row<KEPT, TZ, TY>(x + (size_t)row * D, zr, w, y + (size_t)row * D, D, eps, act_sigmoid, threadIdx.x & 31);
 }
 
-// gated_rms_norm_{z dtype}_{y dtype}: rows up to 512 wide read once (a decode step's few rows,
-// where a row's latency is the cost); _lean: two elements a lane kept (prefill's many rows,
-// where occupancy is); _k4 / _k8: four or eight kept, so that prefill's rows of 128 or 256 are
-// read once too (with two kept, a 128-wide row took three round trips to memory). The same
-// results.
-#define GATED_NORM_ENTRY(TZ, ZN, TY, YN, SUFFIX, KEPT)                                                               \
-  extern "C" __global__ void gated_rms_norm_##ZN##_##YN##SUFFIX(const float* x, const TZ* z, long ldz, int heads,     \
-                                                                const float* w, TY* y, int rows, int D, float eps,    \
-                                                                int act_sigmoid) {                                    \
+// gated_rms_norm_{x: "" for f32, xbf16_}{z dtype}_{y dtype}: rows up to 512 wide read once (a
+// decode step's few rows, where a row's latency is the cost); _lean: two elements a lane kept
+// (prefill's many rows, where occupancy is); _k4 / _k8: four or eight kept, so that prefill's
+// rows of 128 or 256 are read once too (with two kept, a 128-wide row took three round trips to
+// memory). The same results.
+#define GATED_NORM_ENTRY(TX, XN, TZ, ZN, TY, YN, SUFFIX, KEPT)                                                       \
+  extern "C" __global__ void gated_rms_norm_##XN##ZN##_##YN##SUFFIX(const TX* x, const TZ* z, long ldz, int heads,   \
+                                                                    const float* w, TY* y, int rows, int D,          \
+                                                                    float eps, int act_sigmoid) {                    \
     pdl_entry();                                                                                                      \
     gated_rms_norm<KEPT, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                  \
   }
-#define GATED_NORM(TZ, ZN, TY, YN)                  \
-  GATED_NORM_ENTRY(TZ, ZN, TY, YN, , 16)            \
-  GATED_NORM_ENTRY(TZ, ZN, TY, YN, _lean, 2)        \
-  GATED_NORM_ENTRY(TZ, ZN, TY, YN, _k4, 4)          \
-  GATED_NORM_ENTRY(TZ, ZN, TY, YN, _k8, 8)
-#define GATED_NORMS(TZ, ZN)                 \
-  GATED_NORM(TZ, ZN, float, f32)            \
-  GATED_NORM(TZ, ZN, __nv_bfloat16, bf16)   \
-  GATED_NORM(TZ, ZN, __half, f16)
-GATED_NORMS(float, f32)
-GATED_NORMS(__nv_bfloat16, bf16)
-GATED_NORMS(__half, f16)
+#define GATED_NORM(TX, XN, TZ, ZN, TY, YN)                  \
+  GATED_NORM_ENTRY(TX, XN, TZ, ZN, TY, YN, , 16)            \
+  GATED_NORM_ENTRY(TX, XN, TZ, ZN, TY, YN, _lean, 2)        \
+  GATED_NORM_ENTRY(TX, XN, TZ, ZN, TY, YN, _k4, 4)          \
+  GATED_NORM_ENTRY(TX, XN, TZ, ZN, TY, YN, _k8, 8)
+#define GATED_NORMS(TX, XN, TZ, ZN)                 \
+  GATED_NORM(TX, XN, TZ, ZN, float, f32)            \
+  GATED_NORM(TX, XN, TZ, ZN, __nv_bfloat16, bf16)   \
+  GATED_NORM(TX, XN, TZ, ZN, __half, f16)
+GATED_NORMS(float, , float, f32)
+GATED_NORMS(float, , __nv_bfloat16, bf16)
+GATED_NORMS(float, , __half, f16)
+GATED_NORMS(__nv_bfloat16, xbf16_, float, f32)
+GATED_NORMS(__nv_bfloat16, xbf16_, __nv_bfloat16, bf16)
+GATED_NORMS(__nv_bfloat16, xbf16_, __half, f16)
 
 // The seam between two pre-norm sub-blocks (fla's fused add + RMSNorm, §1.3 "Block"), one CTA
 // of 256 threads per row:

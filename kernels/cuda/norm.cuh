@@ -11,29 +11,30 @@
 // groups of GNR_GROUP. Every group's loads are issued before any of them is used, at addresses
 // clamped into the row rather than behind branches (a load behind a branch waits for the use
 // of the one before it: a round trip an element). KEPT changes registers, not results. zr may
-// be null.
+// be null; x is f32, or bf16 (the bf16 mixer's output, as fla's layer norms it).
 #define GNR_GROUP 4
-template <int N, typename TZ>
-__device__ __forceinline__ void gnr_load(float (&xv)[N], float (&zv)[N], float (&wv)[N], const float* __restrict__ xr,
+template <int N, typename TZ, typename TX>
+__device__ __forceinline__ void gnr_load(float (&xv)[N], float (&zv)[N], float (&wv)[N], const TX* __restrict__ xr,
                                          const TZ* __restrict__ zr, const float* __restrict__ w, int i0, int D) {
   TZ zraw[N];
+  TX xraw[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const int i = min(i0 + 32 * j, D - 1);
-    xv[j] = xr[i];
+    xraw[j] = xr[i];
     wv[j] = w[i];
     if (zr) zraw[j] = zr[i];
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const bool in = i0 + 32 * j < D;
-    xv[j] = in ? xv[j] : 0.0f;
+    xv[j] = in ? to_f32(xraw[j]) : 0.0f;
     zv[j] = zr && in ? to_f32(zraw[j]) : 0.0f;
     wv[j] = in ? wv[j] : 0.0f;
   }
 }
-template <int KEPT, typename TZ, typename TY>
-__device__ __forceinline__ void gated_norm_row(const float* __restrict__ xr, const TZ* __restrict__ zr,
+template <int KEPT, typename TZ, typename TY, typename TX>
+__device__ __forceinline__ void gated_norm_row(const TX* __restrict__ xr, const TZ* __restrict__ zr,
                                                const float* __restrict__ w, TY* __restrict__ yr, int D, float eps,
                                                int act_sigmoid, int lane) {
   float xv[KEPT], zv[KEPT], wv[KEPT];
@@ -44,7 +45,7 @@ __device__ __forceinline__ void gated_norm_row(const float* __restrict__ xr, con
   for (int i0 = lane + 32 * KEPT; i0 < D; i0 += 32 * GNR_GROUP) {
     float x[GNR_GROUP];
 #pragma unroll
-    for (int j = 0; j < GNR_GROUP; ++j) x[j] = xr[min(i0 + 32 * j, D - 1)];
+    for (int j = 0; j < GNR_GROUP; ++j) x[j] = to_f32(xr[min(i0 + 32 * j, D - 1)]);
 #pragma unroll
     for (int j = 0; j < GNR_GROUP; ++j)
       if (i0 + 32 * j < D) ss += x[j] * x[j];

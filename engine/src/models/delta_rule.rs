@@ -24,7 +24,7 @@ pub(crate) trait DeltaRule {
     fn output(&self) -> (&OutputHead, usize);
 
     /// Prompt rows: `y`, the input projection of packed sequences `seqs` (activations in
-    /// `act`), → `o` `[ΣT, HV, Vd]` f32, advancing each sequence's state.
+    /// `act`), → `o` `[ΣT, HV, Vd]` (f32, or bf16 from a bf16 mixer), advancing each sequence's state.
     fn mix_prefill(&self, y: &FusedOutput<'_>, state: &mut LayerState, seqs: &Packed<'_>, algo: PrefillAlgo, act: DType) -> Result<Tensor>;
 
     /// The short conv over the input projection's first columns (`[q | k | v]`).
@@ -58,8 +58,8 @@ pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerSta
             let p = seqs.rows();
             let prompt = m.mix_prefill(&y.rows(0, p)?, state, seqs, *algo, act)?;
             let step = m.mix_decode(&y.rows(p, slots.host.len())?, None, state, *slots)?;
-            // Both cores return f32 rows.
-            (y, Tensor::cat(&[prompt, step], 0)?)
+            // The step's rows are f32; a bf16 mixer's prompt rows widen to them exactly.
+            (y, Tensor::cat(&[prompt.to_dtype(step.dtype())?, step], 0)?)
         }
     };
     let (head, g_part) = m.output();

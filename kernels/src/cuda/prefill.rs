@@ -61,8 +61,8 @@ pub fn set_prep_pairs(on: bool) {
 
 /// The warpgroup state pass (`wg_state_smem` in `chunk_wg.cuh`): two buffers each of the key
 /// and Q tiles (K padded to 16·KT, 128-byte swizzled), V's padded tile and G; one each of T2 and
-/// P; the decays (each warp's copy, or on two warpgroups (`two`) one a buffer); O's staging tile
-/// at K = 64, one or (`two`) two (K = 128 stages it in a Q buffer); 1 KB for the swizzle's
+/// P; the decays (each warp's copy, or on two warpgroups (`two`) one a buffer); O's bf16 staging
+/// tile at K = 64, one or (`two`) two (K = 128 stages it in a Q buffer); 1 KB for the swizzle's
 /// alignment.
 fn wg_state_smem(kt: usize, two: bool) -> usize {
     let stages = if kt > 4 {
@@ -73,7 +73,7 @@ fn wg_state_smem(kt: usize, two: bool) -> usize {
         1
     };
     let decays = if two { 2 * 512 } else { 4 * 512 };
-    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + decays + stages * CHUNK * CHUNK * 4 + 1024
+    4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + decays + stages * CHUNK * CHUNK * 2 + 1024
 }
 
 /// Chunks a sequence must span for the warpgroup state pass to run on two warpgroups
@@ -253,8 +253,8 @@ enum Prep {
 /// written at the end. One launch computes every chunk's T2 (or W and U), P and G in parallel, a second
 /// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
 /// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32:
-/// `--mixer-precision fp32`), bf16 (k and v converted to it) uses single bf16 operands, as fla
-/// does. bf16 inputs with K ≤ 128 take the state pass on the warpgroup tensor cores
+/// `--mixer-precision fp32`) and writes o in f32; bf16 (k and v converted to it) uses single bf16
+/// operands and writes o rounded to bf16, as fla does. bf16 inputs with K ≤ 128 take the state pass on the warpgroup tensor cores
 /// (`chunk_wg.cu`; `warpgroup_pass` says when); the others run it on mma.sync
 /// (`chunk_mma.cu`), with three products for one where operands are split.
 /// Each capture also copies its sequence's state, at the end of the chunk it ends on, into its
@@ -306,10 +306,12 @@ pub fn gated_delta_chunk_tc(
         }
     }
     if crow.is_empty() {
-        return Ok(wrap(&dev, dev.alloc_zeros::<f32>(rows * hv * v)?, (rows, hv, v)));
+        return Ok(if lo {
+            wrap(&dev, dev.alloc_zeros::<f32>(rows * hv * v)?, (rows, hv, v))
+        } else {
+            wrap(&dev, dev.alloc_zeros::<bf16>(rows * hv * v)?, (rows, hv, v))
+        });
     }
-    // SAFETY: the state pass writes every row of every chunk.
-    let mut o = unsafe { dev.alloc::<f32>(rows * hv * v) }?;
     // Per row: 1 + the slot that takes the state after the chunk starting there, or 0 (an
     // empty table when nothing is captured: the kernels then skip the lookup).
     let mut snap = vec![0usize; if captures.is_empty() || fixed.is_some() { 0 } else { rows }];
@@ -392,9 +394,12 @@ pub fn gated_delta_chunk_tc(
     } else {
         None
     };
+    // o is in the inputs' dtype: f32, or bf16 as fla returns it for bf16 inputs.
     macro_rules! launch {
         ($ty:ty) => {{
             let mut u = unsafe { dev.alloc::<$ty>(rows * hv * u_cols) }?;
+            // SAFETY: the state pass writes every row of every chunk.
+            let mut o = unsafe { dev.alloc::<$ty>(rows * hv * v) }?;
             with_view!(q, qv, $ty, {
                 with_view!(kk, kv, $ty, {
                     with_view!(vv, vv_, $ty, {
@@ -457,13 +462,9 @@ pub fn gated_delta_chunk_tc(
                         })
                     })
                 })
-            })
+            });
+            wrap(&dev, o, (rows, hv, v))
         }};
     }
-    if lo {
-        launch!(f32)
-    } else {
-        launch!(bf16)
-    }
-    Ok(wrap(&dev, o, (rows, hv, v)))
+    Ok(if lo { launch!(f32) } else { launch!(bf16) })
 }

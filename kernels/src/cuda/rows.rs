@@ -91,15 +91,19 @@ const PREP_THREADS: usize = 256;
 /// 1.39B model 2.6% slower and its decode steps at batch 16 and 64 about 0.1 ms faster).
 const LATENCY_ROWS: usize = 256;
 
-/// Gated RMSNorm over the last dim `D` of `x` `[.., D]` (f32), rounded once to `dtype` (f32,
-/// bf16 or f16; any other dtype gets f32). `z` is `x`'s shape, or `[N, H·D]` with `N·H` rows of
+/// Gated RMSNorm over the last dim `D` of `x` `[.., D]` (f32, or bf16 as the bf16 mixer writes
+/// it; other dtypes are converted to f32), rounded once to `dtype` (f32, bf16 or f16; any other
+/// dtype gets f32). `z` is `x`'s shape, or `[N, H·D]` with `N·H` rows of
 /// `x` (a column slice of the input projection, read in place in its dtype). `act_sigmoid`
 /// picks sigmoid over swish.
 pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32, act_sigmoid: bool, dtype: DType) -> Result<Tensor> {
     let dev = cuda_dev(x, "gated_rms_norm")?;
     let d = x.dim(candle_core::D::Minus1)?;
     let rows = x.elem_count() / d.max(1);
-    let x = f32c(x)?;
+    let (x, x_prefix) = match x.dtype() {
+        DType::BF16 => (x.contiguous()?, "xbf16_"),
+        _ => (f32c(x)?, ""),
+    };
     let w = f32c(weight)?;
     // z as [rows / heads, heads · D] rows: a 2-D slice as it is, any other shape contiguous
     // (ops::gated_rms_norm checked the shapes).
@@ -128,16 +132,15 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
         (true, None) if d <= 512 => "_k8",
         (true, None) => "_lean",
     };
-    let f = func(&dev, &format!("gated_rms_norm_{z_suffix}_{y_suffix}{lean}"), &modules::NORM)?;
+    let f = func(&dev, &format!("gated_rms_norm_{x_prefix}{z_suffix}_{y_suffix}{lean}"), &modules::NORM)?;
     let (ri, di, hi, ai) = (rows as i32, d as i32, heads as i32, act_sigmoid as i32);
     let (z_ptr, z_ld) = z.as_ref().map_or((0, 0), |z| (z.ptr, z.ld));
     let y_ptr = first_element_address_any(&y)?;
-    with_view!(x, xv, {
-        with_view!(w, wv, {
-            let mut l = f.builder();
-            l.arg(&xv).arg(&z_ptr).arg(&z_ld).arg(&hi).arg(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai);
-            unsafe { l.launch(grid(rows.div_ceil(4), 1, 1, 128, 0)) }.w()?;
-        })
+    let x_ptr = first_element_address_any(&x)?;
+    with_view!(w, wv, {
+        let mut l = f.builder();
+        l.arg(&x_ptr).arg(&z_ptr).arg(&z_ld).arg(&hi).arg(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai);
+        unsafe { l.launch(grid(rows.div_ceil(4), 1, 1, 128, 0)) }.w()?;
     });
     Ok(y.reshape(x.shape())?)
 }

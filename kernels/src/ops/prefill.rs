@@ -114,7 +114,8 @@ pub(super) fn check_state(op: &'static str, d: gd::Dims, per_slot: usize) -> Res
 }
 
 /// Runs the mixer over one sequence from the recurrent state `[HV, K, V]` of `slot` (updated
-/// in place). Returns `o` `[T, HV, V]` f32.
+/// in place). Returns `o` `[T, HV, V]`: f32, or bf16 where the mixer ran in bf16
+/// ([`PrefillAlgo::ChunkedBf16`], or bf16 q/k/v on a GPU), as fla returns it.
 pub fn gated_delta_prefill(x: MixerInputs<'_>, states: &mut SlotBuffer, slot: usize, algo: PrefillAlgo) -> Result<Tensor> {
     let t = x.q.dim(0)?;
     gated_delta_prefill_packed(x, states, &[0, t], &[slot], algo, &[], None)
@@ -150,7 +151,9 @@ pub fn gated_delta_prefill_packed(
         };
         let (q, k, v) = (round(x.q)?, round(x.k)?, round(x.v)?);
         let rounded = MixerInputs { q: &q, k: &k, v: &v, ..x };
-        return gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked, captures, fixed);
+        let o = gated_delta_prefill_packed(rounded, states, cu_seqlens, slots, PrefillAlgo::Chunked, captures, fixed)?;
+        // The GPU's bf16 kernels write o in bf16 (fla's output dtype); the host rounds it the same.
+        return Ok(o.to_dtype(DType::BF16)?);
     }
     let n = x.n.max(1);
     if n > 1 {
