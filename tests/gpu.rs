@@ -72,6 +72,7 @@ const TESTS: &[GpuTest] = &[
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", ops::gpu_conv_and_swiglu_match_cpu),
     ("gpu_prep_and_gated_norm_match_cpu", ops::gpu_prep_and_gated_norm_match_cpu),
+    ("gpu_gated_norm_reads_bf16_rows_as_their_widening", ops::gpu_gated_norm_reads_bf16_rows_as_their_widening),
     ("gpu_prefill_row_kernels_equal_decode_variants", ops::gpu_prefill_row_kernels_equal_decode_variants),
     #[cfg(feature = "cuda")]
     ("gpu_small_batch_linear_matches_cpu", ops::gpu_small_batch_linear_matches_cpu),

@@ -367,6 +367,35 @@ pub(crate) fn gpu_prep_and_gated_norm_match_cpu(dev: &Device) {
     assert!(gated_rms_norm(&on(&o), Some(&bad_z), &on(&o_norm), 1e-5, GateActivation::Swish, BF16).is_err(), "a gate of the wrong width");
 }
 
+/// The gated norm reading the bf16 mixer's bf16 rows (`gated_rms_norm_xbf16_*`) gives the bits
+/// of the same rows widened to f32 first (widening is exact, and the norm computes in f32): at a
+/// decode step's row counts and past 256 rows (the prefill entries keeping 4, 8 or 2 elements a
+/// lane), with the gate read in place, into bf16 and f32.
+pub(crate) fn gpu_gated_norm_reads_bf16_rows_as_their_widening(dev: &Device) {
+    use deltaserve_kernels::ops::gated_rms_norm;
+    use deltaserve_kernels::GateActivation;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let mut rand = |rows: usize, cols: usize, lo: f32, hi: f32| {
+        let v: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(lo..hi)).collect();
+        Tensor::from_vec(v, (rows, cols), dev).unwrap()
+    };
+    let heads = 2;
+    for (tokens, vd) in [(37usize, 128usize), (301, 96), (301, 512), (301, 1024)] {
+        let o = rand(tokens * heads, vd, -2.0, 2.0).to_dtype(BF16).unwrap().reshape((tokens, heads, vd)).unwrap();
+        let z = rand(tokens, 3 + heads * vd, -3.0, 3.0).to_dtype(BF16).unwrap().narrow(1, 3, heads * vd).unwrap();
+        let w = rand(1, vd, 0.5, 1.5).flatten_all().unwrap();
+        for (act, out) in [(GateActivation::Swish, BF16), (GateActivation::Sigmoid, DType::F32)] {
+            let narrow = gated_rms_norm(&o, Some(&z), &w, 1e-6, act, out).unwrap();
+            let wide = gated_rms_norm(&o.to_dtype(DType::F32).unwrap(), Some(&z), &w, 1e-6, act, out).unwrap();
+            let (a, b) = (values(&narrow), values(&wide));
+            assert!(a.iter().any(|x| *x != 0.0), "{tokens}x{heads}x{vd}: all zeros");
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            println!("GPU gated norm of bf16 rows {tokens}x{heads}x{vd} {act:?} -> {out:?}: bit for bit the widened rows: {same}");
+            assert!(same, "{tokens}x{heads}x{vd} {act:?} -> {out:?}: bf16 rows differ from their widening");
+        }
+    }
+}
+
 /// Prefill's row-kernel entries give a decode step's bits: 301 rows in one launch (the gated
 /// norm keeping 2, 4 or 8 elements a lane, the add + RMSNorm eight a thread with its weight, past
 /// 256 rows) equal the same rows in launches of 150 and 151 (the few-row entries), bit for bit,
