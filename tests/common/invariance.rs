@@ -13,11 +13,12 @@ pub fn tokens(rng: &mut impl Rng, vocab: usize, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
 }
 
-/// The logits after the prompt and after each of `next`, for `prompt` alone in a one-slot pool.
-fn alone(m: &CausalLm, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
+/// The logits after the prompt (prefilled with `algo`) and after each of `next`, for `prompt`
+/// alone in a one-slot pool.
+fn alone(m: &CausalLm, prompt: &[u32], next: &[u32], algo: PrefillAlgo) -> Vec<Vec<f32>> {
     let mut pool = m.new_pool(1).unwrap();
     let s = pool.allocate().unwrap();
-    let mut out = vec![values(&m.prefill(&mut pool, s, prompt, Logits::Last, PrefillAlgo::Chunked).unwrap())];
+    let mut out = vec![values(&m.prefill(&mut pool, s, prompt, Logits::Last, algo).unwrap())];
     for &t in next {
         out.push(values(&m.decode(&mut pool, &[(s, t)]).unwrap()));
     }
@@ -49,22 +50,23 @@ fn in_batch(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>], at:
 }
 
 /// The same, with the prompt prefilled in a pass that also decodes three running sequences, and
-/// each next token decoded (at decode row 1) in a pass that also prefills a new prompt piece.
-fn in_mixed(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>]) -> Vec<Vec<f32>> {
+/// each next token decoded (at decode row 1) in a pass that also prefills a new prompt piece;
+/// every prompt with `algo`.
+fn in_mixed(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>], algo: PrefillAlgo) -> Vec<Vec<f32>> {
     let v = m.config().common.vocab_size;
     let mut pool = m.new_pool(4 + next.len()).unwrap();
     let running: Vec<SlotId> = (0..3).map(|_| pool.allocate().unwrap()).collect();
     let batch: Vec<(SlotId, &[u32])> = running.iter().copied().zip(others.iter().map(Vec::as_slice)).collect();
-    m.prefill_many(&mut pool, &batch, PrefillAlgo::Chunked).unwrap();
+    m.prefill_many(&mut pool, &batch, algo).unwrap();
     let s = pool.allocate().unwrap();
     let step: Vec<(SlotId, u32)> = running.iter().map(|&r| (r, 5 % v as u32)).collect();
-    let first = values(&m.prefill_and_decode(&mut pool, &[(s, prompt)], PrefillAlgo::Chunked, &[], &step).unwrap());
+    let first = values(&m.prefill_and_decode(&mut pool, &[(s, prompt)], algo, &[], &step).unwrap());
     let mut out = vec![first[..v].to_vec()];
     for (i, &t) in next.iter().enumerate() {
         let newcomer = pool.allocate().unwrap();
         let step = [(running[0], 7), (s, t), (running[1], 3), (running[2], 1)];
         let piece = &others[i % others.len()];
-        let y = values(&m.prefill_and_decode(&mut pool, &[(newcomer, piece)], PrefillAlgo::Chunked, &[], &step).unwrap());
+        let y = values(&m.prefill_and_decode(&mut pool, &[(newcomer, piece)], algo, &[], &step).unwrap());
         // Row 0 is the new piece's; the decode rows follow.
         out.push(y[2 * v..3 * v].to_vec());
     }
@@ -73,14 +75,15 @@ fn in_mixed(m: &CausalLm, prompt: &[u32], next: &[u32], others: &[Vec<u32>]) -> 
 
 /// The worst relative error, over the prompt's logits and 3 decode steps', of a sequence
 /// prefilled and decoded in mixed passes (beside running sequences and new prompt pieces)
-/// against the same sequence alone: for GPUs, whose default projections round by row count.
-pub fn mixed_error(m: &CausalLm, seed: u64) -> f64 {
+/// against the same sequence alone, every prompt with `algo`: for GPUs, whose default projections
+/// round by row count.
+pub fn mixed_error(m: &CausalLm, seed: u64, algo: PrefillAlgo) -> f64 {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let v = m.config().common.vocab_size;
     let (prompt, next) = (tokens(&mut rng, v, 37), tokens(&mut rng, v, STEPS));
     let others: Vec<Vec<u32>> = (0..3).map(|i| tokens(&mut rng, v, 20 + 45 * i)).collect();
-    let got = in_mixed(m, &prompt, &next, &others);
-    got.iter().zip(alone(m, &prompt, &next)).map(|(g, s)| crate::rel_err(g, &s)).fold(0.0, f64::max)
+    let got = in_mixed(m, &prompt, &next, &others, algo);
+    got.iter().zip(alone(m, &prompt, &next, algo)).map(|(g, s)| crate::rel_err(g, &s)).fold(0.0, f64::max)
 }
 
 /// `prompt` prefilled in pieces ending at `cuts` (then the rest), then decoded alone.
@@ -110,7 +113,7 @@ pub fn batch_differences(m: &CausalLm, seed: u64) -> Vec<(String, usize)> {
     let v = m.config().common.vocab_size;
     let prompt = tokens(&mut rng, v, 37);
     let next = tokens(&mut rng, v, STEPS);
-    let solo = alone(m, &prompt, &next);
+    let solo = alone(m, &prompt, &next, PrefillAlgo::Chunked);
     let mut out = Vec::new();
     for (b, at, skip) in [(2, 1, 0), (7, 3, 2), (32, 31, 5), (32, 0, 1)] {
         let others: Vec<Vec<u32>> = (0..b - 1).map(|i| tokens(&mut rng, v, 1 + (i * 29 + 11) % 150)).collect();
@@ -123,7 +126,7 @@ pub fn batch_differences(m: &CausalLm, seed: u64) -> Vec<(String, usize)> {
         }
     }
     let others: Vec<Vec<u32>> = (0..3).map(|i| tokens(&mut rng, v, 20 + 45 * i)).collect();
-    for (step, (g, s)) in in_mixed(m, &prompt, &next, &others).iter().zip(&solo).enumerate() {
+    for (step, (g, s)) in in_mixed(m, &prompt, &next, &others, PrefillAlgo::Chunked).iter().zip(&solo).enumerate() {
         let what = if step == 0 { "prefilled beside 3 decode rows".into() } else { format!("decode step {step} beside a prompt piece") };
         out.push((format!("mixed pass, {what}"), differing(g, s)));
     }
@@ -134,4 +137,17 @@ pub fn batch_differences(m: &CausalLm, seed: u64) -> Vec<(String, usize)> {
         out.push((format!("200-token prompt cut at {cuts:?}"), differing(&split(m, &mut pool, &long, &cuts), &whole)));
     }
     out
+}
+
+/// Logits that differ in their bits between a sequence alone and the same sequence prefilled and
+/// decoded in mixed passes, every prompt with `algo`: the prompt's logits, then each decode
+/// step's. With the bf16 mixer a pass's prompt rows leave the mixer in bf16 and its decode rows
+/// in f32, widened to one dtype before the output head.
+pub fn mixed_differences(m: &CausalLm, seed: u64, algo: PrefillAlgo) -> Vec<usize> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v = m.config().common.vocab_size;
+    let (prompt, next) = (tokens(&mut rng, v, 37), tokens(&mut rng, v, STEPS));
+    let others: Vec<Vec<u32>> = (0..3).map(|i| tokens(&mut rng, v, 20 + 45 * i)).collect();
+    let got = in_mixed(m, &prompt, &next, &others, algo);
+    got.iter().zip(alone(m, &prompt, &next, algo)).map(|(g, s)| differing(g, &s)).collect()
 }
