@@ -254,9 +254,9 @@ enum Prep {
 /// carries the state through each sequence's chunks and writes `o` `[rows, HV, V]`. q's dtype
 /// picks the precision: f32 splits every matmul operand into bf16 hi + lo (near fp32:
 /// `--mixer-precision fp32`) and writes o in f32; bf16 (k and v converted to it) uses single bf16
-/// operands and writes o rounded to bf16, as fla does. bf16 inputs with K ≤ 128 take the state pass on the warpgroup tensor cores
-/// (`chunk_wg.cu`; `warpgroup_pass` says when); the others run it on mma.sync
-/// (`chunk_mma.cu`), with three products for one where operands are split.
+/// operands and writes o rounded to bf16, as fla does. bf16 inputs with K ≤ 128 take the state
+/// pass on the warpgroup tensor cores (`chunk_wg.cu`; `warpgroup_pass` says when); the others run
+/// it on mma.sync (`chunk_mma.cu`), with three products for one where operands are split.
 /// Each capture also copies its sequence's state, at the end of the chunk it ends on, into its
 /// slot. With `fixed`, the tables are read from its buffer (filled with this packing), the
 /// grids sized by its capacities, and nothing is uploaded.
