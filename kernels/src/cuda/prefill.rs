@@ -306,11 +306,7 @@ pub fn gated_delta_chunk_tc(
         }
     }
     if crow.is_empty() {
-        return Ok(if lo {
-            wrap(&dev, dev.alloc_zeros::<f32>(rows * hv * v)?, (rows, hv, v))
-        } else {
-            wrap(&dev, dev.alloc_zeros::<bf16>(rows * hv * v)?, (rows, hv, v))
-        });
+        return Ok(Tensor::zeros((rows, hv, v), dtype, x.q.device())?);
     }
     // Per row: 1 + the slot that takes the state after the chunk starting there, or 0 (an
     // empty table when nothing is captured: the kernels then skip the lookup).
