@@ -72,20 +72,6 @@ __device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two fp32 values as one register of two T (x in the low half: the lower column).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float x, float y);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
-  __half2 h = __floats2half2_rn(x, y);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
 // Element offsets of keys kt..kt+TILE_N−1 of one KV head (0 past the last key), one thread
 // per key: the block table is read here once per tile, not once per 16-byte copy.
 __device__ __forceinline__ void key_offsets(size_t* off, const int* __restrict__ table, int kt, int keys, int bs, int row,
@@ -160,9 +146,8 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
   // Rows g and g + 8 of the warp: running max (in log2 units) and this lane's share of the sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int r0 = warp * 16 + g;
-  const int qpos[2] = {pos0 + r0, pos0 + r0 + 8};
   const bool live[2] = {r0 < cnt, r0 + 8 < cnt};
-  const float sl2 = scale * 1.4426950408889634f;  // exp(x·scale) = 2^(x·sl2)
+  const TileRows rows{{pos0 + r0, pos0 + r0 + 8}, {live[0], live[1]}, i4, window, scale * 1.4426950408889634f};
   // ldmatrix row addresses: A (Q) rows lane % 16, columns 8·(lane / 16); K as B: keys
   // lane % 8 + 8·(lane / 16), columns 8·(lane / 8 % 2); V as B (transposed): keys
   // lane % 8 + 8·(lane / 8 % 2), columns 8·(lane / 16).
@@ -197,52 +182,15 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
         mma16816<T>(s[2 * jp + 1], a, b[2], b[3]);
       }
     }
-    // Mask (causal, window, rows past cnt), new max per row, rescale of the output rows.
-    float mx[2] = {-INFINITY, -INFINITY};
-    if (whole) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] *= sl2;
-          mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
-        }
-    } else {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hr = e / 2, kpos = kt + 8 * j + 2 * i4 + e % 2;
-          const bool ok = live[hr] && kpos <= qpos[hr] && (window <= 0 || kpos > qpos[hr] - window);
-          s[j][e] = ok ? s[j][e] * sl2 : -INFINITY;
-          mx[hr] = fmaxf(mx[hr], s[j][e]);
-        }
-    }
+    // Mask (causal, window, rows past cnt), new max per row, rescale of the output rows, then
+    // the probabilities as the A operand of P·V.
+    float (&sf)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
     float corr[2], m_new[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-      m_new[hr] = fmaxf(m[hr], mx[hr]);
-      corr[hr] = m_new[hr] == -INFINITY ? 1.0f : exp2f(m[hr] - m_new[hr]);
-      m[hr] = m_new[hr];
-      l[hr] *= corr[hr];
-    }
+    tile_softmax_max(sf, whole, kt, rows, m, l, corr, m_new);
 #pragma unroll
     for (int j = 0; j < DT; ++j) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
-    // Probabilities, packed as the A operand of P·V: k-step kk covers key tiles 2kk, 2kk + 1.
     uint32_t pa[TILE_N / 16][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[e] = s[j][e] == -INFINITY ? 0.0f : exp2f(s[j][e] - m_new[e / 2]);
-        l[e / 2] += p[e];
-      }
-      pa[j / 2][(j % 2) * 2] = pack2<T>(p[0], p[1]);
-      pa[j / 2][(j % 2) * 2 + 1] = pack2<T>(p[2], p[3]);
-    }
+    tile_softmax_probs<T>(sf, m_new, l, pa);
 
     cp_async_wait_all();
     __syncthreads();  // V is in; every warp is done with K; the next tile's offsets are written

@@ -45,6 +45,7 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
         (8, 2, 128, 64, None, BF16, LONG, false),
         (8, 2, 128, 64, None, BF16, LONG, true),
         (8, 2, 256, 64, None, BF16, LONG, false),
+        (8, 4, 256, 64, Some(100), DType::F16, SHORT, true),
     ];
     let (bs, width, slots) = (16usize, 160usize, 3usize);
     // Slot s's logical block j is physical block 479 − (3j + s): every table scattered.
@@ -52,7 +53,9 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     let flat: Vec<i32> = tables.iter().flatten().map(|&b| b as i32).collect();
     let dev_tables = Tensor::new(flat.as_slice(), dev).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    let (mut fused_checked, mut pairs_checked) = (0, 0);
+    let (mut fused_checked, mut pairs_checked, mut wg_checked) = (0, 0, 0);
+    let mut wg_worst = 0f64;
+    let wg_launches = deltaserve_kernels::ops::attention_warpgroup_launches;
     for (hq, hkv, hd, rot, window, dtype, passes, in_place) in cases {
         let shape = AttentionShape { q_heads: hq, kv_heads: hkv, head_dim: hd, window, scale: (hd as f32).powf(-0.5), operands: dtype };
         let weight = |rng: &mut rand::rngs::StdRng| {
@@ -134,20 +137,36 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 deltaserve_kernels::ops::set_fused_decode_attention(true);
                 (values(&out), caches)
             });
-            // A 16-bit prefill at d = 256 with GQA (two query heads a block): one head a block
-            // on a copy of the caches.
-            let one_head = (!one_row_each && dtype != DType::F32 && hd == 256 && (hq / hkv) % 2 == 0).then(|| {
+            // A 16-bit prefill: the mma.sync tile kernel on a copy of the caches, for the warpgroup
+            // kernel (head dims 128 and 256, an even GQA group; sm_90a) to be compared with, and
+            // at d = 256 with GQA its two query heads a block against one head a block.
+            let prefill16 = !one_row_each && dtype != DType::F32;
+            let tiles = |pairs: bool| {
                 let mut caches = gpu_cache.clone();
-                deltaserve_kernels::ops::set_attention_head_pairs(false);
+                deltaserve_kernels::ops::set_attention_warpgroup(false);
+                deltaserve_kernels::ops::set_attention_head_pairs(pairs);
                 let out = gpu(&mut caches);
                 deltaserve_kernels::ops::set_attention_head_pairs(true);
+                deltaserve_kernels::ops::set_attention_warpgroup(true);
                 values(&out)
-            });
+            };
+            let mma = prefill16.then(|| tiles(true));
+            let one_head = (prefill16 && hd == 256 && (hq / hkv) % 2 == 0).then(|| tiles(false));
+            let launched = wg_launches();
             let got = gpu(&mut gpu_cache);
             let what = format!("HQ {hq} HKV {hkv} hd {hd} rot {rot} window {window:?} {dtype:?} in place {in_place} pass {p}");
-            if let Some(out) = &one_head {
-                assert!(values(&got) == *out, "{what}: two heads a block differ from one head a block");
+            if let (Some(out), Some(pairs)) = (&one_head, &mma) {
+                assert!(pairs == out, "{what}: two heads a block differ from one head a block");
                 pairs_checked += 1;
+            }
+            if let Some(out) = &mma {
+                if wg_launches() > launched {
+                    // The same arithmetic; only the tensor cores' order of a product's sums may differ.
+                    let e = rel_err(&values(&got), out);
+                    assert!(e <= 1e-3, "{what}: the warpgroup kernel is {e:.3e} from the mma.sync tile kernel");
+                    wg_worst = wg_worst.max(e);
+                    wg_checked += 1;
+                }
             }
             if let Some((out, caches)) = &unfused {
                 assert!(values(&got) == *out, "{what}: the fused decode kernel's output differs from the append and row kernel's");
@@ -193,6 +212,11 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
     // two-head blocks: two tiles a block).
     assert!(pairs_checked >= 5, "{pairs_checked} prefill passes compared with two heads a block");
     println!("paged attention: {pairs_checked} prefill passes, two heads a block bit for bit one head a block");
+    // Every 16-bit prefill pass at d = 128 / 256 with an even GQA group, where the device has
+    // sm_90a (the H100 / H200 this suite runs on): SHORT's first two passes of four cases, LONG's
+    // first of three.
+    assert!(wg_checked >= 11, "{wg_checked} prefill passes compared with the warpgroup kernel");
+    println!("paged attention: {wg_checked} prefill passes, the warpgroup kernel within {wg_worst:.2e} of the mma.sync tile kernel");
 }
 
 /// The conv kernels read a column slice of a wider f32, bf16 or f16 tensor in place and equal

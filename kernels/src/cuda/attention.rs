@@ -1,7 +1,8 @@
 //! Launchers of the paged-attention kernels (`kernels/cuda/attention.cu`, the tiles in
 //! `attention_tiles.cu`): RoPE and the append into the cache (f32, bf16 or f16), then either the
-//! fp32 row kernel (decode; prefill of f32 models) with its split combine, or the tensor-core
-//! tile kernel (prefill of bf16/f16 models whose cache is in their own type).
+//! fp32 row kernel (decode; prefill of f32 models) with its split combine, or a tensor-core
+//! tile kernel (prefill of bf16/f16 models whose cache is in their own type): on the warpgroup
+//! tensor cores (`attention_wg.cu`) where the shape allows, else on mma.sync.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, PushKernelArg};
@@ -65,6 +66,40 @@ static HEAD_PAIRS: Switch = Switch::new("DELTASERVE_ATTN_HEAD_PAIRS");
 #[doc(hidden)]
 pub fn set_attn_head_pairs(on: bool) {
     HEAD_PAIRS.set(on);
+}
+
+/// Whether a prefill's attention runs on the warpgroup tensor cores (`attn_wg_*`,
+/// attention_wg.cu): head dims 128 and 256 with an even number of query heads to each KV head,
+/// from an sm_90a image, unless `DELTASERVE_ATTN_WG=0` or [`set_attn_warpgroup`] turned it off.
+/// All of that is the model's, so a sequence takes the same kernel whatever it is packed with.
+fn warpgroup_tiles(hd: usize, hq: usize, hkv: usize) -> bool {
+    let even_groups = hkv > 0 && hq.is_multiple_of(hkv) && (hq / hkv).is_multiple_of(2);
+    matches!(hd, 128 | 256) && even_groups && modules::ATTENTION_WG.is_sass() && WG_TILES.on()
+}
+static WG_TILES: Switch = Switch::new("DELTASERVE_ATTN_WG");
+
+/// Turns the warpgroup prefill attention on or off for the process (the GPU test compares it with
+/// the mma.sync tile kernel).
+#[doc(hidden)]
+pub fn set_attn_warpgroup(on: bool) {
+    WG_TILES.set(on);
+}
+
+/// Launches of the warpgroup prefill attention in this process (the GPU test checks that the
+/// kernel it compares did run).
+static WG_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many warpgroup prefill attention launches this process has made.
+#[doc(hidden)]
+pub fn attn_warpgroup_launches() -> usize {
+    WG_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Dynamic shared memory of `attn_wg_*_d{hd}` (`AwSmem` in attention_wg.cu): Q of two heads and
+/// two buffers each of K and V, `[64, hd]` 16-bit tiles, two tiles' key offsets and counts, four
+/// mbarriers, and 1 KB for the swizzle's alignment.
+fn wg_smem(hd: usize) -> usize {
+    6 * TILE_M * hd * 2 + 2 * TILE_N * std::mem::size_of::<u64>() + 16 + 32 + 1024
 }
 
 /// Warps a block of the append kernel, one a (row, head) pair (attention.cu's `APPEND_WARPS`).
@@ -236,8 +271,9 @@ pub fn paged_attention(
             shape.window.map_or(last, |w| last.min(w as i32 + t[1]))
         };
         tiles.sort_by_key(|t| std::cmp::Reverse(keys(t)));
-        // Two query heads a block hold one an SM, one head two.
-        let (hp, per_sm) = if head_pairs(hd, hq, hkv) { (2, 1) } else { (1, 2) };
+        // The warpgroup kernel and two query heads a block hold one block an SM, one head two.
+        let wg = warpgroup_tiles(hd, hq, hkv);
+        let (hp, per_sm) = if wg || head_pairs(hd, hq, hkv) { (2, 1) } else { (1, 2) };
         // More blocks than one wave holds: pair the longest tiles with the shortest.
         let per_block = if tiles.len() * (hq / hp) > per_sm * sm_count(&dev)? { 2 } else { 1 };
         let tiles: Vec<i32> = if per_block == 2 {
@@ -249,15 +285,22 @@ pub fn paged_attention(
             tiles.into_iter().flatten().collect()
         };
         let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
-        let smem = tile_smem(hd, hp);
-        let name = format!("attn_tiles_{cache}_d{hd}{}", if hp == 2 { "_h2" } else { "" });
-        let f = func(&dev, &name, &modules::ATTENTION_TILES)?;
+        let (name, module, smem, threads) = if wg {
+            (format!("attn_wg_{cache}_d{hd}"), &modules::ATTENTION_WG, wg_smem(hd), 3 * TILE_THREADS)
+        } else {
+            let name = format!("attn_tiles_{cache}_d{hd}{}", if hp == 2 { "_h2" } else { "" });
+            (name, &modules::ATTENTION_TILES, tile_smem(hd, hp), TILE_THREADS * hp as u32)
+        };
+        let f = func(&dev, &name, module)?;
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         let mut l = f.builder();
         let per_block_i = per_block as i32;
         l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d).arg(&per_block_i);
         l.arg(&hqi).arg(&hkvi).arg(&window).arg(&shape.scale).arg(&out_ptr);
-        unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq / hp, 1, TILE_THREADS * hp as u32, smem as u32)) }.w()?;
+        unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq / hp, 1, threads, smem as u32)) }.w()?;
+        if wg {
+            WG_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         return output.finish(wrap(&dev, out, (n, hq, hd)));
     }
 

@@ -396,7 +396,7 @@ mod sample;
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
-pub use attention::{paged_attention, set_attn_head_pairs, set_fused_decode};
+pub use attention::{attn_warpgroup_launches, paged_attention, set_attn_head_pairs, set_attn_warpgroup, set_fused_decode};
 pub use conv::{conv_prefill, conv_step};
 pub(crate) use copy::copy_many;
 pub use copy::{embedding_f32, to_f32, to_f32_into};

@@ -245,6 +245,26 @@ pub fn set_attention_head_pairs(on: bool) {
     let _ = on;
 }
 
+/// Turns the GPU's warpgroup prefill attention (`attn_wg_*`, sm_90a) on or off for the process:
+/// the GPU test compares it with the mma.sync tile kernel. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_attention_warpgroup(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_attn_warpgroup(on);
+    let _ = on;
+}
+
+/// How many warpgroup prefill attention launches this process has made (0 without CUDA): the
+/// GPU test checks that the kernel it compares ran.
+#[doc(hidden)]
+pub fn attention_warpgroup_launches() -> usize {
+    #[cfg(feature = "cuda")]
+    let launches = crate::cuda::attn_warpgroup_launches();
+    #[cfg(not(feature = "cuda"))]
+    let launches = 0;
+    launches
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

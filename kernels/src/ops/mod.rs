@@ -23,8 +23,8 @@ pub mod sample;
 pub mod step;
 
 pub use attention::{
-    paged_attention, set_attention_head_pairs, set_fused_decode_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq,
-    QkNorms, RopeArgs,
+    attention_warpgroup_launches, paged_attention, set_attention_head_pairs, set_attention_warpgroup, set_fused_decode_attention,
+    AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs,
 };
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{

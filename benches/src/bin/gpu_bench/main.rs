@@ -443,8 +443,11 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
     let inv: Vec<f32> = (0..32).map(|i| 1.0 / 1e7f32.powf(i as f32 / 32.0)).collect();
     let inv = Tensor::new(inv.as_slice(), dev)?;
     let rope = Some(RopeArgs { inv_freq: &inv, rotary_dim: 64 });
-    // (sequences, context, new rows each): prefill of one prompt, decode steps.
-    for (b, ctx, rows) in [(1usize, 4096usize, 4096usize), (1, 256, 1), (64, 256, 1), (1, 4096, 1), (64, 4096, 1)] {
+    // (sequences, context, new rows each): prefills of one prompt, of four packed and of one long
+    // one, then decode steps.
+    let shapes =
+        [(1usize, 4096usize, 4096usize), (4, 2048, 2048), (1, 16384, 16384), (1, 256, 1), (64, 256, 1), (1, 4096, 1), (64, 4096, 1)];
+    for (b, ctx, rows) in shapes {
         let width = ctx.div_ceil(bs);
         // A bf16 model's cache is bf16 on the GPU.
         let mut kc = SlotBuffer::zeros_on_as(b * width, bs * hkv * hd, dev, DType::BF16)?;
