@@ -39,6 +39,14 @@ struct TileRows {
   int i4, window;
   float sl2;  // the scale in log2 units: exp(x·scale) = 2^(x·sl2)
 };
+// 2^x by the multi-function unit alone: exp2f's own instruction, without the scaling exp2f
+// wraps around it for results below 2^-126 (here flushed to zero; a probability that small is
+// zero in bf16's and f16's sums anyway).
+__device__ __forceinline__ float tile_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 // Masks (causal, window, rows not live) unless the tile is `whole`, scales, and updates each
 // row's running max m and this lane's share of its sum l; gives the output rows' factor corr and
 // the new max m_new.
@@ -69,7 +77,7 @@ __device__ __forceinline__ void tile_softmax_max(float (&s)[32], bool whole, int
     mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
     mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
     m_new[hr] = fmaxf(m[hr], mx[hr]);
-    corr[hr] = m_new[hr] == -INFINITY ? 1.0f : exp2f(m[hr] - m_new[hr]);
+    corr[hr] = m_new[hr] == -INFINITY ? 1.0f : tile_exp2(m[hr] - m_new[hr]);
     m[hr] = m_new[hr];
     l[hr] *= corr[hr];
   }
@@ -84,7 +92,7 @@ __device__ __forceinline__ void tile_softmax_probs(const float (&s)[32], const f
     float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      p[e] = s[4 * j + e] == -INFINITY ? 0.0f : exp2f(s[4 * j + e] - m_new[e / 2]);
+      p[e] = s[4 * j + e] == -INFINITY ? 0.0f : tile_exp2(s[4 * j + e] - m_new[e / 2]);
       l[e / 2] += p[e];
     }
     pa[j / 2][(j % 2) * 2] = pack2<T>(p[0], p[1]);
