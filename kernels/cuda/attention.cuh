@@ -99,3 +99,12 @@ __device__ __forceinline__ void tile_softmax_probs(const float (&s)[32], const f
     pa[j / 2][(j % 2) * 2 + 1] = pack2<T>(p[2], p[3]);
   }
 }
+// Each row's sum over its lane quad (the four lanes' shares added in a fixed order), before the
+// output rows are normalised.
+__device__ __forceinline__ void tile_softmax_sums(float (&l)[2]) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+  }
+}

@@ -209,11 +209,10 @@ __device__ void attn_tiles(const float* __restrict__ q, const T* __restrict__ kc
       }
     }
   }
-  // The row sums across the lane quad (fixed order), then the normalised rows.
+  // The row sums (attention.cuh), then the normalised rows.
+  tile_softmax_sums(l);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
-    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
     if (!live[hr]) continue;
     const float inv = 1.0f / l[hr];
     float* dst = out + ((size_t)(n0 + r0 + 8 * hr) * HQ + h) * HD + 2 * i4;
