@@ -279,14 +279,16 @@ __device__ __forceinline__ void wg_issue_vp(float (&vp)[32], unsigned (&ra)[4][4
   wg_commit();
 }
 // Oᵀ = Yᵀ e^G + V'ᵀ Pᵀ (scaled when stored), then Sᵀ ← e^{G_last} Sᵀ + (V'ᵀ e^{G_last − G}) K:
-// two commit groups (O, then the state update, which reads the key tile Kt MN-major).
-template <int KT, int NS>
+// two commit groups (O, then the state update, which reads the key tile Kt MN-major). Without
+// `WITH_O` only the state update, one commit group (a warpgroup that holds part of Sᵀ's keys
+// and leaves O to another: chunk_wg_split.cuh).
+template <int KT, int NS, bool WITH_O = true>
 __device__ __forceinline__ void wg_issue_os(float (&y)[32], float (&s)[NS], const float (&vp)[32], const float* Eg,
                                             const float* Dk, unsigned Pt, unsigned Kt, int t4) {
   unsigned va[4][4], vd[4][4];
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    wg_to_a(va[kk], vp, kk);
+    if constexpr (WITH_O) wg_to_a(va[kk], vp, kk);
     float w[8];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -296,22 +298,26 @@ __device__ __forceinline__ void wg_issue_os(float (&y)[32], float (&s)[NS], cons
     }
     wg_to_a(vd[kk], w, 0);
   }
+  if constexpr (WITH_O) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float2 e = wg_pair(Eg, j, t4);
-    y[4 * j] *= e.x, y[4 * j + 1] *= e.y, y[4 * j + 2] *= e.x, y[4 * j + 3] *= e.y;
+    for (int j = 0; j < 8; ++j) {
+      const float2 e = wg_pair(Eg, j, t4);
+      y[4 * j] *= e.x, y[4 * j + 1] *= e.y, y[4 * j + 2] *= e.x, y[4 * j + 3] *= e.y;
+    }
   }
   const float el = Eg[63];
 #pragma unroll
   for (int i = 0; i < NS; ++i) s[i] *= el;
-  wg_regs(va);
+  if constexpr (WITH_O) wg_regs(va);
   wg_regs(vd);
-  wg_regs(y);
+  if constexpr (WITH_O) wg_regs(y);
   wg_regs(s);
   wg_fence();
+  if constexpr (WITH_O) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg_rs_n64(y, va[kk], wg_desc_k(Pt + kk * 32), 1);
-  wg_commit();
+    for (int kk = 0; kk < 4; ++kk) wg_rs_n64(y, va[kk], wg_desc_k(Pt + kk * 32), 1);
+    wg_commit();
+  }
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if constexpr (KT == 8) {

@@ -30,10 +30,110 @@ __device__ __forceinline__ void ws_arrive(int id) {
 }
 // A hand-off's wait: both warpgroups.
 __device__ __forceinline__ void ws_wait(int id) { ws_sync(id, WS_THREADS); }
-// The producer's copies landed and visible to wgmma, then announced.
-__device__ __forceinline__ void ws_landed_arrive(int id) {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  ws_arrive(id);
+
+// A buffer's decays: e^G at [0, 64), e^{G_last − G} at [64, 128).
+template <int KT>
+__device__ __forceinline__ float* ws_decays(const WgTiles<KT>& tl, int b) {
+  return reinterpret_cast<float*>(tl.rest() + b * 512);
+}
+// O's staging tile of a chunk in buffer b: its Q buffer at K ≥ 128 (free once Y is formed).
+template <int KT>
+__device__ __forceinline__ bf16* ws_o_stage(const WgTiles<KT>& tl, int b) {
+  return KT >= 8 ? tl.qo(b) : reinterpret_cast<bf16*>(tl.rest() + 1024) + b * 64 * 64;
+}
+
+// The producer warpgroup (threads TB .. TB + 127) of the two- and three-warpgroup passes: every
+// copy the consumers' chain waits on, in the order they need it, and each chunk's decays.
+// HANDOFF counts the threads of the full and free hand-offs (the producer and every consumer);
+// O_READY is the producer's and one consumer's. Each step waits only for what it hands on.
+// Three cp.async groups a chunk, committed even when empty so that the waits' counts hold:
+// T2(i + 1), P(i + 1), A(i + 2).
+template <int KT, int TB, int HANDOFF>
+__device__ __forceinline__ void ws_producer(const WgTiles<KT>& tl, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                            const bf16* __restrict__ v, long ldv, const bf16* __restrict__ T2,
+                                            const bf16* __restrict__ P, const float* __restrict__ G, bf16* __restrict__ o,
+                                            int t_begin, int t_end, int hk, int hv, int H, int HV, int K, int V) {
+  constexpr int ATOMS = 16 * KT / 64;
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+  pdl_entry();
+  const int v0 = blockIdx.x * 64, vw = min(64, V - v0), n = (t_end - t_begin + 63) / 64;
+  const int pt = threadIdx.x - TB;
+  auto len = [&](int i) { return min(64, t_end - (t_begin + 64 * i)); };
+  auto load_a = [&](int i) {  // chunk i's keys, Q, V and G into buffer i % 2
+    const int t0 = t_begin + 64 * i, L = len(i), b = i & 1;
+    wg_tile<ATOMS, TB>(tl.k(b), k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    wg_tile<ATOMS, TB>(tl.q(b), q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
+    wg_tile_v(tl.v(b), tl.g(b), v + (size_t)t0 * ldv + (size_t)hv * V + v0, ldv, G + (size_t)t0 * HV + hv, HV, L, vw, TB);
+  };
+  auto load_t2 = [&](int i) {
+    const int t0 = t_begin + 64 * i;
+    wg_tile<1, TB>(tl.t2(), T2 + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, len(i), 64);
+  };
+  auto load_p = [&](int i) {
+    const int t0 = t_begin + 64 * i;
+    wg_tile<1, TB>(tl.p(), P + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, len(i), 64);
+  };
+  auto landed_arrive = [&](int id) {  // the producer's copies landed and visible to wgmma
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(HANDOFF) : "memory");
+  };
+  // Chunk i's decays from its G (landed), then FULL_A.
+  auto decays_arrive = [&](int i) {
+    ws_sync(WS_PRODUCERS, WG_THREADS);  // every producer's G copy landed
+    if (pt < 64) {
+      const float* Gc = tl.g(i & 1);
+      const float g = Gc[pt];
+      float* D = ws_decays(tl, i & 1);
+      D[pt] = __expf(g);
+      D[64 + pt] = __expf(Gc[63] - g);
+    }
+    landed_arrive(WS_FULL_A);
+  };
+  if (n == 0) return;
+  load_a(0);
+  cp_async_commit();
+  load_t2(0);
+  cp_async_commit();
+  load_p(0);
+  cp_async_commit();
+  if (n > 1) load_a(1);
+  cp_async_commit();
+  cp_async_wait<3>();
+  decays_arrive(0);
+  cp_async_wait<2>();
+  landed_arrive(WS_FULL_T2);
+  cp_async_wait<1>();
+  landed_arrive(WS_FULL_P);
+  for (int i = 0; i < n; ++i) {
+    const bool more = i + 1 < n;
+    if (more) {
+      ws_sync(WS_T2_FREE, HANDOFF);
+      load_t2(i + 1);
+    }
+    cp_async_commit();
+    if (more) {
+      cp_async_wait<1>();  // A(i + 1), issued a chunk ago
+      decays_arrive(i + 1);
+    }
+    ws_sync(WS_O_READY, 2 * WG_THREADS);
+    if (more) load_p(i + 1);
+    cp_async_commit();
+    // O(i) out of its staging tile.
+    wg_store_o(ws_o_stage(tl, i & 1), o, t_begin + 64 * i, len(i), hv, HV, V, v0, vw, wg_tid() - TB);
+    if (i + 2 < n) {
+      // Every producer has read O(i) out of the Q buffer before the next keys and Q go in.
+      ws_sync(WS_A_FREE, HANDOFF);
+      load_a(i + 2);
+    }
+    cp_async_commit();
+    if (more) {
+      cp_async_wait<2>();  // T2(i + 1)
+      landed_arrive(WS_FULL_T2);
+      cp_async_wait<1>();  // P(i + 1)
+      landed_arrive(WS_FULL_P);
+    }
+  }
+  cp_async_wait<0>();
 }
 
 // The state pass: grid (⌈V / 64⌉, HV, sequences), WS_THREADS threads, wg_state_smem(KT, true)
@@ -45,13 +145,9 @@ __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __rest
                                   const int* __restrict__ slots, const int* __restrict__ snap, int has_snap,
                                   bf16* __restrict__ o, int H, int HV, int K, int V, float scale) {
   static_assert(KT == 4 || KT == 8, "K up to 128: Sᵀ's accumulators are 2·KT·4 registers a thread");
-  constexpr int K16 = 16 * KT, ATOMS = K16 / 64, NS = K16 / 8 * 4, KS = K16 / 16;
+  constexpr int K16 = 16 * KT, NS = K16 / 8 * 4, KS = K16 / 16;
   extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
   const WgTiles<KT> tl(wg_smem_raw);
-  // A buffer's decays: e^G at [0, 64), e^{G_last − G} at [64, 128).
-  auto Ds = [&](int b) { return reinterpret_cast<float*>(tl.rest() + b * 512); };
-  // O's staging tile of a chunk in buffer b: its Q buffer at K = 128 (free once Y is formed).
-  auto Ost = [&](int b) { return KT == 8 ? tl.qo(b) : reinterpret_cast<bf16*>(tl.rest() + 1024) + b * 64 * 64; };
 
   const int hv = blockIdx.y, seq = blockIdx.z, v0 = blockIdx.x * 64;
   const int hk = hv / (HV / H);
@@ -61,86 +157,7 @@ __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __rest
 
   WG_CTA_MARK(0);
   if (threadIdx.x >= WG_THREADS) {
-    // ---- The producer. ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    pdl_entry();
-    const int pt = threadIdx.x - WG_THREADS;
-    auto len = [&](int i) { return min(64, t_end - (t_begin + 64 * i)); };
-    auto load_a = [&](int i) {  // chunk i's keys, Q, V and G into buffer i % 2
-      const int t0 = t_begin + 64 * i, L = len(i), b = i & 1;
-      wg_tile<ATOMS, WG_THREADS>(tl.k(b), k + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
-      wg_tile<ATOMS, WG_THREADS>(tl.q(b), q + ((size_t)t0 * H + hk) * K, (size_t)H * K, L, K);
-      wg_tile_v(tl.v(b), tl.g(b), v + (size_t)t0 * ldv + (size_t)hv * V + v0, ldv, G + (size_t)t0 * HV + hv, HV, L, vw,
-                WG_THREADS);
-    };
-    auto load_t2 = [&](int i) {
-      const int t0 = t_begin + 64 * i;
-      wg_tile<1, WG_THREADS>(tl.t2(), T2 + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, len(i), 64);
-    };
-    auto load_p = [&](int i) {
-      const int t0 = t_begin + 64 * i;
-      wg_tile<1, WG_THREADS>(tl.p(), P + ((size_t)t0 * HV + hv) * 64, (size_t)HV * 64, len(i), 64);
-    };
-    // Chunk i's decays from its G (landed), then FULL_A.
-    auto decays_arrive = [&](int i) {
-      ws_sync(WS_PRODUCERS, WG_THREADS);  // every producer's G copy landed
-      if (pt < 64) {
-        const float* Gc = tl.g(i & 1);
-        const float g = Gc[pt];
-        float* D = Ds(i & 1);
-        D[pt] = __expf(g);
-        D[64 + pt] = __expf(Gc[63] - g);
-      }
-      ws_landed_arrive(WS_FULL_A);
-    };
-    if (n == 0) return;
-    load_a(0);
-    cp_async_commit();
-    load_t2(0);
-    cp_async_commit();
-    load_p(0);
-    cp_async_commit();
-    if (n > 1) load_a(1);
-    cp_async_commit();
-    cp_async_wait<3>();
-    decays_arrive(0);
-    cp_async_wait<2>();
-    ws_landed_arrive(WS_FULL_T2);
-    cp_async_wait<1>();
-    ws_landed_arrive(WS_FULL_P);
-    // Each step waits only for what it hands on, in the order the consumer needs it. Three
-    // cp.async groups a chunk, committed even when empty so that the waits' counts hold: T2(i + 1),
-    // P(i + 1), A(i + 2).
-    for (int i = 0; i < n; ++i) {
-      const bool more = i + 1 < n;
-      if (more) {
-        ws_wait(WS_T2_FREE);
-        load_t2(i + 1);
-      }
-      cp_async_commit();
-      if (more) {
-        cp_async_wait<1>();  // A(i + 1), issued a chunk ago
-        decays_arrive(i + 1);
-      }
-      ws_wait(WS_O_READY);
-      if (more) load_p(i + 1);
-      cp_async_commit();
-      // O(i) out of its staging tile.
-      wg_store_o(Ost(i & 1), o, t_begin + 64 * i, len(i), hv, HV, V, v0, vw, wg_tid() - WG_THREADS);
-      if (i + 2 < n) {
-        // Every producer has read O(i) out of the Q buffer before the next keys and Q go in.
-        ws_wait(WS_A_FREE);
-        load_a(i + 2);
-      }
-      cp_async_commit();
-      if (more) {
-        cp_async_wait<2>();  // T2(i + 1)
-        ws_landed_arrive(WS_FULL_T2);
-        cp_async_wait<1>();  // P(i + 1)
-        ws_landed_arrive(WS_FULL_P);
-      }
-    }
-    cp_async_wait<0>();
+    ws_producer<KT, WG_THREADS, WS_THREADS>(tl, q, k, v, ldv, T2, P, G, o, t_begin, t_end, hk, hv, H, HV, K, V);
     return;
   }
 
@@ -169,7 +186,7 @@ __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __rest
 
     float z[32], y[32];
     wg_issue_zy<KS>(z, y, s, tl.k(b), tl.q(b));
-    const float* Eg = Ds(b);
+    const float* Eg = ws_decays(tl, b);
     const float* Dk = Eg + 64;
     WG_MARK(2);
 
@@ -195,7 +212,7 @@ __device__ void chunk_wg_state_ws(const bf16* __restrict__ q, const bf16* __rest
     wg_wait<1>();
     wg_regs(y);
     WG_MARK(6);
-    wg_stage_o(Ost(b), y, scale, warp, g8, t4);  // the producer stores it
+    wg_stage_o(ws_o_stage(tl, b), y, scale, warp, g8, t4);  // the producer stores it
     ws_arrive(WS_O_READY);
     WG_MARK(7);
     const int d = has_snap ? snap[t0] : 0;

@@ -411,7 +411,8 @@ pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
 pub use moe::sparse_moe;
 pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, add_norm_gemv_f32_into, add_norm_gemv_swiglu, gated_norm_gemv, ConvFold};
 pub use prefill::{
-    gated_delta_chunk_tc, set_prep_pairs, set_two_warpgroup_pass, set_warpgroup_pass, set_warpgroup_prep, two_warpgroup_launches,
+    gated_delta_chunk_tc, set_prep_pairs, set_two_warpgroup_pass, set_warpgroup_pass, set_warpgroup_prep, split_key_pass_launches,
+    two_warpgroup_launches,
 };
 pub use rows::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;

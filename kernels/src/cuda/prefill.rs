@@ -76,6 +76,23 @@ fn wg_state_smem(kt: usize, two: bool) -> usize {
     4 * (CHUNK * 16 * kt * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + decays + stages * CHUNK * CHUNK * 2 + 1024
 }
 
+/// The warpgroup state pass for 128 < K ≤ 256 (`chunk_wg_split.cuh`, `wg_split_smem`): WgTiles'
+/// buffers at K = 256 (key and Q tiles of 32 KB), the two buffers' decays, the two consumers'
+/// partial 64 × 64 fp32 tiles, 1 KB for the swizzle's alignment.
+fn wg_split_smem() -> usize {
+    4 * (CHUNK * 16 * 16 * 2) + 2 * (CHUNK * CHUNK * 2) + 2 * (CHUNK * 72 * 2) + 512 + 2 * 512 + 2 * CHUNK * CHUNK * 4 + 1024
+}
+
+/// Launches of the split-key warpgroup state pass (128 < K ≤ 256) in this process (the GPU test
+/// checks that the pass it compares did run).
+static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many split-key warpgroup state passes (128 < K ≤ 256) this process has launched.
+#[doc(hidden)]
+pub fn split_key_pass_launches() -> usize {
+    SPLIT_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Chunks a sequence must span for the warpgroup state pass to run on two warpgroups
 /// (`chunk_wg_ws.cuh`: a producer issuing the copies beside the consumer's products). Its start
 /// costs about 2 µs more, which a single chunk pays and four already repay
@@ -109,13 +126,14 @@ pub fn two_warpgroup_launches() -> usize {
 }
 
 /// Whether the bf16 state pass runs on the warpgroup tensor cores (`chunk_wg_state_*`,
-/// `chunk_wg.cuh`): bf16 inputs with K ≤ 128, K, V and v's row stride multiples of 8, and q, k
-/// and v 16-byte aligned (`aligned`), from an sm_90a image; faster than the mma.sync pass at
-/// every shape measured (`docs/performance.md`). All of that is the model's, not the batch's,
-/// so a sequence takes the same pass, and the same bits, whatever it is packed with.
-/// `DELTASERVE_TC_WG=0` or [`set_warpgroup_pass`] turns it off.
+/// `chunk_wg.cuh`; for 128 < K ≤ 256 `chunk_wg_split_*`, `chunk_wg_split.cuh`): bf16 inputs with
+/// K ≤ 256, K, V and v's row stride multiples of 8, and q, k and v 16-byte aligned (`aligned`),
+/// from an sm_90a image; faster than the mma.sync pass at every shape measured
+/// (`docs/performance.md`). All of that is the model's, not the batch's, so a sequence takes the
+/// same pass, and the same bits, whatever it is packed with. `DELTASERVE_TC_WG=0` or
+/// [`set_warpgroup_pass`] turns it off.
 fn warpgroup_pass(lo: bool, k: usize, v: usize, ldv: usize, aligned: bool) -> bool {
-    let eligible = !lo && k <= 128 && k.is_multiple_of(8) && v.is_multiple_of(8) && ldv.is_multiple_of(8) && aligned;
+    let eligible = !lo && k <= 256 && k.is_multiple_of(8) && v.is_multiple_of(8) && ldv.is_multiple_of(8) && aligned;
     eligible && super::modules::CHUNK_WG.is_sass() && WG_PASS.on()
 }
 static WG_PASS: Switch = Switch::new("DELTASERVE_TC_WG");
@@ -355,9 +373,17 @@ pub fn gated_delta_chunk_tc(
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
     let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
     let longest = (0..slots.len()).map(|s| (cu_seqlens[s + 1] - cu_seqlens[s]).div_ceil(CHUNK)).max().unwrap_or(0);
-    let ws = two_warpgroup_pass(wg, longest, fixed.is_some());
-    let (bv, threads) = if wg { (64, if ws { 256 } else { 128 }) } else { (bv, 256) };
+    // Above K = 128 the warpgroup pass always splits Sᵀ's keys between two consumers.
+    let split = wg && kt > 8;
+    let ws = two_warpgroup_pass(wg && !split, longest, fixed.is_some());
+    let (bv, threads) = match (wg, split, ws) {
+        (true, true, _) => (64, 384),
+        (true, false, true) => (64, 256),
+        (true, false, false) => (64, 128),
+        (false, ..) => (bv, 256),
+    };
     let name = match (lo, db, wg) {
+        (false, _, true) if split => format!("chunk_wg_split_k{kt}{sfx}"),
         (false, _, true) if ws => format!("chunk_wg_ws_k{kt}{sfx}"),
         (false, _, true) => format!("chunk_wg_state_k{kt}{sfx}"),
         (true, _, _) => format!("chunk_split_state_k{kt}_bv{bv}{sfx}"),
@@ -365,7 +391,11 @@ pub fn gated_delta_chunk_tc(
         (false, false, false) => format!("chunk_mma_state_k{kt}_bv{bv}{sfx}"),
     };
     let state = func(&dev, &name, if wg { &modules::CHUNK_WG } else { &modules::CHUNK_MMA })?;
-    let state_smem = if wg { wg_state_smem(kt, ws) } else { mma_state_smem(k, bv, lo, db) };
+    let state_smem = match (wg, split) {
+        (true, true) => wg_split_smem(),
+        (true, false) => wg_state_smem(kt, ws),
+        (false, _) => mma_state_smem(k, bv, lo, db),
+    };
     state.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, state_smem as i32).w()?;
     // P is bf16 (with a lo half for f32 inputs); U is fp32 for f32 inputs, and T2 (bf16) in its
     // place for bf16 ones; only f32 inputs have a W (bf16 pairs).
@@ -454,6 +484,9 @@ pub fn gated_delta_chunk_tc(
                             unsafe { l.launch(grid(v.div_ceil(bv), hv, slots.len(), threads, state_smem as u32)) }.w()?;
                             if ws {
                                 WS_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            if split {
+                                SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
                         })
                     })

@@ -37,7 +37,8 @@ pub use moe::{sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
 pub use norm::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, sum_parts};
 pub use prefill::{
     gated_delta_prefill, gated_delta_prefill_packed, interleave_householder, last_householder_step, set_paired_prep,
-    set_two_warpgroup_pass, set_warpgroup_prep, set_warpgroup_state_pass, two_warpgroup_launches, MixerInputs, PrefillAlgo,
+    set_two_warpgroup_pass, set_warpgroup_prep, set_warpgroup_state_pass, split_key_pass_launches, two_warpgroup_launches, MixerInputs,
+    PrefillAlgo,
 };
 pub use prep::{beta, gate, l2norm, prepare, Prepared, QkLayout};
 pub use step::{gated_delta_step, gated_delta_step_raw, RawStepInputs, StepFusion, FUSED_STEP_MAX_BATCH};

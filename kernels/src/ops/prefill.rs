@@ -283,6 +283,18 @@ pub fn two_warpgroup_launches() -> usize {
     launches
 }
 
+/// How many split-key warpgroup state passes (128 < K ≤ 256: Sᵀ's keys split between two
+/// consumer warpgroups) this process has launched (0 without CUDA): the GPU test checks that the
+/// pass it compares ran.
+#[doc(hidden)]
+pub fn split_key_pass_launches() -> usize {
+    #[cfg(feature = "cuda")]
+    let launches = crate::cuda::split_key_pass_launches();
+    #[cfg(not(feature = "cuda"))]
+    let launches = 0;
+    launches
+}
+
 /// Turns the GPU's warpgroup (wgmma) chunk prep of the bf16 chunked prefill on (where eligible:
 /// K ≤ 256) or off for the process: GPU tests compare it with the wmma prep bit for bit. Nothing
 /// changes on the CPU.
