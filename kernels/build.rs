@@ -17,21 +17,17 @@ fn build_ptx() {
     println!("cargo::rerun-if-changed=cuda");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     let out_dir = std::env::var("OUT_DIR").unwrap_or_else(|_| panic!("cargo sets OUT_DIR for build scripts"));
+    // Every header: a .cu file is recompiled when any of them changes (a list by hand once missed
+    // chunk_wg_ws.cuh, so an edit to it alone left the old kernels in an incremental build).
+    let mut headers: Vec<std::path::PathBuf> = std::fs::read_dir("cuda")
+        .unwrap_or_else(|e| panic!("reading kernels/cuda: {e}"))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+        .collect();
+    headers.sort();
     let built = cudaforge::KernelBuilder::new()
         .source_dir("cuda")
-        .watch([
-            "cuda/common.cuh",
-            "cuda/dtype.cuh",
-            "cuda/tc_common.cuh",
-            "cuda/gemv.cuh",
-            "cuda/norm.cuh",
-            "cuda/attention.cuh",
-            "cuda/state_io.cuh",
-            "cuda/chunk_mma.cuh",
-            "cuda/chunk_wg.cuh",
-            "cuda/chunk_prep.cuh",
-            "cuda/chunk_wg_prep.cuh",
-        ])
+        .watch(headers)
         .arg("-O3")
         .arg("-lineinfo")
         .arg("-std=c++17")
