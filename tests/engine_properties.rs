@@ -189,3 +189,25 @@ fn packed_prefill_of_several_sequences_equals_prefilling_each_alone() {
         assert!(e <= 1e-5, "{name}: {e:.3e}");
     }
 }
+
+/// A pass that returns only the last row's logits runs its last block's output head and
+/// channel mixer for that row alone: the logits equal the whole pass's last row, and every row
+/// still updates the caches (the next decode step's logits are the same bits).
+#[test]
+fn last_row_logits_equal_the_whole_pass_last_row() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for (name, m, _d) in models() {
+        let toks = random_tokens(&mut rng, vocab(&m), 150);
+        let mut pool = m.new_pool(2).unwrap();
+        let (a, b) = (pool.allocate().unwrap(), pool.allocate().unwrap());
+        let all = values(&m.prefill(&mut pool, a, &toks, Logits::All, PrefillAlgo::Chunked).unwrap());
+        let last = values(&m.prefill(&mut pool, b, &toks, Logits::Last, PrefillAlgo::Chunked).unwrap());
+        let v = vocab(&m);
+        assert_eq!((all.len(), last.len()), (toks.len() * v, v), "{name}");
+        let e = rel_err(&last, &all[(toks.len() - 1) * v..]);
+        assert!(e <= 1e-5, "{name}: last row {e:.3e}");
+        let next_a = values(&m.decode(&mut pool, &[(a, 3)]).unwrap());
+        let next_b = values(&m.decode(&mut pool, &[(b, 3)]).unwrap());
+        assert_eq!(next_a, next_b, "{name}: the caches after the two passes differ");
+    }
+}

@@ -87,6 +87,7 @@ const TESTS: &[GpuTest] = &[
     ),
     ("gpu_packed_model_prefill_equals_each_alone", gpu_packed_model_prefill_equals_each_alone),
     ("gpu_mixed_passes_equal_separate_passes", gpu_mixed_passes_equal_separate_passes),
+    ("gpu_last_row_logits_equal_the_whole_pass_last_row", gpu_last_row_logits_equal_the_whole_pass_last_row),
     ("gpu_pruning_calibration_matches_the_cpu", gpu_pruning_calibration_matches_the_cpu),
     ("gpu_chunk_boundaries_match_cpu", mixer::gpu_chunk_boundaries_match_cpu),
     ("gpu_paired_prep_equals_one_head_a_cta", mixer::gpu_paired_prep_equals_one_head_a_cta),
@@ -332,6 +333,34 @@ fn gpu_mixed_passes_equal_separate_passes(dev: &Device) {
             let e = deltaserve_tests::invariance::mixed_error(&m, 60 + i as u64, algo);
             println!("  {name} {dtype:?} {algo:?}: mixed passes vs alone, worst rel err {e:.2e}");
             assert!(e <= tol, "{name} {dtype:?} {algo:?}: {e:.3e} > {tol:e}");
+        }
+    }
+}
+
+/// A prefill that returns the last row's logits runs its last block's output head and channel
+/// mixer for that row alone (one row through the small-batch kernels where the whole pass runs
+/// cuBLAS): its logits equal the whole pass's last row within the packed prefill's bounds, and
+/// the caches every row updates are the same bits (the next decode step's logits equal).
+fn gpu_last_row_logits_equal_the_whole_pass_last_row(dev: &Device) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    for name in deltaserve_tests::COMPACT_MODELS {
+        for (dtype, algo, tol) in
+            [(DType::F32, PrefillAlgo::Chunked, F32_TOL), (BF16, PrefillAlgo::Chunked, 1e-2), (BF16, PrefillAlgo::ChunkedBf16, 1e-2)]
+        {
+            let m = deltaserve_tests::compact_model(name, dtype, dev);
+            let v = m.config().common.vocab_size;
+            let toks: Vec<u32> = (0..150).map(|_| rng.random_range(0..v as u32)).collect();
+            let mut pool = m.new_pool(2).unwrap();
+            let (a, b) = (pool.allocate().unwrap(), pool.allocate().unwrap());
+            let all = values(&m.prefill(&mut pool, a, &toks, Logits::All, algo).unwrap());
+            let last = values(&m.prefill(&mut pool, b, &toks, Logits::Last, algo).unwrap());
+            assert_eq!((all.len(), last.len()), (toks.len() * v, v), "{name}");
+            let e = rel_err(&last, &all[(toks.len() - 1) * v..]);
+            let next_a = values(&m.decode(&mut pool, &[(a, 3)]).unwrap());
+            let next_b = values(&m.decode(&mut pool, &[(b, 3)]).unwrap());
+            println!("  {name} {dtype:?} {algo:?}: last row alone vs the whole pass's {e:.2e}");
+            assert!(e <= tol, "{name} {dtype:?} {algo:?}: {e:.3e} > {tol:e}");
+            assert!(next_a == next_b, "{name} {dtype:?} {algo:?}: the caches after the two passes differ");
         }
     }
 }

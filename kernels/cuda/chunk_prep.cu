@@ -92,7 +92,7 @@ template <typename TI>
 __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k, const TI* __restrict__ v,
                               const float* __restrict__ beta, const float* __restrict__ g, const int* __restrict__ crow,
                               const int* __restrict__ clen, const PrepOut<TI> out, float* __restrict__ Gout, int H, int HV,
-                              int K, int V) {
+                              int K, int V, long ldv) {
   // An unused entry of a fixed-size chunk table (a pass captured as a CUDA graph).
   if (clen[blockIdx.x] == 0) return;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -226,7 +226,7 @@ __device__ void chunk_tc_prep(const TI* __restrict__ q, const TI* __restrict__ k
     for (int v0 = 0; v0 < V; v0 += 64) {
       const int w = min(64, V - v0);
       __syncthreads();
-      for_rows8(v + (row0 * HV + hv) * V + v0, (size_t)HV * V, CH, L, w, 64, to_tile(Vh, Vl, TP));
+      for_rows8(v + (size_t)row0 * ldv + (size_t)hv * V + v0, (size_t)ldv, CH, L, w, 64, to_tile(Vh, Vl, TP));
       __syncthreads();
       for (int t = warp; t < 16; t += 8) {
         const int rt = t / 4, ct = t % 4;
@@ -336,10 +336,11 @@ __device__ void chunk_tc_prep_pair(const bf16* __restrict__ q, const bf16* __res
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                                        \
       NAME(const TI* q, const TI* k, const TI* v, const float* beta, const float* g, const int* crow, const int* clen, \
            bf16* W, bf16* Wl, TI* U, bf16* P, bf16* Pl, bf16* Q, bf16* Ql, bf16* Kd, bf16* Kdl, float* Gout, int H,    \
-           int HV, int K, int V) {                                                                                   \
+           int HV, int K, int V, long ldv) {                                                                         \
     pdl_entry();                                                                                                     \
     pdl_trigger();                                                                                                   \
-    chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, PrepOut<TI>{W, Wl, U, P, Pl, Q, Ql, Kd, Kdl}, Gout, H, HV, K, V); \
+    chunk_tc_prep<TI>(q, k, v, beta, g, crow, clen, PrepOut<TI>{W, Wl, U, P, Pl, Q, Ql, Kd, Kdl}, Gout, H, HV, K, V, \
+                      ldv);                                                                                          \
   }
 PREP_ENTRY(chunk_tc_prep_bf16, bf16, 1)
 PREP_ENTRY(chunk_tc_prep_f32, float, 2)

@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq, QkNorms};
 
+use super::batch::Keep;
 use super::linear::{linear_to, project_delta};
 use super::norm::{Delta, SubInput};
 use super::rope::Rope;
@@ -152,8 +153,9 @@ impl Attention {
     }
 
     /// Rows of `x` `[N, D]` belong to sequences as `kv.cu` says; each appends its keys and
-    /// values at its next positions and attends over its cache. Returns `[N, D]`.
-    pub fn forward(&self, x: &SubInput<'_>, cache: &mut KvLayer, kv: &KvPlan) -> Result<Delta> {
+    /// values at its next positions and attends over its cache. Returns `[N, D]`, or the `keep`
+    /// rows of it.
+    pub fn forward(&self, x: &SubInput<'_>, cache: &mut KvLayer, kv: &KvPlan, keep: Keep<'_>) -> Result<Delta> {
         let s = &self.spec;
         let (n, hq, hkv, hd) = (x.rows()?, s.num_heads, s.num_kv_heads, s.head_dim);
         let y = x.project(&self.qkv)?;
@@ -184,6 +186,6 @@ impl Attention {
         let gate = if s.output_gate { Some(y.narrow(1, hq * hd, hq * hd)?) } else { None };
         let out = ops::AttnOutput { dtype: gate.as_ref().map_or(x.dtype(), |g| g.dtype()), gate: gate.as_ref() };
         let o = ops::paged_attention((&q, &k, &v), norms, &shape, rope, pass, device, (&mut cache.k, &mut cache.v), out)?;
-        project_delta(&self.o_proj, &o.reshape((n, hq * hd))?)
+        project_delta(&self.o_proj, &keep.rows(o.reshape((n, hq * hd))?)?)
     }
 }

@@ -58,3 +58,24 @@ pub enum Pass<'a> {
         slots: StepSlots<'a>,
     },
 }
+
+/// The rows of a block's output that the rest of the pass reads.
+#[derive(Debug, Clone, Copy)]
+pub enum Keep<'a> {
+    /// Every row.
+    All,
+    /// These rows, `[n]` u32 on the device, in this order: a pass's last block, whose output
+    /// only the logits' rows read (every row still updates the caches).
+    Rows(&'a Tensor),
+}
+
+impl Keep<'_> {
+    /// `t`'s kept rows (dimension 0), contiguous.
+    pub fn rows(&self, t: Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::All => Ok(t),
+            Self::Rows(r) if t.is_contiguous() => t.index_select(r, 0),
+            Self::Rows(r) => t.contiguous()?.index_select(r, 0),
+        }
+    }
+}

@@ -9,7 +9,7 @@
 use candle_core::DType;
 
 use super::attention::Attention;
-use super::batch::Pass;
+use super::batch::{Keep, Pass};
 use super::delta_net::DeltaNet;
 use super::delta_rule;
 use super::gated_deltanet::GatedDeltaNet;
@@ -46,17 +46,18 @@ impl TokenMixer {
         }
     }
 
-    /// `x` `[N, D]` (compute dtype) → `[N, D]`, reading and updating the slots' caches; `kv`
-    /// says where each sequence sits in the KV cache.
-    pub fn forward(&self, x: &SubInput<'_>, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Delta> {
+    /// `x` `[N, D]` (compute dtype) → `[N, D]`, or the `keep` rows of it `[n, D]`, reading and
+    /// updating the slots' caches with every row; `kv` says where each sequence sits in the KV
+    /// cache.
+    pub fn forward(&self, x: &SubInput<'_>, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan, keep: Keep<'_>) -> Result<Delta> {
         if let Self::Attention(m) = self {
-            return m.forward(x, cache.kv_mut()?, kv);
+            return m.forward(x, cache.kv_mut()?, kv, keep);
         }
         let cache = cache.recurrent_mut()?;
         match self {
-            Self::GatedDeltaNet(m) => delta_rule::forward(m, x, cache, pass),
-            Self::GatedDeltaProduct(m) => delta_rule::forward(m, x, cache, pass),
-            Self::DeltaNet(m) => delta_rule::forward(m, x, cache, pass),
+            Self::GatedDeltaNet(m) => delta_rule::forward(m, x, cache, pass, keep),
+            Self::GatedDeltaProduct(m) => delta_rule::forward(m, x, cache, pass, keep),
+            Self::DeltaNet(m) => delta_rule::forward(m, x, cache, pass, keep),
             Self::Attention(_) => unreachable!("handled above"),
         }
     }
@@ -151,21 +152,31 @@ impl Block {
     }
 
     /// `res` is the fp32 residual stream; norms run in fp32 and their outputs are rounded to the
-    /// compute dtype `act` for the projections.
-    pub fn forward(&self, res: &Residual, act: DType, cache: &mut LayerCache, pass: &Pass<'_>, kv: &KvPlan) -> Result<Residual> {
+    /// compute dtype `act` for the projections. Every row updates the caches; the output has the
+    /// `keep` rows only, so that a pass's last block runs its output projection and channel
+    /// mixer just for the rows whose logits are read.
+    pub fn forward(
+        &self,
+        res: &Residual,
+        act: DType,
+        cache: &mut LayerCache,
+        pass: &Pass<'_>,
+        kv: &KvPlan,
+        keep: Keep<'_>,
+    ) -> Result<Residual> {
         let _span = tracing::trace_span!("block", layer = self.layer_idx).entered();
         if self.placement == NormPlacement::Post {
             let h = res.sum()?;
-            let a = self.reduce(self.attn.forward(&SubInput::Formed(h.to_dtype(act)?), cache, pass, kv)?)?.into_rows()?;
-            let r = (h + self.attn_norm.forward(&a)?)?;
+            let a = self.reduce(self.attn.forward(&SubInput::Formed(h.to_dtype(act)?), cache, pass, kv, keep)?)?.into_rows()?;
+            let r = (keep.rows(h)? + self.attn_norm.forward(&a)?)?;
             let m = self.reduce(self.mlp.forward(&SubInput::Formed(r.to_dtype(act)?))?)?.into_rows()?;
             return Ok(Residual { delta: Some(Delta::Rows(self.mlp_norm.forward(&m)?)), h: r });
         }
         // Each norm is formed by the projection that first reads it (inside its GEMV kernel in a
         // decode step).
         let x = NormedInput::new(res, &self.attn_norm, act);
-        let a = self.reduce(self.attn.forward(&SubInput::Normed(&x), cache, pass, kv)?)?;
-        let mid = Residual { h: x.residual()?, delta: Some(a) };
+        let a = self.reduce(self.attn.forward(&SubInput::Normed(&x), cache, pass, kv, keep)?)?;
+        let mid = Residual { h: keep.rows(x.residual()?)?, delta: Some(a) };
         let x = NormedInput::new(&mid, &self.mlp_norm, act);
         let m = self.reduce(self.mlp.forward(&SubInput::Normed(&x))?)?;
         Ok(Residual { h: x.residual()?, delta: Some(m) })

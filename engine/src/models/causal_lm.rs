@@ -7,7 +7,7 @@ use candle_nn::Linear;
 use deltaserve_kernels::ops::{self, PrefillAlgo};
 use deltaserve_kernels::{Capture, StepSlots, PREFILL_CHUNK};
 
-use super::batch::{Packed, Pass};
+use super::batch::{Keep, Packed, Pass};
 use super::block::{Block, ChannelMixer, TokenMixer};
 use super::norm::{NormedInput, Residual, RmsNorm};
 use crate::cache::CacheSpec;
@@ -17,6 +17,13 @@ use crate::state::{DeviceKv, PoolSize, SlotId, SnapshotAt, StatePool};
 use crate::tensor_parallel::GroupLink;
 
 mod load;
+
+/// Whether a pass's last block runs its output head and channel mixer for the logits' rows
+/// only (`DELTASERVE_LAST_ROWS=0` runs them on every row, for comparison).
+fn last_rows_cut() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*OFF.get_or_init(|| std::env::var("DELTASERVE_LAST_ROWS").is_ok_and(|v| v == "0"))
+}
 
 /// Which logits a prefill returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,8 +166,11 @@ impl CausalLm {
         NormedInput::new(res, &self.norm, self.dtype).project_f32(&self.lm_head)
     }
 
-    /// The blocks over the fp32 embeddings `h`.
-    fn blocks(&self, h: Tensor, pool: &mut StatePool, pass: &Pass<'_>) -> Result<Residual> {
+    /// The blocks over the fp32 embeddings `h`: the residual stream after the last block at its
+    /// `keep` rows. Every row updates the caches; only the last block's output head and channel
+    /// mixer are cut to the kept rows (`DELTASERVE_LAST_ROWS=0`: they run on every row, and the
+    /// rows are picked after).
+    fn blocks(&self, h: Tensor, pool: &mut StatePool, pass: &Pass<'_>, keep: Keep<'_>) -> Result<Residual> {
         if pool.num_layers() != self.layers.len() {
             return Err(EngineError::Invalid {
                 field: "pool",
@@ -195,9 +205,11 @@ impl CausalLm {
         // allocation or a synchronisation, uniformly slow layers at the launches themselves).
         let timed = tracing::enabled!(tracing::Level::TRACE);
         let mut host_us = Vec::with_capacity(if timed { self.layers.len() } else { 0 });
-        for b in &self.layers {
+        let (last_keep, after) = if last_rows_cut() { (keep, Keep::All) } else { (Keep::All, keep) };
+        for (i, b) in self.layers.iter().enumerate() {
             let t0 = timed.then(std::time::Instant::now);
-            res = b.forward(&res, self.dtype, pool.layer_mut(b.layer_idx), pass, &kv)?;
+            let keep = if i + 1 == self.layers.len() { last_keep } else { Keep::All };
+            res = b.forward(&res, self.dtype, pool.layer_mut(b.layer_idx), pass, &kv, keep)?;
             if let Some(t0) = t0 {
                 host_us.push(t0.elapsed().as_micros() as u64);
             }
@@ -206,7 +218,10 @@ impl CausalLm {
             tracing::trace!(total_us = host_us.iter().sum::<u64>(), layers_us = ?host_us, "host time launching the layers");
         }
         pool.advance(&slots, &lens);
-        Ok(res)
+        match after {
+            Keep::All => Ok(res),
+            Keep::Rows(r) => res.rows(|t| t.index_select(r, 0)),
+        }
     }
 
     /// Runs `tokens` through the model from `slot`'s current state (empty or an earlier
@@ -220,10 +235,13 @@ impl CausalLm {
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
         let (cu, slots) = ([0, tokens.len()], [slot.index()]);
         let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &[], tables: None }, algo };
-        let res = self.blocks(self.embed(tokens)?, pool, &pass)?;
+        let h = self.embed(tokens)?;
         match logits {
-            Logits::All => self.head(&res),
-            Logits::Last => Ok(self.head(&res.rows(|t| t.narrow(0, tokens.len() - 1, 1))?)?.squeeze(0)?),
+            Logits::All => self.head(&self.blocks(h, pool, &pass, Keep::All)?),
+            Logits::Last => {
+                let last = Tensor::new(&[tokens.len() as u32 - 1], &self.device)?;
+                Ok(self.head(&self.blocks(h, pool, &pass, Keep::Rows(&last))?)?.squeeze(0)?)
+            }
         }
     }
 
@@ -271,13 +289,13 @@ impl CausalLm {
             true => Pass::Prefill { seqs, algo },
             false => Pass::Mixed { seqs, algo, slots: StepSlots::from(&step_slots) },
         };
-        let res = self.blocks(self.embed(&all)?, pool, &pass)?;
+        let rows: Vec<u32> = cu[1..].iter().map(|&c| c - 1).chain(prompt_rows..prompt_rows + step.len()).map(|r| r as u32).collect();
+        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        let res = self.blocks(self.embed(&all)?, pool, &pass, Keep::Rows(&rows))?;
         for s in snapshots {
             pool.seal(s.snap, slots[s.seq], starts[s.seq] + s.tokens);
         }
-        let rows: Vec<u32> = cu[1..].iter().map(|&c| c - 1).chain(prompt_rows..prompt_rows + step.len()).map(|r| r as u32).collect();
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
-        self.head(&res.rows(|t| t.index_select(&rows, 0))?)
+        self.head(&res)
     }
 
     /// Checks a mixed pass: the packed prefill (as [`Self::check_prefill`]), the decode rows
@@ -378,8 +396,8 @@ impl CausalLm {
             None => Pass::Prefill { seqs, algo },
             Some(slots) => Pass::Mixed { seqs, algo, slots },
         };
-        let res = self.blocks(self.embed_ids(ids)?, pool, &pass)?;
-        self.head(&res.rows(|t| t.index_select(last, 0))?)
+        let res = self.blocks(self.embed_ids(ids)?, pool, &pass, Keep::Rows(last))?;
+        self.head(&res)
     }
 
     /// Checks a decode batch (non-empty, allocated and distinct slots, ids in the vocabulary);
@@ -420,7 +438,7 @@ impl CausalLm {
         slots: StepSlots<'_>,
         positions: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
+        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions }, Keep::All)?;
         self.head(&res)
     }
 
@@ -436,7 +454,7 @@ impl CausalLm {
         positions: Option<&Tensor>,
         out: &Tensor,
     ) -> Result<()> {
-        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions })?;
+        let res = self.blocks(self.embed_ids(ids)?, pool, &Pass::Decode { slots, positions }, Keep::All)?;
         let normed = NormedInput::new(&res, &self.norm, self.dtype);
         if normed.project_f32_into(&self.lm_head, out)? {
             return Ok(());

@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 use deltaserve_kernels::ops::PrefillAlgo;
 use deltaserve_kernels::StepSlots;
 
-use super::batch::{Packed, Pass};
+use super::batch::{Keep, Packed, Pass};
 use super::linear::{FusedInput, FusedOutput};
 use super::norm::{Delta, SubInput};
 use super::output_head::OutputHead;
@@ -35,8 +35,9 @@ pub(crate) trait DeltaRule {
     fn mix_decode(&self, y: &FusedOutput<'_>, conv_out: Option<Tensor>, state: &mut LayerState, slots: StepSlots<'_>) -> Result<Tensor>;
 }
 
-/// `x` `[N, D]` through `m` for `pass` → `[N, D]`, reading and updating the slots' states.
-pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerState, pass: &Pass<'_>) -> Result<Delta> {
+/// `x` `[N, D]` through `m` for `pass` → `[N, D]` (or its `keep` rows: the output head runs on
+/// those alone), reading and updating the slots' states with every row.
+pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerState, pass: &Pass<'_>, keep: Keep<'_>) -> Result<Delta> {
     let act = x.dtype();
     let (y, o) = match pass {
         Pass::Decode { slots, .. } => {
@@ -63,5 +64,7 @@ pub(crate) fn forward(m: &impl DeltaRule, x: &SubInput<'_>, state: &mut LayerSta
         }
     };
     let (head, g_part) = m.output();
-    head.forward(&o, &y, g_part, act)
+    // The gate `[N, HV·Vd]` as it sits in the fused projection, read in place.
+    let z = if head.gated { Some(y.keep(keep)?.part(g_part)?) } else { None };
+    head.forward(&keep.rows(o)?, z.as_ref(), act)
 }

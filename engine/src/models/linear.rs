@@ -5,6 +5,7 @@
 use candle_core::{Device, Tensor};
 use candle_nn::Linear;
 
+use super::batch::Keep;
 use super::norm::Delta;
 use crate::error::Result;
 use crate::weights::Weights;
@@ -72,6 +73,11 @@ impl FusedOutput<'_> {
     /// Rows `start..start + len` of every part (a view).
     pub fn rows(&self, start: usize, len: usize) -> Result<Self> {
         Ok(Self { y: self.y.narrow(0, start, len)?, offsets: self.offsets })
+    }
+
+    /// The `keep` rows of every part (a copy of those rows only).
+    pub fn keep(&self, keep: Keep<'_>) -> Result<Self> {
+        Ok(Self { y: keep.rows(self.y.clone())?, offsets: self.offsets })
     }
 }
 

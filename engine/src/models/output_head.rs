@@ -5,7 +5,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::Linear;
 use deltaserve_kernels::{ops, GateActivation};
 
-use super::linear::{linear, project_delta, FusedOutput};
+use super::linear::{linear, project_delta};
 use super::norm::Delta;
 use crate::error::Result;
 use crate::weights::Weights;
@@ -99,20 +99,18 @@ impl OutputHead {
         })
     }
 
-    /// `o` `[N, HV, Vd]` f32 → `[N, D]` in `dtype`, gated by part `g_part` of the fused input
-    /// projection `y` (`g_proj`'s output) when the layer has an output gate.
-    pub fn forward(&self, o: &Tensor, y: &FusedOutput<'_>, g_part: usize, dtype: DType) -> Result<Delta> {
+    /// `o` `[N, HV, Vd]` f32 → `[N, D]` in `dtype`, gated by `z` `[N, HV·Vd]` (`g_proj`'s output,
+    /// any row stride) when the layer has an output gate. The GPU norm reads z in place and
+    /// writes `dtype` directly (no f32 copy of z, no cast of the output).
+    pub fn forward(&self, o: &Tensor, z: Option<&Tensor>, dtype: DType) -> Result<Delta> {
         let n = o.dim(0)?;
-        // The gate `[N, HV·Vd]` as it sits in the fused projection: the GPU norm reads it in
-        // place and writes `dtype` directly (no f32 copy of z, no cast of the output).
-        let z = if self.gated { Some(y.part(g_part)?) } else { None };
         // A decode step's few rows: the norm formed inside o_proj's GEMV kernel.
         if self.o_proj.bias().is_none() && self.o_proj.weight().dtype() == dtype && o.rank() == 3 {
-            if let Some(out) = ops::small_batch_gated_norm_linear(o, z.as_ref(), &self.o_norm, self.eps, self.act, self.o_proj.weight())? {
+            if let Some(out) = ops::small_batch_gated_norm_linear(o, z, &self.o_norm, self.eps, self.act, self.o_proj.weight())? {
                 return Ok(Delta::Rows(out));
             }
         }
-        let y = ops::gated_rms_norm(o, z.as_ref(), &self.o_norm, self.eps, self.act, dtype)?;
+        let y = ops::gated_rms_norm(o, z, &self.o_norm, self.eps, self.act, dtype)?;
         project_delta(&self.o_proj, &y.reshape((n, self.num_v_heads * self.head_v_dim))?)
     }
 }

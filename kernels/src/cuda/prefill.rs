@@ -154,6 +154,10 @@ fn warpgroup_prep(lo: bool, k: usize, aligned: bool) -> bool {
 }
 static WG_PREP: Switch = Switch::new("DELTASERVE_TC_WG_PREP");
 
+/// The near-fp32 prep reads v in place in the conv output (`DELTASERVE_F32_V_IN_PLACE=0`: a
+/// contiguous copy first, for comparison).
+static F32_V_IN_PLACE: Switch = Switch::new("DELTASERVE_F32_V_IN_PLACE");
+
 /// Turns the warpgroup prep on (where eligible) or off for the process: GPU tests compare it
 /// with `chunk_tc_prep` bit for bit.
 #[doc(hidden)]
@@ -295,17 +299,16 @@ pub fn gated_delta_chunk_tc(
     let lo = !matches!(x.q.dtype(), DType::BF16);
     let dtype = if lo { DType::F32 } else { DType::BF16 };
     let cast = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(dtype)?.contiguous()?) };
-    // The bf16 state pass reads v's rows at a stride: the value columns of the conv output are
-    // taken where they lie when their rows are 16-byte aligned (no copy).
+    // v's rows are read at a stride, the value columns of the conv output taken where they lie
+    // (no copy): by the bf16 state pass when its rows are 16-byte aligned, and by the f32 prep
+    // (which alone reads v there, to form U) at any stride.
     let v_stride = |t: &Tensor| -> Result<Option<usize>> {
         let st = t.stride();
-        let in_place = !lo
-            && t.dtype() == DType::BF16
-            && st[2] == 1
-            && st[1] == v
-            && st[0] >= hv * v
-            && st[0].is_multiple_of(8)
-            && v.is_multiple_of(8);
+        let rows_view = st[2] == 1 && st[1] == v && st[0] >= hv * v;
+        if lo {
+            return Ok((t.dtype() == DType::F32 && rows_view && F32_V_IN_PLACE.on()).then_some(st[0]));
+        }
+        let in_place = t.dtype() == DType::BF16 && rows_view && st[0].is_multiple_of(8) && v.is_multiple_of(8);
         Ok((in_place && super::first_element_address::<bf16>(t)?.is_multiple_of(16)).then_some(st[0]))
     };
     let (vv, ldv) = match v_stride(x.v)? {
@@ -463,6 +466,7 @@ pub fn gated_delta_chunk_tc(
                                         for i in &ints {
                                             l.arg(i);
                                         }
+                                        l.arg(&ldv);
                                         unsafe { l.launch(grid(chunks, hv, 1, 256, *smem as u32)) }.w()?;
                                     }
                                 }

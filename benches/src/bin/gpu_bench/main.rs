@@ -48,6 +48,10 @@ struct Args {
     /// (`benches/prefill_profile.sh`); no tables.
     #[arg(long)]
     profile_prefill: bool,
+    /// Profile the near-fp32 mixer's prefill (`--mixer-precision fp32`) instead of the bf16
+    /// mixer's (`--profile-prefill`).
+    #[arg(long)]
+    profile_fp32: bool,
     /// Tokens of the profiled prefill (`--profile-prefill`), continuing a 4,096-token one when
     /// fewer than 4,096: a short pass as a cached chat turn runs it.
     #[arg(long, default_value_t = 4096)]

@@ -77,6 +77,7 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     if args.profile_prefill {
         use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
         let profiled = &tokens[..args.profile_tokens.clamp(1, t)];
+        let algo = if args.profile_fp32 { PrefillAlgo::Chunked } else { PrefillAlgo::ChunkedBf16 };
         if args.profile_seqs > 1 {
             let slots: Vec<_> = std::iter::once(Some(slot))
                 .chain((1..args.profile_seqs).map(|_| pool.allocate()))
@@ -84,20 +85,20 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow::anyhow!("--profile-seqs: a pool of 64"))?;
             let prompts: Vec<(_, &[u32])> = slots.iter().map(|&s| (s, &tokens[..512])).collect();
             let pieces: Vec<(_, &[u32])> = slots.iter().map(|&s| (s, profiled)).collect();
-            model.prefill_many_with(&mut pool, &prompts, PrefillAlgo::ChunkedBf16, &[])?;
-            model.prefill_many_with(&mut pool, &pieces, PrefillAlgo::ChunkedBf16, &[])?;
+            model.prefill_many_with(&mut pool, &prompts, algo, &[])?;
+            model.prefill_many_with(&mut pool, &pieces, algo, &[])?;
             dev.synchronize()?;
             profiler_start()?;
-            model.prefill_many_with(&mut pool, &pieces, PrefillAlgo::ChunkedBf16, &[])?;
+            model.prefill_many_with(&mut pool, &pieces, algo, &[])?;
             dev.synchronize()?;
             profiler_stop()?;
             return Ok(());
         }
-        model.prefill(&mut pool, slot, &tokens, Logits::Last, PrefillAlgo::ChunkedBf16)?;
-        model.prefill(&mut pool, slot, profiled, Logits::Last, PrefillAlgo::ChunkedBf16)?;
+        model.prefill(&mut pool, slot, &tokens, Logits::Last, algo)?;
+        model.prefill(&mut pool, slot, profiled, Logits::Last, algo)?;
         dev.synchronize()?;
         profiler_start()?;
-        model.prefill(&mut pool, slot, profiled, Logits::Last, PrefillAlgo::ChunkedBf16)?;
+        model.prefill(&mut pool, slot, profiled, Logits::Last, algo)?;
         dev.synchronize()?;
         profiler_stop()?;
         return Ok(());
