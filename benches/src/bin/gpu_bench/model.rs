@@ -50,7 +50,8 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     if args.mixed_passes {
         return passes::mixed_pass_table(&model, dev, args.reps);
     }
-    let mut pool = model.new_pool(64)?;
+    // Slots for the largest batch asked for (a batch the pool could not hold would be timed short).
+    let mut pool = model.new_pool(args.batches.as_deref().and_then(|b| b.iter().max().copied()).unwrap_or(64).max(64))?;
     let t = 4096;
     let tokens: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % cfg.common.vocab_size as u32).collect();
     #[cfg(feature = "cuda")]
@@ -122,7 +123,8 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
     // The same figures unrounded, one `OURS {json}` line each after the table (benches/ab_summary.py).
     let mut figures = Vec::new();
     for &b in args.batches.as_deref().unwrap_or(&[1, 16, 64]) {
-        let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+        let slots: Vec<_> =
+            (0..b).map(|_| pool.allocate()).collect::<Option<_>>().ok_or_else(|| anyhow::anyhow!("batch {b}: the pool is full"))?;
         let batch: Vec<_> = slots.iter().enumerate().map(|(i, s)| (*s, (i as u32 * 31 + 7) % 32000)).collect();
         let roof_ms = (weight_bytes + b as f64 * state_bytes * 2.0) / copy_bw(dev)? * 1e3;
         let modes: &[bool] = if args.graphs_only { &[true] } else { &[false, true] };
@@ -237,7 +239,8 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
             }
         }
         for &b in batches {
-            let slots: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
+            let slots: Vec<_> =
+                (0..b).map(|_| pool.allocate()).collect::<Option<_>>().ok_or_else(|| anyhow::anyhow!("batch {b}: the pool holds 64"))?;
             for (i, s) in slots.iter().enumerate() {
                 let prompt: Vec<u32> = (0..ctx as u32).map(|j| (j * 131 + i as u32 * 7 + 1) % vocab).collect();
                 model.prefill(&mut pool, *s, &prompt, Logits::Last, PrefillAlgo::Chunked)?;
