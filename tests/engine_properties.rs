@@ -6,7 +6,7 @@ use candle_core::{DType, Device};
 use deltaserve_engine::synth::write_random_checkpoint;
 use deltaserve_engine::weights::Checkpoint;
 use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
-use deltaserve_tests::{compact_dir, packed_model_prefill_error, rel_err, values};
+use deltaserve_tests::{compact_dir, last_row_vs_whole_pass, packed_model_prefill_error, rel_err, values};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
@@ -198,16 +198,8 @@ fn last_row_logits_equal_the_whole_pass_last_row() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for (name, m, _d) in models() {
         let toks = random_tokens(&mut rng, vocab(&m), 150);
-        let mut pool = m.new_pool(2).unwrap();
-        let (a, b) = (pool.allocate().unwrap(), pool.allocate().unwrap());
-        let all = values(&m.prefill(&mut pool, a, &toks, Logits::All, PrefillAlgo::Chunked).unwrap());
-        let last = values(&m.prefill(&mut pool, b, &toks, Logits::Last, PrefillAlgo::Chunked).unwrap());
-        let v = vocab(&m);
-        assert_eq!((all.len(), last.len()), (toks.len() * v, v), "{name}");
-        let e = rel_err(&last, &all[(toks.len() - 1) * v..]);
+        let (e, same_caches) = last_row_vs_whole_pass(&m, &toks, PrefillAlgo::Chunked);
         assert!(e <= 1e-5, "{name}: last row {e:.3e}");
-        let next_a = values(&m.decode(&mut pool, &[(a, 3)]).unwrap());
-        let next_b = values(&m.decode(&mut pool, &[(b, 3)]).unwrap());
-        assert_eq!(next_a, next_b, "{name}: the caches after the two passes differ");
+        assert!(same_caches, "{name}: the caches after the two passes differ");
     }
 }

@@ -178,6 +178,24 @@ pub fn model_fixtures(test: &str) -> Vec<(String, PathBuf, PathBuf, PathBuf)> {
     v
 }
 
+/// `toks` prefilled returning every row's logits, against a prefill returning only the last
+/// row's (whose last block runs its output head and MLP for that row alone): the last row's
+/// relative error, and whether the next decode step's logits after each are the same bits (the
+/// caches, which every row writes).
+pub fn last_row_vs_whole_pass(m: &deltaserve_engine::CausalLm, toks: &[u32], algo: deltaserve_engine::PrefillAlgo) -> (f64, bool) {
+    use deltaserve_engine::Logits;
+    let v = m.config().common.vocab_size;
+    let mut pool = m.new_pool(2).unwrap();
+    let (a, b) = (pool.allocate().unwrap(), pool.allocate().unwrap());
+    let all = values(&m.prefill(&mut pool, a, toks, Logits::All, algo).unwrap());
+    let last = values(&m.prefill(&mut pool, b, toks, Logits::Last, algo).unwrap());
+    assert_eq!((all.len(), last.len()), (toks.len() * v, v), "logits' shapes");
+    let e = rel_err(&last, &all[(toks.len() - 1) * v..]);
+    let next_a = values(&m.decode(&mut pool, &[(a, 3)]).unwrap());
+    let next_b = values(&m.decode(&mut pool, &[(b, 3)]).unwrap());
+    (e, next_a == next_b)
+}
+
 /// Packed prefill against prefilling alone, on `model` (pool on its device): three sequences
 /// of 70, 1 and 130 tokens in shuffled slots, one of them continuing an earlier prefill, then
 /// one decode step. Returns the worst relative error over the last logits, the decode logits
