@@ -36,6 +36,9 @@ mod prefill_graph;
 mod sampling;
 #[path = "gpu/serving_script.rs"]
 mod serving_script;
+#[cfg(feature = "cuda")]
+#[path = "gpu/skinny.rs"]
+mod skinny;
 #[path = "gpu/state_dtype.rs"]
 mod state_dtype;
 #[cfg(feature = "nccl")]
@@ -55,6 +58,8 @@ const TESTS: &[GpuTest] = &[
     ("gpu_split_projection_slices_sum_to_the_product", gemm::gpu_split_projection_slices_sum_to_the_product),
     #[cfg(feature = "cuda")]
     ("gpu_split_projections_leave_a_models_logits", gemm::gpu_split_projections_leave_a_models_logits),
+    #[cfg(feature = "cuda")]
+    ("gpu_skinny_gemm_matches_cpu", skinny::gpu_skinny_gemm_matches_cpu),
     #[cfg(feature = "cuda")]
     ("gpu_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_norm_folded_into_gemv_equals_two_kernels),
     #[cfg(feature = "cuda")]

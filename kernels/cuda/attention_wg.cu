@@ -33,7 +33,7 @@
 #include <math.h>
 
 #include "attention.cuh"
-#include "chunk_wg.cuh"  // the 128-byte swizzle, wgmma descriptors, fences and waits
+#include "chunk_wg.cuh"  // the 128-byte swizzle, wgmma descriptors, fences and waits, mbarriers
 
 #define AW_THREADS 384
 #define AW_TILE 64  // query rows of a head, and keys of a tile
@@ -45,22 +45,6 @@ enum AwBarrier { AW_FREE_K = 1, AW_FREE_V = 3, AW_Q = 5, AW_PRODUCER = 7 };
 __device__ __forceinline__ void aw_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(AW_THREADS) : "memory"); }
 __device__ __forceinline__ void aw_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(AW_THREADS) : "memory");
-}
-// mbarriers in shared memory: initialised for n arrivals; arrived at; waited on until the phase
-// of the given parity has completed.
-__device__ __forceinline__ void aw_mb_init(unsigned a, int n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
-}
-__device__ __forceinline__ void aw_mb_arrive(unsigned a) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void aw_mb_wait(unsigned a, int parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nAW_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra AW_WAIT;\n}\n" ::"r"(a),
-      "r"(parity)
-      : "memory");
 }
 // A writer's copies (or stores) made visible to wgmma, which reads through the async proxy.
 __device__ __forceinline__ void aw_fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -236,7 +220,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
   int total = 0;  // key tiles over the block's tiles
   for (int i = 0; i < per_block && list[i].y > 0; ++i) total += AwTile(list[i], window).n;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) aw_mb_init(sm.full_k(b), 128), aw_mb_init(sm.full_v(b), 128);
+    for (int b = 0; b < 2; ++b) mb_init(sm.full_k(b), 128), mb_init(sm.full_v(b), 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -271,7 +255,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
         cp_async_wait<1>();
       }
       aw_fence_async();
-      aw_mb_arrive(sm.full_k(b));
+      mb_arrive(sm.full_k(b));
       if (next) {
         if (jg >= 1) aw_sync(AW_FREE_V + (b ^ 1));
         issue(jg + 1, true);
@@ -280,7 +264,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
         cp_async_wait<0>();
       }
       aw_fence_async();
-      aw_mb_arrive(sm.full_v(b));
+      mb_arrive(sm.full_v(b));
       if (jg + 2 < total) {  // tile jg + 2's offsets in place of tile jg's, whose copies are issued
         aw_producers();
         aw_offsets(sm.offs + b * AW_TILE, sm.keys + b, cur, bs, row, kvh * HD);
@@ -347,7 +331,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
     };
 
     // The first key tile's scores, then per key tile: P·V, the next tile's scores, softmax.
-    aw_mb_wait(sm.full_k(jg & 1), (jg >> 1) & 1);
+    mb_wait(sm.full_k(jg & 1), (jg >> 1) & 1);
     wg_fence();
     issue_s(jg & 1);
     wg_commit();
@@ -358,7 +342,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
     for (int kt = t.first; kt <= t.last; kt += AW_TILE, ++jg) {
       const int b = jg & 1;
       const bool more = kt + AW_TILE <= t.last;
-      aw_mb_wait(sm.full_v(b), (jg >> 1) & 1);
+      mb_wait(sm.full_v(b), (jg >> 1) & 1);
       const unsigned long long dv = wg_desc_mn(sm.v(b));
       wg_regs(pa);
       wg_regs(s);
@@ -371,7 +355,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
         for (int hh = 0; hh < HH; ++hh) aw_rs_n128_tb(o[hh], pa[kk], dv + hh * 1024 + kk * 128, T());
       wg_commit();
       if (more) {
-        aw_mb_wait(sm.full_k(b ^ 1), ((jg + 1) >> 1) & 1);
+        mb_wait(sm.full_k(b ^ 1), ((jg + 1) >> 1) & 1);
         issue_s(b ^ 1);
         wg_commit();
       }

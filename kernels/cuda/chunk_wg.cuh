@@ -16,44 +16,10 @@
 // takes bf16(V' e^{G_last − G}) where that pass takes bf16(e^{G_last − G} K) (fla rounds as here).
 #pragma once
 #include "chunk_mma.cuh"  // ldsm4_t, pack_bf16, the tile helpers
+#include "wgmma.cuh"
 
 #define WG_THREADS 128
 #define WG_VP 72  // V tile's row pitch (padded: ldmatrix reads it, not wgmma)
-
-// The 16-byte piece c (0..7) of row r of a 128-byte-row swizzle atom (the atom 1024-aligned).
-__device__ __forceinline__ unsigned wg_swz(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
-
-// Operand descriptors, 128-byte swizzle, 8-row groups 1024 bytes apart. K-major: a k-step's 16
-// columns lie inside one row of an atom (the leading offset unused). MN-major: the tile's atoms
-// of 64 MN-columns lie 8192 bytes apart (64 rows of 128 bytes).
-__device__ __forceinline__ unsigned long long wg_desc_k(unsigned addr) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-         (1ull << 62);
-}
-__device__ __forceinline__ unsigned long long wg_desc_mn(unsigned addr) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(8192 >> 4) << 16) |
-         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving the registers' other uses across an asynchronous multiply.
-template <int N>
-__device__ __forceinline__ void wg_regs(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void wg_regs(unsigned (&a)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
-}
 
 // The products: A from registers (four bf16 pairs a thread, the mma.sync A layout), B by its
 // descriptor, d accumulated unless `acc` is 0; the register lists are written out, since an asm

@@ -18,9 +18,12 @@ __device__ __forceinline__ void pdl_entry() {
 }
 
 // Lets the kernel after this one start now (in a graph, over a programmatic edge) rather than
-// when this one ends; called after pdl_entry, so every kernel before this one has finished. Only
-// chunk_tc_prep does: the state pass after it loads its states, which the prep does not touch,
-// on the multiprocessors a prep of few chunks leaves idle, and then waits for it.
+// when this one ends; called after pdl_entry, so every kernel before this one has finished. Two
+// kinds of kernel do: chunk_tc_prep (the state pass after it loads its states, which the prep
+// does not touch, on the multiprocessors a prep of few chunks leaves idle, and then waits for
+// it), and, when their launcher says `early`, the row kernels before a decode step's projections
+// at 4–64 rows (the norms, SwiGLU, the attention gate): the skinny GEMM after them (skinny.cu)
+// streams its first stages of W while they run.
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -25,8 +25,9 @@ __device__ void gated_rms_norm(const TX* __restrict__ x, const TZ* __restrict__ 
 #define GATED_NORM_ENTRY(TX, XN, TZ, ZN, TY, YN, SUFFIX, KEPT)                                                       \
   extern "C" __global__ void gated_rms_norm_##XN##ZN##_##YN##SUFFIX(const TX* x, const TZ* z, long ldz, int heads,   \
                                                                     const float* w, TY* y, int rows, int D,          \
-                                                                    float eps, int act_sigmoid) {                    \
+                                                                    float eps, int act_sigmoid, int early) {         \
     pdl_entry();                                                                                                      \
+    if (early) pdl_trigger();                                                                                         \
     gated_rms_norm<KEPT, TZ, TY>(x, z, ldz, heads, w, y, rows, D, eps, act_sigmoid);                                  \
   }
 #define GATED_NORM(TX, XN, TZ, ZN, TY, YN)                  \
@@ -152,27 +153,31 @@ __device__ void add_rms_norm(const float* __restrict__ h, const T* __restrict__ 
 // add_rms_norm_parts_{dtype}[_lean]: delta as a split-K GEMM's f32 slices (PARTS above).
 #define ADD_RMS_NORM(T, NAME)                                                                                      \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME(const float* h, const T* delta, const float* w, \
-                                                                        float* r, T* x, int D, float eps) { pdl_entry();         \
+                                                                        float* r, T* x, int D, float eps, int early) { pdl_entry(); if (early) pdl_trigger();         \
     add_rms_norm<T, 16, true, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                      \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME##_lean(const float* h, const T* delta,       \
                                                                               const float* w, float* r, T* x, int D,  \
-                                                                              float eps) { pdl_entry();                            \
+                                                                              float eps, int early) { pdl_entry(); if (early) pdl_trigger();                            \
     add_rms_norm<T, 16, false, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                     \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_##NAME##_p8(const float* h, const T* delta,         \
                                                                             const float* w, float* r, T* x, int D,    \
-                                                                            float eps) { pdl_entry();                 \
+                                                                            float eps, int early) { pdl_entry(); if (early) pdl_trigger();                 \
     add_rms_norm<T, 8, true, false>(h, delta, nullptr, 0, 0, w, r, x, D, eps);                                       \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_parts_##NAME(                                      \
-      const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps) {     \
+      const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps,      \
+      int early) {                                                                                                 \
     pdl_entry();                                                                                                   \
+    if (early) pdl_trigger();                                                                                      \
     add_rms_norm<T, 8, true, true>(h, nullptr, parts, S, (size_t)slice, w, r, x, D, eps);                         \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(256) add_rms_norm_parts_##NAME##_lean(                               \
-      const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps) {     \
+      const float* h, const float* parts, int S, long slice, const float* w, float* r, T* x, int D, float eps,      \
+      int early) {                                                                                                 \
     pdl_entry();                                                                                                   \
+    if (early) pdl_trigger();                                                                                      \
     add_rms_norm<T, 8, false, true>(h, nullptr, parts, S, (size_t)slice, w, r, x, D, eps);                        \
   }
 ADD_RMS_NORM(float, f32)

@@ -27,7 +27,9 @@ __device__ void swiglu(const T* __restrict__ gate, long ldg, const T* __restrict
 // and the addresses multiples of 16 / sizeof(T)).
 #define SWIGLU_ENTRY(T, NAME, N, SUFFIX)                                                                            \
   extern "C" __global__ void swiglu_##NAME##SUFFIX(const T* gate, long ldg, const T* up, long ldu, T* out, int rows, \
-                                                   int I) { pdl_entry();                                                         \
+                                                   int I, int early) {                                                           \
+    pdl_entry();                                                                                                    \
+    if (early) pdl_trigger();                                                                                       \
     swiglu<T, N>(gate, ldg, up, ldu, out, rows, I);                                                                 \
   }
 #define SWIGLU_ENTRIES(T, NAME)         \
@@ -59,8 +61,9 @@ __device__ void sigmoid_gate(const float* __restrict__ o, const T* __restrict__ 
 // sigmoid_gate_{dtype}: a column a thread; _x4: four.
 #define SIGMOID_GATE_ENTRY(T, NAME, N, SUFFIX)                                                                      \
   extern "C" __global__ void sigmoid_gate_##NAME##SUFFIX(const float* o, const T* gate, long ldg, T* out, int rows,   \
-                                                         int D) {                                                    \
+                                                         int D, int early) {                                         \
     pdl_entry();                                                                                                    \
+    if (early) pdl_trigger();                                                                                       \
     sigmoid_gate<T, N>(o, gate, ldg, out, rows, D);                                                                 \
   }
 #define SIGMOID_GATE_ENTRIES(T, NAME)  \

@@ -2,7 +2,8 @@
 //! f32 math on the CPU, at the models' shapes (a fused projection padded to 9280 rows), the
 //! unpadded 9228 and an odd one, with x contiguous or a column slice of a wider tensor (16-byte
 //! aligned or not), and at several row counts of one bucket: cublasLt runs them all with the
-//! algorithm chosen for the bucket's first.
+//! algorithm chosen for the bucket's first. The skinny GEMM, which takes 4–64 rows on a Hopper
+//! build, is turned off where a test is of cuBLAS's path (tests/gpu/skinny.rs tests it).
 
 use candle_core::{DType, Device, Tensor};
 use deltaserve_kernels::ops::linear;
@@ -13,6 +14,7 @@ use rand::{Rng, SeedableRng};
 /// plus the accumulation order's error of the f32 sums, of the CPU's f32 product of the same
 /// rounded inputs; two calls give the same bits.
 pub fn gpu_gemm_matches_cpu(dev: &Device) {
+    deltaserve_kernels::cuda::set_skinny_gemm(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(41);
     // (M, N, K, the column x starts at in a wider tensor: 0 for x contiguous)
     let cases = [
@@ -50,6 +52,7 @@ pub fn gpu_gemm_matches_cpu(dev: &Device) {
             }
         }
     }
+    deltaserve_kernels::cuda::set_skinny_gemm(true);
 }
 
 /// Random operands of `x [M, K] · w [N, K]ᵀ` rounded to a dtype, on the GPU, and their product
@@ -78,9 +81,13 @@ fn operands(rng: &mut impl Rng, (m, n, k): (usize, usize, usize), dtype: DType, 
 pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
     use deltaserve_kernels::ops::{linear_f32, linear_f32_into};
     let mut rng = rand::rngs::StdRng::seed_from_u64(47);
-    for (m, n, k) in [(4usize, 4096usize, 2048usize), (64, 32000, 2048), (70, 1000, 512)] {
+    // cuBLAS's, then the skinny GEMM's where it takes the rows (4 and 64).
+    for (skinny, (m, n, k)) in
+        [false, true].into_iter().flat_map(|s| [(4usize, 4096usize, 2048usize), (64, 32000, 2048), (70, 1000, 512)].map(|c| (s, c)))
+    {
+        deltaserve_kernels::cuda::set_skinny_gemm(skinny);
         for dtype in [DType::BF16, DType::F16] {
-            let what = format!("{dtype:?} m={m} n={n} k={k}");
+            let what = format!("{dtype:?} m={m} n={n} k={k} skinny {skinny}");
             let Operands { xg, wg, want } = operands(&mut rng, (m, n, k), dtype, dev);
             let y = linear_f32(&xg, &wg).unwrap().unwrap_or_else(|| panic!("{what}: no f32 GEMM"));
             assert!(y.dtype() == DType::F32 && y.dims() == [m, n], "{what}: {:?} {:?}", y.dtype(), y.dims());
@@ -102,6 +109,7 @@ pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
             assert!(unrounded > got.len() / 2, "{what}: the output looks rounded to {dtype:?}");
         }
     }
+    deltaserve_kernels::cuda::set_skinny_gemm(true);
     let x = Tensor::randn(0f32, 1.0, (2, 2048), dev).unwrap().to_dtype(DType::BF16).unwrap();
     let w = Tensor::randn(0f32, 0.02, (4096, 2048), dev).unwrap().to_dtype(DType::BF16).unwrap();
     assert!(linear_f32(&x, &w).unwrap().is_none(), "two rows: the GEMV's rows, not the GEMM's");
@@ -114,6 +122,7 @@ pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
 pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
     use deltaserve_kernels::cuda::set_split_parts;
     use deltaserve_kernels::ops::{add_rms_norm, add_rms_norm_parts, linear_parts, sum_parts};
+    deltaserve_kernels::cuda::set_skinny_gemm(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(43);
     // (M, N, K, forced slices: None for the default algorithm's split)
     let cases = [
@@ -162,18 +171,20 @@ pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
     let w = Tensor::randn(0f32, 0.02, (2048, 6144), dev).unwrap().to_dtype(DType::BF16).unwrap();
     assert!(linear_parts(&x, &w).unwrap().is_none(), "set_split_parts(Some(0)) still split");
     set_split_parts(None);
+    deltaserve_kernels::cuda::set_skinny_gemm(true);
     // Qwen3.5's down projection at 64 rows is split by cuBLAS's heuristic on the H100 and H200.
     assert!(split >= 4, "only {split} cases ran as slices");
 }
 
 /// A random bf16 model of the 1.39B's layer shapes (two layers), prefilled and decoded at 16
-/// sequences three ways: with the split projections' slices summed by the norms (the default),
-/// with every projection reduced by its GEMM (`set_split_parts(Some(0))`), and in f32 (no
-/// cuBLAS split: the reference). The slices ran only in the first; each bf16 run repeats to the
-/// bit; and the slices' logits are as close to f32's as the reduced GEMMs' are.
+/// sequences four ways: through the skinny GEMM (the default on a Hopper build), through cuBLAS
+/// with the split projections' slices summed by the norms, with every projection reduced by its
+/// GEMM (`set_split_parts(Some(0))`), and in f32 (the reference). The slices ran only in the
+/// second, the skinny GEMM only in the first; each bf16 run repeats to the bit; and the skinny
+/// GEMM's and the slices' logits are as close to f32's as the reduced GEMMs' are.
 pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
     use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
-    use deltaserve_kernels::cuda::{set_split_parts, split_parts_count};
+    use deltaserve_kernels::cuda::{set_skinny_gemm, set_split_parts, skinny_launches, split_parts_count};
     let dir = tempfile::tempdir().unwrap();
     let cfg = serde_json::json!({
         "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"], "hidden_size": 2048,
@@ -203,13 +214,29 @@ pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
         }
         (out, split_parts_count() - before)
     };
+    let skinny_before = skinny_launches();
+    let (skinny, _) = run(&bf16, None);
+    let (skinny_again, _) = run(&bf16, None);
+    let skinny_ran = skinny_launches() - skinny_before;
+    set_skinny_gemm(false);
+    let skinny_off = skinny_launches();
     let (sliced, ran) = run(&bf16, None);
     let (again, _) = run(&bf16, None);
     let (reduced, ran_off) = run(&bf16, Some(0));
     let (reduced_again, _) = run(&bf16, Some(0));
     let (truth, _) = run(&f32, None);
+    assert_eq!(skinny_launches(), skinny_off, "the skinny GEMM ran while turned off");
+    set_skinny_gemm(true);
     set_split_parts(None);
     assert!(ran > 0, "no projection ran as slices at 16 rows");
+    if deltaserve_kernels::cuda::skinny_gemm_available() {
+        assert!(skinny_ran > 0, "no projection ran through the skinny GEMM at 16 rows");
+        assert!(skinny == skinny_again, "a skinny run did not repeat to the bit");
+        let e_skinny = deltaserve_tests::rel_err(&skinny, &truth);
+        let e_reduced = deltaserve_tests::rel_err(&reduced, &truth);
+        println!("{skinny_ran} skinny GEMMs; their logits against f32: {e_skinny:.2e} (reduced cuBLAS GEMMs {e_reduced:.2e})");
+        assert!(e_skinny <= 1.25 * e_reduced, "skinny {e_skinny:.3e} against f32, reduced GEMMs {e_reduced:.3e}");
+    }
     assert_eq!(ran_off, 0, "slices ran with the split turned off");
     assert!(sliced == again && reduced == reduced_again, "a bf16 run did not repeat to the bit");
     let (e_sliced, e_reduced, apart) = (

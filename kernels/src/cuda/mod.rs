@@ -393,6 +393,7 @@ mod norm_gemv;
 mod prefill;
 mod rows;
 mod sample;
+mod skinny;
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
@@ -416,3 +417,6 @@ pub use prefill::{
 };
 pub use rows::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;
+pub use skinny::{
+    set_skinny_gemm, skinny_gemm, skinny_gemm_available, skinny_gemm_on, skinny_launches, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS,
+};

@@ -139,7 +139,8 @@ pub fn gated_rms_norm(x: &Tensor, z: Option<&Tensor>, weight: &Tensor, eps: f32,
     let x_ptr = first_element_address_any(&x)?;
     with_view!(w, wv, {
         let mut l = f.builder();
-        l.arg(&x_ptr).arg(&z_ptr).arg(&z_ld).arg(&hi).arg(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai);
+        let early = super::skinny::early_trigger(tokens);
+        l.arg(&x_ptr).arg(&z_ptr).arg(&z_ld).arg(&hi).arg(&wv).arg(&y_ptr).arg(&ri).arg(&di).arg(&eps).arg(&ai).arg(&early);
         unsafe { l.launch(grid(rows.div_ceil(4), 1, 1, 128, 0)) }.w()?;
     });
     Ok(y.reshape(x.shape())?)
@@ -213,7 +214,8 @@ fn add_norm(h: &Tensor, delta: NormDelta<'_>, weight: &Tensor, eps: f32, dtype: 
             if let NormDelta::Parts(_) = delta {
                 l.arg(&si).arg(&slice);
             }
-            l.arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps);
+            let early = super::skinny::early_trigger(rows);
+            l.arg(&wv).arg(&mut r).arg(&x_ptr).arg(&di).arg(&eps).arg(&early);
             unsafe { l.launch(cfg) }.w()?;
         })
     });
@@ -242,7 +244,8 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let out_ptr = first_element_address_any(&out)?;
     let (ri, ii) = (rows as i32, i as i32);
     let mut l = f.builder();
-    l.arg(&g.ptr).arg(&g.ld).arg(&u.ptr).arg(&u.ld).arg(&out_ptr).arg(&ri).arg(&ii);
+    let early = super::skinny::early_trigger(rows);
+    l.arg(&g.ptr).arg(&g.ld).arg(&u.ptr).arg(&u.ld).arg(&out_ptr).arg(&ri).arg(&ii).arg(&early);
     unsafe { l.launch(grid(i.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }.w()?;
     Ok(out)
 }
@@ -269,7 +272,8 @@ pub fn sigmoid_gate(o: &Tensor, gate: &Tensor) -> Result<Tensor> {
     let f = func(&dev, &format!("sigmoid_gate_{}{x4}", g.suffix), &modules::SWIGLU)?;
     let (ri, di) = (rows as i32, d as i32);
     let mut l = f.builder();
-    l.arg(&o_ptr).arg(&g.ptr).arg(&g.ld).arg(&out_ptr).arg(&ri).arg(&di);
+    let early = super::skinny::early_trigger(rows);
+    l.arg(&o_ptr).arg(&g.ptr).arg(&g.ld).arg(&out_ptr).arg(&ri).arg(&di).arg(&early);
     unsafe { l.launch(grid(d.div_ceil(per_thread * 256), rows.min(65535), 1, 256, 0)) }.w()?;
     Ok(out)
 }

@@ -117,7 +117,10 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     let y = match small_batch_linear(&x2, w)? {
         Some(y) => y,
-        None => large_batch_linear(&x2, w)?,
+        None => match skinny_linear(&x2, w)? {
+            Some(y) => y,
+            None => large_batch_linear(&x2, w)?,
+        },
     };
     Ok(y.reshape(out_dims)?)
 }
@@ -129,6 +132,12 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// `None` where [`linear`] runs something else (the CPU, the GEMV kernels' rows, the
 /// batch-invariant mode, a GEMM that does not split K): the caller runs [`linear`].
 pub fn linear_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if skinny_rows(x, w)? {
+        if let Some(parts) = crate::cuda::skinny_gemm(x, w, crate::cuda::SkinnyOut::Parts, None)? {
+            return Ok(Some(parts));
+        }
+    }
     #[cfg(feature = "cuda")]
     if gpu_gemm(x, w)? {
         return crate::cuda::linear_lt_parts(x, w);
@@ -145,6 +154,10 @@ pub fn linear_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 /// comparisons): the caller runs the two.
 pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
     #[cfg(feature = "cuda")]
+    if !head_gemm_f32_off() && skinny_rows(x, w)? && crate::cuda::skinny_gemm(x, w, crate::cuda::SkinnyOut::F32Into(out), None)?.is_some() {
+        return Ok(true);
+    }
+    #[cfg(feature = "cuda")]
     if !head_gemm_f32_off() && gpu_gemm(x, w)? {
         return crate::cuda::linear_lt_f32_into(x, w, out);
     }
@@ -155,6 +168,12 @@ pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<bool> {
 /// [`linear`] in f32 where [`linear_f32_into`] applies (its f32 accumulators, in a new tensor);
 /// `None` elsewhere: the caller widens [`linear`]'s product.
 pub fn linear_f32(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if !head_gemm_f32_off() && skinny_rows(x, w)? {
+        if let Some(y) = crate::cuda::skinny_gemm(x, w, crate::cuda::SkinnyOut::F32, None)? {
+            return Ok(Some(y));
+        }
+    }
     #[cfg(feature = "cuda")]
     if !head_gemm_f32_off() && gpu_gemm(x, w)? {
         return crate::cuda::linear_lt_f32(x, w);
@@ -207,6 +226,29 @@ pub fn small_batch_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let _ = (x, w);
     Ok(None)
 }
+
+/// `x Wᵀ` for `x` `[M, K]` with more rows than the GEMV kernels take and at most
+/// [`SKINNY_LINEAR_MAX_ROWS`] (a decode step of a few dozen sequences): on a Hopper GPU, bf16 or
+/// f16 with K whole 64-wide tiles a slice, one kernel that has the tensor memory accelerator
+/// stream W and x into shared memory for the warpgroup tensor cores and adds K's slices across a
+/// cluster in a fixed order ([`crate::cuda::skinny_gemm`]). Each row of the result is the same
+/// bits whatever M. `None` where it does not apply, or when `DELTASERVE_SKINNY_GEMM=0` turns it
+/// off (for comparisons): the caller runs its GEMM.
+pub fn skinny_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if skinny_rows(x, w)? {
+        return crate::cuda::skinny_gemm(x, w, crate::cuda::SkinnyOut::Rows, None);
+    }
+    let _ = (x, w);
+    Ok(None)
+}
+
+/// Most rows [`skinny_linear`] (and the f32 and split products of a decode step) take. The
+/// kernel takes up to 64, but past 16 rows x's tiles, which every block copies from L2, cost
+/// more than the early start gains: H200 decode steps, against cuBLAS in the same call, 2–3.5%
+/// faster at 4–8 rows and 0.3–2% at 16, but 1–2.5% slower at 32 and 4–6% at 64
+/// (`benches/results/h200-skinny_tma-2026-12-01/`).
+pub const SKINNY_LINEAR_MAX_ROWS: usize = 16;
 
 /// `silu(gate) · up` times `w`ᵀ (the MLP's down projection) for `gate`, `up` `[B, I]` with
 /// B ≤ [`SWIGLU_LINEAR_MAX_ROWS`]: on the GPU, under the conditions of [`small_batch_linear`]
@@ -416,6 +458,21 @@ fn small_batch_linear_max_rows() -> usize {
 fn small_batch_gemv_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("DELTASERVE_SMALL_BATCH_GEMV").is_ok_and(|v| v == "0"))
+}
+
+/// Whether the skinny GEMM may take `x` `[M, K]`: a GEMM on the GPU ([`gpu_gemm`]) of at most
+/// [`SKINNY_LINEAR_MAX_ROWS`] rows (or `DELTASERVE_SKINNY_ROWS`), unless
+/// [`crate::cuda::set_skinny_gemm`] or `DELTASERVE_SKINNY_GEMM=0` turned it off.
+#[cfg(feature = "cuda")]
+fn skinny_rows(x: &Tensor, w: &Tensor) -> Result<bool> {
+    Ok(crate::cuda::skinny_gemm_on() && gpu_gemm(x, w)? && x.dim(0)? <= skinny_max_rows())
+}
+
+/// [`SKINNY_LINEAR_MAX_ROWS`], or `DELTASERVE_SKINNY_ROWS` (for comparisons; the kernel takes at
+/// most 64).
+#[cfg(feature = "cuda")]
+pub(crate) fn skinny_max_rows() -> usize {
+    env_count!("DELTASERVE_SKINNY_ROWS").unwrap_or(SKINNY_LINEAR_MAX_ROWS).min(crate::cuda::SKINNY_MAX_ROWS)
 }
 
 /// Whether [`linear`] runs `x` `[M, K]` through a GEMM on the GPU: both operands there, past the

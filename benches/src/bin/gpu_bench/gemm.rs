@@ -235,3 +235,83 @@ pub(super) fn algo_table(dev: &Device, rows: &[usize]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// One `SKINNY {json}` line per decode shape (and the LM heads), row count and path: cuBLAS as
+/// the engine ran it before the skinny GEMM (`linear_lt`; the 2,048-row projections as
+/// unsummed split-K slices, `linear_lt_parts`; the heads with f32 output) against the skinny
+/// GEMM in the shape it picks and in other shapes, µs a GEMM and W's TB/s, timed as CUDA graphs
+/// of 24 GEMMs over copies of W that overflow L2, as [`algo_table`] times cuBLAS's algorithms.
+pub(super) fn skinny_table(dev: &Device) -> anyhow::Result<()> {
+    use deltaserve_kernels::cuda::{graph, linear_lt, linear_lt_f32, linear_lt_parts, skinny_gemm, SkinnyConfig, SkinnyOut};
+    let Device::Cuda(cuda) = dev else { anyhow::bail!("skinny_table needs a CUDA device") };
+    const CALLS: usize = 24;
+    let sms = {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM;
+        cuda.cuda_stream().context().attribute(SM)? as usize
+    };
+    let heads = [("1.39B", "lm_head", 32000usize, 2048usize), ("Qwen3.5", "lm_head", 248320, 2048)];
+    for (model, name, n, k) in DECODE_SHAPES.into_iter().chain(heads) {
+        let head = name == "lm_head";
+        let bytes = n * k * 2;
+        let copies = (256usize << 20).div_ceil(bytes).max(2);
+        let ws = (0..copies)
+            .map(|_| Tensor::randn(0f32, 0.02, (n, k), dev).and_then(|w| w.to_dtype(DType::BF16)))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        for m in [4usize, 8, 16, 32, 64] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
+            // (label, config, as slices)
+            let narrow = n == 2048;
+            let mut paths: Vec<(String, Option<SkinnyConfig>, bool)> = vec![("cuBLAS".into(), None, false)];
+            if let Some(c) = SkinnyConfig::choose(m, n, k, sms, narrow) {
+                paths.push((format!("skinny auto {}{}", c.name(), if narrow { " parts" } else { "" }), Some(c), narrow));
+            }
+            if [4, 16, 64].contains(&m) {
+                for warpgroups in [1, 2] {
+                    for splits in [1, 2, 4, 8] {
+                        for stages in [4, 6, 8] {
+                            let c = SkinnyConfig { warpgroups, splits, stages, evict_first: false };
+                            let fits = stages * (64 * warpgroups + 64) * 128 <= 200 * 1024;
+                            let wanted = if narrow { splits >= 2 && stages <= 6 } else { splits <= 2 };
+                            if c.takes(k) && fits && wanted {
+                                paths.push((format!("skinny {}{}", c.name(), if narrow { " parts" } else { "" }), Some(c), narrow));
+                            }
+                        }
+                    }
+                }
+                if narrow {
+                    let c = SkinnyConfig { warpgroups: 1, splits: 8, stages: 4, evict_first: false };
+                    paths.push((format!("skinny {} cluster", c.name()), Some(c), false));
+                }
+            }
+            for (path, cfg, parts) in paths {
+                let out = match (head, parts) {
+                    (true, _) => SkinnyOut::F32,
+                    (false, true) => SkinnyOut::Parts,
+                    (false, false) => SkinnyOut::Rows,
+                };
+                let run = |w: &Tensor| -> anyhow::Result<bool> {
+                    Ok(match cfg {
+                        None if head => linear_lt_f32(&x, w)?.is_some(),
+                        None if n == 2048 => linear_lt_parts(&x, w)?.is_some(),
+                        None => linear_lt(&x, w)?.is_some(),
+                        Some(c) => skinny_gemm(&x, w, out, Some(c))?.is_some(),
+                    })
+                };
+                if !run(&ws[0])? {
+                    continue;
+                }
+                let g = graph::capture(cuda, || -> anyhow::Result<()> {
+                    for i in 0..CALLS {
+                        run(&ws[i % copies])?;
+                    }
+                    Ok(())
+                })?;
+                let Some(g) = g else { continue };
+                let us = super::timing::median_gpu_ms(dev, 9, super::timing::Timing::IdleGpu, || Ok(g.launch()?))? * 1e3 / CALLS as f64;
+                let line = serde_json::json!({"model": model, "name": name, "m": m, "n": n, "k": k, "path": path, "us": us, "tbs": bytes as f64 / us / 1e6});
+                println!("SKINNY {line}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -99,6 +99,10 @@ struct Args {
     /// 2,048-row ones also with an f32 output and in-place split-K.
     #[arg(long)]
     gemm_algos: bool,
+    /// Only the decode step's projections and LM heads at 4–64 rows: the skinny GEMM in the
+    /// shape it picks and in others against cuBLAS, W streamed from memory.
+    #[arg(long)]
+    skinny: bool,
     /// With `--gemm-algos`: these row counts instead (comma-separated; e.g. 4096 for a prefill's
     /// projections), each of the heuristic's first 16 algorithms in the default variant only.
     #[arg(long, value_delimiter = ',')]
@@ -517,6 +521,10 @@ fn main() -> anyhow::Result<()> {
     #[cfg(feature = "cuda")]
     if args.gemm_algos {
         return gemm::algo_table(&dev, &args.gemm_algos_rows);
+    }
+    #[cfg(feature = "cuda")]
+    if args.skinny {
+        return gemm::skinny_table(&dev);
     }
     #[cfg(feature = "cuda")]
     if args.new_shapes {

@@ -1,0 +1,138 @@
+//! The skinny GEMM (a decode step's projections at 4–64 rows, W and x streamed by the tensor
+//! memory accelerator into the warpgroup tensor cores) against the f32 math on the CPU, in every
+//! block shape compiled and every x-row tile, at the models' narrow and wide shapes, an odd N and
+//! x a column slice; its f32 output the unrounded accumulators of its rounded one; each row the
+//! same bits whatever rows come with it; the ops taking it exactly where they should; and the
+//! shapes it declines.
+
+use candle_core::{DType, Device, Tensor};
+use deltaserve_kernels::cuda::{set_skinny_gemm, skinny_gemm, skinny_launches, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS};
+use deltaserve_kernels::ops::{linear, linear_f32_into, linear_parts, skinny_linear, SKINNY_LINEAR_MAX_ROWS, SMALL_BATCH_LINEAR_MAX_ROWS};
+use deltaserve_tests::values;
+use rand::{Rng, SeedableRng};
+
+/// Within the output's rounding (2⁻⁸ of its magnitude for bf16, 2⁻¹¹ for f16) plus the f32
+/// sums' order, as `gpu_gemm_matches_cpu` bounds cuBLAS; for an f32 output, the sums' order only.
+fn assert_close(got: &Tensor, want: &[f32], dtype: DType, k: usize, what: &str) {
+    let unit = match (got.dtype(), dtype) {
+        (DType::F32, _) => 0.0,
+        (_, DType::BF16) => 2f32.powi(-8),
+        _ => 2f32.powi(-11),
+    };
+    let abs_sum = 0.05 * k as f32;
+    for (i, (g, w)) in values(got).iter().zip(want).enumerate() {
+        let tol = unit * w.abs() + 1e-5 * abs_sum;
+        assert!((g - w).abs() <= tol, "{what}: element {i}: {g} against {w} (tolerance {tol})");
+    }
+}
+
+/// Every block shape the kernel compiles, each stage count's extremes, and W's eviction hint.
+fn configs() -> Vec<SkinnyConfig> {
+    let mut all = Vec::new();
+    for warpgroups in [1, 2] {
+        for splits in [1, 2, 4, 8] {
+            for stages in [2, 5] {
+                all.push(SkinnyConfig { warpgroups, splits, stages, evict_first: false });
+            }
+        }
+    }
+    all.push(SkinnyConfig { warpgroups: 2, splits: 4, stages: 8, evict_first: true });
+    all
+}
+
+pub fn gpu_skinny_gemm_matches_cpu(dev: &Device) {
+    if !deltaserve_kernels::cuda::skinny_gemm_available() {
+        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+    let mut uniform = |dims: &[usize], r: f32| {
+        let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    // (N, K, the column x starts at in a wider tensor: 0 for x contiguous): the narrow
+    // projections, an odd N, a fused projection padded to 64 rows and one not.
+    let shapes = [(2048usize, 4096usize, 0usize), (2048, 6144, 8), (2048, 5632, 0), (1000, 2048, 24), (9280, 2048, 0), (12352, 1024, 8)];
+    for (n, k, from) in shapes {
+        for dtype in [DType::BF16, DType::F16] {
+            let wide = k + if from > 0 { 40 } else { 0 };
+            let x_all = uniform(&[SKINNY_MAX_ROWS, wide], 1.0).to_dtype(dtype).unwrap();
+            let w = uniform(&[n, k], 0.05).to_dtype(dtype).unwrap();
+            let (xg_all, wg) = (x_all.to_device(dev).unwrap().narrow(1, from, k).unwrap(), w.to_device(dev).unwrap());
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = values(&f(&x_all.narrow(1, from, k).unwrap()).matmul(&f(&w).t().unwrap()).unwrap());
+            for cfg in configs().into_iter().map(Some).chain([None]) {
+                let what = format!("{dtype:?} n={n} k={k} from column {from} {cfg:?}");
+                let Some(full) = skinny_gemm(&xg_all, &wg, SkinnyOut::Rows, cfg).unwrap() else {
+                    assert!(cfg.is_some_and(|c| !c.takes(k)), "{what}: declined a shape it takes");
+                    continue;
+                };
+                assert!(cfg.is_none_or(|c| c.takes(k)), "{what}: took K not in whole tiles a slice");
+                assert_eq!((full.dims(), full.dtype()), (&[SKINNY_MAX_ROWS, n][..], dtype), "{what}: shape");
+                assert_close(&full, &want, dtype, k, &what);
+                // The f32 output: the accumulators the rounded output was rounded from.
+                let acc = skinny_gemm(&xg_all, &wg, SkinnyOut::F32, cfg).unwrap().expect("the same shape in f32");
+                assert_close(&acc, &want, dtype, k, &format!("{what} (f32)"));
+                assert_eq!(values(&acc.to_dtype(dtype).unwrap()), values(&full), "{what}: the f32 output rounds to the rounded one");
+                // As slices (no cluster): their sum is the product, each row's slices the same
+                // bits whatever rows come with it.
+                if let Some(c) = cfg.filter(|c| c.splits > 1) {
+                    let parts = skinny_gemm(&xg_all, &wg, SkinnyOut::Parts, Some(c)).unwrap().expect("the same shape as slices");
+                    assert_eq!(parts.dims(), &[c.splits, SKINNY_MAX_ROWS, n], "{what}: slices' shape");
+                    assert_close(&parts.sum(0).unwrap(), &want, dtype, k, &format!("{what} (slices)"));
+                    let few = skinny_gemm(&xg_all.narrow(0, 3, 30).unwrap(), &wg, SkinnyOut::Parts, Some(c)).unwrap().expect("slices");
+                    assert_eq!(values(&few), values(&parts.narrow(1, 3, 30).unwrap()), "{what}: rows 3..33's slices alone");
+                }
+                // Every x-row tile (16, 32, 64 rows) and partial ones: each row the bits it has
+                // among all 64.
+                for (start, len) in [(0usize, 1usize), (5, 4), (3, 16), (20, 17), (31, 32), (1, 33), (0, 64)] {
+                    let part =
+                        skinny_gemm(&xg_all.narrow(0, start, len).unwrap(), &wg, SkinnyOut::Rows, cfg).unwrap().expect("the same shape");
+                    assert_eq!(values(&part), values(&full.narrow(0, start, len).unwrap()), "{what}: rows {start}..{} alone", start + len);
+                }
+            }
+            // The ops: from SMALL_BATCH_LINEAR_MAX_ROWS + 1 rows to SKINNY_LINEAR_MAX_ROWS the
+            // kernel's result; `linear` runs it there, `linear_parts` gives its f32 output as one
+            // slice and `linear_f32_into` writes it.
+            let (first, last) = (SMALL_BATCH_LINEAR_MAX_ROWS + 1, SKINNY_LINEAR_MAX_ROWS);
+            for m in [first - 1, first, 16, last, last + 1] {
+                let xg = if m <= SKINNY_MAX_ROWS {
+                    xg_all.narrow(0, 0, m).unwrap()
+                } else {
+                    Tensor::cat(&[&xg_all, &xg_all.narrow(0, 0, 1).unwrap()], 0).unwrap()
+                };
+                let what = format!("{dtype:?} n={n} k={k} m={m}");
+                let by_op = skinny_linear(&xg, &wg).unwrap();
+                assert_eq!(by_op.is_some(), (first..=last).contains(&m), "{what}: the op's rows");
+                let Some(y) = by_op else { continue };
+                assert_eq!(values(&linear(&xg, &wg).unwrap()), values(&y), "{what}: ops::linear runs it");
+                let acc = skinny_gemm(&xg, &wg, SkinnyOut::F32, None).unwrap().expect("the same shape in f32");
+                let parts = linear_parts(&xg, &wg).unwrap().expect("slices");
+                let s = parts.dim(0).unwrap();
+                assert!(s >= 2 && parts.dims() == [s, m, n], "{what}: linear_parts' slices {:?}", parts.dims());
+                assert_close(&parts.sum(0).unwrap(), &want[..m * n], dtype, k, &format!("{what}: linear_parts' sum"));
+                let out = Tensor::zeros((m, n), DType::F32, dev).unwrap();
+                assert!(linear_f32_into(&xg, &wg, &out).unwrap(), "{what}: linear_f32_into refused");
+                assert_eq!(values(&out), values(&acc), "{what}: linear_f32_into writes the f32 output");
+            }
+        }
+        println!("GPU skinny GEMM n={n} k={k}: within the output's rounding of the CPU in every block shape; rows independent of M");
+    }
+    let on = |t: Tensor| t.to_device(dev).unwrap();
+    let bf = |t: Tensor| on(t.to_dtype(DType::BF16).unwrap());
+    let (x, w) = (bf(uniform(&[8, 264], 1.0)), bf(uniform(&[64, 264], 1.0)));
+    assert!(skinny_gemm(&x, &w, SkinnyOut::Rows, None).unwrap().is_none(), "K = 264 is not whole 64-wide tiles");
+    let (x, w) = (bf(uniform(&[65, 512], 1.0)), bf(uniform(&[64, 512], 1.0)));
+    assert!(skinny_gemm(&x, &w, SkinnyOut::Rows, None).unwrap().is_none(), "65 rows exceed the n64 tile");
+    let (x, w) = (on(uniform(&[8, 512], 1.0)), on(uniform(&[64, 512], 1.0)));
+    assert!(skinny_gemm(&x, &w, SkinnyOut::Rows, None).unwrap().is_none(), "f32 is left to cuBLAS");
+    let (x, w) = (bf(uniform(&[8, 512], 1.0)), bf(uniform(&[64, 512], 1.0)));
+    let one_tile = SkinnyConfig { warpgroups: 1, splits: 8, stages: 2, evict_first: false };
+    assert!(skinny_gemm(&x, &w, SkinnyOut::Rows, Some(one_tile)).unwrap().is_none(), "one k tile a slice");
+    let before = skinny_launches();
+    set_skinny_gemm(false);
+    assert!(skinny_linear(&x, &w).unwrap().is_none(), "turned off, the op still took the kernel");
+    linear(&x, &w).unwrap();
+    set_skinny_gemm(true);
+    assert_eq!(skinny_launches(), before, "turned off, a launch ran");
+    assert!(skinny_linear(&x, &w).unwrap().is_some(), "turned back on, the op declined");
+}
