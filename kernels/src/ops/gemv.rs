@@ -245,7 +245,7 @@ pub fn skinny_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 
 /// Most rows [`skinny_linear`] (and the f32 and split products of a decode step) take. The
 /// kernel takes up to 64, but past 16 rows x's tiles, which every block copies from L2, cost
-/// more than the early start gains: H200 decode steps, against cuBLAS in the same call, 2–3.5%
+/// more than the early start gains: H200 decode steps, against cuBLAS in the same call, 1.7–3.5%
 /// faster at 4–8 rows and 0.3–2% at 16, but 1–2.5% slower at 32 and 4–6% at 64
 /// (`benches/results/h200-skinny_tma-2026-12-01/`).
 pub const SKINNY_LINEAR_MAX_ROWS: usize = 16;
