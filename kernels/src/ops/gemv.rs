@@ -128,9 +128,10 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// `x Wᵀ` for `x` `[M, K]` as the f32 partial products of `S` slices of K, `[S, M, N]`, whose
 /// sum is the product: on the GPU, where [`linear`] would run a GEMM that splits K (a decode
 /// step's 2,048-wide projections from 4 rows on), the same split without its reduce launch, for
-/// a reader that sums the slices as it reads them ([`add_rms_norm_parts`](super::add_rms_norm_parts)).
-/// `None` where [`linear`] runs something else (the CPU, the GEMV kernels' rows, the
-/// batch-invariant mode, a GEMM that does not split K): the caller runs [`linear`].
+/// a reader that sums the slices as it reads them ([`add_rms_norm_parts`](super::add_rms_norm_parts));
+/// up to [`SKINNY_LINEAR_MAX_ROWS`] the skinny GEMM's slices, past them cuBLAS's. `None` where
+/// [`linear`] runs something else (the CPU, the GEMV kernels' rows, the batch-invariant mode, a
+/// GEMM that does not split K): the caller runs [`linear`].
 pub fn linear_parts(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if skinny_rows(x, w)? {
