@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# A decode step's recurrent step triggering its output projection at entry, whose blocks request
+# W into L2 before they wait (batch 1–2): the GPU suite, then decode steps off
+# (DELTASERVE_STEP_EARLY=0) and on, alternating, three rounds, both models.
+L=$OUT/logs; mkdir -p $L /tmp/n
+tar -C /tmp/n -xJf .devbuild/t109.tar.xz; tar -C /tmp/n -xJf .devbuild/b109.tar.xz
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $L/gpu.txt 2>&1
+SECONDS=0
+T=$(grep -o '"gpu_[a-z0-9_]*",' tests/gpu.rs | tr -d '",' | grep -v tensor_parallel)
+DELTASERVE_TESTS_DIR=$PWD/tests timeout 200 /tmp/n/gpu_tests $T --nocapture > $L/gpu_tests.log 2>&1; echo "gpu tests rc $? at ${SECONDS}s"
+grep -a "FAILED\|panicked\|GPU tests:" $L/gpu_tests.log | head -20
+MODELS="gdn q35" ROUNDS=3 BATCHES=1,2,4,16 TIMEOUT=70 timeout $((420 - SECONDS)) bash benches/ab_decode.sh $L/ab \
+  "off=DELTASERVE_STEP_EARLY=0 /tmp/n/gpu_bench" "on=/tmp/n/gpu_bench" > $L/ab.log 2>&1; echo "ab rc $? at ${SECONDS}s"
+cat $L/ab/summary.md
+echo "end at ${SECONDS}s"
+cd $OUT && tar czf logs.tgz logs && rm -rf logs
