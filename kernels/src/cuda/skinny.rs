@@ -178,6 +178,24 @@ fn tensor_map(ptr: u64, dtype: DType, rows: usize, cols: usize, ld: usize, box_r
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
+/// Lets `f` (the entry `name`) launch with `smem` bytes of dynamic shared memory: the driver
+/// call only when a context's entry needs more than it was last allowed, so that eager launches
+/// on the hot path make none after their first.
+fn opt_in_smem(dev: &candle_core::CudaDevice, name: &str, f: &super::modules::Func, smem: usize) -> Result<()> {
+    use std::collections::BTreeMap;
+    use sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
+    static ALLOWED: std::sync::Mutex<BTreeMap<(usize, String), usize>> = std::sync::Mutex::new(BTreeMap::new());
+    let key = (dev.cuda_stream().context().cu_ctx() as usize, name.to_string());
+    // A panic elsewhere while the lock was held leaves the map itself whole.
+    let mut allowed = ALLOWED.lock().unwrap_or_else(|p| p.into_inner());
+    if allowed.get(&key).is_some_and(|&a| a >= smem) {
+        return Ok(());
+    }
+    f.set_attribute(MAX_SMEM, smem as i32).w()?;
+    allowed.insert(key, smem);
+    Ok(())
+}
+
 /// `x` `[M, K]` (rows may be a column slice) times `w` `[N, K]`ᵀ for 1 ≤ M ≤ [`SKINNY_MAX_ROWS`],
 /// both bf16 or both f16, with rows 16-byte aligned and K whole 64-wide tiles a slice, on a
 /// Hopper build (its wgmma entries exist only in sm_90a machine code). Each row of the result
@@ -226,10 +244,7 @@ pub fn skinny_gemm(x: &Tensor, w: &Tensor, out: SkinnyOut<'_>, config: Option<Sk
     };
     let name = format!("skinny_{suffix}_{out_name}_w{}_n{nb}_s{cluster}", cfg.warpgroups);
     let f = func(&dev, &name, &modules::SKINNY)?;
-    {
-        use sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
-        f.set_attribute(MAX_SMEM, smem as i32).w()?;
-    }
+    opt_in_smem(&dev, &name, &f, smem)?;
     let y_ptr = first_element_address_any(&y)?;
     let (ldy, mi, ni, ki) = (n as i32, m as i32, n as i32, k as i32);
     let (stages, hint) = (cfg.stages as i32, i32::from(cfg.evict_first));
