@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The streamed kernel, 128 columns a step (256-byte runs of a row), a ring of 3 steps a warp: tests, alone, in steps.
-# TMA kernel's; the kernels alone against cuBLAS; decode steps cuBLAS / TMA / streamed (to 16
-# rows) / streamed to 64 rows, alternating, one round on the 1.39B.
+# The streamed kernel, 128 columns a step (256-byte runs of a row), a ring of 3 steps a warp:
+# its test and the TMA kernel's; the kernels alone against cuBLAS; decode steps cuBLAS / TMA /
+# streamed (to 16 rows) / streamed to 64 rows, alternating, one round on the 1.39B.
 L=$OUT/logs; mkdir -p $L /tmp/n
 tar -C /tmp/n -xJf .devbuild/t113.tar.xz
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $L/gpu.txt 2>&1

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The skinny GEMM with stages of 2 or 4 k tiles (the ring's per-stage cost over more bytes), and blocks
-# every stage its shared memory holds; cuBLAS's own shape for these products): its tests; the
-# kernel alone against cuBLAS; decode steps cuBLAS / a block a tile (PERSIST=0) / several,
-# alternating, two rounds, both models.
+# The skinny TMA kernel with stages of 2 or 4 k tiles (a run-time count; the ring's per-stage
+# cost over more bytes): its tests; the kernel alone against cuBLAS; decode steps cuBLAS / one
+# tile a stage / two / four, alternating, two rounds, both models.
 L=$OUT/logs; mkdir -p $L /tmp/n
 tar -C /tmp/n -xJf .devbuild/t117.tar.xz
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $L/gpu.txt 2>&1

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The skinny GEMM with a compiled-in count of k tiles a stage (1 or 2; the run-time count serialised wgmma), and blocks
-# every stage its shared memory holds; cuBLAS's own shape for these products): its tests; the
-# kernel alone against cuBLAS; decode steps cuBLAS / a block a tile (PERSIST=0) / several,
-# alternating, two rounds, both models.
+# The skinny TMA kernel with a compiled-in count of k tiles a stage (1 or 2): its tests; the
+# kernel alone against cuBLAS; decode steps cuBLAS / one tile a stage / two / two with 128 rows
+# of W a block, alternating, two rounds, both models.
 L=$OUT/logs; mkdir -p $L /tmp/n
 tar -C /tmp/n -xJf .devbuild/t118.tar.xz
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $L/gpu.txt 2>&1
