@@ -6,15 +6,35 @@
 //! build, is turned off where a test is of cuBLAS's path (tests/gpu/skinny.rs tests it).
 
 use candle_core::{DType, Device, Tensor};
+use deltaserve_kernels::cuda::{set_skinny_gemm, skinny_gemm_on};
 use deltaserve_kernels::ops::linear;
 use deltaserve_tests::values;
 use rand::{Rng, SeedableRng};
+
+/// The skinny GEMM turned on or off until dropped, then back to what it was: also when a test
+/// panics, so that the tests after it still run the default path.
+pub struct SkinnySwitch(bool);
+
+impl SkinnySwitch {
+    /// Turns the skinny GEMM `on` or off, remembering what it was.
+    pub fn set(on: bool) -> Self {
+        let was = skinny_gemm_on();
+        set_skinny_gemm(on);
+        Self(was)
+    }
+}
+
+impl Drop for SkinnySwitch {
+    fn drop(&mut self) {
+        set_skinny_gemm(self.0);
+    }
+}
 
 /// Every element within the output's rounding (2⁻⁸ of its magnitude for bf16, 2⁻¹¹ for f16)
 /// plus the accumulation order's error of the f32 sums, of the CPU's f32 product of the same
 /// rounded inputs; two calls give the same bits.
 pub fn gpu_gemm_matches_cpu(dev: &Device) {
-    deltaserve_kernels::cuda::set_skinny_gemm(false);
+    let _cublas = SkinnySwitch::set(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(41);
     // (M, N, K, the column x starts at in a wider tensor: 0 for x contiguous)
     let cases = [
@@ -52,7 +72,6 @@ pub fn gpu_gemm_matches_cpu(dev: &Device) {
             }
         }
     }
-    deltaserve_kernels::cuda::set_skinny_gemm(true);
 }
 
 /// Random operands of `x [M, K] · w [N, K]ᵀ` rounded to a dtype, on the GPU, and their product
@@ -81,11 +100,12 @@ fn operands(rng: &mut impl Rng, (m, n, k): (usize, usize, usize), dtype: DType, 
 pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
     use deltaserve_kernels::ops::{linear_f32, linear_f32_into};
     let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+    let restore = SkinnySwitch::set(false);
     // cuBLAS's, then with the skinny GEMM on (it takes the 4-row case; 64 and 70 rows stay cuBLAS's).
     for (skinny, (m, n, k)) in
         [false, true].into_iter().flat_map(|s| [(4usize, 4096usize, 2048usize), (64, 32000, 2048), (70, 1000, 512)].map(|c| (s, c)))
     {
-        deltaserve_kernels::cuda::set_skinny_gemm(skinny);
+        set_skinny_gemm(skinny);
         for dtype in [DType::BF16, DType::F16] {
             let what = format!("{dtype:?} m={m} n={n} k={k} skinny {skinny}");
             let Operands { xg, wg, want } = operands(&mut rng, (m, n, k), dtype, dev);
@@ -109,7 +129,7 @@ pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
             assert!(unrounded > got.len() / 2, "{what}: the output looks rounded to {dtype:?}");
         }
     }
-    deltaserve_kernels::cuda::set_skinny_gemm(true);
+    drop(restore);
     let x = Tensor::randn(0f32, 1.0, (2, 2048), dev).unwrap().to_dtype(DType::BF16).unwrap();
     let w = Tensor::randn(0f32, 0.02, (4096, 2048), dev).unwrap().to_dtype(DType::BF16).unwrap();
     assert!(linear_f32(&x, &w).unwrap().is_none(), "two rows: the GEMV's rows, not the GEMM's");
@@ -122,7 +142,7 @@ pub fn gpu_gemm_f32_output_is_the_unrounded_product(dev: &Device) {
 pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
     use deltaserve_kernels::cuda::set_split_parts;
     use deltaserve_kernels::ops::{add_rms_norm, add_rms_norm_parts, linear_parts, sum_parts};
-    deltaserve_kernels::cuda::set_skinny_gemm(false);
+    let cublas = SkinnySwitch::set(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(43);
     // (M, N, K, forced slices: None for the default algorithm's split)
     let cases = [
@@ -171,7 +191,7 @@ pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
     let w = Tensor::randn(0f32, 0.02, (2048, 6144), dev).unwrap().to_dtype(DType::BF16).unwrap();
     assert!(linear_parts(&x, &w).unwrap().is_none(), "set_split_parts(Some(0)) still split");
     set_split_parts(None);
-    deltaserve_kernels::cuda::set_skinny_gemm(true);
+    drop(cublas);
     // Qwen3.5's down projection at 64 rows is split by cuBLAS's heuristic on the H100 and H200.
     assert!(split >= 4, "only {split} cases ran as slices");
 }
@@ -184,7 +204,7 @@ pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
 /// GEMM's and the slices' logits are as close to f32's as the reduced GEMMs' are.
 pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
     use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
-    use deltaserve_kernels::cuda::{set_skinny_gemm, set_split_parts, skinny_launches, split_parts_count};
+    use deltaserve_kernels::cuda::{set_split_parts, skinny_launches, split_parts_count};
     let dir = tempfile::tempdir().unwrap();
     let cfg = serde_json::json!({
         "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"], "hidden_size": 2048,
@@ -218,7 +238,7 @@ pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
     let (skinny, _) = run(&bf16, None);
     let (skinny_again, _) = run(&bf16, None);
     let skinny_ran = skinny_launches() - skinny_before;
-    set_skinny_gemm(false);
+    let cublas = SkinnySwitch::set(false);
     let skinny_off = skinny_launches();
     let (sliced, ran) = run(&bf16, None);
     let (again, _) = run(&bf16, None);
@@ -226,7 +246,7 @@ pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
     let (reduced_again, _) = run(&bf16, Some(0));
     let (truth, _) = run(&f32, None);
     assert_eq!(skinny_launches(), skinny_off, "the skinny GEMM ran while turned off");
-    set_skinny_gemm(true);
+    drop(cublas);
     set_split_parts(None);
     assert!(ran > 0, "no projection ran as slices at 16 rows");
     if deltaserve_kernels::cuda::skinny_gemm_available() {

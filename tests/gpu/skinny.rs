@@ -6,7 +6,7 @@
 //! shapes it declines.
 
 use candle_core::{DType, Device, Tensor};
-use deltaserve_kernels::cuda::{set_skinny_gemm, skinny_gemm, skinny_launches, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS};
+use deltaserve_kernels::cuda::{skinny_gemm, skinny_launches, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS};
 use deltaserve_kernels::ops::{linear, linear_f32_into, linear_parts, skinny_linear, SKINNY_LINEAR_MAX_ROWS, SMALL_BATCH_LINEAR_MAX_ROWS};
 use deltaserve_tests::values;
 use rand::{Rng, SeedableRng};
@@ -129,10 +129,10 @@ pub fn gpu_skinny_gemm_matches_cpu(dev: &Device) {
     let one_tile = SkinnyConfig { warpgroups: 1, splits: 8, stages: 2, evict_first: false };
     assert!(skinny_gemm(&x, &w, SkinnyOut::Rows, Some(one_tile)).unwrap().is_none(), "one k tile a slice");
     let before = skinny_launches();
-    set_skinny_gemm(false);
+    let off = super::gemm::SkinnySwitch::set(false);
     assert!(skinny_linear(&x, &w).unwrap().is_none(), "turned off, the op still took the kernel");
     linear(&x, &w).unwrap();
-    set_skinny_gemm(true);
+    drop(off);
     assert_eq!(skinny_launches(), before, "turned off, a launch ran");
     assert!(skinny_linear(&x, &w).unwrap().is_some(), "turned back on, the op declined");
 }
