@@ -11,8 +11,16 @@
 //   pdl+early   each kernel triggers its dependents at entry and issues every load before it
 //               waits (W is no kernel's output): how much a chain can overlap at most;
 //   per layer   one kernel a layer reading all of that layer's bytes (a layer fused into one
-//               launch), programmatic as `pdl`.
-// Build and run on the device:  nvcc -O3 -arch=sm_90a chain_probe.cu -o chain_probe && ./chain_probe
+//               launch), programmatic as `pdl`;
+//   early own   as `pdl`, but a kernel whose reads no kernel of the step writes (the weights, the
+//               recurrent states) issues them before it waits, and the kernel before it lets it
+//               start at its entry (after its own wait): the early starts a step could take
+//               without breaking a dependence.
+// At a batch B > 1 (arguments: the batches, 1 when none) each state piece moves B states, and a
+// second chain adds the step's row kernels beside the projections (the seams' add + RMSNorm, the
+// short conv, the gated output norm, SwiGLU, the final norm), each a launch moving its rows'
+// bytes: what a step of B rows loses to its small launches alone.
+// Build and run on the device:  nvcc -O3 -arch=sm_90a chain_probe.cu -o chain_probe && ./chain_probe 1 16 64
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -31,6 +39,7 @@
 // One launch's traffic: bytes read, bytes written.
 struct Piece {
   size_t read, write;
+  bool own = false;  // reads only what no kernel of the step writes (weights, states): may load before the wait
 };
 
 // MODE 0: no griddepcontrol; 1: wait first; 2: trigger at entry, loads, then wait.
@@ -56,6 +65,40 @@ __global__ void __launch_bounds__(256) piece_kernel(const uint4* __restrict__ sr
   if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (size_t k = first; k < n_write; k += stride) dst[k] = make_uint4(acc, (unsigned)k, 0, 0);
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+
+// `early own`'s kernel: EARLY loads before griddepcontrol.wait; TRIGGER lets the next kernel start
+// right after this one's wait.
+template <bool EARLY, bool TRIGGER, int DEPTH>
+__global__ void __launch_bounds__(256) own_kernel(const uint4* __restrict__ src, size_t n_read, uint4* __restrict__ dst,
+                                                  size_t n_write, unsigned* sink) {
+  if (!EARLY) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!EARLY && TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  bool waited = !EARLY;
+  for (size_t i = first; i < n_read; i += DEPTH * stride) {
+    uint4 v[DEPTH];
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) {
+      const size_t k = i + j * stride;
+      v[j] = __ldg(src + (k < n_read ? k : i));
+    }
+    if (!waited) {  // the first round of loads is in flight before the wait
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      waited = true;
+    }
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (!waited) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  for (size_t k = first; k < n_write; k += stride) dst[k] = make_uint4(acc, (unsigned)k, 0, 0);
+  if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
 __global__ void copy_kernel(const uint4* src, uint4* dst, size_t n) {
@@ -123,42 +166,100 @@ float chain_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* s
   return ms;
 }
 
+// The chain with `early own`'s kernels (8 loads in flight a thread), captured and replayed.
+float chain_own_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* sink, int per_sm, cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  size_t ro = 0, wo = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    const bool trigger = i + 1 < pieces.size() && pieces[i + 1].own;
+    const size_t n_read = p.read / 16, n_write = p.write / 16, n = std::max(n_read, n_write);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)std::max<size_t>(1, std::min<size_t>((size_t)g_sms * per_sm, (n + 255) / 256)));
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const uint4* src = (const uint4*)(rd + ro);
+    uint4* dst = (uint4*)(wr + wo);
+    if (p.own && trigger) CK(cudaLaunchKernelEx(&cfg, own_kernel<true, true, 8>, src, n_read, dst, n_write, sink));
+    else if (p.own) CK(cudaLaunchKernelEx(&cfg, own_kernel<true, false, 8>, src, n_read, dst, n_write, sink));
+    else if (trigger) CK(cudaLaunchKernelEx(&cfg, own_kernel<false, true, 8>, src, n_read, dst, n_write, sink));
+    else CK(cudaLaunchKernelEx(&cfg, own_kernel<false, false, 8>, src, n_read, dst, n_write, sink));
+    ro += (p.read + 255) / 256 * 256;
+    wo += (p.write + 255) / 256 * 256;
+  }
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  const float ms = time_graph(ge, s);
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return ms;
+}
+
 struct Model {
   std::string name;
   std::vector<std::vector<Piece>> layers;  // each layer's launches, then the head's
+  size_t batch;
 };
 
-Model gdn_1_39b() {
+// A row kernel's bytes at B rows: the seam's add + RMSNorm (h f32 and delta bf16 read, r f32 and
+// x bf16 written), the gated output norm over W columns (o f32 and z bf16 read, x bf16 written),
+// SwiGLU (gate | up read, x written), the short conv's step over C channels (inputs, f32 window
+// of 3 read and written, outputs f32).
+Piece seam(size_t B, size_t D) { return {B * D * 6 + D * 4, B * D * 6}; }
+Piece gated(size_t B, size_t W) { return {B * W * 6, B * W * 2}; }
+Piece swiglu(size_t B, size_t I) { return {B * I * 4, B * I * 2}; }
+Piece conv(size_t B, size_t C) { return {B * C * 14, B * C * 16}; }
+
+Model gdn_1_39b(size_t B, bool rows) {
   // D 2048, 21 layers, 6 heads, K 256, V 512 a head, MLP 5632, vocabulary 32,000; bf16 W, f32 state.
   const size_t D = 2048, H = 6, K = 256, V = 512, I = 5632, VOCAB = 32000;
-  const size_t in_proj = (2 * H * K + 2 * H * V + 2 * H) * D * 2, state = H * K * V * 4;
-  Model m{"1.39B GDN, batch 1", {}};
-  for (int l = 0; l < 21; ++l)
-    m.layers.push_back({{in_proj, 0}, {state, state}, {H * V * D * 2, 0}, {2 * I * D * 2, 0}, {I * D * 2, 0}});
-  m.layers.push_back({{VOCAB * D * 2, 0}});
+  const size_t in_proj = (2 * H * K + 2 * H * V + 2 * H) * D * 2, state = B * H * K * V * 4;
+  Model m{"1.39B GDN, batch " + std::to_string(B) + (rows ? ", with row kernels" : ""), {}, B};
+  for (int l = 0; l < 21; ++l) {
+    if (rows)
+      m.layers.push_back({seam(B, D), {in_proj, 0, true}, conv(B, 2 * H * K + H * V), {state, state, true},
+                          gated(B, H * V), {H * V * D * 2, 0, true}, seam(B, D), {2 * I * D * 2, 0, true}, swiglu(B, I),
+                          {I * D * 2, 0, true}});
+    else
+      m.layers.push_back({{in_proj, 0, true}, {state, state, true}, {H * V * D * 2, 0, true}, {2 * I * D * 2, 0, true},
+                          {I * D * 2, 0, true}});
+  }
+  if (rows) m.layers.push_back({seam(B, D), {VOCAB * D * 2, 0, true}});
+  else m.layers.push_back({{VOCAB * D * 2, 0, true}});
   return m;
 }
 
-Model qwen35() {
+Model qwen35(size_t B) {
   // Qwen3.5 layout: 24 layers (3 GDN : 1 gated attention), D 2048, GDN 16 key / 32 value heads of
   // 128, attention 8 query (+ gate) / 2 KV heads of 256 at a context of 256, MLP 6144,
   // vocabulary 248,320.
   const size_t D = 2048, I = 6144, VOCAB = 248320;
-  const size_t gdn_in = (2 * 16 * 128 + 2 * 32 * 128 + 2 * 32) * D * 2, state = 32 * 128 * 128 * 4;
+  const size_t gdn_in = (2 * 16 * 128 + 2 * 32 * 128 + 2 * 32) * D * 2, state = B * 32 * 128 * 128 * 4;
   const size_t out_proj = 32 * 128 * D * 2, attn_in = (8 * 256 * 2 + 2 * 2 * 256) * D * 2;
-  const size_t kv = 256 * 2 * 2 * 256 * 2, o_proj = 8 * 256 * D * 2, mlp_up = 2 * I * D * 2, mlp_down = I * D * 2;
-  Model m{"Qwen3.5 layout, batch 1", {}};
+  const size_t kv = B * 256 * 2 * 2 * 256 * 2, o_proj = 8 * 256 * D * 2, mlp_up = 2 * I * D * 2, mlp_down = I * D * 2;
+  Model m{"Qwen3.5 layout, batch " + std::to_string(B), {}, B};
   for (int l = 0; l < 24; ++l) {
     if (l % 4 == 3)
-      m.layers.push_back({{attn_in, 0}, {kv, 0}, {o_proj, 0}, {mlp_up, 0}, {mlp_down, 0}});
+      m.layers.push_back({{attn_in, 0, true}, {kv, 0, true}, {o_proj, 0, true}, {mlp_up, 0, true}, {mlp_down, 0, true}});
     else
-      m.layers.push_back({{gdn_in, 0}, {state, state}, {out_proj, 0}, {mlp_up, 0}, {mlp_down, 0}});
+      m.layers.push_back(
+          {{gdn_in, 0, true}, {state, state, true}, {out_proj, 0, true}, {mlp_up, 0, true}, {mlp_down, 0, true}});
   }
-  m.layers.push_back({{VOCAB * D * 2, 0}});
+  m.layers.push_back({{VOCAB * D * 2, 0, true}});
   return m;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  std::vector<size_t> batches;
+  for (int i = 1; i < argc; ++i) batches.push_back((size_t)atoi(argv[i]));
+  if (batches.empty()) batches.push_back(1);
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_sms = prop.multiProcessorCount;
@@ -193,7 +294,13 @@ int main() {
   CK(cudaFree(csrc));
   CK(cudaFree(cdst));
 
-  for (const Model& m : {gdn_1_39b(), qwen35()}) {
+  std::vector<Model> models;
+  for (size_t B : batches) {
+    models.push_back(gdn_1_39b(B, false));
+    if (B > 1) models.push_back(gdn_1_39b(B, true));
+    models.push_back(qwen35(B));
+  }
+  for (const Model& m : models) {
     std::vector<Piece> pieces, merged;
     size_t bytes = 0, rsum = 0, wsum = 0, rtot = 0, wtot = 0;
     for (const auto& layer : m.layers) {
@@ -221,11 +328,13 @@ int main() {
       printf("| %s | %d | %d | %.4f | %.1f%% |\n", name, per_sm, depth, ms, 100.0 * roof_ms / ms);
     };
     for (int per_sm : {2, 4, 8}) {
+      if (m.batch > 1 && per_sm == 2) continue;  // batches > 1: the engine's shapes, 4 and 8
       row("plain", per_sm, 8, chain_ms<0, 8>(pieces, rd, wr, sink, per_sm, false, s));
       row("pdl", per_sm, 4, chain_ms<1, 4>(pieces, rd, wr, sink, per_sm, true, s));
       row("pdl", per_sm, 8, chain_ms<1, 8>(pieces, rd, wr, sink, per_sm, true, s));
       row("pdl+early", per_sm, 8, chain_ms<2, 8>(pieces, rd, wr, sink, per_sm, true, s));
       row("per layer", per_sm, 8, chain_ms<1, 8>(merged, rd, wr, sink, per_sm, true, s));
+      if (m.batch > 1) row("early own", per_sm, 8, chain_own_ms(pieces, rd, wr, sink, per_sm, s));
     }
     // The whole step's bytes as one read (and one write): what one launch streams.
     std::vector<Piece> one{{rsum, wsum}};

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 # Kind of work by kernel name, first match wins.
 KINDS = [
-    ("weights: GEMV / GEMM", re.compile(r"gemv|nvjet|gemm|xmma|cutlass", re.I)),
+    ("weights: GEMV / GEMM", re.compile(r"gemv|nvjet|gemm|xmma|cutlass|skinny", re.I)),
     ("mixer: recurrent step or chunks", re.compile(r"^gdr_|delta|^chunk_", re.I)),
     ("norms", re.compile(r"norm", re.I)),
     ("short conv", re.compile(r"conv", re.I)),
