@@ -107,8 +107,9 @@ __global__ void copy_kernel(const uint4* src, uint4* dst, size_t n) {
 
 static int g_sms = 0;
 
-template <int MODE, int DEPTH>
-void launch(const Piece& p, const uint4* src, uint4* dst, unsigned* sink, int per_sm, cudaStream_t s, bool pdl) {
+// One piece's launch of `kernel` (its reads and writes at src and dst), programmatic when `pdl`.
+template <typename Kernel>
+void launch(Kernel kernel, const Piece& p, const uint4* src, uint4* dst, unsigned* sink, int per_sm, cudaStream_t s, bool pdl) {
   const size_t n_read = p.read / 16, n_write = p.write / 16;
   const size_t n = std::max(n_read, n_write);
   // No more blocks than give every thread one load.
@@ -123,7 +124,7 @@ void launch(const Piece& p, const uint4* src, uint4* dst, unsigned* sink, int pe
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, piece_kernel<MODE, DEPTH>, src, n_read, dst, n_write, sink));
+  CK(cudaLaunchKernelEx(&cfg, kernel, src, n_read, dst, n_write, sink));
 }
 
 // Replays a captured chain: the best of 7 means of 20 replays, ms.
@@ -146,17 +147,18 @@ float time_graph(cudaGraphExec_t ge, cudaStream_t s) {
   return best;
 }
 
-// The chain of `pieces` (each at its own addresses), captured and replayed.
-template <int MODE, int DEPTH>
-float chain_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* sink, int per_sm, bool pdl, cudaStream_t s) {
+// The chain of `pieces` (each at its own addresses), `launch_one(i, src, dst)` launching piece
+// i, captured and replayed: ms.
+template <typename LaunchOne>
+float replay_ms(const std::vector<Piece>& pieces, char* rd, char* wr, cudaStream_t s, LaunchOne launch_one) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   size_t ro = 0, wo = 0;
-  for (const Piece& p : pieces) {
-    launch<MODE, DEPTH>(p, (const uint4*)(rd + ro), (uint4*)(wr + wo), sink, per_sm, s, pdl);
-    ro += (p.read + 255) / 256 * 256;
-    wo += (p.write + 255) / 256 * 256;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    launch_one(i, (const uint4*)(rd + ro), (uint4*)(wr + wo));
+    ro += (pieces[i].read + 255) / 256 * 256;
+    wo += (pieces[i].write + 255) / 256 * 256;
   }
   CK(cudaStreamEndCapture(s, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
@@ -166,40 +168,23 @@ float chain_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* s
   return ms;
 }
 
-// The chain with `early own`'s kernels (8 loads in flight a thread), captured and replayed.
+template <int MODE, int DEPTH>
+float chain_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* sink, int per_sm, bool pdl, cudaStream_t s) {
+  return replay_ms(pieces, rd, wr, s, [&](size_t i, const uint4* src, uint4* dst) {
+    launch(piece_kernel<MODE, DEPTH>, pieces[i], src, dst, sink, per_sm, s, pdl);
+  });
+}
+
+// The chain with `early own`'s kernels (8 loads in flight a thread).
 float chain_own_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigned* sink, int per_sm, cudaStream_t s) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  size_t ro = 0, wo = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
+  return replay_ms(pieces, rd, wr, s, [&](size_t i, const uint4* src, uint4* dst) {
     const Piece& p = pieces[i];
     const bool trigger = i + 1 < pieces.size() && pieces[i + 1].own;
-    const size_t n_read = p.read / 16, n_write = p.write / 16, n = std::max(n_read, n_write);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)std::max<size_t>(1, std::min<size_t>((size_t)g_sms * per_sm, (n + 255) / 256)));
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    const uint4* src = (const uint4*)(rd + ro);
-    uint4* dst = (uint4*)(wr + wo);
-    if (p.own && trigger) CK(cudaLaunchKernelEx(&cfg, own_kernel<true, true, 8>, src, n_read, dst, n_write, sink));
-    else if (p.own) CK(cudaLaunchKernelEx(&cfg, own_kernel<true, false, 8>, src, n_read, dst, n_write, sink));
-    else if (trigger) CK(cudaLaunchKernelEx(&cfg, own_kernel<false, true, 8>, src, n_read, dst, n_write, sink));
-    else CK(cudaLaunchKernelEx(&cfg, own_kernel<false, false, 8>, src, n_read, dst, n_write, sink));
-    ro += (p.read + 255) / 256 * 256;
-    wo += (p.write + 255) / 256 * 256;
-  }
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  const float ms = time_graph(ge, s);
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return ms;
+    if (p.own && trigger) launch(own_kernel<true, true, 8>, p, src, dst, sink, per_sm, s, true);
+    else if (p.own) launch(own_kernel<true, false, 8>, p, src, dst, sink, per_sm, s, true);
+    else if (trigger) launch(own_kernel<false, true, 8>, p, src, dst, sink, per_sm, s, true);
+    else launch(own_kernel<false, false, 8>, p, src, dst, sink, per_sm, s, true);
+  });
 }
 
 struct Model {
