@@ -190,7 +190,7 @@ float chain_own_ms(const std::vector<Piece>& pieces, char* rd, char* wr, unsigne
 struct Model {
   std::string name;
   std::vector<std::vector<Piece>> layers;  // each layer's launches, then the head's
-  size_t batch;
+  size_t batch;  // B, the rows a step decodes
 };
 
 // A row kernel's bytes at B rows: the seam's add + RMSNorm (h f32 and delta bf16 read, r f32 and
