@@ -42,63 +42,65 @@ struct Piece {
   bool own = false;  // reads only what no kernel of the step writes (weights, states): may load before the wait
 };
 
+// Folds the 16-byte words of src[0, n_read) this thread takes, DEPTH loads in flight at clamped
+// addresses (no branch between them); `after_first_issue` runs once, after the first round of
+// loads is issued and before any is used (at the end when the thread has none).
+template <int DEPTH, typename F>
+__device__ __forceinline__ unsigned fold_reads(const uint4* __restrict__ src, size_t n_read, F after_first_issue) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  bool ran = false;
+  for (size_t i = first; i < n_read; i += DEPTH * stride) {
+    uint4 v[DEPTH];
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) {
+      const size_t k = i + j * stride;
+      v[j] = __ldg(src + (k < n_read ? k : i));
+    }
+    if (!ran) after_first_issue(), ran = true;
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (!ran) after_first_issue();
+  return acc;
+}
+
+// Writes this thread's words of dst[0, n_write); `acc` kept alive so the loads stay.
+__device__ __forceinline__ void write_piece(uint4* __restrict__ dst, size_t n_write, unsigned acc, unsigned* sink) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n_write; k += stride) dst[k] = make_uint4(acc, (unsigned)k, 0, 0);
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // MODE 0: no griddepcontrol; 1: wait first; 2: trigger at entry, loads, then wait.
-// DEPTH 16-byte loads in flight a thread, at clamped addresses (no branch between them).
 template <int MODE, int DEPTH>
 __global__ void __launch_bounds__(256) piece_kernel(const uint4* __restrict__ src, size_t n_read, uint4* __restrict__ dst,
                                                     size_t n_write, unsigned* sink) {
-  if (MODE == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  unsigned acc = 0;
-  for (size_t i = first; i < n_read; i += DEPTH * stride) {
-    uint4 v[DEPTH];
-#pragma unroll
-    for (int j = 0; j < DEPTH; ++j) {
-      const size_t k = i + j * stride;
-      v[j] = __ldg(src + (k < n_read ? k : i));
-    }
-#pragma unroll
-    for (int j = 0; j < DEPTH; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  if (MODE == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (size_t k = first; k < n_write; k += stride) dst[k] = make_uint4(acc, (unsigned)k, 0, 0);
-  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+  if (MODE == 2) grid_trigger();
+  if (MODE == 1) grid_wait();
+  const unsigned acc = fold_reads<DEPTH>(src, n_read, [] {});
+  if (MODE == 2) grid_wait();
+  write_piece(dst, n_write, acc, sink);
 }
 
-// `early own`'s kernel: EARLY loads before griddepcontrol.wait; TRIGGER lets the next kernel start
-// right after this one's wait.
+// `early own`'s kernel: EARLY issues its first loads before griddepcontrol.wait; TRIGGER lets the
+// next kernel start right after this one's wait.
 template <bool EARLY, bool TRIGGER, int DEPTH>
 __global__ void __launch_bounds__(256) own_kernel(const uint4* __restrict__ src, size_t n_read, uint4* __restrict__ dst,
                                                   size_t n_write, unsigned* sink) {
-  if (!EARLY) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (!EARLY && TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  unsigned acc = 0;
-  bool waited = !EARLY;
-  for (size_t i = first; i < n_read; i += DEPTH * stride) {
-    uint4 v[DEPTH];
-#pragma unroll
-    for (int j = 0; j < DEPTH; ++j) {
-      const size_t k = i + j * stride;
-      v[j] = __ldg(src + (k < n_read ? k : i));
-    }
-    if (!waited) {  // the first round of loads is in flight before the wait
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-      if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-      waited = true;
-    }
-#pragma unroll
-    for (int j = 0; j < DEPTH; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  if (!waited) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
-  for (size_t k = first; k < n_write; k += stride) dst[k] = make_uint4(acc, (unsigned)k, 0, 0);
-  if (acc == 0x9e3779b9u) sink[0] = acc;
+  auto wait = [] {
+    grid_wait();
+    if (TRIGGER) grid_trigger();
+  };
+  if (!EARLY) wait();
+  const unsigned acc = fold_reads<DEPTH>(src, n_read, [&] {
+    if (EARLY) wait();
+  });
+  write_piece(dst, n_write, acc, sink);
 }
 
 __global__ void copy_kernel(const uint4* src, uint4* dst, size_t n) {
