@@ -21,6 +21,11 @@
 // The producer requests W's first stages before it waits for the kernel before this one (W is
 // no kernel's output), so a block made resident early (the norms before a projection trigger
 // their dependents at entry: common.cuh's pdl_trigger) streams W while they run.
+//
+// SwiGLU (GLU): W is an MLP's stacked [gate | up] ([2I(+padding), K]); a block's 64 rows of W are
+// 32 gate rows and the same 32 up rows (two boxes of 32 rows a stage, one swizzle layout), and
+// it writes silu(g) · u for its 32 columns, g and u rounded to T first, as the GEMM's output and
+// the swiglu kernel after it would round them: the same bits as those two launches, in one.
 #include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap
 
@@ -94,9 +99,16 @@ SK_MMA(__half, "f16", 64, SK_REGS32, 32, 33, SK_ACC8(0), SK_ACC8(8), SK_ACC8(16)
 // mbarriers, 1024 for the swizzle's alignment. K is a multiple of 64 · slices; `tw` maps W ([N,
 // K], box [64·WG, 64]) and `tx` x ([M, K], box [NB, 64]), both in the 128-byte swizzle, zeros
 // past their rows. y [M, ldy], slice i's at y + i · part_stride when S = 1.
-template <typename T, typename O, int WG, int NB, int S>
+//
+// GLU (WG = 1, S = 1): `tw` maps W in boxes of [32, 64]; N is I, the gate rows', and the up rows
+// start at row `glu_up`; y [M, ldy] takes silu(g) · u. `trigger`: 1 lets the kernel after this
+// one start at this one's entry, 2 once this block's products are done (its W all in), 0 at its
+// end.
+template <typename T, typename O, int WG, int NB, int S, bool GLU = false>
 __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap* tx, O* __restrict__ y, int ldy, int M,
-                                       int N, int K, int stages, int hint, long part_stride) {
+                                       int N, int K, int stages, int hint, long part_stride, int glu_up = 0,
+                                       int trigger = 0) {
+  static_assert(!GLU || (WG == 1 && S == 1), "SwiGLU takes one warpgroup and no cluster");
   constexpr int BM = 64 * WG, CONSUMERS = 128 * WG;
   constexpr unsigned W_BYTES = BM * 128, STAGE = W_BYTES + NB * 128;
   extern __shared__ unsigned char sk_raw[];
@@ -108,7 +120,9 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (stages + s); };
 
-  const int slice = K / (int)gridDim.x, tiles = slice / SK_BK, k0 = (int)blockIdx.x * slice, row0 = (int)blockIdx.y * BM;
+  // GLU: row0 is the block's first gate row (32 a block).
+  const int slice = K / (int)gridDim.x, tiles = slice / SK_BK, k0 = (int)blockIdx.x * slice,
+            row0 = (int)blockIdx.y * (GLU ? BM / 2 : BM);
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
@@ -119,6 +133,7 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if (trigger == 1) pdl_trigger();
 
   float acc[NB / 2];
 #pragma unroll
@@ -133,8 +148,22 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     auto load_w = [&](int t) {
       const int s = t % stages;
-      if (hint) sk_tma_hint(base + s * STAGE, tw, k0 + t * SK_BK, row0, full(s), policy);
-      else sk_tma(base + s * STAGE, tw, k0 + t * SK_BK, row0, full(s));
+      if constexpr (GLU) {
+        // The gate box, then its up rows' box right below it: 32 rows of 128 bytes each, whole
+        // swizzle atoms (8 rows), so the pair is laid out as one 64-row box would be.
+        const unsigned dst = base + s * STAGE;
+        if (hint) {
+          sk_tma_hint(dst, tw, k0 + t * SK_BK, row0, full(s), policy);
+          sk_tma_hint(dst + W_BYTES / 2, tw, k0 + t * SK_BK, glu_up + row0, full(s), policy);
+        } else {
+          sk_tma(dst, tw, k0 + t * SK_BK, row0, full(s));
+          sk_tma(dst + W_BYTES / 2, tw, k0 + t * SK_BK, glu_up + row0, full(s));
+        }
+      } else if (hint) {
+        sk_tma_hint(base + s * STAGE, tw, k0 + t * SK_BK, row0, full(s), policy);
+      } else {
+        sk_tma(base + s * STAGE, tw, k0 + t * SK_BK, row0, full(s));
+      }
     };
     auto load_x = [&](int t) {
       const int s = t % stages;
@@ -173,6 +202,7 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
     wg_wait<0>();
     wg_regs(acc);
   }
+  if (trigger == 2) pdl_trigger();
   // Every copy has landed and every product is done: the stages hold the partial tile now.
   __syncthreads();
 
@@ -197,7 +227,16 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
   // blocks' partials in rank order; consecutive threads take consecutive W rows, so that a row
   // of y is written in runs.
   constexpr int PER = BM / S, THREADS = CONSUMERS + 32;
-  if constexpr (S == 1) {
+  if constexpr (GLU) {
+    __syncthreads();
+    for (int e = tid; e < 32 * NB; e += THREADS) {
+      const int r = e % 32, m = e / 32, n = row0 + r;
+      if (m < M && n < N) {
+        const float g = to_f32(from_f32<T>(part[r * PS + m])), u = to_f32(from_f32<T>(part[(r + 32) * PS + m]));
+        y[(size_t)m * ldy + n] = from_f32<O>(ds_silu(g) * u);
+      }
+    }
+  } else if constexpr (S == 1) {
     y += blockIdx.x * part_stride;
     __syncthreads();
     for (int e = tid; e < PER * NB; e += THREADS) {
@@ -230,6 +269,20 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
                                                  int K, int stages, int hint, long part_stride) {                  \
     SK_BODY(skinny<T, O, WG, NB, S>(&tw, &tx, y, ldy, M, N, K, stages, hint, part_stride));                        \
   }
+
+// skinny_glu_{t}_n{NB}: silu(x W_gᵀ) · (x W_uᵀ) for M ≤ NB rows of x, 32 gate rows a block.
+#define SK_GLU_ENTRY(T, TN, NB)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(160)                                                                \
+      skinny_glu_##TN##_n##NB(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, T* y, \
+                              int M, int I, int K, int stages, int hint, int trigger) {                           \
+    SK_BODY(skinny<T, T, 1, NB, 1, true>(&tw, &tx, y, I, M, I, K, stages, hint, 0, I, trigger));                   \
+  }
+#define SK_GLU(T, TN)     \
+  SK_GLU_ENTRY(T, TN, 16) \
+  SK_GLU_ENTRY(T, TN, 32) \
+  SK_GLU_ENTRY(T, TN, 64)
+SK_GLU(__nv_bfloat16, bf16)
+SK_GLU(__half, f16)
 
 #define SK_SPLITS(T, TN, O, ON, WG, NB) \
   SK_ENTRY(T, TN, O, ON, WG, NB, 1)     \

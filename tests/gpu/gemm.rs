@@ -204,7 +204,9 @@ pub fn gpu_split_projection_slices_sum_to_the_product(dev: &Device) {
 /// GEMM's and the slices' logits are as close to f32's as the reduced GEMMs' are.
 pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
     use deltaserve_engine::{CausalLm, Logits, PrefillAlgo};
-    use deltaserve_kernels::cuda::{set_split_parts, skinny_launches, split_parts_count};
+    use deltaserve_kernels::cuda::{
+        set_skinny_swiglu, set_split_parts, skinny_launches, skinny_swiglu_launches, split_parts_count, SkinnyConfig,
+    };
     let dir = tempfile::tempdir().unwrap();
     let cfg = serde_json::json!({
         "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"], "hidden_size": 2048,
@@ -234,10 +236,14 @@ pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
         }
         (out, split_parts_count() - before)
     };
-    let skinny_before = skinny_launches();
+    let (skinny_before, glu_before) = (skinny_launches(), skinny_swiglu_launches());
     let (skinny, _) = run(&bf16, None);
     let (skinny_again, _) = run(&bf16, None);
-    let skinny_ran = skinny_launches() - skinny_before;
+    let (skinny_ran, glu_ran) = (skinny_launches() - skinny_before, skinny_swiglu_launches() - glu_before);
+    // SwiGLU as its own launch after the skinny GEMM of [gate | up].
+    set_skinny_swiglu(false);
+    let (glu_apart, _) = run(&bf16, None);
+    set_skinny_swiglu(true);
     let cublas = SkinnySwitch::set(false);
     let skinny_off = skinny_launches();
     let (sliced, ran) = run(&bf16, None);
@@ -252,6 +258,19 @@ pub fn gpu_split_projections_leave_a_models_logits(dev: &Device) {
     if deltaserve_kernels::cuda::skinny_gemm_available() {
         assert!(skinny_ran > 0, "no projection ran through the skinny GEMM at 16 rows");
         assert!(skinny == skinny_again, "a skinny run did not repeat to the bit");
+        // Two runs of three steps of two layers: SwiGLU in the [gate | up] GEMM's epilogue each
+        // time (and in the prefills of 4–16 tokens).
+        assert!(glu_ran >= 2 * 3 * 2, "SwiGLU folded into the skinny GEMM only {glu_ran} times");
+        // Where the GEMM alone runs [gate | up] unsplit too (its 176 row tiles fill the GPU),
+        // the fold has its bits; else it is as close to f32.
+        let sms = deltaserve_kernels::cuda::sm_count(dev.as_cuda_device().unwrap()).unwrap();
+        let unsplit = SkinnyConfig::choose(16, 11264, 2048, sms, false).is_some_and(|c| c.splits == 1);
+        if unsplit {
+            assert!(glu_apart == skinny, "SwiGLU folded and apart differ");
+        } else {
+            let (e_fold, e_apart) = (deltaserve_tests::rel_err(&skinny, &truth), deltaserve_tests::rel_err(&glu_apart, &truth));
+            assert!(e_fold <= 1.25 * e_apart, "SwiGLU folded {e_fold:.3e} against f32, apart {e_apart:.3e}");
+        }
         let e_skinny = deltaserve_tests::rel_err(&skinny, &truth);
         let e_reduced = deltaserve_tests::rel_err(&reduced, &truth);
         println!("{skinny_ran} skinny GEMMs; their logits against f32: {e_skinny:.2e} (reduced cuBLAS GEMMs {e_reduced:.2e})");

@@ -136,3 +136,81 @@ pub fn gpu_skinny_gemm_matches_cpu(dev: &Device) {
     assert_eq!(skinny_launches(), before, "turned off, a launch ran");
     assert!(skinny_linear(&x, &w).unwrap().is_some(), "turned back on, the op declined");
 }
+
+/// SwiGLU in the skinny GEMM's epilogue (an MLP's `[gate | up]` at 4–16 rows): equal bit for bit
+/// to the GEMM at one K slice followed by the swiglu kernel, at the 1.39B's and Qwen3.5's MLP
+/// shapes, an I that leaves a block part gate rows and a padded weight, x a column slice, every
+/// stage count's extremes and W's eviction hint, bf16 and f16; each row the same bits whatever
+/// rows come with it; within bf16's rounding of the CPU's f32 math; the op taking it at exactly
+/// the skinny GEMM's rows and standing aside when turned off; and the shapes it declines.
+pub fn gpu_skinny_swiglu_equals_gemm_then_swiglu(dev: &Device) {
+    use deltaserve_kernels::cuda::{set_skinny_swiglu, skinny_swiglu};
+    use deltaserve_kernels::ops::{skinny_swiglu as op, swiglu};
+    if !deltaserve_kernels::cuda::skinny_gemm_available() {
+        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(61);
+    let mut uniform = |dims: &[usize], r: f32| {
+        let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    // (I, K, W's padding rows, the column x starts at in a wider tensor)
+    for (i, k, pad, from) in [(5632usize, 2048usize, 0usize, 0usize), (6144, 2048, 0, 8), (200, 1024, 48, 0), (128, 512, 0, 24)] {
+        for dtype in [DType::BF16, DType::F16] {
+            let x_all = uniform(&[SKINNY_MAX_ROWS, k + 40], 1.0).to_dtype(dtype).unwrap();
+            let w = uniform(&[2 * i + pad, k], 0.05).to_dtype(dtype).unwrap();
+            let (xg_all, wg) = (x_all.to_device(dev).unwrap().narrow(1, from, k).unwrap(), w.to_device(dev).unwrap());
+            let what = format!("{dtype:?} I={i} K={k} padding {pad} from column {from}");
+            let mut shapes: Vec<Option<SkinnyConfig>> =
+                [2, 8].iter().map(|&stages| Some(SkinnyConfig { warpgroups: 1, splits: 1, stages, evict_first: false })).collect();
+            shapes.push(Some(SkinnyConfig { warpgroups: 1, splits: 1, stages: 5, evict_first: true }));
+            shapes.push(None);
+            for cfg in shapes {
+                let what = format!("{what} {cfg:?}");
+                let gemm_cfg = cfg.unwrap_or(SkinnyConfig { warpgroups: 1, splits: 1, stages: 4, evict_first: false });
+                let y = skinny_gemm(&xg_all, &wg, SkinnyOut::Rows, Some(gemm_cfg)).unwrap().expect("the GEMM takes the shape");
+                let two = swiglu(&y.narrow(1, 0, i).unwrap(), &y.narrow(1, i, i).unwrap()).unwrap();
+                let full = skinny_swiglu(&xg_all, &wg, i, cfg).unwrap().expect("the kernel takes the shape");
+                assert_eq!((full.dims(), full.dtype()), (&[SKINNY_MAX_ROWS, i][..], dtype), "{what}: shape");
+                assert_eq!(values(&full), values(&two), "{what}: against the GEMM then swiglu");
+                for (start, len) in [(0usize, 1usize), (5, 4), (3, 16), (20, 17), (1, 33), (0, 64)] {
+                    let part = skinny_swiglu(&xg_all.narrow(0, start, len).unwrap(), &wg, i, cfg).unwrap().expect("the same shape");
+                    assert_eq!(values(&part), values(&full.narrow(0, start, len).unwrap()), "{what}: rows {start}..{} alone", start + len);
+                }
+            }
+            // A sanity bound against the CPU's f32 math (the bits are pinned above).
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let yc = f(&x_all.narrow(1, from, k).unwrap()).matmul(&f(&w.narrow(0, 0, 2 * i).unwrap()).t().unwrap()).unwrap();
+            let want = (yc.narrow(1, 0, i).unwrap().silu().unwrap() * yc.narrow(1, i, i).unwrap()).unwrap();
+            let got = skinny_swiglu(&xg_all, &wg, i, None).unwrap().unwrap();
+            let e = deltaserve_tests::rel_err(&values(&got), &values(&want));
+            println!("GPU skinny SwiGLU {what}: bit for bit the GEMM then swiglu; {e:.2e} from the CPU");
+            assert!(e <= 2e-2, "{what}: {e:.3e} from the CPU");
+            // The op: the skinny GEMM's rows only, the kernel's result there, nothing when off.
+            for m in [SMALL_BATCH_LINEAR_MAX_ROWS, SMALL_BATCH_LINEAR_MAX_ROWS + 1, SKINNY_LINEAR_MAX_ROWS, SKINNY_LINEAR_MAX_ROWS + 1] {
+                let x = xg_all.narrow(0, 0, m).unwrap();
+                let by_op = op(&x, &wg, i).unwrap();
+                let takes = (SMALL_BATCH_LINEAR_MAX_ROWS + 1..=SKINNY_LINEAR_MAX_ROWS).contains(&m);
+                assert_eq!(by_op.is_some(), takes, "{what} m={m}: the op's rows");
+                if let Some(a) = by_op {
+                    assert_eq!(values(&a), values(&skinny_swiglu(&x, &wg, i, None).unwrap().unwrap()), "{what} m={m}: the op's result");
+                }
+            }
+        }
+    }
+    let on = |t: Tensor| t.to_device(dev).unwrap();
+    let bf = |t: Tensor| on(t.to_dtype(DType::BF16).unwrap());
+    let (x, w) = (bf(uniform(&[8, 512], 1.0)), bf(uniform(&[256, 512], 1.0)));
+    let split = SkinnyConfig { warpgroups: 1, splits: 2, stages: 2, evict_first: false };
+    assert!(skinny_swiglu(&x, &w, 128, Some(split)).unwrap().is_none(), "a split of K");
+    let two_wg = SkinnyConfig { warpgroups: 2, splits: 1, stages: 2, evict_first: false };
+    assert!(skinny_swiglu(&x, &w, 128, Some(two_wg)).unwrap().is_none(), "two warpgroups");
+    assert!(skinny_swiglu(&x, &w, 129, None).unwrap().is_none(), "W shorter than 2I");
+    assert!(skinny_swiglu(&on(uniform(&[8, 512], 1.0)), &on(uniform(&[256, 512], 1.0)), 128, None).unwrap().is_none(), "f32");
+    assert!(skinny_swiglu(&bf(uniform(&[8, 264], 1.0)), &bf(uniform(&[256, 264], 1.0)), 128, None).unwrap().is_none(), "K = 264");
+    set_skinny_swiglu(false);
+    let off = op(&x, &w, 128).unwrap();
+    set_skinny_swiglu(true);
+    assert!(off.is_none(), "turned off, the op still took the kernel");
+    assert!(op(&x, &w, 128).unwrap().is_some(), "turned back on, the op declined");
+}

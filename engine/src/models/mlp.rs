@@ -63,6 +63,14 @@ impl Mlp {
             if let Some(act) = x.project_swiglu(self.gate_up.linear(), i)? {
                 return project_delta(&self.down_proj, &act);
             }
+            // A decode step past the GEMV kernels' rows: SwiGLU formed in the epilogue of the
+            // skinny GEMM that runs `[gate | up]` (one launch where two ran). Below those rows x
+            // is left for the fused kernels to form.
+            if x.rows()? > deltaserve_kernels::ops::SMALL_BATCH_LINEAR_MAX_ROWS {
+                if let Some(act) = deltaserve_kernels::ops::skinny_swiglu(x.x()?, self.gate_up.linear().weight(), i)? {
+                    return project_delta(&self.down_proj, &act);
+                }
+            }
         }
         let y = self.gate_up.forward_input(x)?;
         let (gate, up) = (y.part(GATE)?, y.part(UP)?);

@@ -131,7 +131,7 @@ fn alloc_rows(dev: &CudaDevice, dtype: DType, rows: usize, cols: usize) -> Resul
 }
 
 /// The device's multiprocessor count.
-fn sm_count(dev: &CudaDevice) -> Result<usize> {
+pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SM_COUNT;
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     // Asked of the driver once per device ordinal: eager decode steps pick their kernel by it.
@@ -418,5 +418,6 @@ pub use prefill::{
 pub use rows::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;
 pub use skinny::{
-    set_skinny_gemm, skinny_gemm, skinny_gemm_available, skinny_gemm_on, skinny_launches, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS,
+    set_skinny_gemm, set_skinny_swiglu, skinny_gemm, skinny_gemm_available, skinny_gemm_on, skinny_launches, skinny_swiglu,
+    skinny_swiglu_launches, skinny_swiglu_on, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS,
 };

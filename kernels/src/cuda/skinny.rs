@@ -14,9 +14,14 @@ use crate::{KernelError, Result};
 static SKINNY: Switch = Switch::new("DELTASERVE_SKINNY_GEMM");
 /// Launches of the skinny GEMM since start.
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Launches of its SwiGLU form since start.
+static GLU_LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Whether the row kernels before a projection let it start at their entry.
 static EARLY: Switch = Switch::new("DELTASERVE_PDL_EARLY");
+/// Whether an MLP's `[gate | up]` projection forms SwiGLU in the skinny GEMM's epilogue
+/// (`DELTASERVE_SKINNY_GLU=0`: the GEMM, then the swiglu kernel).
+static GLU: Switch = Switch::new("DELTASERVE_SKINNY_GLU");
 
 /// The `early` argument of the row kernels that come before a decode step's projections (the
 /// norms, SwiGLU, the attention gate) for `tokens` rows: 1 (trigger the dependents at entry, so
@@ -43,7 +48,23 @@ pub fn skinny_gemm_available() -> bool {
     modules::SKINNY.is_sass()
 }
 
-/// Launches of [`skinny_gemm`] since start.
+/// Turns [`skinny_swiglu`]'s use by the ops on or off for the process (tests of the two-launch
+/// path).
+pub fn set_skinny_swiglu(on: bool) {
+    GLU.set(on);
+}
+
+/// Whether the ops take [`skinny_swiglu`] where it applies.
+pub fn skinny_swiglu_on() -> bool {
+    GLU.on()
+}
+
+/// Launches of [`skinny_swiglu`] since start.
+pub fn skinny_swiglu_launches() -> u64 {
+    GLU_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Launches of [`skinny_gemm`] and [`skinny_swiglu`] since start.
 pub fn skinny_launches() -> u64 {
     LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -107,6 +128,24 @@ impl SkinnyConfig {
         let c = Self { warpgroups, splits, stages, evict_first };
         c.takes(k).then_some(c)
     }
+}
+
+/// The shape [`skinny_swiglu`] runs at `m` rows: one warpgroup (32 gate rows and their 32 up
+/// rows a block), K unsplit, stages as [`SkinnyConfig::choose`] gives a block of rows
+/// (`DELTASERVE_SKINNY_STAGES` and `_EVICT` override them).
+fn glu_config(m: usize) -> SkinnyConfig {
+    let stage = (64 + rows_tile(m)) * BK * 2;
+    let stages = env_count!("DELTASERVE_SKINNY_STAGES").unwrap_or((STAGE_BUDGET / stage).clamp(2, 8));
+    let evict_first = env_count!("DELTASERVE_SKINNY_EVICT").is_some_and(|e| e == 1);
+    SkinnyConfig { warpgroups: 1, splits: 1, stages, evict_first }
+}
+
+/// When [`skinny_swiglu`] lets the kernel after it start: 0 at its end, 1 at its entry (the
+/// default: the down projection after it then streams its first stages of W while it runs, as
+/// it did beside the swiglu kernel this one replaces), 2 once a block's products are done;
+/// `DELTASERVE_GLU_TRIGGER` overrides it (for comparisons).
+fn glu_trigger() -> i32 {
+    env_count!("DELTASERVE_GLU_TRIGGER").map_or(1, |t| t.min(2) as i32)
 }
 
 /// x's rows a block takes (wgmma's n): 16, 32 or 64.
@@ -261,4 +300,52 @@ pub fn skinny_gemm(x: &Tensor, w: &Tensor, out: SkinnyOut<'_>, config: Option<Sk
         SkinnyOut::Parts => y.reshape((cfg.splits, m, n))?,
         _ => y,
     }))
+}
+
+/// `silu(x W_gᵀ) · (x W_uᵀ)` `[M, i]` in x's dtype for `w` an MLP's stacked `[gate | up]`
+/// (`[2i + padding, K]`, gate rows `0..i`, up rows `i..2i`), under [`skinny_gemm`]'s conditions:
+/// one launch whose blocks pair 32 gate rows with their up rows and round g and u to x's dtype
+/// before `silu(g) · u`, so each row equals [`skinny_gemm`] at one K slice (`splits: 1`) followed
+/// by the swiglu kernel, bit for bit, whatever M. `config` must have one warpgroup and one
+/// slice (`None`: [`SkinnyConfig`]'s stages for M rows). `None` where it does not apply.
+pub fn skinny_swiglu(x: &Tensor, w: &Tensor, i: usize, config: Option<SkinnyConfig>) -> Result<Option<Tensor>> {
+    let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
+    let suffix = match (x.dtype(), w.dtype()) {
+        (DType::BF16, DType::BF16) => "bf16",
+        (DType::F16, DType::F16) => "f16",
+        _ => return Ok(None),
+    };
+    if !modules::SKINNY.is_sass() || m == 0 || m > SKINNY_MAX_ROWS || i == 0 || n < 2 * i || kw != k || !w.is_contiguous() {
+        return Ok(None);
+    }
+    let cfg = config.unwrap_or_else(|| glu_config(m));
+    if cfg.warpgroups != 1 || cfg.splits != 1 || !cfg.takes(k) {
+        return Ok(None);
+    }
+    let (xa, wa) = (RowsArg::new(x)?, RowsArg::new(w)?);
+    if !xa.vectorisable(8, k) || !wa.vectorisable(8, k) {
+        return Ok(None);
+    }
+    let dev = cuda_dev(x, "skinny_swiglu")?;
+    let y = alloc_rows(&dev, x.dtype(), m, i)?;
+    let nb = rows_tile(m);
+    let tw = tensor_map(wa.ptr, w.dtype(), n, k, wa.ld as usize, 32)?;
+    let tx = tensor_map(xa.ptr, x.dtype(), m, k, xa.ld as usize, nb)?;
+    let smem = cfg.stages * ((64 + nb) * BK * 2 + 16) + 1024;
+    let name = format!("skinny_glu_{suffix}_n{nb}");
+    let f = func(&dev, &name, &modules::SKINNY)?;
+    opt_in_smem(&dev, &name, &f, smem)?;
+    let y_ptr = first_element_address_any(&y)?;
+    let (mi, ii, ki) = (m as i32, i as i32, k as i32);
+    let (stages, hint, trigger) = (cfg.stages as i32, i32::from(cfg.evict_first), glu_trigger());
+    let mut l = f.builder();
+    l.arg(&tw).arg(&tx).arg(&y_ptr).arg(&mi).arg(&ii).arg(&ki).arg(&stages).arg(&hint).arg(&trigger);
+    // SAFETY: the arguments match skinny.cu's `skinny_glu_*` entry (tw, tx, y, M, I, K, stages,
+    // hint, trigger); the maps cover x and W as they lie (rows 16-byte aligned, checked above;
+    // W's up rows i..2i within its n rows) and outlive the launch as its parameters; K is whole
+    // k tiles; y holds [M, i] and is written only there.
+    unsafe { l.launch(grid(1, i.div_ceil(32), 1, 160, smem as u32)) }.w()?;
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    GLU_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(Some(y))
 }

@@ -244,6 +244,20 @@ pub fn skinny_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(None)
 }
 
+/// `silu(x W_gᵀ) · (x W_uᵀ)` `[M, i]` for `w` an MLP's stacked `[gate | up]` (`[2i + padding,
+/// K]`) and the rows [`skinny_linear`] takes: on a Hopper GPU one launch that forms SwiGLU in the
+/// skinny GEMM's epilogue ([`crate::cuda::skinny_swiglu`]; the GEMM at one K slice then
+/// [`swiglu`], bit for bit). `None` where it does not apply, or when `DELTASERVE_SKINNY_GLU=0`
+/// turns it off (for comparisons): the caller runs the two.
+pub fn skinny_swiglu(x: &Tensor, w: &Tensor, i: usize) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::skinny_swiglu_on() && skinny_rows(x, w)? {
+        return crate::cuda::skinny_swiglu(x, w, i, None);
+    }
+    let _ = (x, w, i);
+    Ok(None)
+}
+
 /// Most rows [`skinny_linear`] (and the f32 and split products of a decode step) take. The
 /// kernel takes up to 64, but past 16 rows x's tiles, which every block copies from L2, cost
 /// more than the early start gains: H200 decode steps, against cuBLAS in the same call, 1.7–3.5%
