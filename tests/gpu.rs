@@ -63,6 +63,8 @@ const TESTS: &[GpuTest] = &[
     #[cfg(feature = "cuda")]
     ("gpu_skinny_swiglu_equals_gemm_then_swiglu", skinny::gpu_skinny_swiglu_equals_gemm_then_swiglu),
     #[cfg(feature = "cuda")]
+    ("gpu_skinny_conv_equals_gemm_then_conv_step", skinny::gpu_skinny_conv_equals_gemm_then_conv_step),
+    #[cfg(feature = "cuda")]
     ("gpu_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_norm_folded_into_gemv_equals_two_kernels),
     #[cfg(feature = "cuda")]
     ("gpu_gated_norm_folded_into_gemv_equals_two_kernels", norm_gemv::gpu_gated_norm_folded_into_gemv_equals_two_kernels),

@@ -26,6 +26,13 @@
 // 32 gate rows and the same 32 up rows (two boxes of 32 rows a stage, one swizzle layout), and
 // it writes silu(g) · u for its 32 columns, g and u rounded to T first, as the GEMM's output and
 // the swiglu kernel after it would round them: the same bits as those two launches, in one.
+//
+// Short conv (CONV): W is a delta-rule layer's fused input projection, whose first C output
+// rows are [q | k | v]. Each such output, rounded to T as y stores it, is shifted into its row's
+// slot's conv window and the conv's output written: conv.cu's conv_step (width 4) in its order,
+// so the same bits as the GEMM then that launch. The block's windows and conv weights are
+// copied into shared memory (cp.async) as it starts, under W's stream: no kernel of a decode
+// step before this one writes a decoding slot's conv state.
 #include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap
 
@@ -46,6 +53,21 @@ namespace cg = cooperative_groups;
 #endif
 
 __device__ __forceinline__ unsigned sk_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// What a block writes: y (SK_ROWS; slices or a cluster's sum), SwiGLU of paired rows (SK_GLU),
+// or y and the short conv of its first C columns (SK_CONV).
+enum SkEpilogue { SK_ROWS, SK_GLU, SK_CONV };
+
+// The short conv's operands (SK_CONV): weight [C, 4] f32, states [slots, C, 4] f32, each x row's
+// slot, cy [M, C] f32 (the conv's output), SiLU after it or not.
+struct SkConv {
+  const float* weight;
+  float* states;
+  const SlotList* slots;  // the entry's parameter (__grid_constant__: read in place)
+  const int* more_slots;
+  float* cy;
+  int C, silu;
+};
 
 // The box at (c0 along K, c1 along rows) of `map` into shared memory at dst, its bytes counted
 // on `bar`; with `policy`, W's bytes leave L2 first (they are read once a step).
@@ -104,11 +126,15 @@ SK_MMA(__half, "f16", 64, SK_REGS32, 32, 33, SK_ACC8(0), SK_ACC8(8), SK_ACC8(16)
 // start at row `glu_up`; y [M, ldy] takes silu(g) · u. `trigger`: 1 lets the kernel after this
 // one start at this one's entry, 2 once this block's products are done (its W all in), 0 at its
 // end.
-template <typename T, typename O, int WG, int NB, int S, bool GLU = false>
+//
+// SK_CONV (WG = 1, S = 1, O = T): `cv` has the conv's operands; after the stages' barriers the
+// shared memory holds NB · 64 windows and 64 conv weights (float4 each).
+template <typename T, typename O, int WG, int NB, int S, int EPI = SK_ROWS>
 __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap* tx, O* __restrict__ y, int ldy, int M,
                                        int N, int K, int stages, int hint, long part_stride, int glu_up = 0,
-                                       int trigger = 0) {
-  static_assert(!GLU || (WG == 1 && S == 1), "SwiGLU takes one warpgroup and no cluster");
+                                       int trigger = 0, const SkConv* cv = nullptr) {
+  constexpr bool GLU = EPI == SK_GLU, CONV = EPI == SK_CONV;
+  static_assert(EPI == SK_ROWS || (WG == 1 && S == 1), "SwiGLU and the conv take one warpgroup and no cluster");
   constexpr int BM = 64 * WG, CONSUMERS = 128 * WG;
   constexpr unsigned W_BYTES = BM * 128, STAGE = W_BYTES + NB * 128;
   extern __shared__ unsigned char sk_raw[];
@@ -134,6 +160,27 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
   }
   __syncthreads();
   if (trigger == 1) pdl_trigger();
+
+  // SK_CONV: window e = m · 64 + r of row m at channel row0 + r, then the 64 channels' weights.
+  float4* conv_win = reinterpret_cast<float4*>(smem + (bars - base) + 16u * stages);
+  float4* conv_wt = conv_win + NB * BM;
+  if constexpr (CONV) {
+    if (tid < CONSUMERS) {
+      for (int e = tid; e < M * BM; e += CONSUMERS) {
+        const int r = e % BM, m = e / BM, n = row0 + r;
+        if (n < cv->C) {
+          const float* st = cv->states + (size_t)slot_of(*cv->slots, cv->more_slots, m) * cv->C * 4 + (size_t)n * 4;
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(sk_smem(conv_win + e)), "l"(st) : "memory");
+        }
+      }
+      for (int r = tid; r < BM; r += CONSUMERS)
+        if (row0 + r < cv->C)
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(sk_smem(conv_wt + r)),
+                       "l"(cv->weight + (size_t)(row0 + r) * 4)
+                       : "memory");
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+  }
 
   float acc[NB / 2];
 #pragma unroll
@@ -238,10 +285,28 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
     }
   } else if constexpr (S == 1) {
     y += blockIdx.x * part_stride;
+    if constexpr (CONV) asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
     for (int e = tid; e < PER * NB; e += THREADS) {
       const int r = e % PER, m = e / PER, n = row0 + r;
-      if (m < M && n < N) y[(size_t)m * ldy + n] = from_f32<O>(part[r * PS + m]);
+      if (m < M && n < N) {
+        const O out = from_f32<O>(part[r * PS + m]);
+        y[(size_t)m * ldy + n] = out;
+        if constexpr (CONV) {
+          if (n < cv->C) {
+            const float4 win = conv_win[m * BM + r], wt = conv_wt[r];
+            const float4 v = make_float4(win.y, win.z, win.w, to_f32(out));
+            float* st = cv->states + (size_t)slot_of(*cv->slots, cv->more_slots, m) * cv->C * 4 + (size_t)n * 4;
+            *reinterpret_cast<float4*>(st) = v;
+            float c = 0.0f;
+            c += wt.x * v.x;
+            c += wt.y * v.y;
+            c += wt.z * v.z;
+            c += wt.w * v.w;
+            cv->cy[(size_t)m * cv->C + n] = cv->silu ? ds_silu(c) : c;
+          }
+        }
+      }
     }
   } else {
     cg::cluster_group cluster = cg::this_cluster();
@@ -275,7 +340,7 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
   extern "C" __global__ void __launch_bounds__(160)                                                                \
       skinny_glu_##TN##_n##NB(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, T* y, \
                               int M, int I, int K, int stages, int hint, int trigger) {                           \
-    SK_BODY(skinny<T, T, 1, NB, 1, true>(&tw, &tx, y, I, M, I, K, stages, hint, 0, I, trigger));                   \
+    SK_BODY(skinny<T, T, 1, NB, 1, SK_GLU>(&tw, &tx, y, I, M, I, K, stages, hint, 0, I, trigger));                 \
   }
 #define SK_GLU(T, TN)     \
   SK_GLU_ENTRY(T, TN, 16) \
@@ -283,6 +348,24 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
   SK_GLU_ENTRY(T, TN, 64)
 SK_GLU(__nv_bfloat16, bf16)
 SK_GLU(__half, f16)
+
+// skinny_conv_{t}_n{NB}: y = x Wᵀ for M ≤ NB rows of x, 64 rows of W a block, K unsplit, and the
+// decode step's short conv of y's first C columns into cy.
+#define SK_CONV_ENTRY(T, TN, NB)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(160)                                                                  \
+      skinny_conv_##TN##_n##NB(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, T* y, \
+                               int M, int N, int K, int stages, int hint, const float* cw, float* states,           \
+                               const __grid_constant__ SlotList slots, const int* more_slots, float* cy, int C,    \
+                               int silu) {                                                                          \
+    const SkConv cv{cw, states, &slots, more_slots, cy, C, silu};                                                    \
+    SK_BODY(skinny<T, T, 1, NB, 1, SK_CONV>(&tw, &tx, y, N, M, N, K, stages, hint, 0, 0, 0, &cv));                  \
+  }
+#define SK_CONVS(T, TN)     \
+  SK_CONV_ENTRY(T, TN, 16)  \
+  SK_CONV_ENTRY(T, TN, 32)  \
+  SK_CONV_ENTRY(T, TN, 64)
+SK_CONVS(__nv_bfloat16, bf16)
+SK_CONVS(__half, f16)
 
 #define SK_SPLITS(T, TN, O, ON, WG, NB) \
   SK_ENTRY(T, TN, O, ON, WG, NB, 1)     \

@@ -173,7 +173,7 @@ impl SlotBuffer {
 
     /// The GPU allocation, if the slots live on a GPU.
     #[cfg(feature = "cuda")]
-    pub(crate) fn device_slots(&mut self) -> Option<&mut crate::cuda::DeviceSlots> {
+    pub fn device_slots(&mut self) -> Option<&mut crate::cuda::DeviceSlots> {
         match &mut self.store {
             Store::Cuda(d) => Some(d),
             Store::Host(_) => None,

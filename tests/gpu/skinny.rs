@@ -214,3 +214,104 @@ pub fn gpu_skinny_swiglu_equals_gemm_then_swiglu(dev: &Device) {
     assert!(off.is_none(), "turned off, the op still took the kernel");
     assert!(op(&x, &w, 128).unwrap().is_some(), "turned back on, the op declined");
 }
+
+/// The decode step's short conv in the skinny GEMM's epilogue (a delta-rule layer's input
+/// projection at 4–16 rows): y equal bit for bit to the GEMM at one K slice, the conv's output and
+/// every slot's conv state to `conv_step` on y's first C columns, at the 1.39B's and Qwen3.5's
+/// input projections and a C that ends inside a block, 4–33 rows, slots inline and from device
+/// memory, SiLU and none, bf16 and f16; the conv within f32 rounding of the CPU's conv step; the
+/// op taking it at exactly the skinny GEMM's rows; and the calls it declines leaving the states
+/// as they were.
+pub fn gpu_skinny_conv_equals_gemm_then_conv_step(dev: &Device) {
+    use deltaserve_kernels::cuda::skinny_conv_launches;
+    use deltaserve_kernels::ops::{conv_step, skinny_conv_linear, ConvStepFold};
+    use deltaserve_kernels::{ConvActivation, SlotBuffer, StepSlots};
+    if !deltaserve_kernels::cuda::skinny_gemm_available() {
+        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(67);
+    let mut uniform = |dims: &[usize], r: f32| {
+        let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    let pool = 40usize;
+    let one_slice = SkinnyConfig { warpgroups: 1, splits: 1, stages: 4, evict_first: false };
+    // (N, K, C)
+    for (n, k, c) in [(9280usize, 2048usize, 6144usize), (12352, 2048, 8192), (520, 512, 200)] {
+        let (x_all, w, cw) = (uniform(&[33, k], 1.0), uniform(&[n, k], 0.05), uniform(&[c, 4], 1.0));
+        let init: Vec<Vec<f32>> = (0..pool).map(|_| values(&uniform(&[c, 4], 2.0))).collect();
+        let fresh = |device: &Device| {
+            let mut states = SlotBuffer::zeros_on(pool, c * 4, device).unwrap();
+            for (i, v) in init.iter().enumerate() {
+                states.write_slot(i, v).unwrap();
+            }
+            states
+        };
+        let all = |states: &SlotBuffer| -> Vec<Vec<f32>> { (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect() };
+        for dtype in [DType::BF16, DType::F16] {
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let (xg, wg, cwg) = (on(&x_all.to_dtype(dtype).unwrap()), on(&w.to_dtype(dtype).unwrap()), on(&cw));
+            for (b, act, device_slots) in [
+                (4usize, ConvActivation::Silu, false),
+                (9, ConvActivation::Identity, true),
+                (16, ConvActivation::Silu, true),
+                (33, ConvActivation::Silu, false),
+            ] {
+                // Distinct slots in a shuffled order.
+                let slots: Vec<usize> = (0..b).map(|i| (i * 7 + 3) % pool).collect();
+                let ids: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+                let dev_ids = Tensor::from_vec(ids, b, dev).unwrap();
+                let step = StepSlots { host: &slots, device: device_slots.then_some(&dev_ids) };
+                let what = format!("{dtype:?} N={n} K={k} C={c} B={b} {act:?} device slots {device_slots}");
+                let x = xg.narrow(0, 0, b).unwrap();
+                let mut folded = fresh(dev);
+                let states = folded.device_slots().expect("GPU states");
+                let fold = deltaserve_kernels::cuda::ConvFold { weight: &cwg, states, slots: step, silu: act == ConvActivation::Silu };
+                let (y, cy) =
+                    deltaserve_kernels::cuda::skinny_conv(&x, &wg, fold, None).unwrap().unwrap_or_else(|| panic!("{what}: declined"));
+                let mut apart = fresh(dev);
+                let y2 = skinny_gemm(&x, &wg, SkinnyOut::Rows, Some(one_slice)).unwrap().expect("the GEMM takes the shape");
+                let c2 = conv_step(&y2.narrow(1, 0, c).unwrap(), &cwg, &mut apart, step, act).unwrap();
+                assert_eq!((cy.dims(), cy.dtype()), (&[b, c][..], DType::F32), "{what}: conv output shape");
+                assert_eq!(values(&y), values(&y2), "{what}: y against the GEMM's");
+                assert_eq!(values(&cy), values(&c2), "{what}: the conv against conv_step on y");
+                assert_eq!(all(&folded), all(&apart), "{what}: every slot's conv state");
+                let mut cpu = fresh(&Device::Cpu);
+                let want = conv_step(&y2.narrow(1, 0, c).unwrap().to_device(&Device::Cpu).unwrap(), &cw, &mut cpu, &slots, act).unwrap();
+                let e = deltaserve_tests::rel_err(&values(&cy), &values(&want));
+                assert!(e <= 1e-6, "{what}: {e:.3e} from the CPU's conv step");
+                assert_eq!(all(&folded), all(&cpu), "{what}: conv states against the CPU's");
+                // The op: the skinny GEMM's rows only.
+                let mut by_op = fresh(dev);
+                let before = skinny_conv_launches();
+                let fold = ConvStepFold { weight: &cwg, states: &mut by_op, slots: step, act };
+                let got = skinny_conv_linear(&x, &wg, fold).unwrap();
+                let takes = (SMALL_BATCH_LINEAR_MAX_ROWS + 1..=SKINNY_LINEAR_MAX_ROWS).contains(&b);
+                assert_eq!(got.is_some(), takes, "{what}: the op's rows");
+                assert_eq!(skinny_conv_launches() - before, u64::from(takes), "{what}: the op's launches");
+                match got {
+                    Some((yo, co)) => {
+                        assert_eq!((values(&yo), values(&co)), (values(&y), values(&cy)), "{what}: the op's result");
+                        assert_eq!(all(&by_op), all(&folded), "{what}: the op's states");
+                    }
+                    None => assert_eq!(all(&by_op), init, "{what}: declined by the op, the states stay"),
+                }
+            }
+            println!(
+                "GPU short conv in the skinny GEMM {dtype:?} N={n} C={c}: equal bit for bit to the GEMM then conv_step (B = 4, 9, 16, 33)"
+            );
+            // Declined: width 3, C past N; the states stay as they were.
+            let slots = [0usize, 1, 2, 3];
+            let x4 = xg.narrow(0, 0, 4).unwrap();
+            let mut narrow3 = SlotBuffer::zeros_on(pool, c * 3, dev).unwrap();
+            let cw3 = on(&cw.narrow(1, 0, 3).unwrap().contiguous().unwrap());
+            let fold = ConvStepFold { weight: &cw3, states: &mut narrow3, slots: (&slots).into(), act: ConvActivation::Silu };
+            assert!(skinny_conv_linear(&x4, &wg, fold).unwrap().is_none(), "width 3 is left to the two steps");
+            let mut states = fresh(dev);
+            let w_short = on(&w.narrow(0, 0, c - 8).unwrap().to_dtype(dtype).unwrap());
+            let fold = ConvStepFold { weight: &cwg, states: &mut states, slots: (&slots).into(), act: ConvActivation::Silu };
+            assert!(skinny_conv_linear(&x4, &w_short, fold).unwrap().is_none(), "C past N is declined");
+            assert_eq!(all(&states), init, "declined calls leave the states untouched");
+        }
+    }
+}

@@ -122,15 +122,21 @@ impl FusedInput {
     }
 
     /// [`Self::forward_input`] of a decode step whose kernel also runs `conv`, the short conv over
-    /// the first columns, where it applies: then with the conv's output `[N, C]` f32.
+    /// the first columns, where it applies (the fused norm + GEMV of 1–2 rows, the skinny GEMM
+    /// past the GEMV kernels' rows): then with the conv's output `[N, C]` f32.
     pub fn forward_input_conv(
         &self,
         x: &super::norm::SubInput<'_>,
         conv: deltaserve_kernels::ops::ConvStepFold<'_, '_>,
     ) -> Result<(FusedOutput<'_>, Option<Tensor>)> {
-        let folded = match x {
-            super::norm::SubInput::Normed(n) => n.project_conv(&self.weight, conv)?,
-            super::norm::SubInput::Formed(_) => None,
+        let folded = if x.rows()? > deltaserve_kernels::ops::SMALL_BATCH_LINEAR_MAX_ROWS {
+            // Past the GEMV kernels' rows: the skinny GEMM's epilogue runs the conv.
+            deltaserve_kernels::ops::skinny_conv_linear(x.x()?, self.weight.weight(), conv)?
+        } else {
+            match x {
+                super::norm::SubInput::Normed(n) => n.project_conv(&self.weight, conv)?,
+                super::norm::SubInput::Formed(_) => None,
+            }
         };
         Ok(match folded {
             Some((y, c)) => (FusedOutput { y, offsets: &self.offsets }, Some(c)),

@@ -418,6 +418,6 @@ pub use prefill::{
 pub use rows::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, prep, sigmoid_gate, swiglu, GateInputs};
 pub use sample::sample;
 pub use skinny::{
-    set_skinny_gemm, set_skinny_swiglu, skinny_gemm, skinny_gemm_available, skinny_gemm_on, skinny_launches, skinny_swiglu,
-    skinny_swiglu_launches, skinny_swiglu_on, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS,
+    set_skinny_gemm, set_skinny_swiglu, skinny_conv, skinny_conv_launches, skinny_gemm, skinny_gemm_available, skinny_gemm_on,
+    skinny_launches, skinny_swiglu, skinny_swiglu_launches, skinny_swiglu_on, SkinnyConfig, SkinnyOut, SKINNY_MAX_ROWS,
 };

@@ -16,6 +16,8 @@ static SKINNY: Switch = Switch::new("DELTASERVE_SKINNY_GEMM");
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Launches of its SwiGLU form since start.
 static GLU_LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Launches of its short-conv form since start.
+static CONV_LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Whether the row kernels before a projection let it start at their entry.
 static EARLY: Switch = Switch::new("DELTASERVE_PDL_EARLY");
@@ -64,7 +66,12 @@ pub fn skinny_swiglu_launches() -> u64 {
     GLU_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Launches of [`skinny_gemm`] and [`skinny_swiglu`] since start.
+/// Launches of [`skinny_conv`] since start.
+pub fn skinny_conv_launches() -> u64 {
+    CONV_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Launches of [`skinny_gemm`], [`skinny_swiglu`] and [`skinny_conv`] since start.
 pub fn skinny_launches() -> u64 {
     LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -130,7 +137,7 @@ impl SkinnyConfig {
     }
 }
 
-/// The shape [`skinny_swiglu`] runs at `m` rows: one warpgroup (32 gate rows and their 32 up
+/// The shape [`skinny_swiglu`] and [`skinny_conv`] run at `m` rows: one warpgroup (32 gate rows and their 32 up
 /// rows a block), K unsplit, stages as [`SkinnyConfig::choose`] gives a block of rows
 /// (`DELTASERVE_SKINNY_STAGES` and `_EVICT` override them).
 fn glu_config(m: usize) -> SkinnyConfig {
@@ -138,6 +145,12 @@ fn glu_config(m: usize) -> SkinnyConfig {
     let stages = env_count!("DELTASERVE_SKINNY_STAGES").unwrap_or((STAGE_BUDGET / stage).clamp(2, 8));
     let evict_first = env_count!("DELTASERVE_SKINNY_EVICT").is_some_and(|e| e == 1);
     SkinnyConfig { warpgroups: 1, splits: 1, stages, evict_first }
+}
+
+/// Bytes of shared memory past the stages that the conv form's windows and weights take, for
+/// x-row tiles of `nb` rows (64 channels a block).
+fn conv_smem(nb: usize) -> usize {
+    (nb * 64 + 64) * 16
 }
 
 /// When [`skinny_swiglu`] lets the kernel after it start: 0 at its end, 1 at its entry (the
@@ -348,4 +361,74 @@ pub fn skinny_swiglu(x: &Tensor, w: &Tensor, i: usize, config: Option<SkinnyConf
     LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     GLU_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(Some(y))
+}
+
+/// `x` `[M, K]` times `w` `[N, K]`ᵀ as [`skinny_gemm`] at one K slice and one warpgroup (rows in
+/// x's dtype), with the decode step's short conv (width 4) run on the product's first C columns
+/// (`conv.weight` `[C, 4]`, row m shifting into `conv.slots`' m-th slot): `(y, c)` with `c`
+/// `[M, C]` f32 equal, bit for bit, to [`super::conv_step`] of `y[:, ..C]`, and the conv states
+/// updated as it updates them. One launch where two ran. `None` where it does not apply (as
+/// [`skinny_gemm`], or a conv width other than 4, C past N, a row count other than the slots').
+pub fn skinny_conv(
+    x: &Tensor,
+    w: &Tensor,
+    conv: super::ConvFold<'_, '_>,
+    config: Option<SkinnyConfig>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
+    let suffix = match (x.dtype(), w.dtype()) {
+        (DType::BF16, DType::BF16) => "bf16",
+        (DType::F16, DType::F16) => "f16",
+        _ => return Ok(None),
+    };
+    let (c, width) = conv.weight.dims2()?;
+    if !modules::SKINNY.is_sass() || m == 0 || m > SKINNY_MAX_ROWS || n == 0 || kw != k || !w.is_contiguous() {
+        return Ok(None);
+    }
+    if width != 4 || c == 0 || c > n || conv.slots.host.len() != m {
+        return Ok(None);
+    }
+    let cfg = config.unwrap_or_else(|| glu_config(m));
+    if cfg.warpgroups != 1 || cfg.splits != 1 || !cfg.takes(k) {
+        return Ok(None);
+    }
+    let (xa, wa) = (RowsArg::new(x)?, RowsArg::new(w)?);
+    if !xa.vectorisable(8, k) || !wa.vectorisable(8, k) {
+        return Ok(None);
+    }
+    let dev = cuda_dev(x, "skinny_conv")?;
+    let cw = super::f32c(conv.weight)?;
+    let cw_ptr = first_element_address_any(&cw)?;
+    let states = conv.states.state_words("skinny_conv")?;
+    let (states_ptr, _sync) = states.device_ptr(states.stream());
+    if (cw_ptr | states_ptr) % 16 != 0 {
+        return Ok(None);
+    }
+    let slots = super::decode::DecodeSlots::new(&dev, conv.slots)?;
+    let y = alloc_rows(&dev, x.dtype(), m, n)?;
+    let cy = alloc_rows(&dev, DType::F32, m, c)?;
+    let nb = rows_tile(m);
+    let tw = tensor_map(wa.ptr, w.dtype(), n, k, wa.ld as usize, 64)?;
+    let tx = tensor_map(xa.ptr, x.dtype(), m, k, xa.ld as usize, nb)?;
+    let smem = cfg.stages * ((64 + nb) * BK * 2 + 16) + 1024 + conv_smem(nb);
+    let name = format!("skinny_conv_{suffix}_n{nb}");
+    let f = func(&dev, &name, &modules::SKINNY)?;
+    opt_in_smem(&dev, &name, &f, smem)?;
+    let (y_ptr, cy_ptr) = (first_element_address_any(&y)?, first_element_address_any(&cy)?);
+    let (mi, ni, ki, ci) = (m as i32, n as i32, k as i32, c as i32);
+    let (stages, hint, silu) = (cfg.stages as i32, i32::from(cfg.evict_first), i32::from(conv.silu));
+    let mut l = f.builder();
+    l.arg(&tw).arg(&tx).arg(&y_ptr).arg(&mi).arg(&ni).arg(&ki).arg(&stages).arg(&hint).arg(&cw_ptr).arg(&states_ptr);
+    slots.push(&mut l);
+    l.arg(&cy_ptr).arg(&ci).arg(&silu);
+    // SAFETY: the arguments match skinny.cu's `skinny_conv_*` entry (tw, tx, y, M, N, K, stages,
+    // hint, cw, states, slots, more_slots, cy, C, silu); the maps cover x and W as they lie (rows
+    // 16-byte aligned, checked above) and outlive the launch as its parameters; K is whole k
+    // tiles; y holds [M, N], cy [M, C]; the conv weights [C, 4] and every slot's [C, 4] window
+    // are 16-byte aligned (checked above), and the slots are distinct (the op checked them).
+    unsafe { l.launch(grid(1, n.div_ceil(64), 1, 160, smem as u32)) }.w()?;
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    CONV_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(Some((y, cy)))
 }

@@ -258,6 +258,27 @@ pub fn skinny_swiglu(x: &Tensor, w: &Tensor, i: usize) -> Result<Option<Tensor>>
     Ok(None)
 }
 
+/// [`skinny_linear`] of a decode step's rows whose kernel also runs the step's short conv on the
+/// product's first C columns (a delta-rule layer's `[q | k | v]`): `(y, c)` with `c` `[B, C]`
+/// f32 equal, bit for bit, to [`super::conv_step`] of `y[:, ..C]`, and the conv states updated as
+/// it updates them ([`crate::cuda::skinny_conv`]; y as the skinny GEMM at one K slice gives it).
+/// One launch a layer fewer. `None` where it does not apply (as [`skinny_linear`], a conv width
+/// other than fla's 4, or `DELTASERVE_CONV_FOLD=0`): the caller runs the two.
+pub fn skinny_conv_linear(x: &Tensor, w: &Tensor, conv: ConvStepFold<'_, '_>) -> Result<Option<(Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if !conv_fold_off() && skinny_rows(x, w)? {
+        const OP: &str = "skinny_conv";
+        let shape = dims2(OP, "conv weight", conv.weight)?;
+        super::conv::check_step_states(OP, x.dim(0)?, shape, conv.states, &conv.slots)?;
+        let Some(states) = conv.states.device_slots() else { return Ok(None) };
+        let silu = conv.act == crate::ConvActivation::Silu;
+        let fold = crate::cuda::ConvFold { weight: conv.weight, states, slots: conv.slots, silu };
+        return crate::cuda::skinny_conv(x, w, fold, None);
+    }
+    let _ = (x, w, conv);
+    Ok(None)
+}
+
 /// Most rows [`skinny_linear`] (and the f32 and split products of a decode step) take. The
 /// kernel takes up to 64, but past 16 rows x's tiles, which every block copies from L2, cost
 /// more than the early start gains: H200 decode steps, against cuBLAS in the same call, 1.7–3.5%

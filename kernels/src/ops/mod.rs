@@ -28,11 +28,11 @@ pub use attention::{
 };
 pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
 pub use gemv::{
-    batch_invariant, embedding_f32, linear, linear_f32, linear_f32_into, linear_parts, set_batch_invariant, sigmoid_gate, skinny_linear,
-    skinny_swiglu, small_batch_add_norm_conv_linear, small_batch_add_norm_linear, small_batch_add_norm_linear_f32_into,
-    small_batch_add_norm_swiglu, small_batch_gated_norm_linear, small_batch_linear, small_batch_swiglu_linear, swiglu, to_f32, to_f32_into,
-    ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS, SKINNY_LINEAR_MAX_ROWS, SMALL_BATCH_LINEAR_MAX_ROWS,
-    SWIGLU_LINEAR_MAX_ROWS,
+    batch_invariant, embedding_f32, linear, linear_f32, linear_f32_into, linear_parts, set_batch_invariant, sigmoid_gate,
+    skinny_conv_linear, skinny_linear, skinny_swiglu, small_batch_add_norm_conv_linear, small_batch_add_norm_linear,
+    small_batch_add_norm_linear_f32_into, small_batch_add_norm_swiglu, small_batch_gated_norm_linear, small_batch_linear,
+    small_batch_swiglu_linear, swiglu, to_f32, to_f32_into, ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS,
+    SKINNY_LINEAR_MAX_ROWS, SMALL_BATCH_LINEAR_MAX_ROWS, SWIGLU_LINEAR_MAX_ROWS,
 };
 pub use moe::{sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
 pub use norm::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, sum_parts};
