@@ -342,12 +342,11 @@ __device__ __forceinline__ void skinny(const CUtensorMap* tw, const CUtensorMap*
                               int M, int I, int K, int stages, int hint, int trigger) {                           \
     SK_BODY(skinny<T, T, 1, NB, 1, SK_GLU>(&tw, &tx, y, I, M, I, K, stages, hint, 0, I, trigger));                 \
   }
-#define SK_GLU(T, TN)     \
-  SK_GLU_ENTRY(T, TN, 16) \
-  SK_GLU_ENTRY(T, TN, 32) \
-  SK_GLU_ENTRY(T, TN, 64)
-SK_GLU(__nv_bfloat16, bf16)
-SK_GLU(__half, f16)
+// ENTRY for each x-row tile and both 16-bit types.
+#define SK_TILES(ENTRY)                                                                           \
+  ENTRY(__nv_bfloat16, bf16, 16) ENTRY(__nv_bfloat16, bf16, 32) ENTRY(__nv_bfloat16, bf16, 64) \
+  ENTRY(__half, f16, 16) ENTRY(__half, f16, 32) ENTRY(__half, f16, 64)
+SK_TILES(SK_GLU_ENTRY)
 
 // skinny_conv_{t}_n{NB}: y = x Wᵀ for M ≤ NB rows of x, 64 rows of W a block, K unsplit, and the
 // decode step's short conv of y's first C columns into cy.
@@ -360,12 +359,7 @@ SK_GLU(__half, f16)
     const SkConv cv{cw, states, &slots, more_slots, cy, C, silu};                                                    \
     SK_BODY(skinny<T, T, 1, NB, 1, SK_CONV>(&tw, &tx, y, N, M, N, K, stages, hint, 0, 0, 0, &cv));                  \
   }
-#define SK_CONVS(T, TN)     \
-  SK_CONV_ENTRY(T, TN, 16)  \
-  SK_CONV_ENTRY(T, TN, 32)  \
-  SK_CONV_ENTRY(T, TN, 64)
-SK_CONVS(__nv_bfloat16, bf16)
-SK_CONVS(__half, f16)
+SK_TILES(SK_CONV_ENTRY)
 
 #define SK_SPLITS(T, TN, O, ON, WG, NB) \
   SK_ENTRY(T, TN, O, ON, WG, NB, 1)     \

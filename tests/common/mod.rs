@@ -322,3 +322,17 @@ pub fn serving_script(e: &deltaserve_engine::Engine) -> Vec<Vec<f32>> {
 
 /// Greedy tokens at the end of [`serving_script`]'s output (its last calls, one row each).
 pub const SERVING_SCRIPT_GREEDY: usize = 24;
+
+/// A pool of `init.len()` slots on `device`, slot i holding `init[i]` (each `per_slot` values).
+pub fn slots_holding(init: &[Vec<f32>], per_slot: usize, device: &candle_core::Device) -> deltaserve_kernels::SlotBuffer {
+    let mut states = deltaserve_kernels::SlotBuffer::zeros_on(init.len(), per_slot, device).unwrap();
+    for (i, v) in init.iter().enumerate() {
+        states.write_slot(i, v).unwrap();
+    }
+    states
+}
+
+/// Every slot's values, in slot order.
+pub fn every_slot(states: &deltaserve_kernels::SlotBuffer, pool: usize) -> Vec<Vec<f32>> {
+    (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect()
+}

@@ -219,14 +219,8 @@ pub fn gpu_conv_folded_into_projection_equals_two_kernels(dev: &Device) {
             (uniform(&mut rng, &[n, k], -1.0, 1.0), uniform(&mut rng, &[3, k], -4.0, 4.0), uniform(&mut rng, &[3, k], -2.0, 2.0));
         let (nw, cw) = (uniform(&mut rng, &[k], 0.5, 1.5), uniform(&mut rng, &[c, 4], -1.0, 1.0));
         let init: Vec<Vec<f32>> = (0..pool).map(|_| values(&uniform(&mut rng, &[c, 4], -2.0, 2.0))).collect();
-        let fresh = |device: &Device| {
-            let mut states = SlotBuffer::zeros_on(pool, c * 4, device).unwrap();
-            for (i, v) in init.iter().enumerate() {
-                states.write_slot(i, v).unwrap();
-            }
-            states
-        };
-        let all = |states: &SlotBuffer| -> Vec<Vec<f32>> { (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect() };
+        let fresh = |device: &Device| deltaserve_tests::slots_holding(&init, c * 4, device);
+        let all = |states: &SlotBuffer| deltaserve_tests::every_slot(states, pool);
         for dtype in [DType::BF16, DType::F16] {
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let (wg, nwg, cwg, dg) = (on(&w.to_dtype(dtype).unwrap()), on(&nw), on(&cw), on(&delta.to_dtype(dtype).unwrap()));

@@ -240,14 +240,8 @@ pub fn gpu_skinny_conv_equals_gemm_then_conv_step(dev: &Device) {
     for (n, k, c) in [(9280usize, 2048usize, 6144usize), (12352, 2048, 8192), (520, 512, 200)] {
         let (x_all, w, cw) = (uniform(&[33, k], 1.0), uniform(&[n, k], 0.05), uniform(&[c, 4], 1.0));
         let init: Vec<Vec<f32>> = (0..pool).map(|_| values(&uniform(&[c, 4], 2.0))).collect();
-        let fresh = |device: &Device| {
-            let mut states = SlotBuffer::zeros_on(pool, c * 4, device).unwrap();
-            for (i, v) in init.iter().enumerate() {
-                states.write_slot(i, v).unwrap();
-            }
-            states
-        };
-        let all = |states: &SlotBuffer| -> Vec<Vec<f32>> { (0..pool).map(|i| states.slot_to_vec(i).unwrap()).collect() };
+        let fresh = |device: &Device| deltaserve_tests::slots_holding(&init, c * 4, device);
+        let all = |states: &SlotBuffer| deltaserve_tests::every_slot(states, pool);
         for dtype in [DType::BF16, DType::F16] {
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let (xg, wg, cwg) = (on(&x_all.to_dtype(dtype).unwrap()), on(&w.to_dtype(dtype).unwrap()), on(&cw));

@@ -248,31 +248,59 @@ fn opt_in_smem(dev: &candle_core::CudaDevice, name: &str, f: &super::modules::Fu
     Ok(())
 }
 
+/// The operands of a skinny launch as its kernels take them.
+struct Operands {
+    /// The entries' type name: `bf16` or `f16`.
+    suffix: &'static str,
+    m: usize,
+    n: usize,
+    k: usize,
+    xa: RowsArg,
+    wa: RowsArg,
+}
+
+impl Operands {
+    /// `x` `[M, K]` and `w` `[N, K]` where the kernel takes them: both bf16 or both f16, 1 ≤ M ≤
+    /// [`SKINNY_MAX_ROWS`], N ≥ 1, W contiguous, rows 16-byte aligned, on a build with the
+    /// kernel; `None` elsewhere.
+    fn of(x: &Tensor, w: &Tensor) -> Result<Option<Self>> {
+        let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
+        let suffix = match (x.dtype(), w.dtype()) {
+            (DType::BF16, DType::BF16) => "bf16",
+            (DType::F16, DType::F16) => "f16",
+            _ => return Ok(None),
+        };
+        if !modules::SKINNY.is_sass() || m == 0 || m > SKINNY_MAX_ROWS || n == 0 || kw != k || !w.is_contiguous() {
+            return Ok(None);
+        }
+        let (xa, wa) = (RowsArg::new(x)?, RowsArg::new(w)?);
+        if !xa.vectorisable(8, k) || !wa.vectorisable(8, k) {
+            return Ok(None);
+        }
+        Ok(Some(Self { suffix, m, n, k, xa, wa }))
+    }
+
+    /// The shape of the epilogue forms ([`skinny_swiglu`], [`skinny_conv`]): `config` or the
+    /// default for M rows, if it has one warpgroup and one K slice and takes K.
+    fn one_slice(&self, config: Option<SkinnyConfig>) -> Option<SkinnyConfig> {
+        let cfg = config.unwrap_or_else(|| glu_config(self.m));
+        (cfg.warpgroups == 1 && cfg.splits == 1 && cfg.takes(self.k)).then_some(cfg)
+    }
+}
+
 /// `x` `[M, K]` (rows may be a column slice) times `w` `[N, K]`ᵀ for 1 ≤ M ≤ [`SKINNY_MAX_ROWS`],
 /// both bf16 or both f16, with rows 16-byte aligned and K whole 64-wide tiles a slice, on a
 /// Hopper build (its wgmma entries exist only in sm_90a machine code). Each row of the result
 /// has the same bits whatever M. `config` fixes the block's shape; `None` lets
 /// [`SkinnyConfig::choose`] pick it. `None` where the kernel does not apply.
 pub fn skinny_gemm(x: &Tensor, w: &Tensor, out: SkinnyOut<'_>, config: Option<SkinnyConfig>) -> Result<Option<Tensor>> {
-    let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
-    let suffix = match (x.dtype(), w.dtype()) {
-        (DType::BF16, DType::BF16) => "bf16",
-        (DType::F16, DType::F16) => "f16",
-        _ => return Ok(None),
-    };
-    if !modules::SKINNY.is_sass() || m == 0 || m > SKINNY_MAX_ROWS || n == 0 || kw != k || !w.is_contiguous() {
-        return Ok(None);
-    }
+    let Some(Operands { suffix, m, n, k, xa, wa }) = Operands::of(x, w)? else { return Ok(None) };
     let dev = cuda_dev(x, "skinny_gemm")?;
     let chosen = match config {
         Some(c) => c.takes(k).then_some(c),
         None => SkinnyConfig::choose(m, n, k, sm_count(&dev)?, matches!(out, SkinnyOut::Parts)),
     };
     let Some(cfg) = chosen else { return Ok(None) };
-    let (xa, wa) = (RowsArg::new(x)?, RowsArg::new(w)?);
-    if !xa.vectorisable(8, k) || !wa.vectorisable(8, k) {
-        return Ok(None);
-    }
     let y = match out {
         SkinnyOut::Rows => alloc_rows(&dev, x.dtype(), m, n)?,
         SkinnyOut::F32 => alloc_rows(&dev, DType::F32, m, n)?,
@@ -322,23 +350,9 @@ pub fn skinny_gemm(x: &Tensor, w: &Tensor, out: SkinnyOut<'_>, config: Option<Sk
 /// by the swiglu kernel, bit for bit, whatever M. `config` must have one warpgroup and one
 /// slice (`None`: [`SkinnyConfig`]'s stages for M rows). `None` where it does not apply.
 pub fn skinny_swiglu(x: &Tensor, w: &Tensor, i: usize, config: Option<SkinnyConfig>) -> Result<Option<Tensor>> {
-    let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
-    let suffix = match (x.dtype(), w.dtype()) {
-        (DType::BF16, DType::BF16) => "bf16",
-        (DType::F16, DType::F16) => "f16",
-        _ => return Ok(None),
-    };
-    if !modules::SKINNY.is_sass() || m == 0 || m > SKINNY_MAX_ROWS || i == 0 || n < 2 * i || kw != k || !w.is_contiguous() {
-        return Ok(None);
-    }
-    let cfg = config.unwrap_or_else(|| glu_config(m));
-    if cfg.warpgroups != 1 || cfg.splits != 1 || !cfg.takes(k) {
-        return Ok(None);
-    }
-    let (xa, wa) = (RowsArg::new(x)?, RowsArg::new(w)?);
-    if !xa.vectorisable(8, k) || !wa.vectorisable(8, k) {
-        return Ok(None);
-    }
+    let Some(ops) = Operands::of(x, w)?.filter(|o| i > 0 && o.n >= 2 * i) else { return Ok(None) };
+    let Some(cfg) = ops.one_slice(config) else { return Ok(None) };
+    let Operands { suffix, m, n, k, xa, wa } = ops;
     let dev = cuda_dev(x, "skinny_swiglu")?;
     let y = alloc_rows(&dev, x.dtype(), m, i)?;
     let nb = rows_tile(m);
@@ -376,27 +390,11 @@ pub fn skinny_conv(
     config: Option<SkinnyConfig>,
 ) -> Result<Option<(Tensor, Tensor)>> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-    let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else { return Ok(None) };
-    let suffix = match (x.dtype(), w.dtype()) {
-        (DType::BF16, DType::BF16) => "bf16",
-        (DType::F16, DType::F16) => "f16",
-        _ => return Ok(None),
-    };
     let (c, width) = conv.weight.dims2()?;
-    if !modules::SKINNY.is_sass() || m == 0 || m > SKINNY_MAX_ROWS || n == 0 || kw != k || !w.is_contiguous() {
-        return Ok(None);
-    }
-    if width != 4 || c == 0 || c > n || conv.slots.host.len() != m {
-        return Ok(None);
-    }
-    let cfg = config.unwrap_or_else(|| glu_config(m));
-    if cfg.warpgroups != 1 || cfg.splits != 1 || !cfg.takes(k) {
-        return Ok(None);
-    }
-    let (xa, wa) = (RowsArg::new(x)?, RowsArg::new(w)?);
-    if !xa.vectorisable(8, k) || !wa.vectorisable(8, k) {
-        return Ok(None);
-    }
+    let fits = |o: &Operands| width == 4 && c > 0 && c <= o.n && conv.slots.host.len() == o.m;
+    let Some(ops) = Operands::of(x, w)?.filter(fits) else { return Ok(None) };
+    let Some(cfg) = ops.one_slice(config) else { return Ok(None) };
+    let Operands { suffix, m, n, k, xa, wa } = ops;
     let dev = cuda_dev(x, "skinny_conv")?;
     let cw = super::f32c(conv.weight)?;
     let cw_ptr = first_element_address_any(&cw)?;
