@@ -1,8 +1,9 @@
 // A decode step's projections at 4–64 rows on Hopper: y = x Wᵀ for x [M, K] (M ≤ 64), W [N, K]
 // row-major, both bf16 or both f16, fp32 accumulation rounded once to y's type (theirs, or f32).
 // Alone it is no faster than cuBLAS; what it gains in a decode step comes from its early start
-// (below), and past 16 rows x's tiles, which every block copies from L2, cost more than that
-// (the engine takes it from 4 to 16 rows; docs/performance.md, *Projections of 4–16 rows*).
+// (below) and from the row launches its epilogues replace (SwiGLU, the short conv). Past 16
+// rows x's tiles, which every block copies from L2, cost more than that (the engine takes it
+// from 4 to 16 rows; docs/performance.md, *Projections of 4–16 rows*).
 //
 // A block is one producer warp and WG consumer warpgroups. The producer's one thread has the
 // tensor memory accelerator (TMA) copy W's [64·WG rows, 64 k] tiles and x's [NB rows, 64 k]

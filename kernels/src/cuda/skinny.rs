@@ -1,7 +1,8 @@
 //! Launcher of the skinny GEMM (skinny.cu): a decode step's projections at 4–64 rows, W's and
 //! x's tiles copied into shared memory by the tensor memory accelerator and multiplied on
 //! Hopper's warpgroup tensor cores, K split across a cluster whose blocks add their parts in
-//! distributed shared memory.
+//! distributed shared memory; and its two epilogue forms, which also run an MLP's SwiGLU
+//! ([`skinny_swiglu`]) or a delta-rule layer's short conv ([`skinny_conv`]) in the same launch.
 
 use candle_core::cuda_backend::cudarc::driver::{sys, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
