@@ -357,8 +357,8 @@ SK_TILES(SK_GLU_ENTRY)
                                int M, int N, int K, int stages, int hint, const float* cw, float* states,           \
                                const __grid_constant__ SlotList slots, const int* more_slots, float* cy, int C,    \
                                int silu) {                                                                          \
-    const SkConv cv{cw, states, &slots, more_slots, cy, C, silu};                                                    \
-    SK_BODY(skinny<T, T, 1, NB, 1, SK_CONV>(&tw, &tx, y, N, M, N, K, stages, hint, 0, 0, 0, &cv));                  \
+    SK_BODY(const SkConv cv{cw, states, &slots, more_slots, cy, C, silu};                                            \
+            skinny<T, T, 1, NB, 1, SK_CONV>(&tw, &tx, y, N, M, N, K, stages, hint, 0, 0, 0, &cv));                  \
   }
 SK_TILES(SK_CONV_ENTRY)
 
