@@ -26,6 +26,20 @@ fn assert_close(got: &Tensor, want: &[f32], dtype: DType, k: usize, what: &str) 
     }
 }
 
+/// The tests' random source, seeded; panics on a build without the skinny GEMM's sm_90a code.
+fn hopper_rng(seed: u64) -> rand::rngs::StdRng {
+    if !deltaserve_kernels::cuda::skinny_gemm_available() {
+        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
+    }
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// A CPU f32 tensor of `dims` uniform in (-r, r).
+fn uniform_in(rng: &mut rand::rngs::StdRng, dims: &[usize], r: f32) -> Tensor {
+    let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
+    Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+}
+
 /// Every block shape the kernel compiles, each stage count's extremes, and W's eviction hint.
 fn configs() -> Vec<SkinnyConfig> {
     let mut all = Vec::new();
@@ -41,14 +55,8 @@ fn configs() -> Vec<SkinnyConfig> {
 }
 
 pub fn gpu_skinny_gemm_matches_cpu(dev: &Device) {
-    if !deltaserve_kernels::cuda::skinny_gemm_available() {
-        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(47);
-    let mut uniform = |dims: &[usize], r: f32| {
-        let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
-        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-    };
+    let mut rng = hopper_rng(47);
+    let mut uniform = |dims: &[usize], r: f32| uniform_in(&mut rng, dims, r);
     // (N, K, the column x starts at in a wider tensor: 0 for x contiguous): the narrow
     // projections, an odd N, a fused projection padded to 64 rows and one not.
     let shapes = [(2048usize, 4096usize, 0usize), (2048, 6144, 8), (2048, 5632, 0), (1000, 2048, 24), (9280, 2048, 0), (12352, 1024, 8)];
@@ -146,14 +154,8 @@ pub fn gpu_skinny_gemm_matches_cpu(dev: &Device) {
 pub fn gpu_skinny_swiglu_equals_gemm_then_swiglu(dev: &Device) {
     use deltaserve_kernels::cuda::{set_skinny_swiglu, skinny_swiglu};
     use deltaserve_kernels::ops::{skinny_swiglu as op, swiglu};
-    if !deltaserve_kernels::cuda::skinny_gemm_available() {
-        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(61);
-    let mut uniform = |dims: &[usize], r: f32| {
-        let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
-        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-    };
+    let mut rng = hopper_rng(61);
+    let mut uniform = |dims: &[usize], r: f32| uniform_in(&mut rng, dims, r);
     // (I, K, W's padding rows, the column x starts at in a wider tensor)
     for (i, k, pad, from) in [(5632usize, 2048usize, 0usize, 0usize), (6144, 2048, 0, 8), (200, 1024, 48, 0), (128, 512, 0, 24)] {
         for dtype in [DType::BF16, DType::F16] {
@@ -226,14 +228,8 @@ pub fn gpu_skinny_conv_equals_gemm_then_conv_step(dev: &Device) {
     use deltaserve_kernels::cuda::skinny_conv_launches;
     use deltaserve_kernels::ops::{conv_step, skinny_conv_linear, ConvStepFold};
     use deltaserve_kernels::{ConvActivation, SlotBuffer, StepSlots};
-    if !deltaserve_kernels::cuda::skinny_gemm_available() {
-        panic!("the skinny GEMM needs an sm_90a build (a Hopper GPU): this build has none");
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(67);
-    let mut uniform = |dims: &[usize], r: f32| {
-        let v: Vec<f32> = (0..dims.iter().product::<usize>()).map(|_| rng.random_range(-r..r)).collect();
-        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-    };
+    let mut rng = hopper_rng(67);
+    let mut uniform = |dims: &[usize], r: f32| uniform_in(&mut rng, dims, r);
     let pool = 40usize;
     let one_slice = SkinnyConfig { warpgroups: 1, splits: 1, stages: 4, evict_first: false };
     // (N, K, C)

@@ -141,7 +141,7 @@ impl SkinnyConfig {
 /// The shape [`skinny_swiglu`] and [`skinny_conv`] run at `m` rows: one warpgroup (32 gate rows and their 32 up
 /// rows a block), K unsplit, stages as [`SkinnyConfig::choose`] gives a block of rows
 /// (`DELTASERVE_SKINNY_STAGES` and `_EVICT` override them).
-fn glu_config(m: usize) -> SkinnyConfig {
+fn one_slice_config(m: usize) -> SkinnyConfig {
     let stage = (64 + rows_tile(m)) * BK * 2;
     let stages = env_count!("DELTASERVE_SKINNY_STAGES").unwrap_or((STAGE_BUDGET / stage).clamp(2, 8));
     let evict_first = env_count!("DELTASERVE_SKINNY_EVICT").is_some_and(|e| e == 1);
@@ -284,7 +284,7 @@ impl Operands {
     /// The shape of the epilogue forms ([`skinny_swiglu`], [`skinny_conv`]): `config` or the
     /// default for M rows, if it has one warpgroup and one K slice and takes K.
     fn one_slice(&self, config: Option<SkinnyConfig>) -> Option<SkinnyConfig> {
-        let cfg = config.unwrap_or_else(|| glu_config(self.m));
+        let cfg = config.unwrap_or_else(|| one_slice_config(self.m));
         (cfg.warpgroups == 1 && cfg.splits == 1 && cfg.takes(self.k)).then_some(cfg)
     }
 }
