@@ -101,3 +101,22 @@ fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
     assert!(gdn.contains("| fast | 1.250 ms (80.0%, 2 runs) | 1.250 ms (80.0%, 2 runs) |"), "{summary}");
     assert!(out.join("gdn-8-fast.log").exists(), "logs are named {{model}}-{{i}}-{{variant}}.log");
 }
+
+/// `benches/ncu_median.py` on a stored Nsight Compute CSV
+/// (`results/h200-conv_prep-2026-12-02/call4-ftz/`), whose table follows the profiled program's
+/// own output. The expected medians were read off the file's rows by hand: the fused conv + prep's
+/// six durations 64,768 / 64,992 / 65,536 / 65,568 / 66,048 / 66,528 ns, SwiGLU's eight from
+/// 34,752 to 36,512 (the fifth 35,232), the gated norm's six (the fourth 44,448).
+#[test]
+fn the_ncu_median_script_reads_a_stored_profile() {
+    let csv = benches().join("results/h200-conv_prep-2026-12-02/call4-ftz/ncu_q35_b139_fused.csv");
+    let out = Command::new("python3").arg(benches().join("ncu_median.py")).arg(&csv).arg("q35").output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let line = |kernel: &str| text.lines().find(|l| l.contains(kernel)).unwrap_or_else(|| panic!("no {kernel} in {text}")).to_string();
+    assert!(line("conv_prep_bf16_narrow_k128_r8_b1").contains("n=6 median 65568 ns"), "{text}");
+    assert!(line("swiglu_bf16_vec").contains("n=8 median 35232 ns"), "{text}");
+    assert!(line("gated_rms_norm_xbf16_bf16_bf16_k4").contains("n=6 median 44448 ns"), "{text}");
+    assert!(line("conv_prep_bf16_narrow_k128_r8_b1").ends_with("regs 66"), "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
+}

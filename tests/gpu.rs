@@ -19,6 +19,9 @@ type GpuTest = (&'static str, fn(&Device));
 
 // Calls the CUDA kernels' launchers directly (every B they take, not only those the ops pick).
 #[cfg(feature = "cuda")]
+#[path = "gpu/conv_prep.rs"]
+mod conv_prep;
+#[cfg(feature = "cuda")]
 #[path = "gpu/gemm.rs"]
 mod gemm;
 #[path = "gpu/host_tier.rs"]
@@ -80,6 +83,8 @@ const TESTS: &[GpuTest] = &[
     ("gpu_paged_attention_matches_cpu", ops::gpu_paged_attention_matches_cpu),
     ("gpu_ops_match_reference", gpu_ops_match_reference),
     ("gpu_conv_and_swiglu_match_cpu", ops::gpu_conv_and_swiglu_match_cpu),
+    #[cfg(feature = "cuda")]
+    ("gpu_conv_prep_equals_conv_then_prep", conv_prep::gpu_conv_prep_equals_conv_then_prep),
     ("gpu_prep_and_gated_norm_match_cpu", ops::gpu_prep_and_gated_norm_match_cpu),
     ("gpu_gated_norm_reads_bf16_rows_as_their_widening", ops::gpu_gated_norm_reads_bf16_rows_as_their_widening),
     ("gpu_prefill_row_kernels_equal_decode_variants", ops::gpu_prefill_row_kernels_equal_decode_variants),

@@ -17,6 +17,7 @@
 
 #include "attention.cuh"
 #include "common.cuh"
+#include "cp_async.cuh"
 
 #define TILE_M 64  // query rows of a block: 16 per warp
 #define TILE_N 64  // keys of a tile
@@ -35,13 +36,6 @@ struct TileSmem {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-// 16 bytes global → shared without passing through registers; zeros when !ok. The "memory"
-// clobbers keep the compiler from moving shared-memory accesses across the copies.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -30,10 +30,19 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// The fast reciprocal (two instructions, ~2 ulp) rather than IEEE division (a dozen and a
-// branch): elementwise kernels that apply it to every element were instruction-bound on it.
-// For x → -∞ the denominator overflows to +∞ and the result is 0, as it should be.
-__device__ __forceinline__ float ds_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+// exp2 and the reciprocal approximated by the special-function unit, ~2 ulp, rather than IEEE
+// division (a dozen instructions and a branch), and in their flush-to-zero forms: one
+// instruction each, where __expf's and __fdividef's forms without -ftz add range checks and
+// scalings for subnormals (~7 instructions an element; the elementwise kernels that apply the
+// sigmoid to every element, the prefill's short conv foremost, were instruction-bound on it).
+// The value is the same: a subnormal input or exp(−x) adds nothing to 1 + exp(−x), and a
+// denominator past 2^126 (x → -∞, up to +∞) gives 0 in either form.
+__device__ __forceinline__ float ds_sigmoid(float x) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.44269504088896341f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return r;
+}
 __device__ __forceinline__ float ds_silu(float x) { return x * ds_sigmoid(x); }
 // PyTorch's softplus with threshold 20 (fla's gate matches it).
 __device__ __forceinline__ float ds_softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
@@ -58,6 +67,17 @@ __device__ __forceinline__ float ds_beta(float mult, float b) { return mult * ds
 // The fp32 log-decay g = −exp(A_log) · softplus(a + dt_bias).
 __device__ __forceinline__ float ds_log_decay(float a, float a_log, float dt_bias) {
   return -__expf(a_log) * ds_softplus(a + dt_bias);
+}
+
+// The sequence holding packed row r: the last s with cu[s] <= r (so cu[s+1] > r).
+__device__ __forceinline__ int seq_of_row(const int* __restrict__ cu, int S, int r) {
+  int lo = 0, hi = S - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 // Decode steps take up to INLINE_SLOTS slot indices by value (no upload for small batches), or

@@ -9,17 +9,6 @@
 
 #define MAX_W 8
 
-// The sequence holding packed row r: the last s with cu[s] <= r (so cu[s+1] > r).
-__device__ __forceinline__ int seq_of_row(const int* __restrict__ cu, int S, int r) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= r) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
 // Prefill outputs of S packed sequences: sequence s owns rows [cu[s], cu[s+1]) and continues
 // the conv state of slot slots[s]. Grid (ceil(C/(CH·blockDim)), ceil(rows/ROWS)): a thread
 // takes CH adjacent channels (one 8- or 16-byte access a row when CH > 1: the launcher checks

@@ -266,12 +266,22 @@ impl DeltaRule for GatedDeltaNet {
         // them (no casts between).
         let narrow = algo == PrefillAlgo::ChunkedBf16 && act == DType::BF16 && self.conv.on_gpu();
         let out = if narrow { DType::BF16 } else { DType::F32 };
-        let c = self.conv.prefill(&y.span(Q, A)?, &mut state.conv_state, seqs, out)?;
         let (hv, vd) = (self.num_v_heads, self.head_v_dim);
         // Steps 3–7: l2norm of q and k, β and the log-decay in fp32 from the activation-dtype
-        // projections (fla ≥ v0.5.1), read in place.
-        let p = ops::prepare(&c, self.qk_layout(), &y.part(B)?, self.allow_neg_eigval, Some((&y.part(A)?, &self.a_log, &self.dt_bias)))?;
-        let v = heads_of(&c, self.v_offset(), hv, vd)?;
+        // projections (fla ≥ v0.5.1), read in place; on a GPU in the conv's own launch where
+        // it takes the shapes.
+        let (x, b, a) = (y.span(Q, A)?, y.part(B)?, y.part(A)?);
+        let gate_in = Some((&a, &self.a_log, &self.dt_bias));
+        let inputs =
+            ops::PrepareInputs { layout: self.qk_layout(), v_width: hv * vd, b: &b, allow_neg_eigval: self.allow_neg_eigval, gate_in };
+        let (p, v) = match self.conv.prefill_prepared(&x, &mut state.conv_state, seqs, out, inputs)? {
+            Some((p, v)) => (p, heads_of(&v, 0, hv, vd)?),
+            None => {
+                let c = self.conv.prefill(&x, &mut state.conv_state, seqs, out)?;
+                let p = ops::prepare(&c, self.qk_layout(), &b, self.allow_neg_eigval, gate_in)?;
+                (p, heads_of(&c, self.v_offset(), hv, vd)?)
+            }
+        };
         // Step 8: the gated delta rule, chunkwise.
         let inputs = ops::MixerInputs { q: &p.q, k: &p.k, v: &v, beta: &p.beta, g: p.g.as_ref(), n: 1, scale: self.scale };
         // Steps 9–10 follow in the output head.

@@ -81,6 +81,21 @@ impl ShortConv {
         }
     }
 
+    /// [`Self::prefill`] with the q and k of its output prepared in the same launch, where the
+    /// GPU's fused pass takes these inputs ([`ops::conv_prepare_packed`]); `None` (nothing
+    /// touched) elsewhere, and without a conv.
+    pub fn prefill_prepared(
+        &self,
+        x: &Tensor,
+        states: &mut SlotBuffer,
+        seqs: &Packed<'_>,
+        out: DType,
+        inputs: ops::PrepareInputs<'_>,
+    ) -> Result<Option<(ops::Prepared, Tensor)>> {
+        let Some(wt) = &self.weight else { return Ok(None) };
+        Ok(ops::conv_prepare_packed(x, wt, states, seqs.cu, seqs.slots, self.act, seqs.captures, out, seqs.tables, inputs)?)
+    }
+
     /// One decode step over `x` `[B, C]` for `slots`. Returns `[B, C]` f32.
     pub fn decode(&self, x: &Tensor, states: &mut SlotBuffer, slots: StepSlots<'_>) -> Result<Tensor> {
         match &self.weight {

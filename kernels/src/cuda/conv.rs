@@ -60,12 +60,7 @@ pub fn conv_prefill(
         return Ok(y);
     }
     let weight = f32c(weight)?;
-    if let Some(t) = fixed {
-        t.check("conv_prefill", rows, slots)?;
-    }
-    let (cap_cu, cap_slots) = capture_packing(cu_seqlens, captures);
-    let fixed_parts = fixed.map(|t| (t, [Part::Cu, Part::Slots, Part::CaptureCu, Part::CaptureSlot]));
-    let (_tables, [cu, sl, ccu, csl]) = table_addrs(&dev, [cu_seqlens, slots, &cap_cu, &cap_slots], fixed_parts)?;
+    let tables = ConvTables::new(&dev, "conv_prefill", rows, cu_seqlens, slots, captures, fixed)?;
     // Four channels a thread (8- or 16-byte loads) when the rows allow it.
     let (x4, ch, tile) = if xa.vectorisable(4, c) { ("_x4", 4, CONV_ROWS[1]) } else { ("", 1, CONV_ROWS[0]) };
     // fla's default width 4 has kernels with the width compiled in (see conv.cu).
@@ -76,17 +71,68 @@ pub fn conv_prefill(
     let (si, ri, ci, wi, act) = (slots.len() as i32, rows as i32, c as i32, w as i32, silu as i32);
     with_view!(weight, wv, {
         let mut b = outputs.builder();
-        b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?).arg(&cu).arg(&sl).arg(&si);
+        b.arg(&xa.ptr).arg(&xa.ld).arg(&wv).arg(states.state_words("conv")?).arg(&tables.cu).arg(&tables.slots).arg(&si);
         b.arg(&y_ptr).arg(&ri).arg(&ci).arg(&wi).arg(&act);
         unsafe { b.launch(grid(c.div_ceil(ch * BLOCK), rows.div_ceil(tile), 1, BLOCK as u32, 0)) }.w()?;
     });
-    write_states(&dev, &xa, states, (cu, sl), slots.len(), c, w)?;
-    // The captures' states, from rows no launch writes.
-    let copies = fixed.map_or(cap_slots.len(), PackedTables::captures);
-    if copies > 0 {
-        write_states(&dev, &xa, states, (ccu, csl), copies, c, w)?;
-    }
+    tables.write_states(&dev, &xa, states, c, w)?;
     Ok(y)
+}
+
+/// A packed prefill's tables on the device (sequence starts, slots, and the captures' own),
+/// for the launch of a conv's outputs and the state writes after it.
+pub(super) struct ConvTables {
+    /// The upload, alive while the launches may read it (none with fixed tables).
+    _upload: Option<candle_core::cuda_backend::cudarc::driver::CudaSlice<i32>>,
+    /// Device address of `cu_seqlens`.
+    pub(super) cu: u64,
+    /// Device address of `slots`.
+    pub(super) slots: u64,
+    /// The captures' sequence starts and slots.
+    captures: (u64, u64),
+    /// Sequences whose states the launch after the outputs writes.
+    sequences: usize,
+    /// Captured states to write (a fixed table's count, whose entries may be unused).
+    copies: usize,
+}
+
+impl ConvTables {
+    /// Uploads the packing's tables, or (`fixed`) points into its buffer, checked against `rows`.
+    pub(super) fn new(
+        dev: &candle_core::cuda_backend::CudaDevice,
+        op: &'static str,
+        rows: usize,
+        cu_seqlens: &[usize],
+        slots: &[usize],
+        captures: &[Capture],
+        fixed: Option<&PackedTables>,
+    ) -> Result<Self> {
+        if let Some(t) = fixed {
+            t.check(op, rows, slots)?;
+        }
+        let (cap_cu, cap_slots) = capture_packing(cu_seqlens, captures);
+        let fixed_parts = fixed.map(|t| (t, [Part::Cu, Part::Slots, Part::CaptureCu, Part::CaptureSlot]));
+        let (upload, [cu, sl, ccu, csl]) = table_addrs(dev, [cu_seqlens, slots, &cap_cu, &cap_slots], fixed_parts)?;
+        let copies = fixed.map_or(cap_slots.len(), PackedTables::captures);
+        Ok(Self { _upload: upload, cu, slots: sl, captures: (ccu, csl), sequences: slots.len(), copies })
+    }
+
+    /// The conv states after the outputs' launch: each slot takes its sequence's last W inputs
+    /// of `xa`, then each capture its own (from rows no launch writes).
+    pub(super) fn write_states(
+        &self,
+        dev: &candle_core::cuda_backend::CudaDevice,
+        xa: &RowsArg,
+        states: &mut DeviceSlots,
+        c: usize,
+        w: usize,
+    ) -> Result<()> {
+        write_states(dev, xa, states, (self.cu, self.slots), self.sequences, c, w)?;
+        if self.copies > 0 {
+            write_states(dev, xa, states, self.captures, self.copies, c, w)?;
+        }
+        Ok(())
+    }
 }
 
 /// The `conv_state_*` launch: one block row for each of the `n` sequences of the tables at

@@ -381,6 +381,7 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
 
 mod attention;
 mod conv;
+mod conv_prep;
 mod copy;
 mod decode;
 mod device_slots;
@@ -399,6 +400,7 @@ mod skinny;
 pub mod nccl;
 pub use attention::{attn_warpgroup_launches, paged_attention, set_attn_head_pairs, set_attn_warpgroup, set_fused_decode};
 pub use conv::{conv_prefill, conv_step};
+pub use conv_prep::{conv_prep, conv_prep_launches, set_conv_prep, ConvPrepInputs};
 pub(crate) use copy::copy_many;
 pub use copy::{embedding_f32, to_f32, to_f32_into};
 pub use decode::{gated_delta_step, gated_delta_step_raw};

@@ -26,7 +26,7 @@ pub use attention::{
     attention_warpgroup_launches, paged_attention, set_attention_head_pairs, set_attention_warpgroup, set_fused_decode_attention,
     AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs,
 };
-pub use conv::{conv_prefill, conv_prefill_packed, conv_step};
+pub use conv::{conv_prefill, conv_prefill_packed, conv_prepare_packed, conv_step, PrepareInputs};
 pub use gemv::{
     batch_invariant, embedding_f32, linear, linear_f32, linear_f32_into, linear_parts, set_batch_invariant, sigmoid_gate,
     skinny_conv_linear, skinny_linear, skinny_swiglu, small_batch_add_norm_conv_linear, small_batch_add_norm_linear,
