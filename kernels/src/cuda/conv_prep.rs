@@ -59,8 +59,8 @@ pub struct ConvPrepInputs<'a> {
 /// [`Prepared`] q, k, β and gate and v `[Σ T, v_width]` (bf16 with `narrow`, else f32), and
 /// updates the slots' conv states (and the captures') as the conv does. `None` where the pass
 /// does not take the inputs (switched off, a conv width other than 4, K other than 128 or 256,
-/// v not whole groups of K, an f32 `x`, or `b` and the gate's input in another dtype than `x`):
-/// the caller runs the two launches.
+/// v not whole groups of K, an f32 `x` or one whose rows are not 16-byte aligned, or `b` and the
+/// gate's input in another dtype than `x`): the caller runs the two launches.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_prep(
     x: &Tensor,

@@ -113,7 +113,8 @@ pub struct PrepareInputs<'a> {
 /// columns after k's), equal bit for bit to what the two ops give, and updates the states as
 /// the conv does. `None` (nothing touched) where that launch does not take the inputs: any
 /// device but a GPU, a conv width other than 4, K other than 128 or 256, v not whole heads of
-/// K, f32 inputs, or `out` in bf16 from f16 inputs. The caller then runs the two ops.
+/// K, f32 inputs, rows not 16-byte aligned, or `out` in bf16 from f16 inputs. The caller then
+/// runs the two ops.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_prepare_packed(
     x: &Tensor,
