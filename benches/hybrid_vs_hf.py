@@ -82,7 +82,8 @@ def build_moe(path, layers=8):
     return init_and_save(Qwen3_5MoeForCausalLM, cfg, path)
 
 
-def median_ms(f, reps):
+def median_ms(f, reps, spread=None):
+    """The median of `reps` timed calls after two warm-ups; `spread` (a dict) gets their range."""
     times = []
     for i in range(reps + 2):
         torch.cuda.synchronize()
@@ -92,15 +93,20 @@ def median_ms(f, reps):
         if i >= 2:
             times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
+    if spread is not None:
+        spread.update(min_ms=times[0], max_ms=times[-1])
     return times[len(times) // 2]
 
 
-def time_hf(model, batches):
+def time_hf(model, batches, prefill_reps):
     out = {}
     vocab = model.config.vocab_size
     ids = (torch.arange(T_PREFILL, device="cuda") * 7919 + 13) % vocab
     with torch.inference_mode():
-        out["prefill_ms"] = median_ms(lambda: model(input_ids=ids[None], use_cache=True, logits_to_keep=1), 5)
+        spread = {}
+        out["prefill_ms"] = median_ms(lambda: model(input_ids=ids[None], use_cache=True, logits_to_keep=1), prefill_reps,
+                                      spread)
+        out["prefill_min_ms"], out["prefill_max_ms"] = spread["min_ms"], spread["max_ms"]
         for b in batches:
             prompt = (torch.arange(CONTEXT, device="cuda")[None] * 131 + torch.arange(b, device="cuda")[:, None] * 7 + 1) % vocab
             mask = torch.ones_like(prompt)
@@ -173,7 +179,7 @@ def main():
         fast = "no fla: transformers' torch GDN path"
     model = build_moe(args.dir) if args.moe else build(args.dir)
     params = sum(p.numel() for p in model.parameters())
-    hf = time_hf(model, batches)
+    hf = time_hf(model, batches, args.reps)
     print("HF", json.dumps({"transformers": transformers.__version__, "fast_path": fast, "params": params, **hf}), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -198,7 +204,8 @@ def main():
     for algo in ("Chunked", "ChunkedBf16"):
         o = ours[f"prefill_{algo}"]["ms"]
         tps = T_PREFILL / o * 1e3
-        print(f"| prefill T={T_PREFILL} ({algo}) | {hf['prefill_ms']:.1f} ms | {o:.1f} ms ({tps / 1e3:.1f} k tok/s) | "
+        print(f"| prefill T={T_PREFILL} ({algo}) | {hf['prefill_ms']:.1f} ms ({hf['prefill_min_ms']:.1f}–"
+              f"{hf['prefill_max_ms']:.1f}) | {o:.1f} ms ({tps / 1e3:.1f} k tok/s) | "
               f"{hf['prefill_ms'] / o:.2f}× | |")
     for b in batches:
         r = ours[f"decode_{b}"]

@@ -129,6 +129,10 @@ struct Args {
     /// --prefill`).
     #[arg(long)]
     profile_hybrid_prefill: bool,
+    /// With `--hybrid-dir`: also time each T=4096 prefill's host enqueue and the same pass
+    /// replayed from a CUDA graph (where the launches' gaps and host work go).
+    #[arg(long)]
+    prefill_graph: bool,
     /// With `--hybrid-dir`: time everything twice in one run, in the default mode and with
     /// `--batch-invariant` (lines with `"batch_invariant": true`).
     #[arg(long)]

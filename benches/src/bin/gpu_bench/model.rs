@@ -116,8 +116,14 @@ pub(super) fn model_table(dev: &Device, args: &Args) -> anyhow::Result<()> {
         })?;
         println!("prefill B=1, T={t} ({what}): {ms:.1} ms = {:.1} k tokens/s", t as f64 / ms);
     }
-    println!();
     pool.release(slot)?;
+    #[cfg(feature = "cuda")]
+    if args.prefill_graph {
+        for &(algo, _) in algos {
+            prefill_graph_line(&model, &mut pool, dev, &tokens, algo, args.reps)?;
+        }
+    }
+    println!();
     println!("| batch | CUDA graph | ms per step | tokens/s | roofline tokens/s | % of roofline |");
     println!("|---|---|---|---|---|---|");
     // The same figures unrounded, one `OURS {json}` line each after the table (benches/ab_summary.py).
@@ -171,6 +177,61 @@ pub(super) struct HybridProfile {
     pub(super) prefill: bool,
     /// Only the decode step of this batch.
     pub(super) decode: Option<usize>,
+}
+
+/// A T-token prefill's host enqueue time (until `prefill` returns, before the GPU is done)
+/// and its wall time, eagerly and (where the model's layers allow a captured prefill) replayed
+/// from a CUDA graph, alternating, medians of `reps`: an `OURS {"what": "prefill_graph", ...}`
+/// line (`graph_ms` null without a graph).
+#[cfg(feature = "cuda")]
+pub(super) fn prefill_graph_line(
+    model: &CausalLm,
+    pool: &mut deltaserve_engine::StatePool,
+    dev: &Device,
+    tokens: &[u32],
+    algo: PrefillAlgo,
+    reps: usize,
+) -> anyhow::Result<()> {
+    use deltaserve_engine::prefill_graph::{Buckets, PrefillGraphs};
+    let mut graphs = PrefillGraphs::new(Buckets::new(tokens.len(), 0));
+    // Host ms until the pass is enqueued and wall ms until the GPU is done; `None` when the
+    // graph was asked for and the pass has none.
+    let mut run = |graph: bool, pool: &mut deltaserve_engine::StatePool| -> anyhow::Result<Option<(f64, f64)>> {
+        let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
+        dev.synchronize()?;
+        let t0 = Instant::now();
+        let logits = match graph {
+            true => graphs.prefill(model, pool, &[(slot, tokens)], algo, &[])?,
+            false => Some(model.prefill(pool, slot, tokens, Logits::Last, algo)?),
+        };
+        let enqueue = t0.elapsed().as_secs_f64() * 1e3;
+        dev.synchronize()?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        pool.release(slot)?;
+        Ok(logits.map(|_| (enqueue, wall)))
+    };
+    // Warm the graph's shape: once from fixed tables, once captured.
+    let captured = run(true, pool)?.is_some() && run(true, pool)?.is_some();
+    let (mut enqueue, mut eager, mut graph) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        if let Some((e, w)) = run(false, pool)? {
+            enqueue.push(e);
+            eager.push(w);
+        }
+        if captured {
+            graph.extend(run(true, pool)?.map(|(_, w)| w));
+        }
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    println!(
+        "OURS {}",
+        serde_json::json!({"what": "prefill_graph", "tokens": tokens.len(), "algo": format!("{algo:?}"),
+            "enqueue_ms": med(enqueue), "eager_ms": med(eager), "graph_ms": med(graph)})
+    );
+    Ok(())
 }
 
 /// The hybrid section: a Qwen3.5-layout checkpoint (dense or MoE), bf16. Decode runs at a
@@ -228,6 +289,9 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
                 "OURS {}",
                 serde_json::json!({"what": "prefill", "tokens": t, "algo": format!("{algo:?}"), "ms": ms, "batch_invariant": bi})
             );
+            if args.prefill_graph && !bi {
+                prefill_graph_line(&model, &mut pool, dev, &tokens, algo, reps)?;
+            }
             if (profile.all || profile.prefill) && !bi && algo == PrefillAlgo::ChunkedBf16 {
                 let slot = pool.allocate().ok_or_else(|| anyhow::anyhow!("empty pool"))?;
                 dev.synchronize()?;
