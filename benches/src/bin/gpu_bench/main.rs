@@ -129,8 +129,9 @@ struct Args {
     /// --prefill`).
     #[arg(long)]
     profile_hybrid_prefill: bool,
-    /// With `--hybrid-dir`: also time each T=4096 prefill's host enqueue and the same pass
-    /// replayed from a CUDA graph (where the launches' gaps and host work go).
+    /// With `--model-only` or `--hybrid-dir`: also time each T=4096 prefill's host enqueue,
+    /// and the same pass replayed from a CUDA graph where the model's layers allow one (how much
+    /// of the pass is launch gaps and host work).
     #[arg(long)]
     prefill_graph: bool,
     /// With `--hybrid-dir`: time everything twice in one run, in the default mode and with

@@ -184,7 +184,7 @@ pub(super) struct HybridProfile {
 /// from a CUDA graph, alternating, medians of `reps`: an `OURS {"what": "prefill_graph", ...}`
 /// line (`graph_ms` null without a graph).
 #[cfg(feature = "cuda")]
-pub(super) fn prefill_graph_line(
+fn prefill_graph_line(
     model: &CausalLm,
     pool: &mut deltaserve_engine::StatePool,
     dev: &Device,
