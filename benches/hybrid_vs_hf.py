@@ -161,7 +161,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench-bin", required=True)
     ap.add_argument("--dir", default="/tmp/deltaserve-qwen3_5-2b")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20, help="timed passes: transformers' prefills and gpu_bench's")
     ap.add_argument("--attention", action="store_true", help="only the attention op against SDPA")
     ap.add_argument("--moe", action="store_true", help="Qwen3.5-35B-A3B's layer shapes, 8 layers")
     args = ap.parse_args()
