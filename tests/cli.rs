@@ -182,3 +182,40 @@ fn a_closed_stdout_ends_subcommands_quietly() {
         assert!(out.status.success(), "{}: exit {:?}: {stderr}", args[0], out.status);
     }
 }
+
+#[test]
+fn init_random_writes_fla_attention_hybrids_and_refuses_other_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("hybrid");
+    let cfg = dir.path().join("config.json");
+    // fla's Gated DeltaNet with two windowed attention layers (biased q/k/v), as fla writes
+    // such a config; the demo tokenizer's 4,096 tokens.
+    let hybrid = serde_json::json!({
+        "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"], "hidden_size": 64,
+        "num_hidden_layers": 3, "vocab_size": 4096, "hidden_ratio": 4, "conv_size": 4, "use_gate": true,
+        "use_short_conv": true, "norm_eps": 1e-6, "fuse_norm": true, "tie_word_embeddings": false, "num_heads": 2,
+        "head_dim": 16, "expand_v": 2,
+        "attn": {"layers": [1, 2], "num_heads": 4, "num_kv_heads": 2, "qkv_bias": true, "window_size": 8, "rope_theta": 10000.0}
+    });
+    std::fs::write(&cfg, hybrid.to_string()).unwrap();
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gdn-demo");
+    let args = ["init-random", "--config", cfg.to_str().unwrap(), "-o", out_dir.to_str().unwrap(), "--tokenizer-from"];
+    let out = deltaserve(&[&args[..], &[demo.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let names: Vec<String> = deltaserve_engine::weights::Checkpoint::open(&out_dir).unwrap().names();
+    for want in ["model.layers.1.attn.q_proj.bias", "model.layers.2.attn.o_proj.weight", "model.layers.0.attn.k_conv1d.weight"] {
+        assert!(names.iter().any(|n| n == want), "{want} among {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "model.layers.1.attn.q_conv1d.weight"), "no short conv in an attention layer");
+    let out = deltaserve(&["generate", "--model", out_dir.to_str().unwrap(), "--prompt", "hello", "--max-tokens", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("hello") && text.len() > "hello".len(), "{text:?}");
+    // transformers' layouts have other tensor names: refused, naming the field and the value.
+    let qwen = std::fs::read_to_string(deltaserve_tests::compact_dir().join("qwen3_5/config.json")).unwrap();
+    std::fs::write(&cfg, qwen).unwrap();
+    let out = deltaserve(&["init-random", "--config", cfg.to_str().unwrap(), "-o", dir.path().join("q").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`model_type`") && err.contains("qwen3_5") && err.contains("gated_deltanet"), "{err}");
+}

@@ -82,10 +82,20 @@ fn init(rng: &mut Stream, key: &str, shape: &[usize]) -> Vec<f32> {
     z.par_iter().map(|x| x / fan_in.sqrt()).collect()
 }
 
-/// Writes `config.json` and a random `model.safetensors` (in `dtype`) for `config` into `dir`.
+/// Writes `config.json` and a random `model.safetensors` (in `dtype`) for `config` into `dir`:
+/// fla's layouts only (the transformers families are refused, naming the `model_type`).
 /// Tokenizer files from `tokenizer_from` are copied when given.
 pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u64, tokenizer_from: Option<&Path>) -> Result<ModelConfig> {
     let cfg = ModelConfig::from_value(config.clone())?;
+    if !crate::inventory::listed(&cfg) {
+        let moe = if cfg.is_moe() { " with MoE blocks" } else { "" };
+        return Err(crate::error::ConfigError::Unsupported {
+            field: "model_type".into(),
+            value: format!("{}{moe}", cfg.model_type()),
+            supported: "fla's gated_deltanet, gated_deltaproduct and delta_net, with or without `attn` layers, dense MLPs".into(),
+        }
+        .into());
+    }
     std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     let mut rng = Stream::new(seed);
     let mut tensors = Vec::new();
