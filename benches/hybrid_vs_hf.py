@@ -39,18 +39,20 @@ CONTEXT = 256
 BATCHES = (1, 64)
 
 
-def build(path):
+def build(path, vocab_size=248320, eos_token_id=248044):
+    """The Qwen3.5-2B-layout model (transformers' own init), saved to `path` unless there; a
+    smaller vocabulary (and its EOS id) for a served run with the demo tokenizer."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     layer_types = (["linear_attention"] * 3 + ["full_attention"]) * 6
     cfg = Qwen3_5TextConfig(
-        vocab_size=248320, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+        vocab_size=vocab_size, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
         num_attention_heads=8, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6,
         max_position_embeddings=262144, linear_conv_kernel_dim=4, linear_key_head_dim=128,
         linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
         layer_types=layer_types, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
-        bos_token_id=None, eos_token_id=248044, pad_token_id=None)
+        bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=None)
     return init_and_save(Qwen3_5ForCausalLM, cfg, path)
 
 

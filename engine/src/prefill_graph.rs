@@ -23,8 +23,13 @@
 //!   second time, and replays from then on. A capture that fails leaves the shape eager, with a
 //!   warning.
 //!
+//! - **KV cache** (hybrids): the blocks of every row, the padding's included, are taken on the
+//!   host before the pass (the padding's go back with its lent slot), and the attention layers
+//!   read each row's slot and position and their prefill tile lists (padded to the shape's
+//!   largest count with empty tiles) from a fixed buffer ([`crate::kv_plan::FixedKv`]).
+//!
 //! Only models whose every layer has a fixed-table path take part
-//! ([`CausalLm::prefill_tables_supported`]), unsplit. The GEMMs of a padded pass run at the
+//! ([`CausalLm::prefill_tables_supported`]: not MoE), unsplit. The GEMMs of a padded pass run at the
 //! padded row count, so its logits equal an eager pass's within the kernels' rounding, not bit
 //! for bit (`--batch-invariant` passes run eagerly).
 
@@ -141,6 +146,7 @@ mod graphs {
     use super::{Buckets, Shape};
     use crate::decode_graph::record_graph;
     use crate::error::Result;
+    use crate::kv_plan::{FixedKv, KvPlan};
     use crate::models::batch::Packed;
     use crate::models::causal_lm::CheckedPass as Checked;
     use crate::models::CausalLm;
@@ -162,6 +168,8 @@ mod graphs {
         last: Tensor,
         /// `[seqs + decode, vocab]` f32.
         logits: Tensor,
+        /// The attention layers' rows and tile lists (hybrids).
+        kv: Option<FixedKv>,
         /// Keeps the weights the graph reads alive as long as the graph.
         _model: CausalLm,
     }
@@ -303,9 +311,23 @@ mod graphs {
         ) -> Result<Option<Tensor>> {
             let (all, lens) = x.advances();
             let real = shape.seqs + x.real_decode;
+            // The KV blocks for every row (the padding's too) and their device table entries
+            // come first: a capture can upload nothing, and a replay plans nothing. A plan that
+            // fails (too few blocks for the padding) leaves the pass to the eager path, which
+            // reports what concerns the real sequences.
+            let plan = match pool.has_kv() {
+                false => None,
+                true => match pool.plan(&all, &lens) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no KV blocks for a captured pass's padding; running it eagerly");
+                        return Ok(None);
+                    }
+                },
+            };
             if let Some(i) = self.entries.iter().position(|e| e.shape == shape) {
                 let entry = self.entries.remove(i);
-                let out = replay(&entry, x, real);
+                let out = replay(&entry, x, plan.as_ref(), real);
                 if out.is_ok() {
                     pool.advance(&all, &lens);
                 }
@@ -321,7 +343,16 @@ mod graphs {
                 0 => None,
                 _ => Some(Tensor::new(x.step.iter().map(|&s| s as i32).collect::<Vec<_>>().as_slice(), &device)?),
             };
-            let seqs = Packed { cu: &x.cu, slots: &x.slots, captures: &x.captures, tables: Some(&tables) };
+            let seqs = Packed { cu: &x.cu, slots: &x.slots, captures: &x.captures, tables: Some(&tables), kv: None };
+            let kv = match &plan {
+                Some(p) => {
+                    let kv = FixedKv::new(shape.rows + shape.decode, shape.seqs + 1 + shape.decode, &model.attention_shapes(), &device)?;
+                    kv.fill(p)?;
+                    Some(kv)
+                }
+                None => None,
+            };
+            let seqs = Packed { kv: kv.as_ref(), ..seqs };
             let step = step_slots.as_ref().map(|t| StepSlots { host: &x.step, device: Some(t) });
             if !self.warm.contains(&shape) {
                 // The eager run fills candle's parameter cache for the capture to come.
@@ -336,7 +367,7 @@ mod graphs {
             // into `logits`.
             match record_graph(dev, "prefill", &logits, || model.prefill_fixed(pool, &ids, seqs, algo, step, &last)) {
                 Ok(graph) => {
-                    let entry = Entry { shape, graph, ids, tables, step_slots, last, logits, _model: model.clone() };
+                    let entry = Entry { shape, graph, ids, tables, step_slots, last, logits, kv, _model: model.clone() };
                     if self.entries.len() >= MAX_GRAPHS {
                         // An evicted shape runs eagerly once again before it is captured anew,
                         // so shapes that take turns cost one capture in two sightings at most.
@@ -388,11 +419,14 @@ mod graphs {
         }
     }
 
-    /// Writes this pass's tokens, tables, decode slots and last rows into the graph's inputs,
-    /// launches it, and copies the first `real` rows of logits out (the next replay overwrites
-    /// the graph's buffer).
-    fn replay(entry: &Entry, x: &Inputs, real: usize) -> Result<Tensor> {
+    /// Writes this pass's tokens, tables, decode slots, last rows and KV rows (`plan`) into the
+    /// graph's inputs, launches it, and copies the first `real` rows of logits out (the next
+    /// replay overwrites the graph's buffer).
+    fn replay(entry: &Entry, x: &Inputs, plan: Option<&KvPlan>, real: usize) -> Result<Tensor> {
         entry.tables.fill(&x.cu, &x.slots, &x.captures)?;
+        if let (Some(kv), Some(plan)) = (&entry.kv, plan) {
+            kv.fill(plan)?;
+        }
         deltaserve_kernels::cuda::write_from_host(&entry.ids, &x.ids)?;
         deltaserve_kernels::cuda::write_from_host(&entry.last, &x.last)?;
         if let Some(t) = &entry.step_slots {

@@ -219,6 +219,7 @@ __device__ void attn_wg(const float* __restrict__ q, const T* __restrict__ kc, c
   const int4* list = tiles + (size_t)blockIdx.x * per_block;
   int total = 0;  // key tiles over the block's tiles
   for (int i = 0; i < per_block && list[i].y > 0; ++i) total += AwTile(list[i], window).n;
+  if (total == 0) return;  // an empty block of a CUDA graph's padded list: no copies to issue
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) mb_init(sm.full_k(b), 128), mb_init(sm.full_v(b), 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

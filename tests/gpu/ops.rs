@@ -111,7 +111,7 @@ pub(crate) fn gpu_paged_attention_matches_cpu(dev: &Device) {
                 }
             }
             let (rs, rp) = (Tensor::new(row_slot.as_slice(), dev).unwrap(), Tensor::new(row_pos.as_slice(), dev).unwrap());
-            let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp };
+            let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp, tiles: None };
             fn rope(inv: &Tensor, rot: usize) -> Option<RopeArgs<'_>> {
                 (rot > 0).then_some(RopeArgs { inv_freq: inv, rotary_dim: rot })
             }

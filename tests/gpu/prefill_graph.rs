@@ -2,6 +2,8 @@
 //! padding a sequence of its own in a lent slot; a mixed pass's decode rows padded to a bucket,
 //! each padding row in a lent slot) leave the same logits, states and snapshots as the eager
 //! pass, within the tolerance of GEMMs run at another row count; and they touch no other slot.
+//! Hybrids take part: the next decode step of every sequence reads the KV cache the pass
+//! wrote, and the padding's KV blocks go back to the pool.
 
 use candle_core::{DType, Device};
 use deltaserve_engine::prefill_graph::Shape;
@@ -44,6 +46,36 @@ fn load_mixed(dir: &str, dtype: DType, dev: &Device, graph_tokens: usize, mixed_
     Engine::load(&opts).unwrap()
 }
 
+/// The models the graph tests run: the compact fixtures, and random fla hybrids whose bf16
+/// attention takes the GPU prefill's tile kernels (the fixtures' head dims, 16 to 32, take the
+/// row kernel): attention at head dim 128 with two query heads a KV head (the warpgroup kernel),
+/// and two windowed attention layers at head dim 64 (the mma.sync tiles), each beside Gated
+/// DeltaNet layers. The directories live as long as the second value.
+fn graph_models(test: &str) -> (Vec<(String, std::path::PathBuf)>, Vec<tempfile::TempDir>) {
+    let mut models: Vec<(String, std::path::PathBuf)> = model_fixtures(test).into_iter().map(|(n, d, _, _)| (n, d)).collect();
+    let hybrid = |hidden: usize, attn: serde_json::Value| {
+        serde_json::json!({
+            "model_type": "gated_deltanet", "architectures": ["GatedDeltaNetForCausalLM"], "hidden_size": hidden,
+            "num_hidden_layers": 3, "vocab_size": 512, "hidden_ratio": 2, "conv_size": 4, "use_gate": true,
+            "use_short_conv": true, "norm_eps": 1e-6, "fuse_norm": true, "tie_word_embeddings": false, "num_heads": 2,
+            "head_dim": 64, "expand_v": 2, "attn": attn
+        })
+    };
+    let wide = hybrid(512, serde_json::json!({"layers": [1], "num_heads": 4, "num_kv_heads": 2, "qkv_bias": true, "rope_theta": 10000.0}));
+    let windowed =
+        hybrid(256, serde_json::json!({"layers": [1, 2], "num_heads": 4, "num_kv_heads": 2, "window_size": 40, "rope_theta": 10000.0}));
+    let mut dirs = Vec::new();
+    for (name, cfg) in [("random/gdn-attn-hd128", wide), ("random/gdn-window-hd64", windowed)] {
+        let dir = tempfile::tempdir().unwrap();
+        // The compact GDN fixture's tokenizer: 512 tokens, as the config.
+        let tokenizer = deltaserve_tests::compact_dir().join("gdn");
+        deltaserve_engine::synth::write_random_checkpoint(&cfg, dir.path(), DType::BF16, 11, Some(&tokenizer)).unwrap();
+        models.push((name.to_string(), dir.path().to_path_buf()));
+        dirs.push(dir);
+    }
+    (models, dirs)
+}
+
 /// Every recurrent layer's state (recurrent, then conv) of `slot`, concatenated.
 fn states(pool: &StatePool, slot: usize) -> Vec<f32> {
     let mut v = Vec::new();
@@ -58,17 +90,14 @@ fn states(pool: &StatePool, slot: usize) -> Vec<f32> {
 
 pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
     let mut graphed = 0;
-    for (name, dir, _, _) in model_fixtures("gpu_prefill_graphs_equal_eager_prefill") {
+    let (models, _dirs) = graph_models("gpu_prefill_graphs_equal_eager_prefill");
+    for (name, dir) in &models {
         for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 2e-2)] {
+            let wg_launches = deltaserve_kernels::ops::attention_warpgroup_launches();
             let (g, e) = (load(dir.to_str().unwrap(), dtype, dev, 256), load(dir.to_str().unwrap(), dtype, dev, 0));
             let cfg = g.config();
-            let eligible = matches!(cfg.model_type(), "gated_deltanet" | "gated_deltaproduct" | "delta_net")
-                && cfg.layers.iter().all(|l| matches!(l, deltaserve_engine::config::LayerKind::Linear));
-            assert_eq!(
-                !g.prefill_graph_buckets().is_empty(),
-                eligible,
-                "{name}: prefill graphs on exactly for GDN / GDP / DeltaNet stacks"
-            );
+            let eligible = !cfg.is_moe();
+            assert_eq!(!g.prefill_graph_buckets().is_empty(), eligible, "{name}: prefill graphs on exactly for models without MoE layers");
             assert!(e.prefill_graph_buckets().is_empty(), "{name}: 0 tokens turns them off");
             if !eligible {
                 continue;
@@ -101,23 +130,31 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
                         let mut st: Vec<Vec<f32>> = slots.iter().map(|s| states(pool, s.index())).collect();
                         st.extend(at.iter().map(|a| states(pool, a.snap.index())));
                         let seen: Vec<usize> = slots.iter().map(|&s| pool.seen(s)).collect();
+                        let blocks = pool.kv_blocks_used();
+                        // Every sequence's next step reads the KV cache the pass wrote.
+                        let step: Vec<_> = slots.iter().map(|&s| (s, 5u32 % vocab)).collect();
+                        let next = values(&eng.decode(pool, &step).unwrap());
                         for a in at {
                             pool.drop_snapshot(a.snap).unwrap();
                         }
                         for s in slots {
                             pool.release(s).unwrap();
                         }
-                        (logits, st, seen)
+                        (logits, st, seen, blocks, next)
                     };
-                    let (lg, sg, ng) = run(&g, &mut pg);
-                    let (le, se, ne) = run(&e, &mut pe);
+                    let (lg, sg, ng, bg_, dg) = run(&g, &mut pg);
+                    let (le, se, ne, be_, de) = run(&e, &mut pe);
                     let what = format!("{name} {dtype:?} lens {lens:?} snapshots {snaps:?} round {round}");
                     assert_eq!(ng, ne, "{what}: tokens seen");
                     let expected: Vec<usize> = lens.iter().enumerate().map(|(i, n)| n + if i == 0 { 64 } else { 0 }).collect();
                     assert_eq!(ng, expected, "{what}: tokens seen");
+                    assert_eq!(bg_, be_, "{what}: KV blocks held after the pass (the padding's returned)");
                     let el = rel_err(&lg, &le);
                     assert!(el <= tol, "{what}: logits rel err {el:.3e}");
                     worst = worst.max(el);
+                    let ed = rel_err(&dg, &de);
+                    assert!(ed <= tol, "{what}: the next decode step's logits rel err {ed:.3e}");
+                    worst = worst.max(ed);
                     for (i, (a, b)) in sg.iter().zip(&se).enumerate() {
                         let es = rel_err(a, b);
                         assert!(es <= tol, "{what}: state {i} (sequences, then snapshots) rel err {es:.3e}");
@@ -133,10 +170,14 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
             let (dg, de) = (values(&g.decode(&mut pg, &[(bg, 3)]).unwrap()), values(&e.decode(&mut pe, &[(be, 3)]).unwrap()));
             assert!(rel_err(&dg, &de) <= tol, "{name} {dtype:?}: the bystander decodes as in the eager engine");
             println!("  {name} {dtype:?}: {} cases × 3 rounds, worst rel err {worst:.2e}", CASES.len());
+            if name.ends_with("hd128") && dtype == DType::BF16 {
+                let n = deltaserve_kernels::ops::attention_warpgroup_launches() - wg_launches;
+                assert!(n > 0, "{name}: the warpgroup attention kernel ran ({n} launches)");
+            }
             graphed += 1;
         }
     }
-    assert!(graphed >= 10, "GDN, GDP and DeltaNet fixtures in f32 and bf16 ran through graphs ({graphed})");
+    assert!(graphed >= 22, "GDN, GDP, DeltaNet and dense hybrid models in f32 and bf16 ran through graphs ({graphed})");
 }
 
 /// A mixed pass's prompt pieces, its decode rows, and snapshots (sequence, tokens) in it.
@@ -161,7 +202,8 @@ const RUNNING: usize = 19;
 pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
     use deltaserve_engine::prefill_graph::decode_bucket;
     let mut graphed = 0;
-    for (name, dir, _, _) in model_fixtures("gpu_mixed_graphs_equal_eager_mixed_passes") {
+    let (models, _dirs) = graph_models("gpu_mixed_graphs_equal_eager_mixed_passes");
+    for (name, dir) in &models {
         for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 2e-2)] {
             let dir = dir.to_str().unwrap();
             let (g, e) = (load_mixed(dir, dtype, dev, 0, 1024), load_mixed(dir, dtype, dev, 0, 0));
@@ -210,22 +252,30 @@ pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
                         st.extend(at.iter().map(|a| states(pool, a.snap.index())));
                         st.extend(step.iter().map(|(s, _)| states(pool, s.index())));
                         let seen: Vec<usize> = slots.iter().chain(step.iter().map(|(s, _)| s)).map(|&s| pool.seen(s)).collect();
+                        let blocks = pool.kv_blocks_used();
+                        // The pieces' next step reads the KV cache the pass wrote.
+                        let next: Vec<_> = slots.iter().map(|&s| (s, 5u32 % vocab)).collect();
+                        let next = values(&eng.decode(pool, &next).unwrap());
                         for a in at {
                             pool.drop_snapshot(a.snap).unwrap();
                         }
                         for s in slots {
                             pool.release(s).unwrap();
                         }
-                        (logits, st, seen)
+                        (logits, st, seen, blocks, next)
                     };
-                    let (lg, sg, ng) = run(&g, &mut pg, &|r| running[r].0);
-                    let (le, se, ne) = run(&e, &mut pe, &|r| running[r].1);
+                    let (lg, sg, ng, bg_, dg) = run(&g, &mut pg, &|r| running[r].0);
+                    let (le, se, ne, be_, de) = run(&e, &mut pe, &|r| running[r].1);
                     let what = format!("{name} {dtype:?} lens {lens:?} decode {decode} snapshots {snaps:?} round {round}");
                     assert_eq!(ng, ne, "{what}: tokens seen");
                     assert_eq!(lg.len(), le.len(), "{what}: one row of logits per piece and decode row");
+                    assert_eq!(bg_, be_, "{what}: KV blocks held after the pass (the padding's returned)");
                     let el = rel_err(&lg, &le);
                     assert!(el <= tol, "{what}: logits rel err {el:.3e}");
                     worst = worst.max(el);
+                    let ed = rel_err(&dg, &de);
+                    assert!(ed <= tol, "{what}: the pieces' next decode step's logits rel err {ed:.3e}");
+                    worst = worst.max(ed);
                     for (i, (a, b)) in sg.iter().zip(&se).enumerate() {
                         let es = rel_err(a, b);
                         assert!(es <= tol, "{what}: state {i} (pieces, snapshots, decode rows) rel err {es:.3e}");
@@ -246,5 +296,5 @@ pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
             graphed += 1;
         }
     }
-    assert!(graphed >= 10, "GDN, GDP and DeltaNet fixtures in f32 and bf16 ran mixed passes through graphs ({graphed})");
+    assert!(graphed >= 22, "GDN, GDP, DeltaNet and dense hybrid models in f32 and bf16 ran mixed passes through graphs ({graphed})");
 }

@@ -13,7 +13,8 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
     for (name, dir, _, _) in model_fixtures("gpu_warm_up_leaves_the_pool_as_it_was") {
         let opts = LoadOptions { dtype: DType::BF16, device: dev.clone(), cuda_graphs: true, ..LoadOptions::cpu(dir.to_str().unwrap()) };
         let (warm, cold) = (Engine::load(&opts).unwrap(), Engine::load(&opts).unwrap());
-        let size = PoolSize { snapshots: 1, ..PoolSize::for_tokens(4, 256) };
+        // 512 tokens a slot: the warm-up's two passes of a 256-row bucket fill one slot's KV.
+        let size = PoolSize { snapshots: 1, ..PoolSize::for_tokens(4, 512) };
         let (mut pw, mut pc) = (warm.new_pool_sized(size).unwrap(), cold.new_pool_sized(size).unwrap());
         // A stop set before it starts: nothing runs, nothing is held.
         let stopped = warm.warm_up(&mut pw, 128, 4, &std::sync::atomic::AtomicBool::new(true)).unwrap();
@@ -28,7 +29,7 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
         assert!(!w.stopped, "{name}: a warm-up never stopped says so");
         assert_eq!((w.passes, w.batch_sizes), (4, 4), "{name}: passes of 16, 32, 64 and 128 tokens, batch sizes 1 to 4");
         assert_eq!(warm.cuda_graph_batches(), vec![1, 2, 3, 4], "{name}: a graph for each batch size");
-        // Prefill graphs (GDN, GDP and DeltaNet stacks): buckets of 64, 128 and 256 rows, 1 to 3
+        // Prefill graphs (models without MoE layers): buckets of 64, 128 and 256 rows, 1 to 3
         // sequences each (the fourth slot holds the padding).
         let shapes = if warm.prefill_graph_buckets().is_empty() { 0 } else { 9 };
         assert_eq!(w.prefill_graphs, shapes, "{name}: prefill graph shapes warmed");

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
-use deltaserve_kernels::ops::{self, AttentionShape, Paged, PagedSeq, QkNorms};
+use deltaserve_kernels::ops::{self, AttentionShape, Paged, QkNorms};
 
 use super::batch::Keep;
 use super::linear::{linear_to, project_delta};
@@ -152,6 +152,20 @@ impl Attention {
         CacheSpec::Attention { kv_heads: self.spec.num_kv_heads, head_dim: self.spec.head_dim, dtype }
     }
 
+    /// The attention kernels' view of this layer over `operands` (the model's compute dtype).
+    pub fn shape(&self, operands: DType) -> AttentionShape {
+        let s = &self.spec;
+        let hd = s.head_dim;
+        AttentionShape {
+            q_heads: s.num_heads,
+            kv_heads: s.num_kv_heads,
+            head_dim: hd,
+            window: s.window,
+            scale: (hd as f32).powf(-0.5),
+            operands,
+        }
+    }
+
     /// Rows of `x` `[N, D]` belong to sequences as `kv.cu` says; each appends its keys and
     /// values at its next positions and attends over its cache. Returns `[N, D]`, or the `keep`
     /// rows of it.
@@ -169,18 +183,10 @@ impl Attention {
             (Some(qw), Some(kw), QkNorm::Whole) => (whole_norm(&q, qw, self.eps)?, whole_norm(&k, kw, self.eps)?, None),
             _ => (q, k, None),
         };
-        let shape = AttentionShape {
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: hd,
-            window: s.window,
-            scale: (hd as f32).powf(-0.5),
-            operands: x.dtype(),
-        };
-        let seqs: Vec<PagedSeq<'_>> =
-            (kv.starts.iter().zip(&kv.slots).zip(&kv.tables)).map(|((&start, &slot), table)| PagedSeq { start, slot, table }).collect();
+        let shape = self.shape(x.dtype());
+        let seqs = kv.seqs();
         let pass = Paged { seqs: &seqs, cu: &kv.cu, block_size: kv.block_size };
-        let device = kv.device.as_ref().map(|d| d.pages());
+        let device = kv.device.as_ref().map(|d| d.pages(shape.tile_key()));
         let rope = self.rope.as_ref().map(Rope::args);
         // Qwen's output gate, o · sigmoid(gate), is applied as the op writes its output.
         let gate = if s.output_gate { Some(y.narrow(1, hq * hd, hq * hd)?) } else { None };

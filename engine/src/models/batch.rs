@@ -4,6 +4,8 @@ use candle_core::Tensor;
 use deltaserve_kernels::ops::PrefillAlgo;
 use deltaserve_kernels::{Capture, PackedTables, StepSlots};
 
+use crate::kv_plan::FixedKv;
+
 /// Several sequences packed along the token axis: sequence `s` owns rows `cu[s]..cu[s+1]` and
 /// continues from the state of `slots[s]`.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +20,9 @@ pub struct Packed<'a> {
     /// The same packing in a fixed device buffer, for a pass captured as a CUDA graph (the
     /// recurrent layers' kernels read it instead of uploading their tables).
     pub tables: Option<&'a PackedTables>,
+    /// The attention layers' rows and tile lists in fixed device memory, for such a pass over
+    /// a hybrid (read instead of uploaded).
+    pub kv: Option<&'a FixedKv>,
 }
 
 impl Packed<'_> {

@@ -188,17 +188,23 @@ impl CausalLm {
         };
         let mut kv = pool.plan(&slots, &lens)?;
         if let Some(tables) = pool.device_tables() {
-            let (row_slot, row_pos) = match pass {
-                Pass::Decode { slots: StepSlots { device: Some(s), .. }, positions: Some(p) } => ((*s).clone(), (*p).clone()),
-                _ => {
+            let fixed = match pass {
+                Pass::Prefill { seqs, .. } | Pass::Mixed { seqs, .. } => seqs.kv,
+                Pass::Decode { .. } => None,
+            };
+            kv.device = Some(match (fixed, pass) {
+                (Some(f), _) => f.device_kv(tables)?,
+                (None, Pass::Decode { slots: StepSlots { device: Some(s), .. }, positions: Some(p) }) => {
+                    DeviceKv::new(tables, (*s).clone(), (*p).clone())
+                }
+                (None, _) => {
                     // One upload for both index lists.
                     let (s, p) = kv.rows();
                     let n = s.len();
                     let both = Tensor::from_vec([s, p].concat(), (2, n), &self.device)?;
-                    (both.get(0)?, both.get(1)?)
+                    DeviceKv::new(tables, both.get(0)?, both.get(1)?)
                 }
-            };
-            kv.device = Some(DeviceKv { tables: tables.tensor().clone(), width: tables.width(), row_slot, row_pos });
+            });
         }
         let mut res = Residual { h, delta: None };
         // At trace level: the host time to launch each layer (a slow layer points at an
@@ -234,7 +240,7 @@ impl CausalLm {
         self.check_tokens(tokens)?;
         let _span = tracing::debug_span!("prefill", %slot, tokens = tokens.len()).entered();
         let (cu, slots) = ([0, tokens.len()], [slot.index()]);
-        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &[], tables: None }, algo };
+        let pass = Pass::Prefill { seqs: Packed { cu: &cu, slots: &slots, captures: &[], tables: None, kv: None }, algo };
         let h = self.embed(tokens)?;
         match logits {
             Logits::All => self.head(&self.blocks(h, pool, &pass, Keep::All)?),
@@ -284,7 +290,7 @@ impl CausalLm {
         let _span = tracing::debug_span!("prefill_many", seqs = batch.len(), tokens = prompt_rows, decode = step.len()).entered();
         let starts: Vec<usize> = batch.iter().map(|(slot, _)| pool.seen(*slot)).collect();
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).chain(step_tokens).collect();
-        let seqs = Packed { cu: &cu, slots: &slots, captures: &captures, tables: None };
+        let seqs = Packed { cu: &cu, slots: &slots, captures: &captures, tables: None, kv: None };
         let pass = match step.is_empty() {
             true => Pass::Prefill { seqs, algo },
             false => Pass::Mixed { seqs, algo, slots: StepSlots::from(&step_slots) },
@@ -363,17 +369,28 @@ impl CausalLm {
     }
 
     /// Whether this model's prefill passes can read their tables from a fixed
-    /// [`PackedTables`] buffer, and so be captured as CUDA graphs: on a GPU, with every token
-    /// mixer a delta rule (Gated DeltaNet, Gated DeltaProduct, DeltaNet) and every channel
-    /// mixer dense. (Attention layers plan KV blocks per pass, and MoE layers have no
-    /// fixed-table path yet.)
+    /// [`deltaserve_kernels::PackedTables`] buffer (and its attention layers their rows and tile
+    /// lists from a [`crate::kv_plan::FixedKv`]), and so be captured as CUDA graphs: on a GPU, with every channel mixer
+    /// dense (MoE layers have no fixed-table path yet).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn prefill_tables_supported(&self) -> bool {
-        self.device.is_cuda()
-            && self.layers.iter().all(|b| {
-                let mixer = matches!(b.attn, TokenMixer::GatedDeltaNet(_) | TokenMixer::GatedDeltaProduct(_) | TokenMixer::DeltaNet(_));
-                mixer && matches!(b.mlp, ChannelMixer::Mlp(_))
-            })
+        self.device.is_cuda() && self.layers.iter().all(|b| matches!(b.mlp, ChannelMixer::Mlp(_)))
+    }
+
+    /// One shape of each distinct tile key among the attention layers (none for a pure
+    /// delta-rule stack): the tile lists a captured pass fills.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn attention_shapes(&self) -> Vec<ops::AttentionShape> {
+        let mut shapes: Vec<ops::AttentionShape> = Vec::new();
+        for b in &self.layers {
+            if let TokenMixer::Attention(a) = &b.attn {
+                let s = a.shape(self.dtype);
+                if !shapes.iter().any(|t| t.tile_key() == s.tile_key()) {
+                    shapes.push(s);
+                }
+            }
+        }
+        shapes
     }
 
     /// The prefill (or, with `step`, mixed) forward of a packing that covers every row of its

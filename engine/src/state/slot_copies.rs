@@ -40,6 +40,9 @@ impl StatePool {
         if self.in_use.get(s) == Some(&true) && s < self.seq_slots {
             self.in_use[s] = false;
             self.seen[s] = 0;
+            // KV blocks a captured pass took for its padding rows.
+            self.drop_table(s);
+            self.reserved[s] = 0;
             self.free.push(s);
         }
     }

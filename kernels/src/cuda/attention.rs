@@ -108,7 +108,7 @@ const APPEND_WARPS: usize = 8;
 /// Query rows of one row-kernel launch (bounds its partial-result buffer).
 const ROWS_PER_LAUNCH: usize = 1024;
 /// Query rows of one tile of the tensor-core kernel (`TILE_M`).
-const TILE_M: usize = 64;
+const TILE_M: usize = crate::ops::ATTENTION_TILE_ROWS;
 const TILE_N: usize = 64;
 const TILE_THREADS: u32 = 128;
 
@@ -137,6 +137,102 @@ fn type_name(dtype: DType) -> Result<&'static str> {
 fn address<T>(s: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>) -> u64 {
     let (ptr, _sync) = s.device_ptr(s.stream());
     ptr
+}
+
+/// Blocks of the tile kernel an SM holds: the warpgroup kernel and two query heads a block hold
+/// one, one head two.
+fn tiles_per_sm(hd: usize, hq: usize, hkv: usize) -> (usize, usize) {
+    if warpgroup_tiles(hd, hq, hkv) || head_pairs(hd, hq, hkv) {
+        (2, 1)
+    } else {
+        (1, 2)
+    }
+}
+
+/// Tiles a block of the tile kernel takes for a list of `count` entries: two (long tiles paired
+/// with short ones) where one a block would take more than one wave.
+fn tiles_per_block(count: usize, hd: usize, hq: usize, hkv: usize, sms: usize) -> usize {
+    let (hp, per_sm) = tiles_per_sm(hd, hq, hkv);
+    if count * (hq / hp) > per_sm * sms {
+        2
+    } else {
+        1
+    }
+}
+
+/// The tile kernel's list for `pass`, flattened (first row, rows, first position, slot), and the
+/// tiles a block takes: tiles of up to 64 rows, never across sequences, those with the most keys
+/// first so that the short ones fill the last wave, paired long with short where a block takes
+/// two. With `capacity` (a fixed buffer's), the blocks for it, empty ones (rows 0) after the
+/// pass's own.
+fn tile_list(shape: &AttentionShape, pass: &Paged<'_>, sms: usize, capacity: Option<usize>) -> Result<(Vec<i32>, usize)> {
+    let mut tiles: Vec<[i32; 4]> = Vec::new();
+    for (s, seq) in pass.seqs.iter().enumerate() {
+        for n0 in (pass.cu[s]..pass.cu[s + 1]).step_by(TILE_M) {
+            let cnt = TILE_M.min(pass.cu[s + 1] - n0);
+            tiles.push([n0 as i32, cnt as i32, (seq.start + n0 - pass.cu[s]) as i32, seq.slot as i32]);
+        }
+    }
+    let keys = |t: &[i32; 4]| {
+        let last = t[2] + t[1];
+        shape.window.map_or(last, |w| last.min(w as i32 + t[1]))
+    };
+    tiles.sort_by_key(|t| std::cmp::Reverse(keys(t)));
+    let (hd, hq, hkv) = (shape.head_dim, shape.q_heads, shape.kv_heads);
+    if let Some(cap) = capacity {
+        if tiles.len() > cap {
+            return Err(KernelError::Shape {
+                op: "paged_attention",
+                input: "tiles",
+                expected: format!("at most {cap} tiles (the fixed list's capacity)"),
+                actual: vec![tiles.len()],
+            });
+        }
+    }
+    let per_block = tiles_per_block(capacity.unwrap_or(tiles.len()), hd, hq, hkv, sms);
+    let mut flat: Vec<i32> = if per_block == 2 {
+        let half = tiles.len().div_ceil(2);
+        let (long, short) = tiles.split_at(half);
+        let mut short = short.iter().rev();
+        long.iter().flat_map(|l| [*l, short.next().copied().unwrap_or([0; 4])]).flatten().collect()
+    } else {
+        tiles.into_iter().flatten().collect()
+    };
+    if let Some(cap) = capacity {
+        flat.resize(cap * 4, 0);
+    }
+    Ok((flat, per_block))
+}
+
+/// The entries of a fixed tile list (`[capacity · 4]` i32, an even capacity).
+fn fixed_capacity(buf: &Tensor) -> Result<usize> {
+    let n = buf.elem_count();
+    if buf.dtype() != DType::I32 || !n.is_multiple_of(8) || n == 0 {
+        return Err(KernelError::Shape {
+            op: "paged_attention",
+            input: "tiles",
+            expected: "[capacity · 4] i32 for an even capacity".into(),
+            actual: buf.dims().to_vec(),
+        });
+    }
+    Ok(n / 4)
+}
+
+/// The tile kernel's list for `pass` at `shape` in a fixed buffer's layout: `[capacity · 4]`
+/// i32, the blocks a launch of that capacity takes, empty tiles after the pass's own.
+pub fn fixed_tiles(shape: &AttentionShape, pass: &Paged<'_>, capacity: usize, dev: &candle_core::Device) -> Result<Vec<i32>> {
+    let candle_core::Device::Cuda(d) = dev else {
+        return Err(KernelError::UnsupportedDevice { op: "attention tiles", device: format!("{dev:?}") });
+    };
+    if !capacity.is_multiple_of(2) {
+        return Err(KernelError::Shape {
+            op: "attention tiles",
+            input: "capacity",
+            expected: "an even count".into(),
+            actual: vec![capacity],
+        });
+    }
+    Ok(tile_list(shape, pass, sm_count(d)?, Some(capacity))?.0)
 }
 
 /// Whether the tensor-core kernel takes this pass: bf16/f16 operands with the cache in the same
@@ -257,34 +353,33 @@ pub fn paged_attention(
         // SAFETY: every element is written by the tile kernel.
         let out = unsafe { dev.alloc::<f32>(n * hq * hd) }?;
         let out_ptr = address(&out);
-        // Tiles of up to 64 rows, never across sequences: (first row, rows, first position,
-        // slot), those with the most keys first so that the short ones fill the last wave.
-        let mut tiles: Vec<[i32; 4]> = Vec::new();
-        for (s, seq) in pass.seqs.iter().enumerate() {
-            for n0 in (pass.cu[s]..pass.cu[s + 1]).step_by(TILE_M) {
-                let cnt = TILE_M.min(pass.cu[s + 1] - n0);
-                tiles.push([n0 as i32, cnt as i32, (seq.start + n0 - pass.cu[s]) as i32, seq.slot as i32]);
+        let sms = sm_count(&dev)?;
+        // A CUDA graph's pass reads its list from a fixed buffer filled before each replay; an
+        // eager pass uploads its own (kept alive until the launch is enqueued).
+        let (_listed, tiles_ptr, entries, per_block) = match pages.tiles {
+            Some(buf) => {
+                let cap = fixed_capacity(buf)?;
+                let ptr = device_address::<i32>(buf)?;
+                // The kernels read each tile as one int4.
+                if ptr % 16 != 0 {
+                    return Err(KernelError::Shape {
+                        op: OP,
+                        input: "tiles",
+                        expected: "a list starting at a 16-byte boundary".into(),
+                        actual: vec![(ptr % 16) as usize],
+                    });
+                }
+                (None, ptr, cap, tiles_per_block(cap, hd, hq, hkv, sms))
             }
-        }
-        let keys = |t: &[i32; 4]| {
-            let last = t[2] + t[1];
-            shape.window.map_or(last, |w| last.min(w as i32 + t[1]))
+            None => {
+                let (list, per_block) = tile_list(shape, pass, sms, None)?;
+                let d = dev.cuda_stream().clone_htod(&list).w()?;
+                let ptr = address(&d);
+                (Some(d), ptr, list.len() / 4, per_block)
+            }
         };
-        tiles.sort_by_key(|t| std::cmp::Reverse(keys(t)));
-        // The warpgroup kernel and two query heads a block hold one block an SM, one head two.
         let wg = warpgroup_tiles(hd, hq, hkv);
-        let (hp, per_sm) = if wg || head_pairs(hd, hq, hkv) { (2, 1) } else { (1, 2) };
-        // More blocks than one wave holds: pair the longest tiles with the shortest.
-        let per_block = if tiles.len() * (hq / hp) > per_sm * sm_count(&dev)? { 2 } else { 1 };
-        let tiles: Vec<i32> = if per_block == 2 {
-            let half = tiles.len().div_ceil(2);
-            let (long, short) = tiles.split_at(half);
-            let mut short = short.iter().rev();
-            long.iter().flat_map(|l| [*l, short.next().copied().unwrap_or([0; 4])]).flatten().collect()
-        } else {
-            tiles.into_iter().flatten().collect()
-        };
-        let tiles_d = dev.cuda_stream().clone_htod(&tiles).w()?;
+        let hp = tiles_per_sm(hd, hq, hkv).0;
         let (name, module, smem, threads) = if wg {
             (format!("attn_wg_{cache}_d{hd}"), &modules::ATTENTION_WG, wg_smem(hd), 3 * TILE_THREADS)
         } else {
@@ -295,9 +390,9 @@ pub fn paged_attention(
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
         let mut l = f.builder();
         let per_block_i = per_block as i32;
-        l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_d).arg(&per_block_i);
+        l.arg(&q_rot_ptr).arg(&kc).arg(&vc).arg(&tables).arg(&width).arg(&bs).arg(&tiles_ptr).arg(&per_block_i);
         l.arg(&hqi).arg(&hkvi).arg(&window).arg(&shape.scale).arg(&out_ptr);
-        unsafe { l.launch(grid(tiles.len() / (4 * per_block), hq / hp, 1, threads, smem as u32)) }.w()?;
+        unsafe { l.launch(grid(entries / per_block, hq / hp, 1, threads, smem as u32)) }.w()?;
         if wg {
             WG_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

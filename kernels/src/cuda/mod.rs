@@ -379,7 +379,7 @@ fn push_gate<'a>(l: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'
     }
 }
 
-mod attention;
+pub(crate) mod attention;
 mod conv;
 mod conv_prep;
 mod copy;

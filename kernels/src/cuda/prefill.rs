@@ -100,11 +100,11 @@ pub fn split_key_pass_launches() -> usize {
 const TWO_WARPGROUP_CHUNKS: usize = 4;
 
 /// Whether the warpgroup state pass (`wg`) runs on two warpgroups: the longest sequence spans
-/// [`TWO_WARPGROUP_CHUNKS`] chunks, and the pass is not one of the short passes replayed from a
-/// graph with other packings (`fixed`). Both give the same bits, so the choice may depend on
-/// the batch. `DELTASERVE_TC_WS=0` or [`set_two_warpgroup_pass`] turns it off.
-fn two_warpgroup_pass(wg: bool, longest_chunks: usize, fixed: bool) -> bool {
-    wg && !fixed && longest_chunks >= TWO_WARPGROUP_CHUNKS && WS_PASS.on()
+/// [`TWO_WARPGROUP_CHUNKS`] chunks (for a pass replayed from a graph with other packings of its
+/// rows: its rows do). Both give the same bits, so the choice may depend on the batch.
+/// `DELTASERVE_TC_WS=0` or [`set_two_warpgroup_pass`] turns it off.
+fn two_warpgroup_pass(wg: bool, longest_chunks: usize) -> bool {
+    wg && longest_chunks >= TWO_WARPGROUP_CHUNKS && WS_PASS.on()
 }
 static WS_PASS: Switch = Switch::new("DELTASERVE_TC_WS");
 
@@ -375,10 +375,14 @@ pub fn gated_delta_chunk_tc(
     let bv = value_tile(widths, |bv| mma_state_smem(k, bv, lo, false), v, slots.len() * hv, sms, pick);
     let db = double_buffered(lo, kt, slots.len() * hv * v.div_ceil(bv), sms, mma_state_smem(k, bv, lo, true));
     let (words, sfx) = states.recurrent_words("gated_delta_prefill")?;
-    let longest = (0..slots.len()).map(|s| (cu_seqlens[s + 1] - cu_seqlens[s]).div_ceil(CHUNK)).max().unwrap_or(0);
+    // A captured pass decides by its rows, the same for every packing it replays.
+    let longest = match fixed {
+        Some(t) => t.rows().div_ceil(CHUNK),
+        None => (0..slots.len()).map(|s| (cu_seqlens[s + 1] - cu_seqlens[s]).div_ceil(CHUNK)).max().unwrap_or(0),
+    };
     // Above K = 128 the warpgroup pass always splits Sᵀ's keys between two consumers.
     let split = wg && kt > 8;
-    let ws = two_warpgroup_pass(wg && !split, longest, fixed.is_some());
+    let ws = two_warpgroup_pass(wg && !split, longest);
     let (bv, threads) = match (wg, split, ws) {
         (true, true, _) => (64, 384),
         (true, false, true) => (64, 256),

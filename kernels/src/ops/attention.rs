@@ -45,6 +45,46 @@ pub struct DevicePages<'a> {
     pub row_slot: &'a Tensor,
     /// `[N]` i32: each row's position.
     pub row_pos: &'a Tensor,
+    /// A CUDA graph's fixed prefill tile list for this layer, `[capacity · 4]` i32 filled by
+    /// [`attention_tiles`] before each replay; `None`: a pass builds and uploads its own.
+    pub tiles: Option<&'a Tensor>,
+}
+
+/// Which prefill tile list an attention layer reads: layers of one key share one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TileKey {
+    /// HQ.
+    pub q_heads: usize,
+    /// HKV.
+    pub kv_heads: usize,
+    /// hd.
+    pub head_dim: usize,
+    /// The sliding window, if any.
+    pub window: Option<usize>,
+}
+
+impl AttentionShape {
+    /// The key of this layer's prefill tile list.
+    pub fn tile_key(&self) -> TileKey {
+        TileKey { q_heads: self.q_heads, kv_heads: self.kv_heads, head_dim: self.head_dim, window: self.window }
+    }
+}
+
+/// Rows of one prefill attention tile.
+pub const ATTENTION_TILE_ROWS: usize = 64;
+
+/// The tiles a fixed list needs at most for a pass of `rows` rows in `seqs` sequences (each
+/// sequence's rows in tiles of [`ATTENTION_TILE_ROWS`]), rounded up to an even count.
+pub fn attention_tile_capacity(rows: usize, seqs: usize) -> usize {
+    (rows.div_ceil(ATTENTION_TILE_ROWS) + seqs).next_multiple_of(2)
+}
+
+/// The GPU prefill's tile list for `pass` at `shape`, laid out for a fixed buffer of
+/// `capacity` tiles ([`attention_tile_capacity`], `[capacity · 4]` i32): what a CUDA graph
+/// writes into [`DevicePages::tiles`] before it replays.
+#[cfg(feature = "cuda")]
+pub fn attention_tiles(shape: &AttentionShape, pass: &Paged<'_>, capacity: usize, dev: &candle_core::Device) -> Result<Vec<i32>> {
+    crate::cuda::attention::fixed_tiles(shape, pass, capacity, dev)
 }
 
 /// What [`paged_attention`] returns: values in `dtype` (f32, bf16 or f16), each first

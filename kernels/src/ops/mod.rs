@@ -22,9 +22,11 @@ pub mod prep;
 pub mod sample;
 pub mod step;
 
+#[cfg(feature = "cuda")]
+pub use attention::attention_tiles;
 pub use attention::{
-    attention_warpgroup_launches, paged_attention, set_attention_head_pairs, set_attention_warpgroup, set_fused_decode_attention,
-    AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs,
+    attention_tile_capacity, attention_warpgroup_launches, paged_attention, set_attention_head_pairs, set_attention_warpgroup,
+    set_fused_decode_attention, AttentionShape, AttnOutput, DevicePages, Paged, PagedSeq, QkNorms, RopeArgs, TileKey, ATTENTION_TILE_ROWS,
 };
 pub use conv::{conv_prefill, conv_prefill_packed, conv_prepare_packed, conv_step, PrepareInputs};
 pub use gemv::{

@@ -79,12 +79,14 @@ struct Args {
     host_cost: bool,
     /// Only short prefill passes eagerly against the same passes replayed from CUDA graphs
     /// (padded to 64/128/256 rows), ms to the logits on the host: chat turns continued from a
-    /// 2,048-token prefix, and packed short prompts.
+    /// 2,048-token prefix, and packed short prompts. On the 1.39B GDN, or with `--hybrid-dir`
+    /// on that checkpoint.
     #[arg(long)]
     prefill_graphs: bool,
     /// Only a prompt piece beside a decode step of running sequences: two passes (prefill, then
     /// the decode step's CUDA graph), one mixed pass run eagerly and one replayed from its CUDA
-    /// graph, ms to the logits on the host.
+    /// graph, ms to the logits on the host. On the 1.39B GDN, or with `--hybrid-dir` on that
+    /// checkpoint.
     #[arg(long)]
     mixed_passes: bool,
     /// Only the prefill projections as GEMMs: candle's cuBLAS call against cublasLt at the
@@ -486,7 +488,7 @@ fn attention_table(dev: &Device, reps: usize) -> anyhow::Result<()> {
         let q = Tensor::randn(0f32, 1.0, (n, hq, hd), dev)?;
         let k = Tensor::randn(0f32, 1.0, (n, hkv, hd), dev)?;
         let v = Tensor::randn(0f32, 1.0, (n, hkv, hd), dev)?;
-        let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp };
+        let pages = DevicePages { tables: &dev_tables, width, row_slot: &rs, row_pos: &rp, tiles: None };
         let ms = median_gpu_ms(dev, reps, Timing::IdleGpu, || {
             let pass = Paged { seqs: &seqs, cu: &cu, block_size: bs };
             let out = AttnOutput { dtype: DType::BF16, gate: None };

@@ -262,6 +262,12 @@ pub(super) fn hybrid_table(dev: &Device, dir: &std::path::Path, args: &Args, pro
     let weight_bytes = |b: usize| ((params - expert_params) as f64 + expert_params as f64 * touched(b)) * 2.0;
     // Conv states f32, recurrent states as `--state-dtype` keeps them.
     let state_bytes = model.cache_specs().iter().map(|s| s.bytes_per_sequence()).sum::<usize>() as f64;
+    if args.mixed_passes {
+        return super::passes::mixed_pass_table(&model, dev, reps);
+    }
+    if args.prefill_graphs {
+        return super::passes::prefill_graph_table(&model, dev, reps);
+    }
     let vocab = cfg.common.vocab_size as u32;
     let (t, ctx) = (4096usize, 256usize);
     let default: &[usize] = if moe.is_some() { &[1, 16, 64] } else { &[1, 64] };

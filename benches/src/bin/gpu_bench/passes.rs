@@ -294,8 +294,9 @@ pub(super) fn mixed_pass_table(model: &CausalLm, dev: &Device, reps: usize) -> a
         Graph,
     }
     for b in [1usize, 16, 32, 64] {
-        // The running sequences, the piece's slot and the graph's padding slot.
-        let mut pool = model.new_pool(b + 2)?;
+        // The running sequences, the piece's slot and the graph's padding slot (a hybrid's KV
+        // for 2,048 tokens each: the warm-up, the pieces and the steps).
+        let mut pool = model.new_pool_sized(deltaserve_engine::state::PoolSize::for_tokens(b + 2, 2048))?;
         let running: Vec<_> = (0..b).filter_map(|_| pool.allocate()).collect();
         let warm: Vec<u32> = (0..64u32).map(|i| (i * 131 + 17) % vocab).collect();
         for s in &running {
