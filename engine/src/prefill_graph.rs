@@ -28,8 +28,10 @@
 //!   read each row's slot and position and their prefill tile lists (padded to the shape's
 //!   largest count with empty tiles) from a fixed buffer ([`crate::kv_plan::FixedKv`]).
 //!
-//! Only models whose every layer has a fixed-table path take part
-//! ([`CausalLm::prefill_tables_supported`]: not MoE), unsplit. The GEMMs of a padded pass run at the
+//! - **MoE blocks** route on the device with grids sized by capacities, as in a decode graph;
+//!   the padding's rows are routed too and change no real row.
+//!
+//! Every model on a GPU takes part ([`CausalLm::prefill_tables_supported`]), unsplit. The GEMMs of a padded pass run at the
 //! padded row count, so its logits equal an eager pass's within the kernels' rounding, not bit
 //! for bit (`--batch-invariant` passes run eagerly).
 

@@ -2,8 +2,8 @@
 //! padding a sequence of its own in a lent slot; a mixed pass's decode rows padded to a bucket,
 //! each padding row in a lent slot) leave the same logits, states and snapshots as the eager
 //! pass, within the tolerance of GEMMs run at another row count; and they touch no other slot.
-//! Hybrids take part: the next decode step of every sequence reads the KV cache the pass
-//! wrote, and the padding's KV blocks go back to the pool.
+//! Hybrids and MoE models take part: the next decode step of every sequence reads the KV cache
+//! the pass wrote, and the padding's KV blocks go back to the pool.
 
 use candle_core::{DType, Device};
 use deltaserve_engine::prefill_graph::Shape;
@@ -96,12 +96,8 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
             let wg_launches = deltaserve_kernels::ops::attention_warpgroup_launches();
             let (g, e) = (load(dir.to_str().unwrap(), dtype, dev, 256), load(dir.to_str().unwrap(), dtype, dev, 0));
             let cfg = g.config();
-            let eligible = !cfg.is_moe();
-            assert_eq!(!g.prefill_graph_buckets().is_empty(), eligible, "{name}: prefill graphs on exactly for models without MoE layers");
+            assert!(!g.prefill_graph_buckets().is_empty(), "{name}: prefill graphs on for every model");
             assert!(e.prefill_graph_buckets().is_empty(), "{name}: 0 tokens turns them off");
-            if !eligible {
-                continue;
-            }
             assert_eq!(g.prefill_graph_buckets(), vec![64, 128, 256]);
             let size = PoolSize { snapshots: 4, ..PoolSize::for_tokens(12, 1024) };
             let (mut pg, mut pe) = (g.new_pool_sized(size).unwrap(), e.new_pool_sized(size).unwrap());
@@ -177,7 +173,7 @@ pub fn gpu_prefill_graphs_equal_eager_prefill(dev: &Device) {
             graphed += 1;
         }
     }
-    assert!(graphed >= 22, "GDN, GDP, DeltaNet and dense hybrid models in f32 and bf16 ran through graphs ({graphed})");
+    assert!(graphed >= 26, "every compact model (MoE too) and the random hybrids in f32 and bf16 ran through graphs ({graphed})");
 }
 
 /// A mixed pass's prompt pieces, its decode rows, and snapshots (sequence, tokens) in it.
@@ -207,10 +203,7 @@ pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
         for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 2e-2)] {
             let dir = dir.to_str().unwrap();
             let (g, e) = (load_mixed(dir, dtype, dev, 0, 1024), load_mixed(dir, dtype, dev, 0, 0));
-            if g.mixed_graph_buckets().is_empty() {
-                assert!(g.prefill_graph_buckets().is_empty(), "{name}: mixed graphs off exactly where prefill graphs are");
-                continue;
-            }
+            assert!(!g.mixed_graph_buckets().is_empty(), "{name}: mixed graphs on for every model");
             assert_eq!(g.mixed_graph_buckets(), vec![64, 128, 256, 512, 640, 768, 896, 1024]);
             assert!(e.mixed_graph_buckets().is_empty(), "{name}: 0 tokens turns them off");
             let size = PoolSize { snapshots: 4, ..PoolSize::for_tokens(48, 2048) };
@@ -296,5 +289,8 @@ pub fn gpu_mixed_graphs_equal_eager_mixed_passes(dev: &Device) {
             graphed += 1;
         }
     }
-    assert!(graphed >= 22, "GDN, GDP, DeltaNet and dense hybrid models in f32 and bf16 ran mixed passes through graphs ({graphed})");
+    assert!(
+        graphed >= 26,
+        "every compact model (MoE too) and the random hybrids in f32 and bf16 ran mixed passes through graphs ({graphed})"
+    );
 }

@@ -29,7 +29,7 @@ pub fn gpu_warm_up_leaves_the_pool_as_it_was(dev: &Device) {
         assert!(!w.stopped, "{name}: a warm-up never stopped says so");
         assert_eq!((w.passes, w.batch_sizes), (4, 4), "{name}: passes of 16, 32, 64 and 128 tokens, batch sizes 1 to 4");
         assert_eq!(warm.cuda_graph_batches(), vec![1, 2, 3, 4], "{name}: a graph for each batch size");
-        // Prefill graphs (models without MoE layers): buckets of 64, 128 and 256 rows, 1 to 3
+        // Prefill graphs (every model): buckets of 64, 128 and 256 rows, 1 to 3
         // sequences each (the fourth slot holds the padding).
         let shapes = if warm.prefill_graph_buckets().is_empty() { 0 } else { 9 };
         assert_eq!(w.prefill_graphs, shapes, "{name}: prefill graph shapes warmed");

@@ -370,11 +370,12 @@ impl CausalLm {
 
     /// Whether this model's prefill passes can read their tables from a fixed
     /// [`deltaserve_kernels::PackedTables`] buffer (and its attention layers their rows and tile
-    /// lists from a [`crate::kv_plan::FixedKv`]), and so be captured as CUDA graphs: on a GPU, with every channel mixer
-    /// dense (MoE layers have no fixed-table path yet).
+    /// lists from a [`crate::kv_plan::FixedKv`]), and so be captured as CUDA graphs: on a GPU,
+    /// every model (the MoE blocks route on the device, their grids sized by capacities, as in
+    /// a decode step's graph).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn prefill_tables_supported(&self) -> bool {
-        self.device.is_cuda() && self.layers.iter().all(|b| matches!(b.mlp, ChannelMixer::Mlp(_)))
+        self.device.is_cuda()
     }
 
     /// One shape of each distinct tile key among the attention layers (none for a pure

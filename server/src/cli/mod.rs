@@ -76,8 +76,8 @@ pub struct ModelArgs {
     /// With CUDA graphs, prefill passes of up to this many tokens (at most 8 sequences) are
     /// padded to 64, 128, 256, 512 rows, then multiples of 128, and replayed from a graph per shape, captured at
     /// start-up: a short pass (a chat turn continued from the prefix cache) costs its GPU time,
-    /// not ~300 launches. Models without MoE layers (hybrids too: a pass's KV blocks, its
-    /// padding's included, are taken before the replay), unsplit; 0 turns it off.
+    /// not ~300 launches. Every model (a hybrid's KV blocks for the pass, its padding's
+    /// included, are taken before the replay), unsplit; 0 turns it off.
     #[arg(long, env = "DELTASERVE_PREFILL_GRAPH_TOKENS", default_value_t = deltaserve_engine::DEFAULT_PREFILL_GRAPH_TOKENS)]
     pub prefill_graph_tokens: usize,
     /// With CUDA graphs, mixed passes (prompt pieces of up to this many tokens in all, at most
