@@ -31,9 +31,9 @@
 //! - **MoE blocks** route on the device with grids sized by capacities, as in a decode graph;
 //!   the padding's rows are routed too and change no real row.
 //!
-//! Every model on a GPU takes part ([`CausalLm::prefill_tables_supported`]), unsplit. The GEMMs of a padded pass run at the
-//! padded row count, so its logits equal an eager pass's within the kernels' rounding, not bit
-//! for bit (`--batch-invariant` passes run eagerly).
+//! Every model on a GPU takes part ([`CausalLm::prefill_tables_supported`]), unsplit. The GEMMs
+//! of a padded pass run at the padded row count, so its logits equal an eager pass's within the
+//! kernels' rounding, not bit for bit (`--batch-invariant` passes run eagerly).
 
 #[cfg(feature = "cuda")]
 pub use graphs::PrefillGraphs;
