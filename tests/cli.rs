@@ -184,7 +184,7 @@ fn a_closed_stdout_ends_subcommands_quietly() {
 }
 
 #[test]
-fn init_random_writes_fla_attention_hybrids_and_refuses_other_layouts() {
+fn init_random_writes_fla_attention_hybrids_and_refuses_layouts_it_does_not_know() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("hybrid");
     let cfg = dir.path().join("config.json");
@@ -211,11 +211,12 @@ fn init_random_writes_fla_attention_hybrids_and_refuses_other_layouts() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("hello") && text.len() > "hello".len(), "{text:?}");
-    // transformers' layouts have other tensor names: refused, naming the field and the value.
-    let qwen = std::fs::read_to_string(deltaserve_tests::compact_dir().join("qwen3_5/config.json")).unwrap();
-    std::fs::write(&cfg, qwen).unwrap();
+    // Layouts it has no inventory of (Qwen3-Next's packed projections, MoE blocks): refused,
+    // naming the field and the value.
+    let next = std::fs::read_to_string(deltaserve_tests::compact_dir().join("qwen3_next/config.json")).unwrap();
+    std::fs::write(&cfg, next).unwrap();
     let out = deltaserve(&["init-random", "--config", cfg.to_str().unwrap(), "-o", dir.path().join("q").to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`model_type`") && err.contains("qwen3_5") && err.contains("gated_deltanet"), "{err}");
+    assert!(err.contains("`model_type`") && err.contains("qwen3_next") && err.contains("qwen3_5,"), "{err}");
 }

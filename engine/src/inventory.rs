@@ -1,30 +1,31 @@
-//! The tensors a checkpoint must hold for a config, in fla's current layout (model-spec.md
-//! §1.2, §2.2; DeltaNet: hybrid-spec.md §2.2; fla's `attn` layers: §1.1). Used to write
-//! checkpoints (random ones, pruned ones) and to check them.
+//! The tensors a checkpoint must hold for a config: fla's current layout (model-spec.md §1.2,
+//! §2.2; DeltaNet: hybrid-spec.md §2.2; fla's `attn` layers: §1.1) and transformers' Qwen3.5
+//! text layout (§3.2). Used to write checkpoints (random ones, pruned ones) and to check them.
 
-use crate::config::{Family, LayerKind, MlpKind, ModelConfig};
+use crate::config::{AttentionSpec, Family, LayerKind, MlpKind, ModelConfig, QkNorm};
 
-/// Whether [`expected_tensors`] lists this config's tensors: fla's families, `attn` layers
-/// included, with dense MLPs (the transformers families and MoE blocks have other names).
+/// Whether [`expected_tensors`] lists this config's tensors: fla's families (`attn` layers
+/// included) and dense Qwen3.5 (`Qwen3_5ForCausalLM`'s `model.*`); not MoE blocks, Qwen3-Next
+/// or OLMo-Hybrid.
 pub fn listed(cfg: &ModelConfig) -> bool {
-    cfg.family == Family::Fla && !cfg.is_moe()
+    matches!(cfg.family, Family::Fla | Family::Qwen3_5) && !cfg.is_moe()
 }
 
 /// `(key, shape)` of every tensor the config implies, in a stable order (for configs that
 /// [`listed`] accepts).
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    if cfg.family == Family::Qwen3_5 {
+        return qwen3_5_tensors(cfg);
+    }
     let c = &cfg.common;
     let (d, vocab, w) = (c.hidden_size, c.vocab_size, c.conv_size);
     let (hv, n) = (cfg.num_v_heads(), cfg.num_householder());
-    let (key_dim, value_dim, i_size) = (cfg.key_dim(), cfg.value_dim(), cfg.intermediate_size());
+    let (key_dim, value_dim) = (cfg.key_dim(), cfg.value_dim());
     let mut v: Vec<(String, Vec<usize>)> = vec![("model.embeddings.weight".into(), vec![vocab, d])];
     for l in 0..c.num_hidden_layers {
         let p = |s: &str| format!("model.layers.{l}.{s}");
         v.push((p("attn_norm.weight"), vec![d]));
-        let i_size = match cfg.mlps.get(l) {
-            Some(MlpKind::Dense { intermediate }) => *intermediate,
-            _ => i_size,
-        };
+        let i_size = intermediate(cfg, l);
         let mlp = |v: &mut Vec<(String, Vec<usize>)>| {
             v.push((p("mlp_norm.weight"), vec![d]));
             v.push((p("mlp.gate_proj.weight"), vec![i_size, d]));
@@ -32,14 +33,7 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             v.push((p("mlp.down_proj.weight"), vec![d, i_size]));
         };
         if let Some(LayerKind::Attention(a)) = cfg.layers.get(l) {
-            let (q, kv) = (a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
-            for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-                v.push((p(&format!("attn.{name}.weight")), vec![rows, d]));
-                if a.qkv_bias {
-                    v.push((p(&format!("attn.{name}.bias")), vec![rows]));
-                }
-            }
-            v.push((p("attn.o_proj.weight"), vec![d, q]));
+            attention_tensors(&mut v, &p("attn"), a, d);
             mlp(&mut v);
             continue;
         }
@@ -65,6 +59,78 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         v.push((p("attn.o_norm.weight"), vec![cfg.head_v_dim()]));
         v.push((p("attn.o_proj.weight"), vec![d, value_dim]));
         mlp(&mut v);
+    }
+    v.push(("model.norm.weight".into(), vec![d]));
+    if !c.tie_word_embeddings {
+        v.push(("lm_head.weight".into(), vec![vocab, d]));
+    }
+    v
+}
+
+/// A layer's dense MLP width.
+fn intermediate(cfg: &ModelConfig, layer: usize) -> usize {
+    match cfg.mlps.get(layer) {
+        Some(MlpKind::Dense { intermediate }) => *intermediate,
+        _ => cfg.intermediate_size(),
+    }
+}
+
+/// transformers' self-attention tensors under `p` (`q_proj` with Qwen's output gate rows when
+/// the spec has it, biases, q/k norms).
+fn attention_tensors(v: &mut Vec<(String, Vec<usize>)>, p: &str, a: &AttentionSpec, d: usize) {
+    let (q, kv) = (a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim);
+    let q_rows = if a.output_gate { 2 * q } else { q };
+    for (name, rows) in [("q_proj", q_rows), ("k_proj", kv), ("v_proj", kv)] {
+        v.push((format!("{p}.{name}.weight"), vec![rows, d]));
+        if a.qkv_bias {
+            v.push((format!("{p}.{name}.bias"), vec![rows]));
+        }
+    }
+    v.push((format!("{p}.o_proj.weight"), vec![d, q]));
+    if a.o_bias {
+        v.push((format!("{p}.o_proj.bias"), vec![d]));
+    }
+    let norms = match a.qk_norm {
+        QkNorm::None => None,
+        QkNorm::PerHead => Some((a.head_dim, a.head_dim)),
+        QkNorm::Whole => Some((q, kv)),
+    };
+    if let Some((qn, kn)) = norms {
+        v.push((format!("{p}.q_norm.weight"), vec![qn]));
+        v.push((format!("{p}.k_norm.weight"), vec![kn]));
+    }
+}
+
+/// Qwen3.5's text model as `Qwen3_5ForCausalLM` saves it (hybrid-spec.md §3.2): fused
+/// `in_proj_qkv` and one `conv1d` over q‖k‖v in the linear-attention layers, gated attention.
+fn qwen3_5_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let c = &cfg.common;
+    let (d, vocab, w) = (c.hidden_size, c.vocab_size, c.conv_size);
+    let (key_dim, value_dim, hv) = (cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
+    let conv_dim = 2 * key_dim + value_dim;
+    let mut v: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![vocab, d])];
+    for l in 0..c.num_hidden_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        v.push((p("input_layernorm.weight"), vec![d]));
+        match cfg.layers.get(l) {
+            Some(LayerKind::Attention(a)) => attention_tensors(&mut v, &p("self_attn"), a, d),
+            _ => {
+                v.push((p("linear_attn.in_proj_qkv.weight"), vec![conv_dim, d]));
+                v.push((p("linear_attn.in_proj_z.weight"), vec![value_dim, d]));
+                v.push((p("linear_attn.in_proj_b.weight"), vec![hv, d]));
+                v.push((p("linear_attn.in_proj_a.weight"), vec![hv, d]));
+                v.push((p("linear_attn.conv1d.weight"), vec![conv_dim, 1, w]));
+                v.push((p("linear_attn.A_log"), vec![hv]));
+                v.push((p("linear_attn.dt_bias"), vec![hv]));
+                v.push((p("linear_attn.norm.weight"), vec![cfg.head_v_dim()]));
+                v.push((p("linear_attn.out_proj.weight"), vec![d, value_dim]));
+            }
+        }
+        v.push((p("post_attention_layernorm.weight"), vec![d]));
+        let i = intermediate(cfg, l);
+        v.push((p("mlp.gate_proj.weight"), vec![i, d]));
+        v.push((p("mlp.up_proj.weight"), vec![i, d]));
+        v.push((p("mlp.down_proj.weight"), vec![d, i]));
     }
     v.push(("model.norm.weight".into(), vec![d]));
     if !c.tie_word_embeddings {

@@ -56,8 +56,9 @@ impl Stream {
     }
 }
 
-/// Values for one tensor, scaled so activations stay O(1) through the depth.
-fn init(rng: &mut Stream, key: &str, shape: &[usize]) -> Vec<f32> {
+/// Values for one tensor, scaled so activations stay O(1) through the depth; `zero_centred`:
+/// the family's decoder norms are x̂·(1 + w).
+fn init(rng: &mut Stream, key: &str, shape: &[usize], zero_centred: bool) -> Vec<f32> {
     let n: usize = shape.iter().product();
     let z = rng.normals(n);
     if key.ends_with("A_log") {
@@ -69,7 +70,9 @@ fn init(rng: &mut Stream, key: &str, shape: &[usize]) -> Vec<f32> {
         return scale(0.5, -2.0);
     }
     if key.ends_with("norm.weight") {
-        return scale(0.1, 1.0);
+        // Qwen's decoder norms store w of x̂·(1 + w); its GDN output norm is plain.
+        let zero_centred = zero_centred && !key.contains("linear_attn.norm");
+        return scale(0.1, if zero_centred { 0.0 } else { 1.0 });
     }
     if key.contains("conv1d") {
         let w = *shape.last().unwrap_or(&1) as f32;
@@ -83,7 +86,8 @@ fn init(rng: &mut Stream, key: &str, shape: &[usize]) -> Vec<f32> {
 }
 
 /// Writes `config.json` and a random `model.safetensors` (in `dtype`) for `config` into `dir`:
-/// fla's layouts only (the transformers families are refused, naming the `model_type`).
+/// fla's layouts and Qwen3.5's text layout (the other transformers families and MoE blocks are
+/// refused, naming the `model_type`).
 /// Tokenizer files from `tokenizer_from` are copied when given.
 pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u64, tokenizer_from: Option<&Path>) -> Result<ModelConfig> {
     let cfg = ModelConfig::from_value(config.clone())?;
@@ -92,7 +96,8 @@ pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u
         return Err(crate::error::ConfigError::Unsupported {
             field: "model_type".into(),
             value: format!("{}{moe}", cfg.model_type()),
-            supported: "fla's gated_deltanet, gated_deltaproduct and delta_net, with or without `attn` layers, dense MLPs".into(),
+            supported: "fla's gated_deltanet, gated_deltaproduct and delta_net (with or without `attn` layers) and qwen3_5, dense MLPs"
+                .into(),
         }
         .into());
     }
@@ -100,7 +105,8 @@ pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u
     let mut rng = Stream::new(seed);
     let mut tensors = Vec::new();
     for (key, shape) in expected_tensors(&cfg) {
-        let t = Tensor::from_vec(init(&mut rng, &key, &shape), shape.as_slice(), &Device::Cpu)?.to_dtype(dtype)?;
+        let values = init(&mut rng, &key, &shape, cfg.family.zero_centred());
+        let t = Tensor::from_vec(values, shape.as_slice(), &Device::Cpu)?.to_dtype(dtype)?;
         tensors.push((key, t));
     }
     let path = dir.join(crate::weights::SINGLE_FILE);
@@ -145,7 +151,7 @@ mod tests {
         all.extend(s.normals(n));
         let mut s2 = Stream::new(9);
         s2.normals(5);
-        all.extend(init(&mut s2, "layers.0.attn.A_log", &[n]));
+        all.extend(init(&mut s2, "layers.0.attn.A_log", &[n], false));
         assert_eq!(all.len(), expect.len());
         for (i, (a, b)) in all.iter().zip(&expect).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "value {i}");

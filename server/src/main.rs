@@ -27,7 +27,7 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Remove key/query channels per head: a smaller recurrent state (DRRQR, S-Wanda, L1, Rand).
     Prune(cli::prune::PruneArgs),
-    /// Write a randomly initialised checkpoint of any shape.
+    /// Write a randomly initialised checkpoint of any shape (fla's layouts and Qwen3.5's).
     InitRandom(cli::init_random::InitRandomArgs),
 }
 

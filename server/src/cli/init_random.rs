@@ -1,14 +1,18 @@
-//! `deltaserve init-random`: write a randomly initialised checkpoint of any shape.
+//! `deltaserve init-random`: write a randomly initialised checkpoint of any shape, in fla's
+//! layouts or Qwen3.5's.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use deltaserve_engine::{parse_dtype, synth::write_random_checkpoint};
 
-/// Write a randomly initialised fla-layout checkpoint (for benchmarks and tests).
+/// Write a randomly initialised checkpoint (for benchmarks and tests): fla's Gated DeltaNet,
+/// Gated DeltaProduct and DeltaNet, with or without `attn` layers, or dense Qwen3.5 (its text
+/// layout, `Qwen3_5ForCausalLM`). Other layouts are refused, naming `model_type`.
 #[derive(Debug, Args)]
 pub struct InitRandomArgs {
-    /// A config.json (fla fields; unspecified fields take fla's defaults).
+    /// A config.json (fla's or transformers' fields; unspecified fields take the library's
+    /// defaults).
     #[arg(long)]
     config: PathBuf,
     /// Output directory.
