@@ -204,8 +204,9 @@ fn tile_list(shape: &AttentionShape, pass: &Paged<'_>, sms: usize, capacity: Opt
     Ok((flat, per_block))
 }
 
-/// The entries of a fixed tile list (`[capacity · 4]` i32, an even capacity).
-fn fixed_capacity(buf: &Tensor) -> Result<usize> {
+/// A fixed tile list's device address and entries: `[capacity · 4]` i32 for an even capacity,
+/// starting at a 16-byte boundary (the kernels read each tile as one int4).
+fn fixed_list(buf: &Tensor) -> Result<(u64, usize)> {
     let n = buf.elem_count();
     if buf.dtype() != DType::I32 || !n.is_multiple_of(8) || n == 0 {
         return Err(KernelError::Shape {
@@ -215,7 +216,16 @@ fn fixed_capacity(buf: &Tensor) -> Result<usize> {
             actual: buf.dims().to_vec(),
         });
     }
-    Ok(n / 4)
+    let ptr = device_address::<i32>(buf)?;
+    if ptr % 16 != 0 {
+        return Err(KernelError::Shape {
+            op: "paged_attention",
+            input: "tiles",
+            expected: "a list starting at a 16-byte boundary".into(),
+            actual: vec![(ptr % 16) as usize],
+        });
+    }
+    Ok((ptr, n / 4))
 }
 
 /// The tile kernel's list for `pass` at `shape` in a fixed buffer's layout: `[capacity · 4]`
@@ -358,17 +368,7 @@ pub fn paged_attention(
         // eager pass uploads its own (kept alive until the launch is enqueued).
         let (_listed, tiles_ptr, entries, per_block) = match pages.tiles {
             Some(buf) => {
-                let cap = fixed_capacity(buf)?;
-                let ptr = device_address::<i32>(buf)?;
-                // The kernels read each tile as one int4.
-                if ptr % 16 != 0 {
-                    return Err(KernelError::Shape {
-                        op: OP,
-                        input: "tiles",
-                        expected: "a list starting at a 16-byte boundary".into(),
-                        actual: vec![(ptr % 16) as usize],
-                    });
-                }
+                let (ptr, cap) = fixed_list(buf)?;
                 (None, ptr, cap, tiles_per_block(cap, hd, hq, hkv, sms))
             }
             None => {
