@@ -105,11 +105,12 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
 // pairs P = N·k of expert ids → offsets [E+1], order [P] (pair at each grouped position),
 // pos [P] (grouped position of each pair; −1 for a pair of group `held` and above, whose
 // experts are not here), and the list the expert kernels run over: with `tensor_cores`, their
-// row tiles, tiles[t] = (expert, first row) for each TC_M rows of each held expert, ntiles[0] of
+// row tiles, tiles[t] = (expert, first row) for each tile_rows rows of each held expert, ntiles[0] of
 // them; otherwise the held experts with rows, active[0 .. nactive[0]) (the GEMV kernels' grid
-// covers only those). One block; shared memory 2E ints.
+// covers only those). Tiles are of `tile_rows` rows: TC_M for the wmma tiles, 128 for
+// moe_wg.cu's. One block; shared memory 2E ints.
 extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int held, int* offsets, int* order,
-                                                            int* pos, int tensor_cores, int2* tiles, int* ntiles,
+                                                            int* pos, int tensor_cores, int tile_rows, int2* tiles, int* ntiles,
                                                             int* active, int* nactive) { pdl_entry();
   extern __shared__ int cnt[];
   for (int e = threadIdx.x; e < 2 * E; e += blockDim.x) cnt[e] = 0;
@@ -123,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int 
       cnt[E + e] = o;
       if (e < held) {
         if (tensor_cores) {
-          for (int r = 0; r < cnt[e]; r += TC_M) tiles[t++] = make_int2(e, r);
+          for (int r = 0; r < cnt[e]; r += tile_rows) tiles[t++] = make_int2(e, r);
         } else if (cnt[e] > 0) {
           active[a++] = e;
         }

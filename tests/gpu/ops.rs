@@ -576,57 +576,73 @@ pub(crate) fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
 /// (280 rows, ~17 an expert) take the tensor-core tiles in bf16, with partial row tiles. Split
 /// by whole experts over 2 and 4 calls (expert parallelism), the calls sum to the whole op.
 pub(crate) fn gpu_sparse_moe_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{sparse_moe, ExpertWeights, SharedExpert};
-    let (e, k, d, i) = (16usize, 4usize, 512usize, 96usize);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-    let mut randn = |shape: &[usize], scale: f32| -> Tensor {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| scale * (rng.random::<f32>() * 2.0 - 1.0)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    };
-    let gate_up = randn(&[e, 2 * i, d], 0.08);
-    let down = randn(&[e, d, i], 0.2);
-    for n in [1usize, 5, 70] {
-        let x = randn(&[n, d], 1.0);
-        let mut logits = randn(&[n, e], 2.0).to_vec2::<f32>().unwrap();
-        for row in &mut logits {
-            row[9] = row[2];
-        }
-        let logits = Tensor::new(logits, &Device::Cpu).unwrap();
-        let (shared_out, shared_gate) = (randn(&[n, d], 1.0), randn(&[n, 1], 2.0));
-        for (dtype, tol) in [(DType::F32, 1e-5), (BF16, 1e-2)] {
-            for (normalise, with_shared) in [(true, true), (false, false)] {
-                let run = |device: &Device| -> Vec<f32> {
-                    let t = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(device).unwrap();
-                    let (gu, dn, so, sg) = (t(&gate_up), t(&down), t(&shared_out), t(&shared_gate));
-                    let shared = with_shared.then_some(SharedExpert { out: &so, gate: &sg });
-                    let y =
-                        sparse_moe(&t(&x), &t(&logits), ExpertWeights { gate_up: &gu, down: &dn, first: 0 }, k, normalise, shared).unwrap();
-                    assert_eq!(y.dtype(), dtype);
-                    values(&y)
-                };
-                let (gpu, cpu) = (run(dev), run(&Device::Cpu));
-                let err = rel_err(&gpu, &cpu);
-                println!("sparse MoE N={n} {dtype:?} normalise={normalise} shared={with_shared}: GPU vs CPU {err:.2e}");
-                assert!(err <= tol, "N={n} {dtype:?}: {err:.3e}");
-                // Expert parallelism: P calls, each holding E/P whole experts (the shared expert
-                // added by the first), sum to the whole op.
-                for parts in [2usize, 4] {
-                    let t = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(dev).unwrap();
-                    let (gu, dn, so, sg) = (t(&gate_up), t(&down), t(&shared_out), t(&shared_gate));
-                    let per = e / parts;
-                    let mut sum = vec![0f32; n * d];
-                    for r in 0..parts {
-                        let (g, w) = (gu.narrow(0, r * per, per).unwrap(), dn.narrow(0, r * per, per).unwrap());
-                        let shared = (with_shared && r == 0).then_some(SharedExpert { out: &so, gate: &sg });
-                        let held = ExpertWeights { gate_up: &g, down: &w, first: r * per };
-                        let y = sparse_moe(&t(&x), &t(&logits), held, k, normalise, shared).unwrap();
-                        for (s, v) in sum.iter_mut().zip(values(&y)) {
-                            *s += v;
-                        }
+    use deltaserve_kernels::ops::{moe_warpgroup_launches, set_moe_warpgroup, sparse_moe, ExpertWeights, SharedExpert};
+    // I = 96 keeps a prompt on the wmma tiles (the warpgroup tiles want K a multiple of 64); I =
+    // 192 with 600 tokens takes the warpgroup tiles: ~150 rows an expert (a whole 128-row tile and
+    // a partial one), and the second 128 h columns half past I.
+    for (e, k, d, i, tokens) in [(16usize, 4usize, 512usize, 96usize, &[1usize, 5, 70][..]), (16, 4, 512, 192, &[600][..])] {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let mut randn = |shape: &[usize], scale: f32| -> Tensor {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| scale * (rng.random::<f32>() * 2.0 - 1.0)).collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        };
+        let gate_up = randn(&[e, 2 * i, d], 0.08);
+        let down = randn(&[e, d, i], 0.2);
+        for &n in tokens {
+            let x = randn(&[n, d], 1.0);
+            let mut logits = randn(&[n, e], 2.0).to_vec2::<f32>().unwrap();
+            for row in &mut logits {
+                row[9] = row[2];
+            }
+            let logits = Tensor::new(logits, &Device::Cpu).unwrap();
+            let (shared_out, shared_gate) = (randn(&[n, d], 1.0), randn(&[n, 1], 2.0));
+            for (dtype, tol) in [(DType::F32, 1e-5), (BF16, 1e-2)] {
+                for (normalise, with_shared) in [(true, true), (false, false)] {
+                    let run = |device: &Device| -> Vec<f32> {
+                        let t = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(device).unwrap();
+                        let (gu, dn, so, sg) = (t(&gate_up), t(&down), t(&shared_out), t(&shared_gate));
+                        let shared = with_shared.then_some(SharedExpert { out: &so, gate: &sg });
+                        let y = sparse_moe(&t(&x), &t(&logits), ExpertWeights { gate_up: &gu, down: &dn, first: 0 }, k, normalise, shared)
+                            .unwrap();
+                        assert_eq!(y.dtype(), dtype);
+                        values(&y)
+                    };
+                    let before = moe_warpgroup_launches();
+                    let (gpu, cpu) = (run(dev), run(&Device::Cpu));
+                    let wg = moe_warpgroup_launches() > before;
+                    let err = rel_err(&gpu, &cpu);
+                    println!("sparse MoE N={n} I={i} {dtype:?} normalise={normalise} shared={with_shared}: GPU vs CPU {err:.2e} (warpgroup tiles: {wg})");
+                    assert!(err <= tol, "N={n} I={i} {dtype:?}: {err:.3e}");
+                    if i == 192 && dtype == BF16 {
+                        assert!(wg, "a bf16 prompt of {n} tokens with I = {i} took the warpgroup tiles");
+                        // The same prompt on the wmma tiles: both within the bound of the CPU's.
+                        set_moe_warpgroup(false);
+                        let wmma = run(dev);
+                        set_moe_warpgroup(true);
+                        let between = rel_err(&gpu, &wmma);
+                        println!("  warpgroup vs wmma tiles {between:.2e}, wmma vs CPU {:.2e}", rel_err(&wmma, &cpu));
+                        assert!(between <= tol, "N={n}: warpgroup against wmma tiles {between:.3e}");
                     }
-                    let err = rel_err(&sum, &gpu);
-                    assert!(err <= tol, "N={n} {dtype:?}: {parts} expert parallel parts summed against the whole: {err:.3e}");
+                    // Expert parallelism: P calls, each holding E/P whole experts (the shared expert
+                    // added by the first), sum to the whole op.
+                    for parts in [2usize, 4] {
+                        let t = |x: &Tensor| x.to_dtype(dtype).unwrap().to_device(dev).unwrap();
+                        let (gu, dn, so, sg) = (t(&gate_up), t(&down), t(&shared_out), t(&shared_gate));
+                        let per = e / parts;
+                        let mut sum = vec![0f32; n * d];
+                        for r in 0..parts {
+                            let (g, w) = (gu.narrow(0, r * per, per).unwrap(), dn.narrow(0, r * per, per).unwrap());
+                            let shared = (with_shared && r == 0).then_some(SharedExpert { out: &so, gate: &sg });
+                            let held = ExpertWeights { gate_up: &g, down: &w, first: r * per };
+                            let y = sparse_moe(&t(&x), &t(&logits), held, k, normalise, shared).unwrap();
+                            for (s, v) in sum.iter_mut().zip(values(&y)) {
+                                *s += v;
+                            }
+                        }
+                        let err = rel_err(&sum, &gpu);
+                        assert!(err <= tol, "N={n} {dtype:?}: {parts} expert parallel parts summed against the whole: {err:.3e}");
+                    }
                 }
             }
         }

@@ -411,7 +411,7 @@ pub use gemm::{
 };
 pub use gemm_tune::{gemm_tuning_counts, set_gemm_tuning};
 pub use gemv::{gemv, gemv_invariant, gemv_swiglu};
-pub use moe::sparse_moe;
+pub use moe::{moe_warpgroup_launches, set_moe_warpgroup, sparse_moe};
 pub use norm_gemv::{add_norm_gemv, add_norm_gemv_conv, add_norm_gemv_f32_into, add_norm_gemv_swiglu, gated_norm_gemv, ConvFold};
 pub use prefill::{
     gated_delta_chunk_tc, set_prep_pairs, set_two_warpgroup_pass, set_warpgroup_pass, set_warpgroup_prep, split_key_pass_launches,

@@ -6,7 +6,9 @@ use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::Tensor;
 
-use super::{alloc_rows, cuda_dev, first_element_address_any, func, grid, modules, RowsArg};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+
+use super::{alloc_rows, cuda_dev, first_element_address_any, func, grid, modules, RowsArg, Switch};
 use crate::ops::moe::{ExpertWeights, SharedExpert};
 use crate::{KernelError, Result};
 
@@ -16,6 +18,39 @@ const WARPS: usize = THREADS / 32;
 const COLS: usize = 2;
 /// Rows and columns of a tensor-core tile (`TC_M`, `TC_N`).
 const TC_TILE: usize = 64;
+
+/// Rows of a tile of `moe_wg.cu` (`MW_ROWS`), and its threads: four warpgroups.
+const WG_TILE: usize = 128;
+const WG_THREADS: usize = 512;
+/// `moe_wg.cu`'s dynamic shared memory: four stages of A's 128 and B's 256 rows of 128 bytes, and
+/// 1 KB for the swizzle's alignment.
+const WG_SMEM: usize = 4 * (WG_TILE + 256) * 128 + 1024;
+
+/// Whether a prompt's grouped projections run on the warpgroup tensor cores (`moe_wg.cu`, the
+/// same bits as the wmma tiles): from an sm_90a image, with both projections' K (`d` and `i`)
+/// multiples of 64 (a K-step is one 128-byte swizzle row). `DELTASERVE_MOE_WG=0` or
+/// [`set_moe_warpgroup`] keeps the wmma tiles.
+fn warpgroup_tiles(d: usize, i: usize) -> bool {
+    d.is_multiple_of(64) && i.is_multiple_of(64) && modules::MOE_WG.is_sass() && MOE_WG.on()
+}
+static MOE_WG: Switch = Switch::new("DELTASERVE_MOE_WG");
+
+/// Turns the warpgroup MoE tiles on (where eligible) or off for the process: the GPU test compares
+/// them with the wmma tiles.
+#[doc(hidden)]
+pub fn set_moe_warpgroup(on: bool) {
+    MOE_WG.set(on);
+}
+
+/// Launches of the warpgroup MoE tiles (up and down projections each count) in this process.
+static WG_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many warpgroup MoE tile launches this process has made (the GPU test checks that the path
+/// it compares did run).
+#[doc(hidden)]
+pub fn moe_warpgroup_launches() -> usize {
+    WG_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 fn shape_err(input: &'static str, expected: String, actual: &[usize]) -> KernelError {
     KernelError::Shape { op: "sparse_moe", input, expected, actual: actual.to_vec() }
@@ -66,8 +101,16 @@ pub fn sparse_moe(
     let offsets = unsafe { dev.alloc::<i32>(groups + 1) }?;
     let order = unsafe { dev.alloc::<i32>(pairs) }?;
     let pos = unsafe { dev.alloc::<i32>(pairs) }?;
-    // Row tiles of the tensor-core path: at most ⌈P / 64⌉ + E, as (expert, first row) pairs.
-    let max_tiles = pairs.div_ceil(TC_TILE) + e;
+    // Prompts (8 or more rows an expert on average) on the tensor cores; decode steps as
+    // weight-streaming GEMVs over each expert's few rows.
+    // Batch-invariant mode keeps every pair on the GEMVs: a row's sums then never depend on
+    // how many rows the batch routes to its expert.
+    let tensor_cores =
+        !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * all && d.is_multiple_of(32) && i.is_multiple_of(32);
+    let warpgroup = tensor_cores && warpgroup_tiles(d, i);
+    let tile_rows = if warpgroup { WG_TILE } else { TC_TILE };
+    // Row tiles of the tensor-core path: at most ⌈P / rows⌉ + E, as (expert, first row) pairs.
+    let max_tiles = pairs.div_ceil(tile_rows) + e;
     let tiles = unsafe { dev.alloc::<i32>(2 * max_tiles) }?;
     let ntiles = unsafe { dev.alloc::<i32>(1) }?;
     // The held experts with rows (at most one a pair): the GEMVs' grid rows.
@@ -85,22 +128,30 @@ pub fn sparse_moe(
     l.arg(&la.ptr).arg(&la.ld).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
     unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * all) as u32)) }.w()?;
 
-    // Prompts (8 or more rows an expert on average) on the tensor cores; decode steps as
-    // weight-streaming GEMVs over each expert's few rows.
-    // Batch-invariant mode keeps every pair on the GEMVs: a row's sums then never depend on
-    // how many rows the batch routes to its expert.
-    let tensor_cores =
-        !crate::ops::batch_invariant() && suffix != "f32" && pairs >= 8 * all && d.is_multiple_of(32) && i.is_multiple_of(32);
     let f = func(&dev, "moe_sort", &modules::MOE)?;
     let mut l = f.builder();
-    let tci = i32::from(tensor_cores);
-    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tci);
+    let (tci, tri) = (i32::from(tensor_cores), tile_rows as i32);
+    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tci).arg(&tri);
     l.arg(&tiles).arg(&ntiles).arg(&active).arg(&nactive);
     unsafe { l.launch(grid(1, 1, 1, 1024, (8 * groups) as u32)) }.w()?;
 
     let (gu, dn) = (first_element_address_any(experts.gate_up)?, first_element_address_any(experts.down)?);
     let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
-    if tensor_cores {
+    if warpgroup {
+        // Four warpgroups a CTA, two on each 64 rows: 128 h columns (64 each, gate and up rows
+        // side by side), or 256 output columns of the down projection.
+        let f = func(&dev, &format!("moe_up_wg_{suffix}"), &modules::MOE_WG)?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WG_SMEM as i32).w()?;
+        let mut l = f.builder();
+        l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&gu).arg(&ii).arg(&di).arg(&hp);
+        unsafe { l.launch(grid(max_tiles, i.div_ceil(128), 1, WG_THREADS as u32, WG_SMEM as u32)) }.w()?;
+        let f = func(&dev, &format!("moe_down_wg_{suffix}"), &modules::MOE_WG)?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WG_SMEM as i32).w()?;
+        let mut l = f.builder();
+        l.arg(&hp).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&dn).arg(&di).arg(&ii).arg(&yp);
+        unsafe { l.launch(grid(max_tiles, d.div_ceil(256), 1, WG_THREADS as u32, WG_SMEM as u32)) }.w()?;
+        WG_LAUNCHES.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+    } else if tensor_cores {
         let f = func(&dev, &format!("moe_up_tc_{suffix}"), &modules::MOE)?;
         let mut l = f.builder();
         l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&gu).arg(&ii).arg(&di).arg(&hp);

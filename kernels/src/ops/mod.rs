@@ -36,7 +36,7 @@ pub use gemv::{
     small_batch_swiglu_linear, swiglu, to_f32, to_f32_into, ConvStepFold, ADD_NORM_LINEAR_MAX_ROWS, GATED_NORM_LINEAR_MAX_HEAD_ROWS,
     SKINNY_LINEAR_MAX_ROWS, SMALL_BATCH_LINEAR_MAX_ROWS, SWIGLU_LINEAR_MAX_ROWS,
 };
-pub use moe::{sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
+pub use moe::{moe_warpgroup_launches, set_moe_warpgroup, sparse_moe, top_k, ExpertWeights, Route, SharedExpert};
 pub use norm::{add_rms_norm, add_rms_norm_parts, gated_rms_norm, sum_parts};
 pub use prefill::{
     gated_delta_prefill, gated_delta_prefill_packed, interleave_householder, last_householder_step, set_paired_prep,

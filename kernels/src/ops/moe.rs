@@ -49,6 +49,27 @@ pub fn top_k(p: &[f32], k: usize, normalise: bool) -> Route {
     route
 }
 
+/// Turns the GPU's warpgroup tiles for a prompt's expert projections (`moe_wg.cu`) on (where
+/// eligible) or off for the process, which then takes the wmma tiles: the GPU test compares the
+/// two. Nothing changes on the CPU.
+#[doc(hidden)]
+pub fn set_moe_warpgroup(on: bool) {
+    #[cfg(feature = "cuda")]
+    crate::cuda::set_moe_warpgroup(on);
+    let _ = on;
+}
+
+/// How many warpgroup expert-projection launches this process has made (0 without CUDA): the
+/// GPU test checks that the path it compares ran.
+#[doc(hidden)]
+pub fn moe_warpgroup_launches() -> usize {
+    #[cfg(feature = "cuda")]
+    let launches = crate::cuda::moe_warpgroup_launches();
+    #[cfg(not(feature = "cuda"))]
+    let launches = 0;
+    launches
+}
+
 /// `x` `[N, D]` through the routed experts whose router gave `logits` `[N, E]` (x's dtype):
 /// each token's top-`k` experts by fp32 softmax probability, weights renormalised when
 /// `normalise` and rounded to x's dtype (as the references round them), `Σ w_e ·
