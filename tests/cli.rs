@@ -211,12 +211,11 @@ fn init_random_writes_fla_attention_hybrids_and_refuses_layouts_it_does_not_know
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("hello") && text.len() > "hello".len(), "{text:?}");
-    // Layouts it has no inventory of (Qwen3-Next's packed projections, MoE blocks): refused,
-    // naming the field and the value.
-    let next = std::fs::read_to_string(deltaserve_tests::compact_dir().join("qwen3_next/config.json")).unwrap();
-    std::fs::write(&cfg, next).unwrap();
+    // A layout it has no inventory of (OLMo-Hybrid's): refused, naming the field and the value.
+    let olmo = std::fs::read_to_string(deltaserve_tests::compact_dir().join("olmo_hybrid/config.json")).unwrap();
+    std::fs::write(&cfg, olmo).unwrap();
     let out = deltaserve(&["init-random", "--config", cfg.to_str().unwrap(), "-o", dir.path().join("q").to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`model_type`") && err.contains("qwen3_next") && err.contains("qwen3_5,"), "{err}");
+    assert!(err.contains("`model_type`") && err.contains("olmo_hybrid") && err.contains("qwen3_next"), "{err}");
 }

@@ -206,51 +206,52 @@ fn a_sharded_moe_checkpoint_loads_with_the_same_logits() {
     assert!(e < 1e-4, "sharded: {e:.3e}");
 }
 
-/// The inventory of Qwen3.5's text layout (what `init-random` writes) against the tensors
-/// transformers saved in the `qwen3_5` fixture: the same names and shapes, once the wrapper's
-/// `model.language_model.` prefix is read as `model.` and its vision tower left out.
+/// The inventories of Qwen3.5's and Qwen3.5-MoE's text layouts and of Qwen3-Next's (what
+/// `init-random` writes) against the tensors transformers saved in their fixtures: the same names
+/// and shapes, once the wrapper's `model.language_model.` prefix is read as `model.` and its
+/// vision tower left out.
 #[test]
-fn the_qwen3_5_inventory_is_the_layout_transformers_saves() {
-    let dir = compact_dir().join("qwen3_5");
-    let cfg = deltaserve_engine::read_config(&dir).unwrap();
-    assert!(deltaserve_engine::inventory::listed(&cfg));
-    let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
-    let mut saved: Vec<(String, Vec<usize>)> = ckpt
-        .names()
-        .into_iter()
-        .filter(|n| !n.starts_with("model.visual.") && !n.starts_with("mtp."))
-        .map(|n| (n.replacen("model.language_model.", "model.", 1), ckpt.shape(&n).unwrap().to_vec()))
-        .collect();
-    let mut listed = deltaserve_engine::inventory::expected_tensors(&cfg);
-    saved.sort();
-    listed.sort();
-    assert_eq!(listed, saved);
+fn the_qwen_inventories_are_the_layouts_transformers_saves() {
+    for name in ["qwen3_5", "qwen3_5_moe", "qwen3_next"] {
+        let dir = compact_dir().join(name);
+        let cfg = deltaserve_engine::read_config(&dir).unwrap();
+        assert!(deltaserve_engine::inventory::listed(&cfg), "{name}");
+        let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
+        let mut saved: Vec<(String, Vec<usize>)> = ckpt
+            .names()
+            .into_iter()
+            .filter(|n| !n.starts_with("model.visual.") && !n.starts_with("mtp."))
+            .map(|n| (n.replacen("model.language_model.", "model.", 1), ckpt.shape(&n).unwrap().to_vec()))
+            .collect();
+        let mut listed = deltaserve_engine::inventory::expected_tensors(&cfg);
+        saved.sort();
+        listed.sort();
+        assert_eq!(listed, saved, "{name}");
+    }
 }
 
-/// A random checkpoint of a Qwen3.5 config (`init-random`'s writer) loads and runs: its zero-centred
-/// decoder norms drawn near 0, the linear-attention output norm near 1.
+/// Random checkpoints of the Qwen configs (`init-random`'s writer) load and run: their
+/// zero-centred decoder norms drawn near 0, the linear-attention output norm near 1.
 #[test]
-fn a_random_qwen3_5_checkpoint_loads_and_runs() {
-    let cfg_json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(compact_dir().join("qwen3_5/config.json")).unwrap()).unwrap();
-    let d = tempfile::tempdir().unwrap();
-    deltaserve_engine::synth::write_random_checkpoint(
-        &cfg_json,
-        d.path(),
-        candle_core::DType::F32,
-        3,
-        Some(&compact_dir().join("qwen3_5")),
-    )
-    .unwrap();
-    let t = load_tensors(&d.path().join("model.safetensors"));
-    let mean = |k: &str| values(&t[k]).iter().map(|&x| x as f64).sum::<f64>() / t[k].elem_count() as f64;
-    assert!(mean("model.layers.0.input_layernorm.weight").abs() < 0.1, "a zero-centred norm near 0");
-    assert!((mean("model.layers.0.linear_attn.norm.weight") - 1.0).abs() < 0.1, "the GDN output norm near 1");
-    let engine = Engine::load(&LoadOptions::cpu(d.path().to_str().unwrap())).unwrap();
-    let mut pool = engine.new_pool(1).unwrap();
-    let slot = pool.allocate().unwrap();
-    let logits =
-        values(&engine.model().prefill(&mut pool, slot, &[1, 2, 3, 4, 5], Logits::Last, deltaserve_engine::PrefillAlgo::Chunked).unwrap());
-    assert_eq!(logits.len(), cfg_json["text_config"]["vocab_size"].as_u64().unwrap() as usize);
-    assert!(logits.iter().all(|x| x.is_finite()), "finite logits");
+fn random_qwen_checkpoints_load_and_run() {
+    for name in ["qwen3_5", "qwen3_5_moe", "qwen3_next"] {
+        let cfg_json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(compact_dir().join(name).join("config.json")).unwrap()).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        deltaserve_engine::synth::write_random_checkpoint(&cfg_json, d.path(), candle_core::DType::F32, 3, Some(&compact_dir().join(name)))
+            .unwrap();
+        let t = load_tensors(&d.path().join("model.safetensors"));
+        let mean = |k: &str| values(&t[k]).iter().map(|&x| x as f64).sum::<f64>() / t[k].elem_count() as f64;
+        assert!(mean("model.layers.0.input_layernorm.weight").abs() < 0.1, "{name}: a zero-centred norm near 0");
+        assert!((mean("model.layers.0.linear_attn.norm.weight") - 1.0).abs() < 0.1, "{name}: the GDN output norm near 1");
+        let engine = Engine::load(&LoadOptions::cpu(d.path().to_str().unwrap())).unwrap();
+        let mut pool = engine.new_pool(1).unwrap();
+        let slot = pool.allocate().unwrap();
+        let logits = values(
+            &engine.model().prefill(&mut pool, slot, &[1, 2, 3, 4, 5], Logits::Last, deltaserve_engine::PrefillAlgo::Chunked).unwrap(),
+        );
+        let text = cfg_json.get("text_config").unwrap_or(&cfg_json);
+        assert_eq!(logits.len(), text["vocab_size"].as_u64().unwrap() as usize, "{name}");
+        assert!(logits.iter().all(|x| x.is_finite()), "{name}: finite logits");
+    }
 }

@@ -1,21 +1,22 @@
 //! The tensors a checkpoint must hold for a config: fla's current layout (model-spec.md §1.2,
-//! §2.2; DeltaNet: hybrid-spec.md §2.2; fla's `attn` layers: §1.1) and transformers' Qwen3.5
-//! text layout (§3.2). Used to write checkpoints (random ones, pruned ones) and to check them.
+//! §2.2; DeltaNet: hybrid-spec.md §2.2; fla's `attn` layers: §1.1) and transformers' Qwen3.5,
+//! Qwen3.5-MoE (text layouts, §3.2, §4.3) and Qwen3-Next (§4.2) layouts. Used to write
+//! checkpoints (random ones, pruned ones) and to check them.
 
-use crate::config::{AttentionSpec, Family, LayerKind, MlpKind, ModelConfig, QkNorm};
+use crate::config::{AttentionSpec, Family, LayerKind, MlpKind, ModelConfig, MoeSpec, QkNorm};
 
 /// Whether [`expected_tensors`] lists this config's tensors: fla's families (`attn` layers
-/// included) and dense Qwen3.5 (`Qwen3_5ForCausalLM`'s `model.*`); not MoE blocks, Qwen3-Next
-/// or OLMo-Hybrid.
+/// included), Qwen3.5 dense and MoE (`Qwen3_5ForCausalLM`'s and `Qwen3_5MoeForCausalLM`'s
+/// `model.*`) and Qwen3-Next; not OLMo-Hybrid.
 pub fn listed(cfg: &ModelConfig) -> bool {
-    matches!(cfg.family, Family::Fla | Family::Qwen3_5) && !cfg.is_moe()
+    matches!(cfg.family, Family::Fla | Family::Qwen3_5 | Family::Qwen3Next)
 }
 
 /// `(key, shape)` of every tensor the config implies, in a stable order (for configs that
 /// [`listed`] accepts).
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    if cfg.family == Family::Qwen3_5 {
-        return qwen3_5_tensors(cfg);
+    if matches!(cfg.family, Family::Qwen3_5 | Family::Qwen3Next) {
+        return qwen_tensors(cfg);
     }
     let c = &cfg.common;
     let (d, vocab, w) = (c.hidden_size, c.vocab_size, c.conv_size);
@@ -101,9 +102,36 @@ fn attention_tensors(v: &mut Vec<(String, Vec<usize>)>, p: &str, a: &AttentionSp
     }
 }
 
-/// Qwen3.5's text model as `Qwen3_5ForCausalLM` saves it (hybrid-spec.md §3.2): fused
-/// `in_proj_qkv` and one `conv1d` over q‖k‖v in the linear-attention layers, gated attention.
-fn qwen3_5_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+/// A sparse MoE block under `p` as transformers saves it: the router, the routed experts (packed
+/// `experts.gate_up_proj` `[E, 2I, D]` and `experts.down_proj` `[E, D, I]` for Qwen3.5-MoE, one
+/// `experts.{e}.*_proj` each for Qwen3-Next: `packed`), the shared expert and its gate.
+fn moe_tensors(v: &mut Vec<(String, Vec<usize>)>, p: &str, m: &MoeSpec, d: usize, packed: bool) {
+    let (e, i, s) = (m.num_experts, m.expert_intermediate, m.shared_intermediate);
+    v.push((format!("{p}.gate.weight"), vec![e, d]));
+    if packed {
+        v.push((format!("{p}.experts.gate_up_proj"), vec![e, 2 * i, d]));
+        v.push((format!("{p}.experts.down_proj"), vec![e, d, i]));
+    } else {
+        for x in 0..e {
+            v.push((format!("{p}.experts.{x}.gate_proj.weight"), vec![i, d]));
+            v.push((format!("{p}.experts.{x}.up_proj.weight"), vec![i, d]));
+            v.push((format!("{p}.experts.{x}.down_proj.weight"), vec![d, i]));
+        }
+    }
+    if s > 0 {
+        v.push((format!("{p}.shared_expert.gate_proj.weight"), vec![s, d]));
+        v.push((format!("{p}.shared_expert.up_proj.weight"), vec![s, d]));
+        v.push((format!("{p}.shared_expert.down_proj.weight"), vec![d, s]));
+        v.push((format!("{p}.shared_expert_gate.weight"), vec![1, d]));
+    }
+}
+
+/// Qwen3.5's and Qwen3.5-MoE's text models as `Qwen3_5ForCausalLM` / `Qwen3_5MoeForCausalLM` save
+/// them (hybrid-spec.md §3.2, §4.3): fused `in_proj_qkv` and one `conv1d` over q‖k‖v in the
+/// linear-attention layers, gated attention; and Qwen3-Next (§4.2), whose linear-attention
+/// layers pack q, k, v, z per key-head group in `in_proj_qkvz` and b, a in `in_proj_ba`.
+fn qwen_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let next = cfg.family == Family::Qwen3Next;
     let c = &cfg.common;
     let (d, vocab, w) = (c.hidden_size, c.vocab_size, c.conv_size);
     let (key_dim, value_dim, hv) = (cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
@@ -115,10 +143,15 @@ fn qwen3_5_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         match cfg.layers.get(l) {
             Some(LayerKind::Attention(a)) => attention_tensors(&mut v, &p("self_attn"), a, d),
             _ => {
-                v.push((p("linear_attn.in_proj_qkv.weight"), vec![conv_dim, d]));
-                v.push((p("linear_attn.in_proj_z.weight"), vec![value_dim, d]));
-                v.push((p("linear_attn.in_proj_b.weight"), vec![hv, d]));
-                v.push((p("linear_attn.in_proj_a.weight"), vec![hv, d]));
+                if next {
+                    v.push((p("linear_attn.in_proj_qkvz.weight"), vec![2 * key_dim + 2 * value_dim, d]));
+                    v.push((p("linear_attn.in_proj_ba.weight"), vec![2 * hv, d]));
+                } else {
+                    v.push((p("linear_attn.in_proj_qkv.weight"), vec![conv_dim, d]));
+                    v.push((p("linear_attn.in_proj_z.weight"), vec![value_dim, d]));
+                    v.push((p("linear_attn.in_proj_b.weight"), vec![hv, d]));
+                    v.push((p("linear_attn.in_proj_a.weight"), vec![hv, d]));
+                }
                 v.push((p("linear_attn.conv1d.weight"), vec![conv_dim, 1, w]));
                 v.push((p("linear_attn.A_log"), vec![hv]));
                 v.push((p("linear_attn.dt_bias"), vec![hv]));
@@ -127,10 +160,15 @@ fn qwen3_5_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             }
         }
         v.push((p("post_attention_layernorm.weight"), vec![d]));
-        let i = intermediate(cfg, l);
-        v.push((p("mlp.gate_proj.weight"), vec![i, d]));
-        v.push((p("mlp.up_proj.weight"), vec![i, d]));
-        v.push((p("mlp.down_proj.weight"), vec![d, i]));
+        match cfg.mlps.get(l) {
+            Some(MlpKind::Sparse(m)) => moe_tensors(&mut v, &p("mlp"), m, d, !next),
+            _ => {
+                let i = intermediate(cfg, l);
+                v.push((p("mlp.gate_proj.weight"), vec![i, d]));
+                v.push((p("mlp.up_proj.weight"), vec![i, d]));
+                v.push((p("mlp.down_proj.weight"), vec![d, i]));
+            }
+        }
     }
     v.push(("model.norm.weight".into(), vec![d]));
     if !c.tie_word_embeddings {

@@ -86,17 +86,16 @@ fn init(rng: &mut Stream, key: &str, shape: &[usize], zero_centred: bool) -> Vec
 }
 
 /// Writes `config.json` and a random `model.safetensors` (in `dtype`) for `config` into `dir`:
-/// fla's layouts and Qwen3.5's text layout (the other transformers families and MoE blocks are
+/// fla's layouts, Qwen3.5's and Qwen3.5-MoE's text layouts and Qwen3-Next's (OLMo-Hybrid is
 /// refused, naming the `model_type`).
 /// Tokenizer files from `tokenizer_from` are copied when given.
 pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u64, tokenizer_from: Option<&Path>) -> Result<ModelConfig> {
     let cfg = ModelConfig::from_value(config.clone())?;
     if !crate::inventory::listed(&cfg) {
-        let moe = if cfg.is_moe() { " with MoE blocks" } else { "" };
         return Err(crate::error::ConfigError::Unsupported {
             field: "model_type".into(),
-            value: format!("{}{moe}", cfg.model_type()),
-            supported: "fla's gated_deltanet, gated_deltaproduct and delta_net (with or without `attn` layers) and qwen3_5, dense MLPs"
+            value: cfg.model_type().to_string(),
+            supported: "fla's gated_deltanet, gated_deltaproduct and delta_net (with or without `attn` layers), qwen3_5, qwen3_5_moe and qwen3_next"
                 .into(),
         }
         .into());

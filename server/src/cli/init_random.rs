@@ -1,5 +1,5 @@
 //! `deltaserve init-random`: write a randomly initialised checkpoint of any shape, in fla's
-//! layouts or Qwen3.5's.
+//! layouts or transformers' Qwen3.5, Qwen3.5-MoE and Qwen3-Next layouts.
 
 use std::path::PathBuf;
 
@@ -7,8 +7,9 @@ use clap::Args;
 use deltaserve_engine::{parse_dtype, synth::write_random_checkpoint};
 
 /// Write a randomly initialised checkpoint (for benchmarks and tests): fla's Gated DeltaNet,
-/// Gated DeltaProduct and DeltaNet, with or without `attn` layers, or dense Qwen3.5 (its text
-/// layout, `Qwen3_5ForCausalLM`). Other layouts are refused, naming `model_type`.
+/// Gated DeltaProduct and DeltaNet, with or without `attn` layers; Qwen3.5 and Qwen3.5-MoE (their
+/// text layouts, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`) or Qwen3-Next. OLMo-Hybrid is
+/// refused, naming `model_type`.
 #[derive(Debug, Args)]
 pub struct InitRandomArgs {
     /// A config.json (fla's or transformers' fields; unspecified fields take the library's
