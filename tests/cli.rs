@@ -184,7 +184,7 @@ fn a_closed_stdout_ends_subcommands_quietly() {
 }
 
 #[test]
-fn init_random_writes_fla_attention_hybrids_and_refuses_layouts_it_does_not_know() {
+fn init_random_writes_fla_attention_hybrids_and_refuses_bad_configs() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("hybrid");
     let cfg = dir.path().join("config.json");
@@ -211,11 +211,13 @@ fn init_random_writes_fla_attention_hybrids_and_refuses_layouts_it_does_not_know
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("hello") && text.len() > "hello".len(), "{text:?}");
-    // A layout it has no inventory of (OLMo-Hybrid's): refused, naming the field and the value.
-    let olmo = std::fs::read_to_string(deltaserve_tests::compact_dir().join("olmo_hybrid/config.json")).unwrap();
-    std::fs::write(&cfg, olmo).unwrap();
+    // A config it cannot read: refused, naming the field, the expected and the actual value.
+    let mut bad = hybrid.clone();
+    bad["num_hidden_layers"] = serde_json::json!(0);
+    std::fs::write(&cfg, bad.to_string()).unwrap();
     let out = deltaserve(&["init-random", "--config", cfg.to_str().unwrap(), "-o", dir.path().join("q").to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`model_type`") && err.contains("olmo_hybrid") && err.contains("qwen3_next"), "{err}");
+    assert!(err.contains("num_hidden_layers") && !err.contains("panicked"), "{err}");
+    assert!(!dir.path().join("q").exists(), "nothing written for a refused config");
 }

@@ -206,16 +206,15 @@ fn a_sharded_moe_checkpoint_loads_with_the_same_logits() {
     assert!(e < 1e-4, "sharded: {e:.3e}");
 }
 
-/// The inventories of Qwen3.5's and Qwen3.5-MoE's text layouts and of Qwen3-Next's (what
-/// `init-random` writes) against the tensors transformers saved in their fixtures: the same names
-/// and shapes, once the wrapper's `model.language_model.` prefix is read as `model.` and its
-/// vision tower left out.
+/// The inventories of transformers' families (what `init-random` writes: Qwen3.5's and
+/// Qwen3.5-MoE's text layouts, Qwen3-Next's, OLMo-Hybrid's) against the tensors transformers saved
+/// in their fixtures: the same names and shapes, once the wrapper's `model.language_model.` prefix
+/// is read as `model.` and its vision tower left out.
 #[test]
-fn the_qwen_inventories_are_the_layouts_transformers_saves() {
-    for name in ["qwen3_5", "qwen3_5_moe", "qwen3_next"] {
+fn the_transformers_inventories_are_the_layouts_transformers_saves() {
+    for name in ["qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid", "olmo_hybrid-rope"] {
         let dir = compact_dir().join(name);
         let cfg = deltaserve_engine::read_config(&dir).unwrap();
-        assert!(deltaserve_engine::inventory::listed(&cfg), "{name}");
         let ckpt = deltaserve_engine::weights::Checkpoint::open(&dir).unwrap();
         let mut saved: Vec<(String, Vec<usize>)> = ckpt
             .names()
@@ -254,4 +253,36 @@ fn random_qwen_checkpoints_load_and_run() {
         assert_eq!(logits.len(), text["vocab_size"].as_u64().unwrap() as usize, "{name}");
         assert!(logits.iter().all(|x| x.is_finite()), "{name}: finite logits");
     }
+}
+
+/// A random OLMo-Hybrid checkpoint (`init-random`'s writer) loads and runs: its plain norms drawn
+/// near 1, its short conv cut into thirds as transformers saves it.
+#[test]
+fn a_random_olmo_hybrid_checkpoint_loads_and_runs() {
+    let cfg_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(compact_dir().join("olmo_hybrid/config.json")).unwrap()).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    deltaserve_engine::synth::write_random_checkpoint(
+        &cfg_json,
+        d.path(),
+        candle_core::DType::F32,
+        3,
+        Some(&compact_dir().join("olmo_hybrid")),
+    )
+    .unwrap();
+    let t = load_tensors(&d.path().join("model.safetensors"));
+    let mean = |k: &str| values(&t[k]).iter().map(|&x| x as f64).sum::<f64>() / t[k].elem_count() as f64;
+    for norm in ["model.layers.0.attention_layer_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"] {
+        assert!((mean(norm) - 1.0).abs() < 0.1, "{norm} near 1");
+    }
+    // The fixture's 2 key heads of 16 and 4 value heads of 24: 160 conv channels as 54 / 54 / 52.
+    let rows: Vec<usize> = ["q", "k", "v"].iter().map(|x| t[&format!("model.layers.0.linear_attn.{x}_conv1d.weight")].dims()[0]).collect();
+    assert_eq!(rows, [54, 54, 52]);
+    let engine = Engine::load(&LoadOptions::cpu(d.path().to_str().unwrap())).unwrap();
+    let mut pool = engine.new_pool(1).unwrap();
+    let slot = pool.allocate().unwrap();
+    let logits =
+        values(&engine.model().prefill(&mut pool, slot, &[1, 2, 3, 4, 5], Logits::Last, deltaserve_engine::PrefillAlgo::Chunked).unwrap());
+    assert_eq!(logits.len(), cfg_json["vocab_size"].as_u64().unwrap() as usize);
+    assert!(logits.iter().all(|x| x.is_finite()), "finite logits");
 }

@@ -1,22 +1,17 @@
 //! The tensors a checkpoint must hold for a config: fla's current layout (model-spec.md §1.2,
 //! §2.2; DeltaNet: hybrid-spec.md §2.2; fla's `attn` layers: §1.1) and transformers' Qwen3.5,
-//! Qwen3.5-MoE (text layouts, §3.2, §4.3) and Qwen3-Next (§4.2) layouts. Used to write
-//! checkpoints (random ones, pruned ones) and to check them.
+//! Qwen3.5-MoE (text layouts, §3.2, §4.3), Qwen3-Next (§4.2) and OLMo-Hybrid (§5.2) layouts.
+//! Used to write checkpoints (random ones, pruned ones) and to check them.
 
 use crate::config::{AttentionSpec, Family, LayerKind, MlpKind, ModelConfig, MoeSpec, QkNorm};
 
-/// Whether [`expected_tensors`] lists this config's tensors: fla's families (`attn` layers
-/// included), Qwen3.5 dense and MoE (`Qwen3_5ForCausalLM`'s and `Qwen3_5MoeForCausalLM`'s
-/// `model.*`) and Qwen3-Next; not OLMo-Hybrid.
-pub fn listed(cfg: &ModelConfig) -> bool {
-    matches!(cfg.family, Family::Fla | Family::Qwen3_5 | Family::Qwen3Next)
-}
-
-/// `(key, shape)` of every tensor the config implies, in a stable order (for configs that
-/// [`listed`] accepts).
+/// `(key, shape)` of every tensor the config implies, in each family's own names, in a stable
+/// order.
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    if matches!(cfg.family, Family::Qwen3_5 | Family::Qwen3Next) {
-        return qwen_tensors(cfg);
+    match cfg.family {
+        Family::Qwen3_5 | Family::Qwen3Next => return qwen_tensors(cfg),
+        Family::OlmoHybrid => return olmo_hybrid_tensors(cfg),
+        Family::Fla => {}
     }
     let c = &cfg.common;
     let (d, vocab, w) = (c.hidden_size, c.vocab_size, c.conv_size);
@@ -169,6 +164,57 @@ fn qwen_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                 v.push((p("mlp.down_proj.weight"), vec![d, i]));
             }
         }
+    }
+    v.push(("model.norm.weight".into(), vec![d]));
+    if !c.tie_word_embeddings {
+        v.push(("lm_head.weight".into(), vec![vocab, d]));
+    }
+    v
+}
+
+/// OLMo-Hybrid as transformers 5.17 saves it (hybrid-spec.md §5.2): fla's projection names in the
+/// linear-attention layers, whose one short conv over q‖k‖v is cut into `q/k/v_conv1d` at equal
+/// thirds (`torch.chunk`'s ⌈C/3⌉ rows, the rest last), not at the q/k/v boundaries; the norms
+/// under the checkpoint's names (`attention_layer_norm` / `feedforward_layer_norm` before the
+/// linear-attention layers' sub-blocks, `feedforward_layer_norm` / `post_feedforward_layernorm`
+/// after the attention layers').
+fn olmo_hybrid_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let c = &cfg.common;
+    let (d, vocab, w) = (c.hidden_size, c.vocab_size, c.conv_size);
+    let (key_dim, value_dim, hv) = (cfg.key_dim(), cfg.value_dim(), cfg.num_v_heads());
+    let conv_dim = 2 * key_dim + value_dim;
+    let third = conv_dim.div_ceil(3);
+    let mut v: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![vocab, d])];
+    for l in 0..c.num_hidden_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        match cfg.layers.get(l) {
+            Some(LayerKind::Attention(a)) => {
+                attention_tensors(&mut v, &p("self_attn"), a, d);
+                v.push((p("feedforward_layer_norm.weight"), vec![d]));
+                v.push((p("post_feedforward_layernorm.weight"), vec![d]));
+            }
+            _ => {
+                v.push((p("attention_layer_norm.weight"), vec![d]));
+                v.push((p("linear_attn.q_proj.weight"), vec![key_dim, d]));
+                v.push((p("linear_attn.k_proj.weight"), vec![key_dim, d]));
+                v.push((p("linear_attn.v_proj.weight"), vec![value_dim, d]));
+                v.push((p("linear_attn.g_proj.weight"), vec![value_dim, d]));
+                v.push((p("linear_attn.a_proj.weight"), vec![hv, d]));
+                v.push((p("linear_attn.b_proj.weight"), vec![hv, d]));
+                v.push((p("linear_attn.A_log"), vec![hv]));
+                v.push((p("linear_attn.dt_bias"), vec![hv]));
+                for (name, rows) in [("q_conv1d", third), ("k_conv1d", third), ("v_conv1d", conv_dim - 2 * third)] {
+                    v.push((p(&format!("linear_attn.{name}.weight")), vec![rows, 1, w]));
+                }
+                v.push((p("linear_attn.o_norm.weight"), vec![cfg.head_v_dim()]));
+                v.push((p("linear_attn.o_proj.weight"), vec![d, value_dim]));
+                v.push((p("feedforward_layer_norm.weight"), vec![d]));
+            }
+        }
+        let i = intermediate(cfg, l);
+        v.push((p("mlp.gate_proj.weight"), vec![i, d]));
+        v.push((p("mlp.up_proj.weight"), vec![i, d]));
+        v.push((p("mlp.down_proj.weight"), vec![d, i]));
     }
     v.push(("model.norm.weight".into(), vec![d]));
     if !c.tie_word_embeddings {

@@ -86,20 +86,11 @@ fn init(rng: &mut Stream, key: &str, shape: &[usize], zero_centred: bool) -> Vec
 }
 
 /// Writes `config.json` and a random `model.safetensors` (in `dtype`) for `config` into `dir`:
-/// fla's layouts, Qwen3.5's and Qwen3.5-MoE's text layouts and Qwen3-Next's (OLMo-Hybrid is
-/// refused, naming the `model_type`).
+/// fla's layouts and transformers' (Qwen3.5 and Qwen3.5-MoE in their text layouts, Qwen3-Next,
+/// OLMo-Hybrid), as [`expected_tensors`] lists them.
 /// Tokenizer files from `tokenizer_from` are copied when given.
 pub fn write_random_checkpoint(config: &Value, dir: &Path, dtype: DType, seed: u64, tokenizer_from: Option<&Path>) -> Result<ModelConfig> {
     let cfg = ModelConfig::from_value(config.clone())?;
-    if !crate::inventory::listed(&cfg) {
-        return Err(crate::error::ConfigError::Unsupported {
-            field: "model_type".into(),
-            value: cfg.model_type().to_string(),
-            supported: "fla's gated_deltanet, gated_deltaproduct and delta_net (with or without `attn` layers), qwen3_5, qwen3_5_moe and qwen3_next"
-                .into(),
-        }
-        .into());
-    }
     std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
     let mut rng = Stream::new(seed);
     let mut tensors = Vec::new();

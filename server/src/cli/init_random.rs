@@ -1,5 +1,6 @@
-//! `deltaserve init-random`: write a randomly initialised checkpoint of any shape, in fla's
-//! layouts or transformers' Qwen3.5, Qwen3.5-MoE and Qwen3-Next layouts.
+//! `deltaserve init-random`: write a randomly initialised checkpoint of any shape, in any
+//! supported family's layout (fla's, or transformers' Qwen3.5, Qwen3.5-MoE, Qwen3-Next and
+//! OLMo-Hybrid).
 
 use std::path::PathBuf;
 
@@ -8,8 +9,8 @@ use deltaserve_engine::{parse_dtype, synth::write_random_checkpoint};
 
 /// Write a randomly initialised checkpoint (for benchmarks and tests): fla's Gated DeltaNet,
 /// Gated DeltaProduct and DeltaNet, with or without `attn` layers; Qwen3.5 and Qwen3.5-MoE (their
-/// text layouts, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`) or Qwen3-Next. OLMo-Hybrid is
-/// refused, naming `model_type`.
+/// text layouts, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`), Qwen3-Next or OLMo-Hybrid, each
+/// in the names and shapes its library saves.
 #[derive(Debug, Args)]
 pub struct InitRandomArgs {
     /// A config.json (fla's or transformers' fields; unspecified fields take the library's
