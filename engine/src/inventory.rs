@@ -24,9 +24,7 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         let i_size = intermediate(cfg, l);
         let mlp = |v: &mut Vec<(String, Vec<usize>)>| {
             v.push((p("mlp_norm.weight"), vec![d]));
-            v.push((p("mlp.gate_proj.weight"), vec![i_size, d]));
-            v.push((p("mlp.up_proj.weight"), vec![i_size, d]));
-            v.push((p("mlp.down_proj.weight"), vec![d, i_size]));
+            dense_mlp(v, &p("mlp"), i_size, d);
         };
         if let Some(LayerKind::Attention(a)) = cfg.layers.get(l) {
             attention_tensors(&mut v, &p("attn"), a, d);
@@ -56,11 +54,24 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         v.push((p("attn.o_proj.weight"), vec![d, value_dim]));
         mlp(&mut v);
     }
-    v.push(("model.norm.weight".into(), vec![d]));
-    if !c.tie_word_embeddings {
-        v.push(("lm_head.weight".into(), vec![vocab, d]));
-    }
+    final_norm_and_head(&mut v, cfg);
     v
+}
+
+/// A dense SwiGLU MLP of width `i` under `p` (`gate_proj`, `up_proj`, `down_proj`).
+fn dense_mlp(v: &mut Vec<(String, Vec<usize>)>, p: &str, i: usize, d: usize) {
+    v.push((format!("{p}.gate_proj.weight"), vec![i, d]));
+    v.push((format!("{p}.up_proj.weight"), vec![i, d]));
+    v.push((format!("{p}.down_proj.weight"), vec![d, i]));
+}
+
+/// The final norm and, unless tied to the embeddings, the LM head.
+fn final_norm_and_head(v: &mut Vec<(String, Vec<usize>)>, cfg: &ModelConfig) {
+    let c = &cfg.common;
+    v.push(("model.norm.weight".into(), vec![c.hidden_size]));
+    if !c.tie_word_embeddings {
+        v.push(("lm_head.weight".into(), vec![c.vocab_size, c.hidden_size]));
+    }
 }
 
 /// A layer's dense MLP width.
@@ -114,9 +125,7 @@ fn moe_tensors(v: &mut Vec<(String, Vec<usize>)>, p: &str, m: &MoeSpec, d: usize
         }
     }
     if s > 0 {
-        v.push((format!("{p}.shared_expert.gate_proj.weight"), vec![s, d]));
-        v.push((format!("{p}.shared_expert.up_proj.weight"), vec![s, d]));
-        v.push((format!("{p}.shared_expert.down_proj.weight"), vec![d, s]));
+        dense_mlp(v, &format!("{p}.shared_expert"), s, d);
         v.push((format!("{p}.shared_expert_gate.weight"), vec![1, d]));
     }
 }
@@ -157,18 +166,10 @@ fn qwen_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         v.push((p("post_attention_layernorm.weight"), vec![d]));
         match cfg.mlps.get(l) {
             Some(MlpKind::Sparse(m)) => moe_tensors(&mut v, &p("mlp"), m, d, !next),
-            _ => {
-                let i = intermediate(cfg, l);
-                v.push((p("mlp.gate_proj.weight"), vec![i, d]));
-                v.push((p("mlp.up_proj.weight"), vec![i, d]));
-                v.push((p("mlp.down_proj.weight"), vec![d, i]));
-            }
+            _ => dense_mlp(&mut v, &p("mlp"), intermediate(cfg, l), d),
         }
     }
-    v.push(("model.norm.weight".into(), vec![d]));
-    if !c.tie_word_embeddings {
-        v.push(("lm_head.weight".into(), vec![vocab, d]));
-    }
+    final_norm_and_head(&mut v, cfg);
     v
 }
 
@@ -211,14 +212,8 @@ fn olmo_hybrid_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                 v.push((p("feedforward_layer_norm.weight"), vec![d]));
             }
         }
-        let i = intermediate(cfg, l);
-        v.push((p("mlp.gate_proj.weight"), vec![i, d]));
-        v.push((p("mlp.up_proj.weight"), vec![i, d]));
-        v.push((p("mlp.down_proj.weight"), vec![d, i]));
+        dense_mlp(&mut v, &p("mlp"), intermediate(cfg, l), d);
     }
-    v.push(("model.norm.weight".into(), vec![d]));
-    if !c.tie_word_embeddings {
-        v.push(("lm_head.weight".into(), vec![vocab, d]));
-    }
+    final_norm_and_head(&mut v, cfg);
     v
 }
