@@ -2,11 +2,10 @@
 //! the grouped expert projections and the weighted combine, all sized by the batch alone (no
 //! host round trip), so a decode step holding them can be captured as a CUDA graph.
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::Tensor;
-
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 
 use super::{alloc_rows, cuda_dev, first_element_address_any, func, grid, modules, RowsArg, Switch};
 use crate::ops::moe::{ExpertWeights, SharedExpert};
@@ -140,13 +139,17 @@ pub fn sparse_moe(
     if warpgroup {
         // Four warpgroups a CTA, two on each 64 rows: 128 h columns (64 each, gate and up rows
         // side by side), or 256 output columns of the down projection.
-        let f = func(&dev, &format!("moe_up_wg_{suffix}"), &modules::MOE_WG)?;
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WG_SMEM as i32).w()?;
+        // Each entry with the dynamic shared memory its stages take.
+        let wg_func = |name: &str| -> Result<_> {
+            let f = func(&dev, &format!("{name}_{suffix}"), &modules::MOE_WG)?;
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WG_SMEM as i32).w()?;
+            Ok(f)
+        };
+        let f = wg_func("moe_up_wg")?;
         let mut l = f.builder();
         l.arg(&xa.ptr).arg(&xa.ld).arg(&order).arg(&ki).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&gu).arg(&ii).arg(&di).arg(&hp);
         unsafe { l.launch(grid(max_tiles, i.div_ceil(128), 1, WG_THREADS as u32, WG_SMEM as u32)) }.w()?;
-        let f = func(&dev, &format!("moe_down_wg_{suffix}"), &modules::MOE_WG)?;
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WG_SMEM as i32).w()?;
+        let f = wg_func("moe_down_wg")?;
         let mut l = f.builder();
         l.arg(&hp).arg(&offsets).arg(&tiles).arg(&ntiles).arg(&dn).arg(&di).arg(&ii).arg(&yp);
         unsafe { l.launch(grid(max_tiles, d.div_ceil(256), 1, WG_THREADS as u32, WG_SMEM as u32)) }.w()?;
