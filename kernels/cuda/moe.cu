@@ -4,9 +4,9 @@
 //                  goes to the lower expert), weights renormalised, rounded to T; each choice
 //                  named by its index among the experts held here (expert parallelism holds a
 //                  run of them), or by `held` when it is not held (a group never computed);
-//   moe_sort       one block: the N·k (token, choice) pairs grouped by expert (counts, offsets,
-//                  a stable-enough scatter: the order inside a group changes no result), and
-//                  the list of held experts with rows;
+//   moe_count, moe_sort  the N·k (token, choice) pairs grouped by expert (counts, offsets, a
+//                  scatter whose order inside a group changes no result), and the list of held
+//                  experts with rows or of their row tiles;
 //   moe_up_T       per listed expert, per 16 output columns: h = silu(gate x) · up x over the
 //                  rows that chose it, gate and up rows of `gate_up` read once for 8 rows at a
 //                  time;
@@ -108,38 +108,119 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
 // row tiles, tiles[t] = (expert, first row) for each tile_rows rows of each held expert, ntiles[0] of
 // them; otherwise the held experts with rows, active[0 .. nactive[0]) (the GEMV kernels' grid
 // covers only those). Tiles are of `tile_rows` rows: TC_M for the wmma tiles, 128 for
-// moe_wg.cu's. One block; shared memory 2E ints.
-extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int P, int E, int held, int* offsets, int* order,
-                                                            int* pos, int tensor_cores, int tile_rows, int2* tiles, int* ntiles,
-                                                            int* active, int* nactive) { pdl_entry();
-  extern __shared__ int cnt[];
-  for (int e = threadIdx.x; e < 2 * E; e += blockDim.x) cnt[e] = 0;
+// moe_wg.cu's.
+//
+// Block b of B takes the pairs [b·S, (b + 1)·S) of the scatter (S = ⌈P / B⌉); a prompt's tens of
+// thousands of pairs are spread over blocks, as one block's scattered stores took ~60 µs a layer.
+// With B > 1 (`counted`), moe_count first writes each block's counts [B, E]; with B = 1 the
+// block counts them itself. Each block scans the counts (every block the same sums), places its pairs after
+// those of the blocks before it (within a block in the order of its shared-memory atomics: the
+// order inside a group changes no result), and block 0 writes offsets and the list. Shared
+// memory 2(E + 1) ints. MOE_SORT_THREADS threads.
+#define MOE_SORT_THREADS 1024
+#define MOE_SORT_ITEMS 8  // consecutive entries a thread scans: E + 1 ≤ 8192
+
+// An exclusive prefix sum of a[0 .. n) in place (n ≤ MOE_SORT_THREADS · MOE_SORT_ITEMS); every
+// thread gets the total. Ends with the block synchronised.
+__device__ int block_exclusive_scan(int* a, int n) {
+  __shared__ int warp_tot[MOE_SORT_THREADS / 32];
+  const int i0 = threadIdx.x * MOE_SORT_ITEMS, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int v[MOE_SORT_ITEMS], sum = 0;
+#pragma unroll
+  for (int j = 0; j < MOE_SORT_ITEMS; ++j) {
+    v[j] = i0 + j < n ? a[i0 + j] : 0;
+    sum += v[j];
+  }
+  int incl = sum;  // inclusive over the warp's lanes
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int x = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += x;
+  }
+  if (lane == 31) warp_tot[w] = incl;
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int o = 0, t = 0, a = 0;
-    for (int e = 0; e < E; ++e) {
-      offsets[e] = o;
-      cnt[E + e] = o;
-      if (e < held) {
-        if (tensor_cores) {
-          for (int r = 0; r < cnt[e]; r += tile_rows) tiles[t++] = make_int2(e, r);
-        } else if (cnt[e] > 0) {
-          active[a++] = e;
-        }
-      }
-      o += cnt[e];
-    }
-    offsets[E] = o;
-    ntiles[0] = t;
-    nactive[0] = a;
+  int before = 0, total = 0;
+  for (int j = 0; j < MOE_SORT_THREADS / 32; ++j) {
+    before += j < w ? warp_tot[j] : 0;
+    total += warp_tot[j];
+  }
+  int run = before + incl - sum;
+#pragma unroll
+  for (int j = 0; j < MOE_SORT_ITEMS; ++j) {
+    if (i0 + j < n) a[i0 + j] = run;
+    run += v[j];
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    const int at = atomicAdd(&cnt[E + ids[p]], 1);
+  return total;
+}
+
+// Block b's counts of its pairs by group: counts[b·G + g].
+extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_count(const int* ids, int P, int G, int* counts) {
+  pdl_entry();
+  extern __shared__ int hist[];
+  const int S = (P + gridDim.x - 1) / gridDim.x, p0 = blockIdx.x * S, p1 = min(P, p0 + S);
+  for (int g = threadIdx.x; g < G; g += blockDim.x) hist[g] = 0;
+  __syncthreads();
+  for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) atomicAdd(&hist[ids[p]], 1);
+  __syncthreads();
+  for (int g = threadIdx.x; g < G; g += blockDim.x) counts[(size_t)blockIdx.x * G + g] = hist[g];
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort(const int* ids, int P, int E, int held, const int* counts,
+                                                                      int counted, int* offsets, int* order, int* pos, int tensor_cores,
+                                                                      int tile_rows, int2* tiles, int* ntiles, int* active,
+                                                                      int* nactive) {
+  pdl_entry();
+  extern __shared__ int sh[];
+  int* off = sh;           // [E + 1]: the groups' sizes, then their offsets
+  int* next = sh + E + 1;  // [E + 1]: where this block's next pair of each group goes
+  const int B = gridDim.x, b = blockIdx.x, S = (P + B - 1) / B, p0 = b * S, p1 = min(P, p0 + S);
+  for (int g = threadIdx.x; g <= E; g += blockDim.x) {
+    int all = 0, before = 0;
+    if (counted && g < E)
+      for (int c = 0; c < B; ++c) {
+        const int n = counts[(size_t)c * E + g];
+        all += n;
+        before += c < b ? n : 0;
+      }
+    off[g] = all;
+    next[g] = before;
+  }
+  __syncthreads();
+  if (!counted)
+    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&off[ids[p]], 1);
+  __syncthreads();
+  block_exclusive_scan(off, E + 1);
+  for (int g = threadIdx.x; g <= E; g += blockDim.x) {
+    next[g] += off[g];
+    if (b == 0) offsets[g] = off[g];
+  }
+  __syncthreads();
+  for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
+    const int e = ids[p], at = atomicAdd(&next[e], 1);
     order[at] = p;
-    pos[p] = ids[p] < held ? at : -1;
+    pos[p] = e < held ? at : -1;
+  }
+  if (b != 0) return;
+  // The list: each held expert's tiles (or 1 when it has rows), placed by a second scan.
+  __syncthreads();
+  for (int g = threadIdx.x; g < E; g += blockDim.x) {
+    const int n = off[g + 1] - off[g];
+    next[g] = g >= held ? 0 : tensor_cores ? (n + tile_rows - 1) / tile_rows : n > 0;
+  }
+  __syncthreads();
+  const int listed = block_exclusive_scan(next, E);
+  for (int g = threadIdx.x; g < held && g < E; g += blockDim.x) {
+    const int n = off[g + 1] - off[g], at = next[g];
+    if (tensor_cores) {
+      for (int r = 0; r < n; r += tile_rows) tiles[at + r / tile_rows] = make_int2(g, r);
+    } else if (n > 0) {
+      active[at] = g;
+    }
+  }
+  if (threadIdx.x == 0) {
+    ntiles[0] = tensor_cores ? listed : 0;
+    nactive[0] = tensor_cores ? 0 : listed;
   }
 }
 

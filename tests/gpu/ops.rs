@@ -569,18 +569,21 @@ pub(crate) fn gpu_small_batch_linear_matches_cpu(dev: &Device) {
 }
 
 /// The MoE kernels (route, sort, grouped SwiGLU up, grouped down, combine) against the CPU op,
-/// f32 and bf16: batches of 1, 5 and 70 tokens, 16 experts of which each token takes 4, with
+/// f32 and bf16: batches of 1, 5, 70 and 1,500 tokens, 16 experts of which each token takes 4, with
 /// experts 2 and 9 given equal logits (exact ties, so the tie rule decides), with and without
 /// renormalisation and the shared expert. D = 512 (two 256-wide steps a warp), I = 96 (a
 /// partial step, a partial 64-column tile). 1 and 5 tokens take the GEMV kernels; 70 tokens
 /// (280 rows, ~17 an expert) take the tensor-core tiles in bf16, with partial row tiles. Split
 /// by whole experts over 2 and 4 calls (expert parallelism), the calls sum to the whole op.
 pub(crate) fn gpu_sparse_moe_matches_cpu(dev: &Device) {
-    use deltaserve_kernels::ops::{moe_warpgroup_launches, set_moe_warpgroup, sparse_moe, ExpertWeights, SharedExpert};
+    use deltaserve_kernels::ops::{
+        moe_warpgroup_launches, set_batch_invariant, set_moe_warpgroup, sparse_moe, ExpertWeights, SharedExpert,
+    };
     // I = 96 keeps a prompt on the wmma tiles (the warpgroup tiles want K a multiple of 64); I =
     // 192 with 600 tokens takes the warpgroup tiles: ~150 rows an expert (a whole 128-row tile and
     // a partial one), and the second 128 h columns half past I.
-    for (e, k, d, i, tokens) in [(16usize, 4usize, 512usize, 96usize, &[1usize, 5, 70][..]), (16, 4, 512, 192, &[600][..])] {
+    // 1,500 tokens (6,000 pairs) are sorted by three blocks, 600 by two, fewer by one.
+    for (e, k, d, i, tokens) in [(16usize, 4usize, 512usize, 96usize, &[1usize, 5, 70, 1500][..]), (16, 4, 512, 192, &[600][..])] {
         let mut rng = rand::rngs::StdRng::seed_from_u64(21);
         let mut randn = |shape: &[usize], scale: f32| -> Tensor {
             let n: usize = shape.iter().product();
@@ -623,6 +626,14 @@ pub(crate) fn gpu_sparse_moe_matches_cpu(dev: &Device) {
                         let between = rel_err(&gpu, &wmma);
                         println!("  warpgroup vs wmma tiles {between:.2e}, wmma vs CPU {:.2e}", rel_err(&wmma, &cpu));
                         assert!(between <= tol, "N={n}: warpgroup against wmma tiles {between:.3e}");
+                        // Batch-invariant mode keeps the 2,400 pairs on the GEMVs: the sort's list of
+                        // active experts built by two blocks.
+                        set_batch_invariant(true);
+                        let gemv = run(dev);
+                        set_batch_invariant(false);
+                        let err = rel_err(&gemv, &cpu);
+                        println!("  GEMVs (batch-invariant) vs CPU {err:.2e}");
+                        assert!(err <= tol, "N={n}: the GEMV path against the CPU {err:.3e}");
                     }
                     // Expert parallelism: P calls, each holding E/P whole experts (the shared expert
                     // added by the first), sum to the whole op.

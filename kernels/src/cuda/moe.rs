@@ -17,6 +17,10 @@ const WARPS: usize = THREADS / 32;
 const COLS: usize = 2;
 /// Rows and columns of a tensor-core tile (`TC_M`, `TC_N`).
 const TC_TILE: usize = 64;
+/// Pairs a block of the sort scatters (`moe_count` / `moe_sort`), and its threads
+/// (`MOE_SORT_THREADS`).
+const SORT_SLICE: usize = 2048;
+const SORT_THREADS: u32 = 1024;
 
 /// Rows of a tile of `moe_wg.cu` (`MW_ROWS`), and its threads: four warpgroups.
 const WG_TILE: usize = 128;
@@ -127,12 +131,24 @@ pub fn sparse_moe(
     l.arg(&la.ptr).arg(&la.ld).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
     unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * all) as u32)) }.w()?;
 
+    // The sort's scatter spread over a block a SORT_SLICE pairs, counted first when there are
+    // several (a decode step's pairs take one block, which counts them itself).
+    let sort_blocks = pairs.div_ceil(SORT_SLICE).max(1);
+    let counted = i32::from(sort_blocks > 1);
+    // SAFETY: read by the sort only when counted, after moe_count wrote all of it.
+    let counts = unsafe { dev.alloc::<i32>(if sort_blocks > 1 { sort_blocks * groups } else { 1 }) }?;
+    if sort_blocks > 1 {
+        let f = func(&dev, "moe_count", &modules::MOE)?;
+        let mut l = f.builder();
+        l.arg(&ids).arg(&pi).arg(&gi).arg(&counts);
+        unsafe { l.launch(grid(sort_blocks, 1, 1, SORT_THREADS, (4 * groups) as u32)) }.w()?;
+    }
     let f = func(&dev, "moe_sort", &modules::MOE)?;
     let mut l = f.builder();
     let (tci, tri) = (i32::from(tensor_cores), tile_rows as i32);
-    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&offsets).arg(&order).arg(&pos).arg(&tci).arg(&tri);
+    l.arg(&ids).arg(&pi).arg(&gi).arg(&ei).arg(&counts).arg(&counted).arg(&offsets).arg(&order).arg(&pos).arg(&tci).arg(&tri);
     l.arg(&tiles).arg(&ntiles).arg(&active).arg(&nactive);
-    unsafe { l.launch(grid(1, 1, 1, 1024, (8 * groups) as u32)) }.w()?;
+    unsafe { l.launch(grid(sort_blocks, 1, 1, SORT_THREADS, (8 * (groups + 1)) as u32)) }.w()?;
 
     let (gu, dn) = (first_element_address_any(experts.gate_up)?, first_element_address_any(experts.down)?);
     let (hp, yp, op) = (first_element_address_any(&h)?, first_element_address_any(&y)?, first_element_address_any(&out)?);
