@@ -8,10 +8,11 @@
 //                  scatter whose order inside a group changes no result), and the list of held
 //                  experts with rows or of their row tiles;
 //   moe_up_T       per listed expert, per 16 output columns: h = silu(gate x) · up x over the
-//                  rows that chose it, gate and up rows of `gate_up` read once for 8 rows at a
+//                  rows that chose it, gate and up rows of `gate_up` read once for 4 rows at a
 //                  time;
-//   moe_down_T     per listed expert: y = h · downᵀ, fp32 out;
-//   moe_combine_T  per token: Σ_j w_j · y[pair j] (+ σ(shared gate) · shared), rounded once.
+//   moe_down_T     per listed expert, per 32 output columns: y = h · downᵀ, fp32 out;
+//   moe_combine_T  per token and 256 columns: Σ_j w_j · y[pair j] (+ σ(shared gate) · shared),
+//                  rounded once.
 // T is the activation dtype (f32, bf16, f16); accumulation is fp32 throughout. For prompts
 // (many rows an expert), moe_up_tc_T / moe_down_tc_T do the two projections on the tensor
 // cores instead (bf16/f16): 64×64 output tiles over the expert's rows, listed by moe_sort.
@@ -22,9 +23,11 @@
 
 #define MOE_THREADS 256
 #define MOE_WARPS (MOE_THREADS / 32)
-// Output columns a warp computes, rows of x a pass reads.
+// Output columns a warp computes (the up projection's, of both its gate and up rows; the down
+// projection's, whose K is short), rows of x a pass reads.
 #define MOE_COLS 2
-#define MOE_ROWS 8
+#define MOE_DOWN_COLS 4
+#define MOE_ROWS 4
 
 // (value, index) maximum with ties to the lower index, over the block; every thread gets it.
 __device__ __forceinline__ void block_argmax(float& v, int& i) {
@@ -225,23 +228,43 @@ extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort(const in
 }
 
 // Expert active[blockIdx.y] (blocks past nactive[0] return), output columns from
-// (blockIdx.x·warps + warp)·MOE_COLS. Rows of x: the
+// (blockIdx.x·warps + warp)·COLS. Rows of x: the
 // expert's grouped positions [offsets[e], offsets[e+1]); row r reads x + src(r)·ldx where
 // src(r) = order[r] / k (the token of a pair) when `gather`, else r. W: [E, Nw, K]; GATED reads
 // rows n and n + N of W (gate and up) and writes T(silu(T(g)) · T(u)) rounded as transformers'
 // bf16 ops do; otherwise writes the fp32 dot. out: [P, N] of T (GATED) or f32.
-template <typename T, bool GATED>
+template <typename T, bool GATED, int COLS>
 __device__ void grouped(const T* __restrict__ x, long ldx, const int* __restrict__ order, int k, int gather,
                         const int* __restrict__ offsets, const int* __restrict__ active, const int* __restrict__ nactive,
                         const T* __restrict__ w, int N, int K, void* out) {
   if ((int)blockIdx.y >= nactive[0]) return;
-  const int e = active[blockIdx.y], o0 = offsets[e], o1 = offsets[e + 1];
+  const int e = active[blockIdx.y];
   const int lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * MOE_COLS;
+  const int n0 = (blockIdx.x * MOE_WARPS + (threadIdx.x >> 5)) * COLS;
   if (n0 >= N) return;
   const int Nw = GATED ? 2 * N : N;
   const T* we = w + (size_t)e * Nw * K;
-  constexpr int WR = GATED ? 2 * MOE_COLS : MOE_COLS;
+  constexpr int WR = GATED ? 2 * COLS : COLS;
+  // The warp's W rows (gate, then up when GATED); a row past N reads row 0 and is never stored.
+  const T* wrow[WR];
+#pragma unroll
+  for (int c = 0; c < WR; ++c) {
+    const int n = GATED ? (c < COLS ? n0 + c : N + n0 + c - COLS) : n0 + c;
+    wrow[c] = we + (size_t)((c % COLS) + n0 < N ? n : 0) * K;
+  }
+  // W's 8-element pieces at kk, raw; two K steps in flight: the next step's loads are issued
+  // before this one's products, and the first before the rows' lookups (offsets, then order:
+  // dependent loads a warp used to wait out before its first W load).
+  using Piece = Packed<8, T>;
+  auto load_w = [&](Piece (&d)[WR], int kk) {
+    if (kk < K) {
+#pragma unroll
+      for (int c = 0; c < WR; ++c) d[c] = *reinterpret_cast<const Piece*>(wrow[c] + kk);
+    }
+  };
+  Piece wa[WR], wb[WR];
+  load_w(wa, lane * 8);
+  const int o0 = offsets[e], o1 = offsets[e + 1];
   for (int r0 = o0; r0 < o1; r0 += MOE_ROWS) {
     const int nr = min(MOE_ROWS, o1 - r0);
     const T* xr[MOE_ROWS];
@@ -251,18 +274,8 @@ __device__ void grouped(const T* __restrict__ x, long ldx, const int* __restrict
       xr[b] = x + (size_t)(gather ? order[r] / k : r) * ldx;
     }
     float acc[WR][MOE_ROWS] = {};
-    for (int kk = lane * 8; kk < K; kk += 256) {
-      float wv[WR][8];
-#pragma unroll
-      for (int c = 0; c < WR; ++c) {
-        const int n = GATED ? (c < MOE_COLS ? n0 + c : N + n0 + c - MOE_COLS) : n0 + c;
-        if ((c % MOE_COLS) + n0 < N) {
-          load_vec<8>(wv[c], we + (size_t)n * K + kk);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) wv[c][i] = 0.0f;
-        }
-      }
+    // One K step's products: zeros in place of the rows past N, as before the pieces were raw.
+    auto step = [&](const Piece (&p)[WR], int kk) {
 #pragma unroll
       for (int b = 0; b < MOE_ROWS; ++b) {
         if (b < nr) {
@@ -271,24 +284,32 @@ __device__ void grouped(const T* __restrict__ x, long ldx, const int* __restrict
 #pragma unroll
           for (int c = 0; c < WR; ++c)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[c][b] += wv[c][i] * xv[i];
+            for (int i = 0; i < 8; ++i) acc[c][b] += ((c % COLS) + n0 < N ? to_f32(p[c].v[i]) : 0.0f) * xv[i];
         }
       }
+    };
+    for (int kk = lane * 8; kk < K; kk += 512) {
+      load_w(wb, kk + 256);
+      step(wa, kk);
+      if (kk + 256 >= K) break;
+      load_w(wa, kk + 512);
+      step(wb, kk + 256);
     }
+    if (r0 + MOE_ROWS < o1) load_w(wa, lane * 8);  // the next rows start over
 #pragma unroll
     for (int c = 0; c < WR; ++c)
 #pragma unroll
       for (int b = 0; b < MOE_ROWS; ++b) acc[c][b] = warp_sum(acc[c][b]);
     if (lane == 0) {
 #pragma unroll
-      for (int c = 0; c < MOE_COLS; ++c) {
+      for (int c = 0; c < COLS; ++c) {
         if (n0 + c >= N) continue;
 #pragma unroll
         for (int b = 0; b < MOE_ROWS; ++b) {
           if (b >= nr) continue;
           const size_t at = (size_t)(r0 + b) * N + n0 + c;
           if constexpr (GATED) {
-            const float g = to_f32(from_f32<T>(acc[c][b])), u = to_f32(from_f32<T>(acc[MOE_COLS + c][b]));
+            const float g = to_f32(from_f32<T>(acc[c][b])), u = to_f32(from_f32<T>(acc[COLS + c][b]));
             static_cast<T*>(out)[at] = from_f32<T>(to_f32(from_f32<T>(g / (1.0f + expf(-g)))) * u);
           } else {
             static_cast<float*>(out)[at] = acc[c][b];
@@ -299,14 +320,15 @@ __device__ void grouped(const T* __restrict__ x, long ldx, const int* __restrict
   }
 }
 
-// Token blockIdx.x: out[t] = Σ_j w[t, j] · y[pos[t·k + j]] (+ σ(sgate[t]) · shared[t]), fp32
-// sums, one rounding to T.
+// Token blockIdx.x, columns from blockIdx.y·MOE_THREADS, one a thread (a decode step's few
+// tokens then spread over several blocks): out[t] = Σ_j w[t, j] · y[pos[t·k + j]]
+// (+ σ(sgate[t]) · shared[t]), fp32 sums, one rounding to T.
 template <typename T>
 __device__ void combine(const float* y, const int* pos, const float* w, int k, const T* shared, long lds, const T* sgate,
                         long ldg, T* out, int D) {
   const int t = blockIdx.x;
   const float gate = shared ? 1.0f / (1.0f + expf(-to_f32(sgate[(size_t)t * ldg]))) : 0.0f;
-  for (int d = threadIdx.x; d < D; d += MOE_THREADS) {
+  for (int d = blockIdx.y * MOE_THREADS + threadIdx.x; d < D; d += MOE_THREADS * gridDim.y) {
     float s = 0.0f;
     for (int j = 0; j < k; ++j) {
       const int at = pos[t * k + j];
@@ -430,12 +452,12 @@ MOE_TC_ENTRIES(__half, f16)
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_##NAME(                                          \
       const T* x, long ldx, const int* order, int k, const int* offsets, const int* active, const int* nactive,      \
       const T* w, int N, int K, T* out) { pdl_entry();                                                                           \
-    grouped<T, true>(x, ldx, order, k, 1, offsets, active, nactive, w, N, K, out);                                  \
+    grouped<T, true, MOE_COLS>(x, ldx, order, k, 1, offsets, active, nactive, w, N, K, out);                                  \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
       moe_down_##NAME(const T* h, const int* offsets, const int* active, const int* nactive, const T* w, int N,      \
                       int K, float* out) { pdl_entry();                                                                          \
-    grouped<T, false>(h, K, nullptr, 1, 0, offsets, active, nactive, w, N, K, out);                                 \
+    grouped<T, false, MOE_DOWN_COLS>(h, K, nullptr, 1, 0, offsets, active, nactive, w, N, K, out);                                 \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_combine_##NAME(                                     \
       const float* y, const int* pos, const float* w, int k, const T* shared, long lds, const T* sgate, long ldg,    \
