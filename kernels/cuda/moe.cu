@@ -116,10 +116,10 @@ __device__ void route(const T* logits, long ld, int E, int k, int normalise, int
 // Block b of B takes the pairs [b·S, (b + 1)·S) of the scatter (S = ⌈P / B⌉); a prompt's tens of
 // thousands of pairs are spread over blocks, as one block's scattered stores took ~60 µs a layer.
 // With B > 1 (`counted`), moe_count first writes each block's counts [B, E]; with B = 1 the
-// block counts them itself. Each block scans the counts (every block the same sums), places its pairs after
-// those of the blocks before it (within a block in the order of its shared-memory atomics: the
-// order inside a group changes no result), and block 0 writes offsets and the list. Shared
-// memory 2(E + 1) ints. MOE_SORT_THREADS threads.
+// block counts them itself. Each block scans the counts (every block the same sums), places its
+// pairs after those of the blocks before it (within a block in the order of its shared-memory
+// atomics: the order inside a group changes no result), and block 0 writes offsets and the list.
+// Shared memory 2(E + 1) ints. MOE_SORT_THREADS threads.
 #define MOE_SORT_THREADS 1024
 #define MOE_SORT_ITEMS 8  // consecutive entries a thread scans: E + 1 ≤ 8192
 
