@@ -1,6 +1,6 @@
 // Sparse mixture-of-experts on the device (hybrid-spec.md §4.3), with nothing sized by the
 // routing on the host, so that a decode step holding it can be captured as a CUDA graph:
-//   moe_route_T    one block a token: fp32 softmax of its router logits, top-k (an exact tie
+//   moe_route_T    one warp a token: fp32 softmax of its router logits, top-k (an exact tie
 //                  goes to the lower expert), weights renormalised, rounded to T; each choice
 //                  named by its index among the experts held here (expert parallelism holds a
 //                  run of them), or by `held` when it is not held (a group never computed);
@@ -29,73 +29,54 @@
 #define MOE_DOWN_COLS 4
 #define MOE_ROWS 4
 
-// (value, index) maximum with ties to the lower index, over the block; every thread gets it.
-__device__ __forceinline__ void block_argmax(float& v, int& i) {
-  __shared__ float sv[MOE_WARPS];
-  __shared__ int si[MOE_WARPS];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
-  }
-  const int w = threadIdx.x >> 5;
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sv[w] = v, si[w] = i;
-  __syncthreads();
-  v = sv[0], i = si[0];
-  for (int j = 1; j < MOE_WARPS; ++j)
-    if (sv[j] > v || (sv[j] == v && si[j] < i)) v = sv[j], i = si[j];
-}
-
-__device__ __forceinline__ float block_sum(float s) {
-  __shared__ float part[MOE_WARPS];
-  s = warp_sum(s);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-  __syncthreads();
-  float t = 0.0f;
-  for (int j = 0; j < MOE_WARPS; ++j) t += part[j];
-  return t;
-}
-
-// Token blockIdx.x: logits [E] (row stride ld) → ids [k] (expert − first when held here, else
-// `held`), weights [k] (fp32 of T-rounded values).
+// Token t = blockIdx.x · warps + warp, a warp a token (a decode step's few tokens then take a
+// few warps' shuffles, where a block a token took ~7 µs of barriers): logits [E] (row stride ld)
+// → ids [k] (expert − first when held here, else `held`), weights [k] (fp32 of T-rounded
+// values). The warp's E probabilities in shared memory (E floats a warp).
 // Probabilities as torch's fp32 softmax: exp(x − max) / Σ (IEEE exp and division), so equal
 // logits give equal probabilities and the tie rule decides.
 template <typename T>
-__device__ void route(const T* logits, long ld, int E, int k, int normalise, int first, int held, int* ids, float* weights) {
-  extern __shared__ float p[];
-  const int t = blockIdx.x;
+__device__ void route(const T* logits, long ld, int n, int E, int k, int normalise, int first, int held, int* ids,
+                      float* weights) {
+  extern __shared__ float route_p[];
+  const int warps = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * warps + w;
+  if (t >= n) return;
+  float* p = route_p + (size_t)w * E;
   const T* l = logits + (size_t)t * ld;
   float m = -INFINITY;
-  for (int e = threadIdx.x; e < E; e += MOE_THREADS) m = fmaxf(m, p[e] = to_f32(l[e]));
-  int dummy = 0;
-  block_argmax(m, dummy);
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, p[e] = to_f32(l[e]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float s = 0.0f;
-  for (int e = threadIdx.x; e < E; e += MOE_THREADS) s += (p[e] = expf(p[e] - m));
-  s = block_sum(s);
-  for (int e = threadIdx.x; e < E; e += MOE_THREADS) p[e] = p[e] / s;
-  __syncthreads();
+  for (int e = lane; e < E; e += 32) s += (p[e] = expf(p[e] - m));
+  s = warp_sum(s);  // every lane the same sum: each butterfly step adds the same two values
+  for (int e = lane; e < E; e += 32) p[e] = p[e] / s;
+  __syncwarp();
   float total = 0.0f;
   for (int j = 0; j < k; ++j) {
     float v = -1.0f;
     int i = 0x7fffffff;
-    for (int e = threadIdx.x; e < E; e += MOE_THREADS)
+    for (int e = lane; e < E; e += 32)
       if (p[e] > v) v = p[e], i = e;  // ascending e: a tie keeps the lower index
-    block_argmax(v, i);
-    if (threadIdx.x == 0) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+      if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+    }
+    if (lane == 0) {
       ids[t * k + j] = (i >= first && i < first + held) ? i - first : held;
       weights[t * k + j] = v;
-      p[i] = -1.0f;  // probabilities are ≥ 0: taken
     }
+    if (lane == (i & 31)) p[i] = -1.0f;  // probabilities are ≥ 0: taken
     total += v;
-    __syncthreads();
+    __syncwarp();
   }
-  if (threadIdx.x < k) {
-    float w = weights[t * k + threadIdx.x];
-    if (normalise) w = w / total;
-    weights[t * k + threadIdx.x] = to_f32(from_f32<T>(w));
+  for (int j = lane; j < k; j += 32) {
+    float wj = weights[t * k + j];
+    if (normalise) wj = wj / total;
+    weights[t * k + j] = to_f32(from_f32<T>(wj));
   }
 }
 
@@ -445,9 +426,9 @@ MOE_TC_ENTRIES(__half, f16)
 
 #define MOE_ENTRIES(T, NAME)                                                                                        \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                                         \
-      moe_route_##NAME(const T* logits, long ld, int E, int k, int normalise, int first, int held, int* ids,          \
+      moe_route_##NAME(const T* logits, long ld, int n, int E, int k, int normalise, int first, int held, int* ids,   \
                        float* weights) { pdl_entry();                                                                             \
-    route<T>(logits, ld, E, k, normalise, first, held, ids, weights);                                               \
+    route<T>(logits, ld, n, E, k, normalise, first, held, ids, weights);                                            \
   }                                                                                                                 \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_up_##NAME(                                          \
       const T* x, long ldx, const int* order, int k, const int* offsets, const int* active, const int* nactive,      \

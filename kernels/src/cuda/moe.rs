@@ -128,10 +128,13 @@ pub fn sparse_moe(
     let (ei, ki, ii, di) = (e as i32, k as i32, i as i32, d as i32);
     let (pi, norm, alli, gi, first) = (pairs as i32, i32::from(normalise), all as i32, groups as i32, experts.first as i32);
 
+    // A warp a token, as many warps a block as 48 KB of probabilities hold (up to eight).
+    let route_warps = (48 * 1024 / (4 * all)).clamp(1, WARPS);
     let f = func(&dev, &format!("moe_route_{suffix}"), &modules::MOE)?;
     let mut l = f.builder();
-    l.arg(&la.ptr).arg(&la.ld).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
-    unsafe { l.launch(grid(n, 1, 1, THREADS as u32, (4 * all) as u32)) }.w()?;
+    let ni = n as i32;
+    l.arg(&la.ptr).arg(&la.ld).arg(&ni).arg(&alli).arg(&ki).arg(&norm).arg(&first).arg(&ei).arg(&ids).arg(&weights);
+    unsafe { l.launch(grid(n.div_ceil(route_warps), 1, 1, (32 * route_warps) as u32, (4 * all * route_warps) as u32)) }.w()?;
 
     // The sort's scatter spread over a block a SORT_SLICE pairs, counted first when there are
     // several (a decode step's pairs take one block, which counts them itself).
