@@ -32,16 +32,16 @@ fn the_decode_ab_summary_gives_a_stored_run_s_ranges() {
 }
 
 /// A stand-in for gpu_bench: the step it reports takes `$STUB_MS` ms at a roofline of 1 ms, and
-/// each call appends its settings and model to `$STUB_TRACE`. For the 1.39B (`--model-only`) it
+/// each call appends its settings and model (a hybrid's by its directory's name) to `$STUB_TRACE`. For the 1.39B (`--model-only`) it
 /// prints gpu_bench's table with figures wrong on purpose (9.99 ms, 1 token/s: the summary must
 /// not read them when there are JSON lines), then the JSON lines of an eager step
 /// (`$STUB_EAGER_MS`) and a CUDA-graph one at each batch, as gpu_bench does.
 const STUB: &str = r#"#!/usr/bin/env bash
-model=gdn; [[ " $* " == *" --hybrid-dir "* ]] && model=q35
+model=gdn; [[ " $* " == *" --hybrid-dir "* ]] && model=$(basename "$(echo "$*" | sed 's/.*--hybrid-dir \([^ ]*\).*/\1/')")
 echo "$model $STUB_MS" >> "$STUB_TRACE"
 batches=$(echo "$*" | sed 's/.*--batches \([0-9,]*\).*/\1/')
 for b in ${batches//,/ }; do
-  if [ $model = q35 ]; then
+  if [ $model != gdn ]; then
     echo "OURS {\"batch\":$b,\"ms\":$STUB_MS,\"roofline_ms\":1.0,\"what\":\"decode\"}"
   else
     echo "| $b | no | 9.99 | 1 | $((1000 * b)) | 0% |"
@@ -100,6 +100,43 @@ fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
     assert!(gdn.contains("| batch 4 | batch 16 |"), "{summary}");
     assert!(gdn.contains("| fast | 1.250 ms (80.0%, 2 runs) | 1.250 ms (80.0%, 2 runs) |"), "{summary}");
     assert!(out.join("gdn-8-fast.log").exists(), "logs are named {{model}}-{{i}}-{{variant}}.log");
+}
+
+/// `MODELS=moe` runs the MoE layout's checkpoint (`--hybrid-dir $MOE_DIR`) and summarises it under
+/// its own name; the checkpoint is there, so nothing is built.
+#[test]
+fn the_decode_ab_runner_takes_the_moe_layout() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let stub = tmp.path().join("gpu_bench");
+    std::fs::write(&stub, STUB).expect("write the stand-in");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let moe = tmp.path().join("moe");
+    std::fs::create_dir(&moe).expect("mkdir");
+    std::fs::write(moe.join("config.json"), "{}").expect("a checkpoint's config");
+    let (trace, out) = (tmp.path().join("trace"), tmp.path().join("out"));
+    let status = Command::new("bash")
+        .arg(benches().join("ab_decode.sh"))
+        .arg(&out)
+        .arg(format!("base=STUB_MS=1.6 {}", stub.display()))
+        .arg(format!("new=STUB_MS=1.25 {}", stub.display()))
+        .env("ROUNDS", "1")
+        .env("BATCHES", "1,64")
+        .env("MODELS", "moe")
+        .env("MOE_DIR", &moe)
+        .env("STUB_TRACE", &trace)
+        .status()
+        .expect("bash runs");
+    assert!(status.success());
+    let calls = std::fs::read_to_string(&trace).expect("the stand-in ran");
+    assert_eq!(calls.lines().collect::<Vec<_>>(), ["moe 1.6", "moe 1.25"]);
+    assert!(!out.join("build_moe.log").exists(), "an existing checkpoint is not rebuilt");
+    let summary = std::fs::read_to_string(out.join("summary.md")).expect("summary.md");
+    assert!(summary.contains("### moe"), "{summary}");
+    assert!(summary.contains("| new | 1.250 ms (80.0%, 1 runs) | 1.250 ms (80.0%, 1 runs) |"), "{summary}");
 }
 
 /// `benches/ncu_median.py` on a stored Nsight Compute CSV
