@@ -9,6 +9,26 @@ fn benches() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches")
 }
 
+/// The stand-in gpu_bench ([`STUB`]) written into `dir`, executable.
+fn stand_in(dir: &Path) -> PathBuf {
+    let stub = dir.join("gpu_bench");
+    std::fs::write(&stub, STUB).expect("write the stand-in");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    stub
+}
+
+/// A directory `dir/name` holding a checkpoint's config, so the runner builds nothing there.
+fn checkpoint_dir(dir: &Path, name: &str) -> PathBuf {
+    let ckpt = dir.join(name);
+    std::fs::create_dir(&ckpt).expect("mkdir");
+    std::fs::write(ckpt.join("config.json"), "{}").expect("a checkpoint's config");
+    ckpt
+}
+
 /// The summary of `benches/results/h200-decode_inputs-2026-11-30/call4-kept/`, three rounds of
 /// HEAD (`b`) against that build (`n`). The expected cells are the call's own printout (its
 /// `run.sh` summarised each log as it ran: ms to four places, and % of the roofline), rounded.
@@ -63,16 +83,8 @@ fi
 #[test]
 fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let stub = tmp.path().join("gpu_bench");
-    std::fs::write(&stub, STUB).expect("write the stand-in");
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    }
-    let hybrid = tmp.path().join("q35");
-    std::fs::create_dir(&hybrid).expect("mkdir");
-    std::fs::write(hybrid.join("config.json"), "{}").expect("a checkpoint's config");
+    let stub = stand_in(tmp.path());
+    let hybrid = checkpoint_dir(tmp.path(), "q35");
     let trace = tmp.path().join("trace");
     let out = tmp.path().join("out");
     let status = Command::new("bash")
@@ -107,16 +119,8 @@ fn the_decode_ab_runner_alternates_variants_and_summarises_them() {
 #[test]
 fn the_decode_ab_runner_takes_the_moe_layout() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let stub = tmp.path().join("gpu_bench");
-    std::fs::write(&stub, STUB).expect("write the stand-in");
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    }
-    let moe = tmp.path().join("moe");
-    std::fs::create_dir(&moe).expect("mkdir");
-    std::fs::write(moe.join("config.json"), "{}").expect("a checkpoint's config");
+    let stub = stand_in(tmp.path());
+    let moe = checkpoint_dir(tmp.path(), "moe");
     let (trace, out) = (tmp.path().join("trace"), tmp.path().join("out"));
     let status = Command::new("bash")
         .arg(benches().join("ab_decode.sh"))
